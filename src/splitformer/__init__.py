@@ -1,0 +1,24 @@
+"""splitformer: Transformers as operator-splitting discretisations of an integro-differential
+equation in token index x, feature index y and depth t (Tai, Liu, Li, Chan 2026)."""
+
+from .interop import from_torch, to_torch
+from .models import Encoder, network_encoder, paper_encoder
+from .operators import Context
+from .time import Controls, Evolution, Scheme, Stage, TimeGrid, Trajectory
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Context",
+    "Controls",
+    "Encoder",
+    "Evolution",
+    "Scheme",
+    "Stage",
+    "TimeGrid",
+    "Trajectory",
+    "from_torch",
+    "network_encoder",
+    "paper_encoder",
+    "to_torch",
+]

@@ -1,0 +1,21 @@
+"""Operators of the evolution equation: one module per mathematical object."""
+
+from .attention import NonlocalAttention
+from .base import Context, Operator
+from .feature import FeatureIntegral, FeedForward
+from .kernels import Kernel, SoftmaxKernel
+from .projections import Activation, LayerNormProjection, ProjectionS2, SphereProjection
+
+__all__ = [
+    "Activation",
+    "Context",
+    "FeatureIntegral",
+    "FeedForward",
+    "Kernel",
+    "LayerNormProjection",
+    "NonlocalAttention",
+    "Operator",
+    "ProjectionS2",
+    "SoftmaxKernel",
+    "SphereProjection",
+]

@@ -1,0 +1,118 @@
+"""Nonlocal attention: the integral operator A[u] in the token variable x.
+
+Continuous form (MATH.md section 1), with a head coordinate h:
+
+    Q(x,y,h) = int W_Q(xi,y,h) u(x,xi) dxi + b_Q(y,h)      (K, V likewise)
+    g_h(x,x') = exp(a_h(x,x')) / int exp(a_h(x,eta)) deta,
+    a_h(x,x') = |Omega_y,h|^(-1/2) <Q(x,.,h), K(x',.,h)>_y + m(x,x')
+    A[u](x,z) = sum_h int W_O(y,h,z) int g_h(x,x') V(x',y,h) dx' dy + b_O(z)
+
+m(x,x') is the mask: 0 on the support of the kernel, -inf off it (a causal support x' <= x
+makes A a Volterra operator). Discretised on uniform grids this is
+
+    A(U) = sum_h softmax(Q_h K_h^T / sqrt(d_h) + M) V_h W_O,h + b_O  =  Concat_h(...) W_O + b_O,
+
+computed through ``torch.nn.functional.scaled_dot_product_attention`` for the softmax kernel.
+Weights are stored packed as in ``torch.nn.MultiheadAttention``: ``qkv_weight`` is the
+(3 N_y, N_y) matrix whose rows are W_Q, W_K, W_V, each of them (H, d_h) rows for the head
+coordinate; ``out_weight`` is W_O (N_y, N_y), its columns grouped by head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import Context, Operator
+from .kernels import Kernel, SoftmaxKernel
+
+__all__ = ["NonlocalAttention"]
+
+
+class NonlocalAttention(Operator):
+    """A[u]: multi-head nonlocal attention (a vector field; the residual is the integrator's)."""
+
+    kind = "field"
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        bias: bool = True,
+        kernel: Kernel | None = None,
+        attn_dropout: float = 0.0,
+        out_dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(dim, int) or dim <= 0:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if not isinstance(num_heads, int) or num_heads <= 0:
+            raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+        if dim % num_heads != 0:
+            raise ValueError(
+                f"num_heads={num_heads} must divide dim={dim} (the head coordinate splits the "
+                "feature grid into equal parts)"
+            )
+        kw = {"device": device, "dtype": dtype}
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.kernel: Kernel = kernel if kernel is not None else SoftmaxKernel()
+        self.attn_dropout = float(attn_dropout)
+        self.qkv_weight = nn.Parameter(torch.empty(3 * dim, dim, **kw))
+        self.qkv_bias = nn.Parameter(torch.empty(3 * dim, **kw)) if bias else None
+        self.out_weight = nn.Parameter(torch.empty(dim, dim, **kw))
+        self.out_bias = nn.Parameter(torch.empty(dim, **kw)) if bias else None
+        self.out_dropout = nn.Dropout(out_dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.xavier_uniform_(self.qkv_weight)
+        nn.init.xavier_uniform_(self.out_weight, gain=1.0 / math.sqrt(2.0))
+        if self.qkv_bias is not None:
+            nn.init.zeros_(self.qkv_bias)
+        if self.out_bias is not None:
+            nn.init.zeros_(self.out_bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, kernel={self.kernel.name}, "
+            f"bias={self.qkv_bias is not None}"
+        )
+
+    def qkv(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K, V as (B, H, N_x, d_h): the feature integrals with the head coordinate."""
+        b, n, _ = u.shape
+        qkv = F.linear(u, self.qkv_weight, self.qkv_bias)
+        qkv = qkv.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        return q, k, v
+
+    def head_outputs(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        """int g_h(x,x') V(x',.,h) dx' for every head: (B, H, N_x, d_h)."""
+        ctx = context if context is not None else _EMPTY
+        q, k, v = self.qkv(u)
+        p = self.attn_dropout if self.training else 0.0
+        return self.kernel(q, k, v, attn_mask=ctx.attn_mask, is_causal=ctx.is_causal, dropout_p=p)
+
+    def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        b, n, _ = u.shape
+        heads = self.head_outputs(u, context)
+        out = heads.transpose(1, 2).reshape(b, n, self.dim)
+        return self.out_dropout(F.linear(out, self.out_weight, self.out_bias))
+
+    def head_sum(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        """A(U) written as the head integral sum_h (g_h V_h) W_O,h + b_O (slow; for checks)."""
+        heads = self.head_outputs(u, context)
+        w_o = self.out_weight.view(self.dim, self.num_heads, self.head_dim)
+        out = torch.einsum("bhnd,zhd->bnz", heads, w_o)
+        return out + self.out_bias if self.out_bias is not None else out
+
+
+_EMPTY = Context()

@@ -1,0 +1,136 @@
+"""Feature-integral operators L_j and the J-stage feed-forward field.
+
+A feature-integral operator is local in x and integral in y:
+
+    L[u](x,z) = int W(xi,z) u(x,xi) dxi + b(z)          (discrete: U W^T + b)
+
+Its output feature domain may differ from the input one: the hidden stage of a feed-forward
+block lives on a lifted feature grid of width N_h. The identity between the two grids
+(``embed``) is the rectangular identity E: zero padding when lifting, truncation when
+restricting; it is what the paper's (I + W_j) form means when widths differ.
+
+The feed-forward vector field with J stages (MATH.md section 3.4) is
+
+    G(u) = L_J( s( ... s(L_1 u) ... ) )
+
+with s an activation applied pointwise on the lifted domain (ReLU = projection onto S2 of
+the hidden field). J = 2 is the standard FFN: G(u) = W_2 s(W_1 u + b_1) + b_2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import Context, Operator
+from .projections import Activation
+
+__all__ = ["FeatureIntegral", "FeedForward"]
+
+
+class FeatureIntegral(Operator):
+    """L[u] = U W^T + b: an integral transform in the feature variable y."""
+
+    kind = "field"
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        *,
+        bias: bool = True,
+        dropout: float = 0.0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        for name, val in (("in_dim", in_dim), ("out_dim", out_dim)):
+            if not isinstance(val, int) or val <= 0:
+                raise ValueError(f"{name} must be a positive int, got {val!r}")
+        self.in_dim, self.out_dim = in_dim, out_dim
+        self.weight = nn.Parameter(torch.empty(out_dim, in_dim, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(out_dim, device=device, dtype=dtype)) if bias else None
+        self.dropout = nn.Dropout(dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1.0 / math.sqrt(self.in_dim)
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def extra_repr(self) -> str:
+        return f"in_dim={self.in_dim}, out_dim={self.out_dim}, bias={self.bias is not None}"
+
+    def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        return self.dropout(F.linear(u, self.weight, self.bias))
+
+    def embed(self, u: torch.Tensor) -> torch.Tensor:
+        """E u: the identity between the input and output feature grids (pad or truncate)."""
+        if self.in_dim == self.out_dim:
+            return u
+        if self.out_dim > self.in_dim:
+            return F.pad(u, (0, self.out_dim - self.in_dim))
+        return u[..., : self.out_dim]
+
+    def identity_matrix(self) -> torch.Tensor:
+        """E as an (out_dim, in_dim) matrix: ones on the diagonal."""
+        return torch.eye(self.out_dim, self.in_dim, dtype=self.weight.dtype,
+                         device=self.weight.device)
+
+
+class FeedForward(Operator):
+    """G(u) = L_J(s(... s(L_1 u))): the feed-forward vector field with J >= 1 stages.
+
+    ``widths`` lists the feature grids [N_y, N_1, ..., N_{J-1}, N_y]; the activation s acts
+    on every hidden grid. Dropout, when set, acts on each hidden field (``dropout``) and on
+    the output (``out_dropout``), as in torch.nn.TransformerEncoderLayer.
+    """
+
+    kind = "field"
+
+    def __init__(
+        self,
+        widths: Sequence[int],
+        *,
+        activation: str | Activation = "relu",
+        bias: bool = True,
+        dropout: float = 0.0,
+        out_dropout: float = 0.0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        widths = list(widths)
+        if len(widths) < 2:
+            raise ValueError(f"widths must list at least [in, out] (J >= 1), got {widths!r}")
+        self.widths = widths
+        self.stages = nn.ModuleList(
+            FeatureIntegral(a, b, bias=bias, device=device, dtype=dtype)
+            for a, b in zip(widths[:-1], widths[1:], strict=True)
+        )
+        self.activation = activation if isinstance(activation, Activation) else Activation(
+            activation)
+        self.dropout = nn.Dropout(dropout)
+        self.out_dropout = nn.Dropout(out_dropout)
+
+    @property
+    def num_stages(self) -> int:
+        """J, the number of feature-integral operators."""
+        return len(self.stages)
+
+    def extra_repr(self) -> str:
+        return f"widths={self.widths}, J={self.num_stages}"
+
+    def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        h = u
+        last = len(self.stages) - 1
+        for j, stage in enumerate(self.stages):
+            h = stage(h)
+            if j < last:
+                h = self.dropout(self.activation(h))
+        return self.out_dropout(h)

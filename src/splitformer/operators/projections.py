@@ -1,0 +1,181 @@
+"""Projections onto the constraint sets S1 and S2, and pointwise activations.
+
+S1(s1, s2) = { u : mean_y u(x,.) = s1, var_y u(x,.) = s2^2 for every x }. Its Euclidean
+projection (Theorem 3.1 of the paper) is
+
+    P_S1(v) = s2 (v - mean_y v) / sqrt(var_y v) + s1        (var_y v > 0),
+
+and ``SphereProjection`` implements it exactly (scalar s1, s2, eps = 0). At var_y v = 0 every
+point of S1 is a closest point (the projection is set-valued); we return s1, the limit of the
+eps-regularised projection as eps -> 0+, which is also what LayerNorm gives on a constant row.
+
+A real LayerNorm, LN(v) = gamma * (v - mean v) / sqrt(var v + eps) + beta, with per-feature
+gamma(y), beta(y) and eps > 0, is not a projection onto S1. ``LayerNormProjection`` implements
+it exactly and reads it as two substeps (MATH.md 3.1):
+
+  (b) the eps term is a ghost feature point: with N = N_y, (v - mean v) / sqrt(var v + eps)
+      equals the first N coordinates of the Euclidean projection of (v - mean v, sqrt(N eps))
+      onto the sphere of radius sqrt(N) in R^(N+1) (``ghost_projection``), a projection onto
+      S1(0, 1) of the lifted field;
+  (a) the per-feature gain and bias are a pointwise affine map u -> gamma u + beta.
+
+Scale invariance holds only up to eps: LN_eps(z / c) = LN_{c^2 eps}(z).
+
+S2 = { u >= 0 } and P_S2 = ReLU (``ProjectionS2``). A general scalar activation s is the
+proximal map of a convex function iff it is nondecreasing and 1-Lipschitz; ``Activation``
+says whether that reading applies (ReLU, leaky ReLU, tanh, hard-tanh: yes; GELU, SiLU: no).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import Context, Operator
+
+__all__ = ["Activation", "LayerNormProjection", "ProjectionS2", "SphereProjection"]
+
+
+class SphereProjection(Operator):
+    """P_S1(v) = s2 (v - mean_y v) / sqrt(var_y v) + s1: the paper's exact projection (eps = 0)."""
+
+    kind = "projection"
+
+    def __init__(self, dim: int, s1: float = 0.0, s2: float = 1.0, *, device=None,
+                 dtype=None) -> None:
+        super().__init__()
+        if not isinstance(dim, int) or dim <= 0:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        self.dim = dim
+        self.s1 = nn.Parameter(torch.tensor(float(s1), device=device, dtype=dtype))
+        self.s2 = nn.Parameter(torch.tensor(float(s2), device=device, dtype=dtype))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, eps=0"
+
+    def forward(self, v: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        centred = v - v.mean(dim=-1, keepdim=True)
+        var = centred.pow(2).mean(dim=-1, keepdim=True)
+        positive = var > 0
+        scale = torch.where(positive, var, torch.ones_like(var)).rsqrt()
+        return self.s2 * torch.where(positive, centred * scale, torch.zeros_like(centred)) + self.s1
+
+    def distance(self, v: torch.Tensor) -> torch.Tensor:
+        """dist(v, S1) per token: sqrt(N) * sqrt((mean v - s1)^2 + (std v - |s2|)^2).
+
+        From |v - P(v)|^2 = N (m - s1)^2 + N (sigma - s2)^2 with m, sigma the mean and standard
+        deviation of v over y (for s2 >= 0).
+        """
+        n = v.shape[-1]
+        m = v.mean(dim=-1)
+        sigma = (v - m.unsqueeze(-1)).pow(2).mean(dim=-1).sqrt()
+        return math.sqrt(n) * torch.sqrt((m - self.s1) ** 2 + (sigma - self.s2.abs()) ** 2)
+
+
+class LayerNormProjection(Operator):
+    """LN(v) = gamma (v - mean v) / sqrt(var v + eps) + beta (ghost-point projection + affine)."""
+
+    kind = "projection"
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(dim, int) or dim <= 0:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if not eps >= 0:
+            raise ValueError(f"eps must be >= 0, got {eps!r}")
+        self.dim = dim
+        self.eps = float(eps)
+        kw = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.ones(dim, **kw)) if elementwise_affine else None
+        self.bias = nn.Parameter(torch.zeros(dim, **kw)) if elementwise_affine and bias else None
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, eps={self.eps}, affine={self.weight is not None}"
+
+    def forward(self, v: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        return F.layer_norm(v, (self.dim,), self.weight, self.bias, self.eps)
+
+    def ghost_projection(self, v: torch.Tensor) -> torch.Tensor:
+        """Substep (b): project (v - mean v, sqrt(N eps)) onto |w| = sqrt(N) in R^(N+1), keep N.
+
+        Written out as the sphere projection (no call to layer_norm), for checking the reading.
+        """
+        n = v.shape[-1]
+        centred = v - v.mean(dim=-1, keepdim=True)
+        ghost = torch.full_like(centred[..., :1], math.sqrt(n * self.eps))
+        lifted = torch.cat([centred, ghost], dim=-1)
+        projected = math.sqrt(n) * lifted / lifted.norm(dim=-1, keepdim=True)
+        return projected[..., :n]
+
+    def affine(self, u: torch.Tensor) -> torch.Tensor:
+        """Substep (a): the pointwise map u -> gamma u + beta."""
+        if self.weight is not None:
+            u = u * self.weight
+        if self.bias is not None:
+            u = u + self.bias
+        return u
+
+
+_PROXIMAL = {
+    # name: (is the proximal map of a convex function, function)
+    "relu": (True, F.relu),
+    "leaky_relu": (True, F.leaky_relu),
+    "tanh": (True, torch.tanh),
+    "hardtanh": (True, F.hardtanh),
+    "identity": (True, lambda x: x),
+    "gelu": (False, F.gelu),
+    "gelu_tanh": (False, lambda x: F.gelu(x, approximate="tanh")),
+    "silu": (False, F.silu),
+}
+
+
+class Activation(Operator):
+    """A pointwise map s(u) on a (possibly lifted) feature domain.
+
+    ``is_proximal`` is True when s is nondecreasing and 1-Lipschitz, i.e. the proximal map of a
+    convex function (ReLU is the projection onto S2); ``reading`` says which reading applies.
+    """
+
+    kind = "map"
+
+    def __init__(self, name: str = "relu") -> None:
+        super().__init__()
+        if name not in _PROXIMAL:
+            raise ValueError(f"activation must be one of {sorted(_PROXIMAL)}, got {name!r}")
+        self.name = name
+        self.is_proximal, self._fn = _PROXIMAL[name]
+
+    @property
+    def reading(self) -> str:
+        if self.name == "relu":
+            return "projection onto S2 = {u >= 0}"
+        if self.is_proximal:
+            return "proximal map of a convex function (nondecreasing, 1-Lipschitz)"
+        return "not a proximal map (non-monotone); a nonlinear pointwise map in the vector field"
+
+    def extra_repr(self) -> str:
+        return f"{self.name}, proximal={self.is_proximal}"
+
+    def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        return self._fn(u)
+
+
+class ProjectionS2(Operator):
+    """P_S2(u) = max(u, 0) = ReLU(u): projection onto the nonnegative functions."""
+
+    kind = "projection"
+
+    def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        return F.relu(u)

@@ -1,0 +1,132 @@
+"""The evolution: a scheme run over a time grid with controls theta(t).
+
+    u^0 = f,   u^{i+1} = S_tau(theta(t_i + tau/2)) u^i,   i = 0 .. N_t - 1
+
+where S_tau is one application of the splitting scheme. With L control sets, T = L and
+tau = 1 this is the L-layer network; ``refine(k)`` gives tau = 1/k on the same controls (a finer
+discretisation of the same equation).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..operators.base import Context
+from .controls import Controls
+from .grid import TimeGrid
+from .schemes import Scheme, resolve
+
+__all__ = ["Evolution", "NonFiniteError", "Trajectory"]
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised in validation mode at the first substep that produced a NaN or an inf."""
+
+
+@dataclass
+class Trajectory:
+    """u at every grid point: ``states[i]`` is u(t_i), ``times[i]`` is t_i."""
+
+    times: torch.Tensor
+    states: torch.Tensor
+
+    @property
+    def final(self) -> torch.Tensor:
+        return self.states[-1]
+
+    def __len__(self) -> int:
+        return self.states.shape[0]
+
+
+class Evolution(nn.Module):
+    """Runs ``scheme`` over ``grid`` with ``controls``; forward(u0) returns u(T)."""
+
+    def __init__(
+        self,
+        controls: Controls,
+        scheme: str | Scheme,
+        grid: TimeGrid | None = None,
+        *,
+        validate: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(controls, Controls):
+            raise TypeError(f"controls must be a Controls, got {type(controls).__name__}")
+        self.controls = controls
+        self.scheme = resolve(scheme)
+        for theta in controls:
+            self.scheme.check_controls(theta)
+        self.grid = grid if grid is not None else TimeGrid(controls.T, len(controls))
+        if abs(self.grid.T - controls.T) > 1e-12:
+            raise ValueError(f"grid.T={self.grid.T} must equal the controls' T={controls.T}")
+        self.validate = validate
+
+    # -- the contract of DESIGN.md ---------------------------------------------------------
+    @property
+    def tau(self) -> float:
+        return self.grid.tau
+
+    @property
+    def num_steps(self) -> int:
+        return self.grid.num_steps
+
+    @property
+    def T(self) -> float:
+        return self.grid.T
+
+    def extra_repr(self) -> str:
+        return f"scheme={self.scheme.name!r} [{self.scheme}], T={self.T:g}, tau={self.tau:g}"
+
+    def with_scheme(self, scheme: str | Scheme) -> Evolution:
+        """The same controls and grid under another scheme (parameters are shared)."""
+        return Evolution(self.controls, scheme, self.grid, validate=self.validate)
+
+    def refine(self, k: int) -> Evolution:
+        """tau -> tau / k, N_t -> k N_t, same controls (parameters are shared)."""
+        if self.scheme.name == "paper" and k != 1:
+            warnings.warn(
+                "the paper's literal scheme projects the state in its FFN substeps and has no "
+                "limit as tau -> 0 (MATH.md 3.4); use with_scheme('lie') before refining",
+                stacklevel=2,
+            )
+        return Evolution(self.controls, self.scheme, self.grid.refine(k), validate=self.validate)
+
+    def control_index(self, i: int) -> int:
+        """Which control set step i uses (the unit interval holding its midpoint)."""
+        return self.controls.index((i + 0.5) * self.tau)
+
+    # -- running ----------------------------------------------------------------------------
+    def forward(
+        self,
+        u0: torch.Tensor,
+        context: Context | None = None,
+        *,
+        return_trajectory: bool = False,
+    ) -> torch.Tensor | Trajectory:
+        u = u0
+        states = [u0] if return_trajectory else None
+        tau = self.tau
+        per_interval = round(1.0 / tau) if abs(1.0 / tau - round(1.0 / tau)) < 1e-12 else None
+        for i in range(self.num_steps):
+            n = i // per_interval if per_interval else self.control_index(i)
+            check = self._checker(i) if self.validate else None
+            u = self.scheme.step(u, self.controls.sets[n], tau, context, check)
+            if states is not None:
+                states.append(u)
+        if states is not None:
+            return Trajectory(self.grid.times(dtype=u0.dtype).to(u0.device), torch.stack(states))
+        return u
+
+    def _checker(self, i: int):
+        def check(u: torch.Tensor, j: int) -> None:
+            if not torch.isfinite(u).all():
+                st = self.scheme.stages[j]
+                raise NonFiniteError(
+                    f"non-finite value in u after step {i} (t = {self.grid.time(i):g} -> "
+                    f"{self.grid.time(i + 1):g}), substep {j} '{st}' of scheme {self.scheme.name!r}"
+                )
+        return check
