@@ -1,7 +1,7 @@
 """splitformer: Transformers as operator-splitting discretisations of an integro-differential
 equation in token index x, feature index y and depth t (Tai, Liu, Li, Chan 2026)."""
 
-from .interop import from_torch, to_torch
+from .interop import from_hf, from_timm, from_torch, to_hf, to_timm, to_torch
 from .models import Encoder, network_encoder, paper_encoder
 from .operators import Context
 from .time import Controls, Evolution, Scheme, Stage, TimeGrid, Trajectory
@@ -17,8 +17,12 @@ __all__ = [
     "Stage",
     "TimeGrid",
     "Trajectory",
+    "from_hf",
+    "from_timm",
     "from_torch",
     "network_encoder",
     "paper_encoder",
+    "to_hf",
+    "to_timm",
     "to_torch",
 ]

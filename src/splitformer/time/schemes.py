@@ -8,13 +8,15 @@ A ``Stage`` names an operator of the control set theta^n and says how to apply i
     integrator "relax":                   u <- w u + (1 - w) u_saved  (averaging with a saved state)
 
 ``pre`` composes operators inside the field: F(P(u)) for pre-norm, where the projection enters
-the vector field instead of being a substep (MATH.md 3.2). ``save`` keeps the state after the
-stage under a name for a later relaxation.
+the vector field instead of being a substep (MATH.md 3.2). ``post`` composes after it:
+D(F(u)), e.g. LayerScale D = diag(gamma(y)), read as a per-feature step size
+tau(y) = tau gamma(y). ``save`` keeps the state after the stage under a name for a later
+relaxation.
 
 Schemes are values: build one from stages, from a short string, or by name. The string form is
 a whitespace- or comma-separated list of tokens
 
-    [pre>]operator[:integrator][*fraction][@save]      or      relax(saved[,weight])
+    [pre>]operator[<post][:integrator][*fraction][@save]     or     relax(saved[,weight])
 
 e.g. the post-LN Lie scheme is "attention norm1:project ffn norm2:project" and pre-LN is
 "norm1>attention norm2>ffn".
@@ -46,14 +48,16 @@ class Stage:
     integrator: str = "euler"
     fraction: float = 1.0
     pre: tuple[str, ...] = ()
+    post: tuple[str, ...] = ()
     save: str | None = None
     weight: float = 0.5
 
     def __post_init__(self) -> None:
         if self.integrator not in _KINDS:
             raise ValueError(f"Stage.integrator must be one of {_KINDS}, got {self.integrator!r}")
-        if not isinstance(self.pre, tuple):
-            object.__setattr__(self, "pre", tuple(self.pre))
+        for name in ("pre", "post"):
+            if not isinstance(getattr(self, name), tuple):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @property
     def is_field(self) -> bool:
@@ -64,6 +68,8 @@ class Stage:
             return f"relax({self.operator},{self.weight:g})"
         s = ">".join(self.pre) + ">" if self.pre else ""
         s += self.operator
+        if self.post:
+            s += "<" + "<".join(self.post)
         if self.integrator != "euler":
             s += f":{self.integrator}"
         if self.fraction != 1.0:
@@ -104,7 +110,7 @@ class Scheme:
         """Every operator name the scheme reads from a control set."""
         out: list[str] = []
         for st in self.stages:
-            names = [*st.pre, st.operator] if st.integrator != "relax" else list(st.pre)
+            names = [*st.pre, st.operator, *st.post] if st.integrator != "relax" else []
             for n in names:
                 if n not in out:
                     out.append(n)
@@ -144,10 +150,10 @@ def _apply(st: Stage, u, theta, tau, context, saved):
         return w * u + (1.0 - w) * saved[st.operator]
     op = theta[st.operator]
     if kind == "project" or kind == "map":
-        return op(_pre(st, u, theta, context), context)
-    if st.pre:
+        return _post(st, op(_pre(st, u, theta, context), context), theta, context)
+    if st.pre or st.post:
         def f(v):
-            return op(_pre(st, v, theta, context), context)
+            return _post(st, op(_pre(st, v, theta, context), context), theta, context)
     else:
         def f(v):
             return op(v, context)
@@ -160,8 +166,15 @@ def _pre(st: Stage, u, theta, context):
     return u
 
 
+def _post(st: Stage, u, theta, context):
+    for name in st.post:
+        u = theta[name](u, context)
+    return u
+
+
 _TOKEN = re.compile(
-    r"^(?:(?P<pre>[\w.>]+)>)?(?P<op>[\w.]+)(?::(?P<int>\w+))?(?:\*(?P<frac>[0-9.eE+-]+))?"
+    r"^(?:(?P<pre>[\w.>]+)>)?(?P<op>[\w.]+)(?:<(?P<post>[\w.<]+))?(?::(?P<int>\w+))?"
+    r"(?:\*(?P<frac>[0-9.eE+-]+))?"
     r"(?:@(?P<save>\w+))?$"
 )
 _RELAX = re.compile(r"^relax\((?P<ref>\w+)(?:,(?P<w>[0-9.eE+-]+))?\)$")
@@ -186,6 +199,7 @@ def scheme_from_string(text: str, name: str = "custom") -> Scheme:
                 m["int"] or "euler",
                 float(m["frac"]) if m["frac"] else 1.0,
                 pre=tuple(m["pre"].split(">")) if m["pre"] else (),
+                post=tuple(m["post"].split("<")) if m["post"] else (),
                 save=m["save"],
             )
         )

@@ -1,0 +1,42 @@
+# The README's two commands: `make demo` and `make test`. Everything is installed here, into .venv.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-slow test-all lint bench install clean
+
+$(STAMP): pyproject.toml constraints.txt Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[dev,hf,data]'
+	# timm is a test-only reference; its torchvision does not import beside the CPU torch, so it
+	# is installed without dependencies (tests/conftest.py supplies a stand-in for torchvision).
+	$(PIP) --no-deps 'timm>=1.0'
+	$(PIP) pyyaml
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/splitformer verify
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+test: lint
+	$(PY) -m pytest -n 2 --dist loadfile
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow
+
+test-all: lint
+	$(PY) -m pytest -n 2 --dist loadfile -m ''
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_encoder.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache

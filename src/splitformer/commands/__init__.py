@@ -1,0 +1,1 @@
+"""Subcommands of the `splitformer` command line (one module each)."""

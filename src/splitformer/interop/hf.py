@@ -1,0 +1,67 @@
+"""Hugging Face transformers <-> splitformer: dispatch by model class to the family maps.
+
+``from_hf(model_or_local_dir)`` accepts a loaded ``transformers`` model or a local folder written
+by ``save_pretrained`` (loaded with ``local_files_only=True``: no network). The family maps live in
+``hf_bert``, ``hf_vit`` and ``hf_cvt``; each registers the class names it handles in ``FAMILIES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+__all__ = ["from_hf", "to_hf"]
+
+# transformers class name -> module (relative to this package) with from_hf_model / to_hf_model
+FAMILIES: dict[str, str] = {
+    "BertModel": "hf_bert",
+    "BertForSequenceClassification": "hf_bert",
+    "ViTModel": "hf_vit",
+    "ViTForImageClassification": "hf_vit",
+    "CvtModel": "hf_cvt",
+    "CvtForImageClassification": "hf_cvt",
+}
+
+
+def _family(module_name: str):
+    return importlib.import_module(f"{__package__}.{module_name}")
+
+
+def _load_local(path: str | os.PathLike) -> Any:
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("from_hf(path) needs `transformers` (pip install splitformer[hf])") from e
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model_or_local_dir={str(path)!r} is not a local folder "
+                                "(splitformer never downloads: save_pretrained it first)")
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    archs = getattr(config, "architectures", None) or []
+    for arch in archs:
+        if arch in FAMILIES:
+            cls = getattr(transformers, arch)
+            return cls.from_pretrained(path, local_files_only=True)
+    raise ValueError(f"the checkpoint in {str(path)!r} has architectures={archs}; supported: "
+                     f"{sorted(FAMILIES)}")
+
+
+def from_hf(model_or_local_dir: Any, **kwargs):
+    """A splitformer model with the same outputs as a transformers model (weight map)."""
+    model = model_or_local_dir
+    if isinstance(model, (str, os.PathLike)):
+        model = _load_local(model)
+    name = type(model).__name__
+    if name not in FAMILIES:
+        raise TypeError(f"from_hf supports {sorted(FAMILIES)}, got {name}")
+    return _family(FAMILIES[name]).from_hf_model(model, **kwargs)
+
+
+def to_hf(model):
+    """The transformers model with the same weights (the inverse map)."""
+    source = getattr(model, "source", {}) or {}
+    cls = source.get("hf_class")
+    if cls not in FAMILIES:
+        raise ValueError("to_hf(model) needs a model made by from_hf (model.source['hf_class'] "
+                         f"is {cls!r})")
+    return _family(FAMILIES[cls]).to_hf_model(model)

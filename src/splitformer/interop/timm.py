@@ -1,0 +1,19 @@
+"""timm VisionTransformer <-> splitformer (weight map; timm is never imported here)."""
+
+from __future__ import annotations
+
+__all__ = ["from_timm", "to_timm"]
+
+
+def from_timm(model, **kwargs):
+    """A splitformer model with the same outputs as a timm VisionTransformer."""
+    from .timm_vit import from_timm_model
+
+    return from_timm_model(model, **kwargs)
+
+
+def to_timm(model):
+    """The timm VisionTransformer with the same weights (needs timm installed)."""
+    from .timm_vit import to_timm_model
+
+    return to_timm_model(model)

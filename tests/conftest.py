@@ -1,0 +1,32 @@
+"""Test set-up. The torchvision workaround for timm lives here, never in the library."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+
+def _install_torchvision_stub() -> None:
+    try:
+        import torchvision  # noqa: F401
+        return
+    except Exception:  # missing, or PyPI's build that does not import beside the CPU torch
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "_stubs"))
+
+
+_install_torchvision_stub()
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+@pytest.fixture(params=[torch.float64, torch.float32], ids=["f64", "f32"])
+def dtype(request):
+    return request.param
