@@ -10,13 +10,14 @@ A ``Stage`` names an operator of the control set theta^n and says how to apply i
 ``pre`` composes operators inside the field: F(P(u)) for pre-norm, where the projection enters
 the vector field instead of being a substep (MATH.md 3.2). ``post`` composes after it:
 D(F(u)), e.g. LayerScale D = diag(gamma(y)), read as a per-feature step size
-tau(y) = tau gamma(y). ``save`` keeps the state after the stage under a name for a later
-relaxation.
+tau(y) = tau gamma(y). ``then`` applies projections to the result within the same substep
+(ReLU(u + h(W u + b)) in the paper's FFN substeps). ``save`` keeps the state after the stage
+under a name for a later relaxation.
 
 Schemes are values: build one from stages, from a short string, or by name. The string form is
 a whitespace- or comma-separated list of tokens
 
-    [pre>]operator[<post][:integrator][*fraction][@save]     or     relax(saved[,weight])
+    [pre>]operator[<post][:integrator][*fraction][|then][@save]   or   relax(saved[,weight])
 
 e.g. the post-LN Lie scheme is "attention norm1:project ffn norm2:project" and pre-LN is
 "norm1>attention norm2>ffn".
@@ -49,13 +50,14 @@ class Stage:
     fraction: float = 1.0
     pre: tuple[str, ...] = ()
     post: tuple[str, ...] = ()
+    then: tuple[str, ...] = ()
     save: str | None = None
     weight: float = 0.5
 
     def __post_init__(self) -> None:
         if self.integrator not in _KINDS:
             raise ValueError(f"Stage.integrator must be one of {_KINDS}, got {self.integrator!r}")
-        for name in ("pre", "post"):
+        for name in ("pre", "post", "then"):
             if not isinstance(getattr(self, name), tuple):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
 
@@ -74,6 +76,8 @@ class Stage:
             s += f":{self.integrator}"
         if self.fraction != 1.0:
             s += f"*{self.fraction:g}"
+        if self.then:
+            s += "|" + "|".join(self.then)
         if self.save:
             s += f"@{self.save}"
         return s
@@ -110,7 +114,7 @@ class Scheme:
         """Every operator name the scheme reads from a control set."""
         out: list[str] = []
         for st in self.stages:
-            names = [*st.pre, st.operator, *st.post] if st.integrator != "relax" else []
+            names = [*st.pre, st.operator, *st.post, *st.then] if st.integrator != "relax" else []
             for n in names:
                 if n not in out:
                     out.append(n)
@@ -144,6 +148,13 @@ class Scheme:
 
 
 def _apply(st: Stage, u, theta, tau, context, saved):
+    u = _advance(st, u, theta, tau, context, saved)
+    for name in st.then:
+        u = theta[name](u, context)
+    return u
+
+
+def _advance(st: Stage, u, theta, tau, context, saved):
     kind = st.integrator
     if kind == "relax":
         w = st.weight
@@ -174,8 +185,7 @@ def _post(st: Stage, u, theta, context):
 
 _TOKEN = re.compile(
     r"^(?:(?P<pre>[\w.>]+)>)?(?P<op>[\w.]+)(?:<(?P<post>[\w.<]+))?(?::(?P<int>\w+))?"
-    r"(?:\*(?P<frac>[0-9.eE+-]+))?"
-    r"(?:@(?P<save>\w+))?$"
+    r"(?:\*(?P<frac>[0-9.eE+-]+))?(?:\|(?P<then>[\w.|]+))?(?:@(?P<save>\w+))?$"
 )
 _RELAX = re.compile(r"^relax\((?P<ref>\w+)(?:,(?P<w>[0-9.eE+-]+))?\)$")
 
@@ -200,6 +210,7 @@ def scheme_from_string(text: str, name: str = "custom") -> Scheme:
                 float(m["frac"]) if m["frac"] else 1.0,
                 pre=tuple(m["pre"].split(">")) if m["pre"] else (),
                 post=tuple(m["post"].split("<")) if m["post"] else (),
+                then=tuple(m["then"].split("|")) if m["then"] else (),
                 save=m["save"],
             )
         )
@@ -241,7 +252,7 @@ def paper_lie(num_ffn_stages: int = 2) -> Scheme:
         raise ValueError(f"num_ffn_stages must be >= 1, got {J!r}")
     stages: list[Stage] = [Stage("attention"), Stage("norm1", "project", save="U2")]
     for j in range(1, J):
-        stages += [Stage(f"ffn{j}"), Stage("relu", "project")]
+        stages.append(Stage(f"ffn{j}", then=("relu",)))
     stages += [Stage(f"ffn{J}"), Stage("U2", "relax", weight=0.5), Stage("norm2", "project")]
     return Scheme(
         tuple(stages),

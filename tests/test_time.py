@@ -1,0 +1,118 @@
+"""Time: grids, controls, schemes as data, the evolution and its trajectory, validation mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import splitformer
+from splitformer.time import (
+    Controls,
+    Evolution,
+    NonFiniteError,
+    Scheme,
+    Stage,
+    TimeGrid,
+    lie,
+    prenorm,
+    resolve,
+    scheme_from_string,
+)
+
+
+def test_grid():
+    g = TimeGrid(6, 6)
+    assert g.tau == 1.0 and g.refine(4).tau == 0.25 and g.refine(4).num_steps == 24
+    assert torch.allclose(g.times(), torch.arange(7, dtype=torch.float64))
+    with pytest.raises(ValueError, match="num_steps"):
+        TimeGrid(1.0, 0)
+    with pytest.raises(ValueError, match="k must"):
+        g.refine(0)
+
+
+def test_controls_are_piecewise_constant():
+    c = Controls([{"a": nn.Identity()} for _ in range(3)])
+    assert c.T == 3.0
+    assert c.at(0.0) is c[0] and c.at(1.0) is c[0] and c.at(1.01) is c[1] and c.at(3.0) is c[2]
+    assert [c.index((i + 0.5) * 0.25) for i in range(12)] == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_scheme_string_round_trip():
+    for text in ["attention norm1:project ffn norm2:project", "norm1>attention norm2>ffn",
+                 "attention norm1:project@U2 ffn1|relu ffn2 relax(U2,0.5) norm2:project",
+                 "norm2>ffn*0.5 norm1>attention:rk4 norm2>ffn<ls2:heun*0.5"]:
+        s = scheme_from_string(text)
+        assert str(s) == text
+        assert scheme_from_string(str(s)).stages == s.stages
+    assert str(lie()) == "attention norm1:project ffn norm2:project"
+    assert resolve("prenorm") == prenorm()
+    with pytest.raises(ValueError, match="unknown scheme"):
+        resolve("nonesuch")
+    with pytest.raises(ValueError, match="relax"):
+        Scheme((Stage("X", "relax"),))
+    with pytest.raises(ValueError, match="integrator"):
+        Stage("attention", "midpoint")
+
+
+def _model(dtype=torch.float64):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, dtype=dtype)
+    return splitformer.from_torch(nn.TransformerEncoder(layer, 3, enable_nested_tensor=False))
+
+
+def test_user_written_scheme_equals_the_named_one():
+    m = _model().eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    custom = m.with_scheme("attention norm1:project ffn norm2:project")
+    with torch.no_grad():
+        assert torch.equal(custom(x), m(x))
+
+
+def test_trajectory_and_refine():
+    m = _model().eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        traj = m.trajectory(x)
+        assert len(traj) == 4 and torch.equal(traj.states[0], x)
+        assert torch.allclose(traj.final, m(x))
+        assert torch.allclose(traj.times, torch.arange(4, dtype=torch.float64))
+        r = m.refine(2)
+        tr = r.trajectory(x)
+        assert len(tr) == 7 and r.evolution.tau == 0.5
+        assert not torch.allclose(tr.final, traj.final)  # a different discretisation
+        # one refined step uses tau/2 of the first control set: check the first substep by hand
+        theta = m.evolution.controls[0]
+        u = x + 0.5 * theta["attention"](x)
+        u = theta["norm1"](u)
+        u = theta["norm2"](u + 0.5 * theta["ffn"](u))
+        assert torch.allclose(tr.states[1], u)
+
+
+def test_refine_converges():
+    """Halving tau repeatedly: successive differences shrink (the discretisation converges)."""
+    m = _model().eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        outs = [m.refine(k)(x) for k in (8, 16, 32, 64)]
+    d = [(a - b).abs().max().item() for a, b in zip(outs[:-1], outs[1:], strict=True)]
+    assert d[0] > d[1] > d[2]
+
+
+def test_validation_mode_names_the_substep():
+    m = _model()
+    with torch.no_grad():
+        m.evolution.controls[1]["ffn"].stages[1].bias[0] = float("nan")
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    assert torch.isnan(m(x)).any()  # the hot path does not check
+    m.validating(True)
+    with pytest.raises(NonFiniteError, match=r"step 1 .*substep 2 'ffn'"):
+        m(x)
+
+
+def test_evolution_checks_controls():
+    c = Controls([{"attention": nn.Identity()}])
+    with pytest.raises(ValueError, match=r"needs operators \['norm1'"):
+        Evolution(c, "lie")
+    with pytest.raises(TypeError, match="controls"):
+        Evolution([{}], "lie")
