@@ -4,7 +4,8 @@
 
 Prints a table: median seconds of torch.nn and splitformer, and their ratio, for
 (1) forward + backward in train mode (dropout 0) and (2) forward in eval under no_grad (torch's
-fused inference path), post-LN and pre-LN. Targets (issue 2): ratio <= 1.05 for (1), <= 1.15 for (2).
+fused inference path), post-LN and pre-LN.
+Targets (issue 2): ratio <= 1.05 for (1), <= 1.15 for (2).
 """
 
 from __future__ import annotations
@@ -41,13 +42,13 @@ def bench(args) -> list[dict]:
         ours = splitformer.from_torch(ref)
         x = torch.randn(args.batch, args.seq, args.d_model)
 
-        def train_step(m):
+        def train_step(m, x=x):
             def run():
                 m.zero_grad(set_to_none=True)
                 m(x).square().mean().backward()
             return run
 
-        def infer(m):
+        def infer(m, x=x):
             def run():
                 with torch.no_grad():
                     m(x)
