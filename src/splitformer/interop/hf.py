@@ -21,6 +21,8 @@ FAMILIES: dict[str, str] = {
     "ViTForImageClassification": "hf_vit",
     "CvtModel": "hf_cvt",
     "CvtForImageClassification": "hf_cvt",
+    "GPT2Model": "hf_gpt2",
+    "GPT2LMHeadModel": "hf_gpt2",
 }
 
 

@@ -134,6 +134,10 @@ def from_torch(module: nn.Module, *, form: str = "network") -> Encoder:
     """
     if form not in ("network", "paper"):
         raise ValueError(f"form must be 'network' or 'paper', got {form!r}")
+    if isinstance(module, (nn.Transformer, nn.TransformerDecoder, nn.TransformerDecoderLayer)):
+        from .torch_transformer import from_torch_transformer
+
+        return from_torch_transformer(module)
     layers, source = _layers_of(module)
     cfgs = [_layer_config(layer) for layer in layers]
     cfg = cfgs[0]
@@ -221,6 +225,10 @@ def _from_torch_paper(layers, cfgs, source, final_norm) -> Encoder:
 
 def to_torch(model: Encoder) -> nn.Module:
     """The nn.TransformerEncoder (or Layer) with the same weights: the inverse map."""
+    if getattr(model, "source", {}).get("kind") in ("transformer", "decoder", "decoder_layer"):
+        from .torch_transformer import to_torch_transformer
+
+        return to_torch_transformer(model)
     if not isinstance(model, Encoder):
         raise TypeError(f"to_torch(model) expects a splitformer Encoder, got "
                         f"{type(model).__name__}")

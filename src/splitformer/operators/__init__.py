@@ -1,6 +1,6 @@
 """Operators of the evolution equation: one module per mathematical object."""
 
-from .attention import NonlocalAttention
+from .attention import CrossAttention, NonlocalAttention
 from .base import Context, Operator
 from .feature import FeatureIntegral, FeedForward
 from .kernels import Kernel, SoftmaxKernel
@@ -9,6 +9,7 @@ from .projections import Activation, LayerNormProjection, ProjectionS2, SpherePr
 __all__ = [
     "Activation",
     "Context",
+    "CrossAttention",
     "FeatureIntegral",
     "FeedForward",
     "Kernel",

@@ -29,7 +29,7 @@ from torch import nn
 from .base import Context, Operator
 from .kernels import Kernel, SoftmaxKernel
 
-__all__ = ["NonlocalAttention"]
+__all__ = ["CrossAttention", "NonlocalAttention"]
 
 
 class NonlocalAttention(Operator):
@@ -116,3 +116,34 @@ class NonlocalAttention(Operator):
 
 
 _EMPTY = Context()
+
+
+class CrossAttention(NonlocalAttention):
+    """A[u; m]: attention whose keys and values come from a second field m(x', y).
+
+        A[u; m](x, z) = sum_h int W_O(y,h,z) int g_h(x,x') V_m(x',y,h) dx' dy + b_O(z),
+        g_h(x,x') = softmax_x'(<Q_u(x,.,h), K_m(x',.,h)> / sqrt(d_h) + m_cross(x,x'))
+
+    Q is a feature integral of u, K and V of the memory m (the encoder's u(T) in an
+    encoder-decoder pair). The memory is read from ``context.extra["memory"]`` and its kernel
+    support from ``context.extra.get("memory_mask")`` (scaled_dot_product_attention convention).
+    Weights are packed like NonlocalAttention (rows W_Q, W_K, W_V).
+    """
+
+    def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        if context is None or "memory" not in context.extra:
+            raise ValueError("CrossAttention needs context.extra['memory'] (the second field)")
+        m = context.extra["memory"]
+        b, n, _ = u.shape
+        nm = m.shape[1]
+        d, h, dh = self.dim, self.num_heads, self.head_dim
+        w, bias = self.qkv_weight, self.qkv_bias
+        q = F.linear(u, w[:d], None if bias is None else bias[:d])
+        kv = F.linear(m, w[d:], None if bias is None else bias[d:])
+        q = q.view(b, n, h, dh).transpose(1, 2)
+        k, v = kv.view(b, nm, 2, h, dh).permute(2, 0, 3, 1, 4).unbind(0)
+        p = self.attn_dropout if self.training else 0.0
+        heads = self.kernel(q, k, v, attn_mask=context.extra.get("memory_mask"),
+                            is_causal=False, dropout_p=p)
+        out = heads.transpose(1, 2).reshape(b, n, d)
+        return self.out_dropout(F.linear(out, self.out_weight, self.out_bias))

@@ -26,6 +26,8 @@ FAMILY_MODULES = {
     "vit": "splitformer.verification.hf_vit",
     "cvt": "splitformer.verification.hf_cvt",
     "timm": "splitformer.verification.timm_vit",
+    "gpt2": "splitformer.verification.hf_gpt2",
+    "transformer": "splitformer.verification.torch_transformer",
 }
 
 
