@@ -236,10 +236,18 @@ def to_torch(model: Encoder) -> nn.Module:
     if evo.tau != 1.0:
         raise ValueError(f"to_torch needs tau = 1 (one step per layer), got tau={evo.tau:g}; "
                          "a refined evolution is not a torch.nn network")
-    name = evo.scheme.name
-    if name not in ("lie", "prenorm", "paper"):
-        raise ValueError(f"to_torch supports the schemes 'lie', 'prenorm' and 'paper', got "
-                         f"{name!r}")
+    stages = evo.scheme.stages
+    if stages == lie().stages:
+        name = "lie"
+    elif stages == prenorm().stages:
+        name = "prenorm"
+    elif stages == paper_lie(2).stages:
+        name = "paper"
+    else:
+        raise ValueError(
+            "to_torch needs the scheme of a torch.nn encoder: 'lie' (post-LN), 'prenorm' "
+            f"(pre-LN) or 'paper', got {evo.scheme.name!r} [{evo.scheme}]"
+        )
     paper = name == "paper"
     theta0 = evo.controls[0]
     a0 = theta0["attention"]

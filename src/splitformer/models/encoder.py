@@ -46,9 +46,10 @@ class EvolutionModel(nn.Module):
         new.evolution = evolution
         return new
 
-    def with_scheme(self, scheme: str | Scheme):
-        """The same model (shared parameters) under another splitting scheme."""
-        return self._with_evolution(self.evolution.with_scheme(scheme))
+    def with_scheme(self, scheme: str | Scheme, **options):
+        """The same model (shared parameters) under another splitting scheme; a name is built
+        on the current layout (see Evolution.with_scheme), options: integrator, form."""
+        return self._with_evolution(self.evolution.with_scheme(scheme, **options))
 
     def refine(self, k: int):
         """The same model (shared parameters) with tau -> tau / k and N_t -> k N_t."""

@@ -18,7 +18,7 @@ from torch import nn
 from ..operators.base import Context
 from .controls import Controls
 from .grid import TimeGrid
-from .schemes import Scheme, resolve
+from .schemes import NAMED, Scheme, layout_of, resolve
 
 __all__ = ["Evolution", "NonFiniteError", "Trajectory"]
 
@@ -81,8 +81,18 @@ class Evolution(nn.Module):
     def extra_repr(self) -> str:
         return f"scheme={self.scheme.name!r} [{self.scheme}], T={self.T:g}, tau={self.tau:g}"
 
-    def with_scheme(self, scheme: str | Scheme) -> Evolution:
-        """The same controls and grid under another scheme (parameters are shared)."""
+    def with_scheme(self, scheme: str | Scheme, **options) -> Evolution:
+        """The same controls and grid under another scheme (parameters are shared).
+
+        A name ("lie", "strang", "parallel", "unsplit", "prenorm") is built on the layout of the
+        current scheme (its fields with their pre/post operators and projections), so that e.g.
+        "strang" on a pre-LN model with LayerScale stays pre-LN with LayerScale. ``options``:
+        integrator ("euler", "heun", "rk4") and form ("raw", "tangent").
+        """
+        if isinstance(scheme, str) and scheme in (*NAMED, "prenorm"):
+            scheme = resolve(scheme, layout_of(self.scheme), **options)
+        elif options:
+            raise ValueError("integrator/form options apply to named schemes only")
         return Evolution(self.controls, scheme, self.grid, validate=self.validate)
 
     def refine(self, k: int) -> Evolution:
