@@ -55,6 +55,10 @@ class EvolutionModel(nn.Module):
         """The same model (shared parameters) with tau -> tau / k and N_t -> k N_t."""
         return self._with_evolution(self.evolution.refine(k))
 
+    def with_controls_in_time(self, interpolation: str):
+        """"constant" (the network) or "linear" (smooth in t) controls, shared parameters."""
+        return self._with_evolution(self.evolution.with_controls_in_time(interpolation))
+
     def validating(self, on: bool = True):
         """Opt-in validation mode: raise at the first substep that produces a NaN or inf."""
         self.evolution.validate = on

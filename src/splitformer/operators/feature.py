@@ -69,6 +69,10 @@ class FeatureIntegral(Operator):
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         return self.dropout(F.linear(u, self.weight, self.bias))
 
+    @property
+    def changes_width(self) -> bool:
+        return self.in_dim != self.out_dim
+
     def embed(self, u: torch.Tensor) -> torch.Tensor:
         """E u: the identity between the input and output feature grids (pad or truncate)."""
         if self.in_dim == self.out_dim:

@@ -63,6 +63,14 @@ class SphereProjection(Operator):
         scale = torch.where(positive, var, torch.ones_like(var)).rsqrt()
         return self.s2 * torch.where(positive, centred * scale, torch.zeros_like(centred)) + self.s1
 
+    def tangent(self, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Pi_T(v) w: the orthogonal projection of w onto the tangent space of S1 at v.
+
+        The normal space of S1 at v (per token) is spanned by the constant 1 and the centred
+        v - mean v; Pi_T removes both components. Used by the projection method (MATH.md 3.5).
+        """
+        return _remove_normal(w, torch.ones_like(v), v - v.mean(-1, keepdim=True))
+
     def distance(self, v: torch.Tensor) -> torch.Tensor:
         """dist(v, S1) per token: sqrt(N) * sqrt((mean v - s1)^2 + (std v - |s2|)^2).
 
@@ -107,6 +115,19 @@ class LayerNormProjection(Operator):
     def forward(self, v: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         return F.layer_norm(v, (self.dim,), self.weight, self.bias, self.eps)
 
+    def tangent(self, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Pi_T(v) w for the eps = 0 constraint set {gamma z + beta : mean z = 0, var z = 1}.
+
+        Normal space at v: span{1 / gamma, z / gamma} with z = (v - beta) / gamma centred. With
+        eps > 0 the image of LN is not this manifold (var z < 1): the tangent form then uses the
+        eps = 0 manifold as an approximation.
+        """
+        g = self.weight if self.weight is not None else torch.ones_like(v[..., :1])
+        b = self.bias if self.bias is not None else 0.0
+        z = (v - b) / g
+        z = z - z.mean(-1, keepdim=True)
+        return _remove_normal(w, (1.0 / g).expand_as(v), z / g)
+
     def ghost_projection(self, v: torch.Tensor) -> torch.Tensor:
         """Substep (b): project (v - mean v, sqrt(N eps)) onto |w| = sqrt(N) in R^(N+1), keep N.
 
@@ -126,6 +147,17 @@ class LayerNormProjection(Operator):
         if self.bias is not None:
             u = u + self.bias
         return u
+
+
+def _remove_normal(w: torch.Tensor, n1: torch.Tensor, n2: torch.Tensor) -> torch.Tensor:
+    """w minus its orthogonal projection on span{n1, n2} (per token, Gram-Schmidt)."""
+    e1 = n1 / n1.norm(dim=-1, keepdim=True)
+    n2 = n2 - (n2 * e1).sum(-1, keepdim=True) * e1
+    nn2 = n2.norm(dim=-1, keepdim=True)
+    e2 = torch.where(nn2 > 0, n2 / torch.where(nn2 > 0, nn2, torch.ones_like(nn2)),
+                     torch.zeros_like(n2))
+    w = w - (w * e1).sum(-1, keepdim=True) * e1
+    return w - (w * e2).sum(-1, keepdim=True) * e2
 
 
 _PROXIMAL = {

@@ -6,6 +6,11 @@ operator name (the names a scheme's stages refer to) to the operator carrying it
 
 A step of a grid with step tau covers (t_i, t_i + tau]; it uses the controls of the unit
 interval that holds its midpoint t_i + tau / 2, which is exact whenever tau divides 1.
+
+``interpolation="linear"`` gives a smooth-in-time version of the same network: theta(t) is the
+piecewise linear interpolant of theta^n placed at the interval midpoints n - 1/2 (constant before
+the first and after the last midpoint), frozen over each step at its midpoint. At tau = 1 it
+equals the piecewise constant network exactly.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+import torch
 from torch import nn
+from torch.func import functional_call
 
 __all__ = ["Controls"]
 
@@ -21,8 +28,16 @@ __all__ = ["Controls"]
 class Controls(nn.Module):
     """theta^1..theta^L, each a mapping operator name -> operator (piecewise constant in t)."""
 
-    def __init__(self, sets: Iterable[Mapping[str, nn.Module] | nn.ModuleDict]) -> None:
+    def __init__(
+        self,
+        sets: Iterable[Mapping[str, nn.Module] | nn.ModuleDict],
+        interpolation: str = "constant",
+    ) -> None:
         super().__init__()
+        if interpolation not in ("constant", "linear"):
+            raise ValueError(f"interpolation must be 'constant' or 'linear', got "
+                             f"{interpolation!r}")
+        self.interpolation = interpolation
         self.sets = nn.ModuleList(
             s if isinstance(s, nn.ModuleDict) else nn.ModuleDict(dict(s)) for s in sets
         )
@@ -58,3 +73,52 @@ class Controls(nn.Module):
     def at(self, t: float) -> nn.ModuleDict:
         """theta(t) for t in [0, T] (t = 0 takes theta^1)."""
         return self.sets[min(max(math.ceil(t) - 1, 0), len(self.sets) - 1)]
+
+    def blend(self, t_mid: float) -> Mapping[str, nn.Module]:
+        """theta(t_mid): the control set itself, or the linear interpolant between neighbours."""
+        if self.interpolation == "constant":
+            return self.sets[self.index(t_mid)]
+        last = len(self.sets) - 1
+        s = t_mid - 0.5  # position on the grid of midpoints 1/2, 3/2, ...
+        if s <= 0:
+            return self.sets[0]
+        if s >= last:
+            return self.sets[last]
+        n = math.floor(s)
+        a = s - n
+        if a == 0.0:
+            return self.sets[n]
+        return {k: _Interpolated(self.sets[n][k], self.sets[n + 1][k], a)
+                for k in self.sets[n].keys()}
+
+    def with_interpolation(self, interpolation: str) -> Controls:
+        """The same control sets (shared parameters) with another interpolation in t."""
+        return Controls(self.sets, interpolation)
+
+
+class _Interpolated:
+    """An operator evaluated with parameters (1 - a) theta^n + a theta^(n+1)."""
+
+    def __init__(self, left: nn.Module, right: nn.Module, a: float) -> None:
+        self.module = left
+        lp, rp = dict(left.named_parameters()), dict(right.named_parameters())
+        self.params = {k: torch.lerp(lp[k], rp[k], a) for k in lp}
+
+    def __call__(self, *args, **kwargs):
+        return functional_call(self.module, self.params, args, kwargs)
+
+    def __getattr__(self, name):
+        attr = getattr(self.module, name)
+        if name in ("tangent", "embed", "affine", "ghost_projection"):
+            def bound(*args, **kwargs):
+                return _call_method(self.module, self.params, name, args, kwargs)
+            return bound
+        return attr
+
+
+def _call_method(module: nn.Module, params: dict, name: str, args, kwargs):
+    """Call module.<name> with the parameters temporarily replaced (torch.func semantics)."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    with _reparametrize_module(module, params):
+        return getattr(module, name)(*args, **kwargs)

@@ -105,6 +105,12 @@ class Evolution(nn.Module):
             )
         return Evolution(self.controls, self.scheme, self.grid.refine(k), validate=self.validate)
 
+    def with_controls_in_time(self, interpolation: str) -> Evolution:
+        """Piecewise constant ("constant": the network) or piecewise linear ("linear") controls
+        in t, on the same parameters."""
+        return Evolution(self.controls.with_interpolation(interpolation), self.scheme, self.grid,
+                         validate=self.validate)
+
     def control_index(self, i: int) -> int:
         """Which control set step i uses (the unit interval holding its midpoint)."""
         return self.controls.index((i + 0.5) * self.tau)
@@ -121,10 +127,15 @@ class Evolution(nn.Module):
         states = [u0] if return_trajectory else None
         tau = self.tau
         per_interval = round(1.0 / tau) if abs(1.0 / tau - round(1.0 / tau)) < 1e-12 else None
+        linear = self.controls.interpolation == "linear"
         for i in range(self.num_steps):
-            n = i // per_interval if per_interval else self.control_index(i)
+            if linear:
+                theta = self.controls.blend((i + 0.5) * tau)
+            else:
+                theta = self.controls.sets[i // per_interval if per_interval
+                                           else self.control_index(i)]
             check = self._checker(i) if self.validate else None
-            u = self.scheme.step(u, self.controls.sets[n], tau, context, check)
+            u = self.scheme.step(u, theta, tau, context, check)
             if states is not None:
                 states.append(u)
         if states is not None:

@@ -23,28 +23,25 @@ __all__ = ["INTEGRATORS", "ORDERS", "euler", "heun", "rk4"]
 Field = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _identity(u: torch.Tensor) -> torch.Tensor:
-    return u
-
-
-def euler(f: Field, u: torch.Tensor, h: float, embed: Field = _identity) -> torch.Tensor:
+def euler(f: Field, u: torch.Tensor, h: float, embed: Field | None = None) -> torch.Tensor:
     """Explicit Euler: embed(u) + h F(u)."""
     du = f(u)
-    return embed(u) + du if h == 1.0 else torch.add(embed(u), du, alpha=h)
+    base = u if embed is None else embed(u)
+    return base + du if h == 1.0 else torch.add(base, du, alpha=h)
 
 
-def heun(f: Field, u: torch.Tensor, h: float, embed: Field = _identity) -> torch.Tensor:
+def heun(f: Field, u: torch.Tensor, h: float, embed: Field | None = None) -> torch.Tensor:
     """Heun's method (explicit trapezoid, RK2)."""
-    if embed is not _identity:
+    if embed is not None:
         raise ValueError("integrator 'heun' needs a field that keeps the feature width")
     k1 = f(u)
     k2 = f(u + h * k1)
     return u + (0.5 * h) * (k1 + k2)
 
 
-def rk4(f: Field, u: torch.Tensor, h: float, embed: Field = _identity) -> torch.Tensor:
+def rk4(f: Field, u: torch.Tensor, h: float, embed: Field | None = None) -> torch.Tensor:
     """Classical fourth-order Runge-Kutta."""
-    if embed is not _identity:
+    if embed is not None:
         raise ValueError("integrator 'rk4' needs a field that keeps the feature width")
     k1 = f(u)
     k2 = f(u + (0.5 * h) * k1)

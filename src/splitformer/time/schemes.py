@@ -228,7 +228,8 @@ def _advance(st: Stage, u, theta, tau, context, saved):
 
         def f(v):
             return proj.tangent(v, raw(v))
-    return INTEGRATORS[kind](f, u, st.fraction * tau, op.embed)
+    embed = op.embed if getattr(op, "changes_width", False) else None
+    return INTEGRATORS[kind](f, u, st.fraction * tau, embed)
 
 
 def _flat(stages):
