@@ -5,10 +5,13 @@ from .base import Context, Operator
 from .feature import FeatureIntegral, FeedForward
 from .kernels import Kernel, SoftmaxKernel
 from .projections import Activation, LayerNormProjection, ProjectionS2, SphereProjection
+from .scaling import DiagonalScaling, LayerScale
 
 __all__ = [
     "Activation",
     "Context",
+    "DiagonalScaling",
+    "LayerScale",
     "CrossAttention",
     "FeatureIntegral",
     "FeedForward",

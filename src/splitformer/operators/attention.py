@@ -43,6 +43,7 @@ class NonlocalAttention(Operator):
         num_heads: int,
         *,
         bias: bool = True,
+        out_bias: bool | None = None,
         kernel: Kernel | None = None,
         attn_dropout: float = 0.0,
         out_dropout: float = 0.0,
@@ -68,7 +69,8 @@ class NonlocalAttention(Operator):
         self.qkv_weight = nn.Parameter(torch.empty(3 * dim, dim, **kw))
         self.qkv_bias = nn.Parameter(torch.empty(3 * dim, **kw)) if bias else None
         self.out_weight = nn.Parameter(torch.empty(dim, dim, **kw))
-        self.out_bias = nn.Parameter(torch.empty(dim, **kw)) if bias else None
+        has_out_bias = bias if out_bias is None else out_bias
+        self.out_bias = nn.Parameter(torch.empty(dim, **kw)) if has_out_bias else None
         self.out_dropout = nn.Dropout(out_dropout)
         self.reset_parameters()
 

@@ -356,7 +356,8 @@ class ConvolutionalAttention(Operator):
                 "field on the same grid"
             )
         p = self.attn_dropout if self.training else 0.0
-        heads = self.kernel(q, k, v, dropout_p=p)
+        mask = context.attn_mask if context is not None else None  # (N_q, N_kv) support
+        heads = self.kernel(q, k, v, attn_mask=mask, dropout_p=p)
         out = heads.transpose(1, 2).reshape(b, n, self.dim)
         return self.out_dropout(F.linear(out, self.out_weight, self.out_bias))
 

@@ -385,8 +385,10 @@ def lie(layout: tuple[Field, ...] = POST_LN, integrator: str = "euler",
                   order=1, meta={"integrator": integrator, "form": form, "layout": layout})
 
 
-def prenorm(integrator: str = "euler") -> Scheme:
+def prenorm(integrator: str = "euler", form: str = "raw") -> Scheme:
     """Pre-LN: explicit Euler for u_t = A(P1 u) + G(P2 u), split in two (MATH.md 3.2)."""
+    if form != "raw":
+        raise ValueError("prenorm has no projection substeps: form must be 'raw'")
     s = lie(PRE_LN, integrator)
     return Scheme(s.stages, name="prenorm",
                   description="Lie splitting of u_t = A(P1 u) + G(P2 u): projection inside the "

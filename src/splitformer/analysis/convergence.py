@@ -1,0 +1,302 @@
+"""Convergence in tau: errors at t = T against a reference solution, and the observed order.
+
+For a model (controls on [0, T]) and a scheme, run the evolution with tau = 2^-k, k in ``ks``,
+from the same u(0), and compare u(T) with a reference u_ref(T):
+
+    e(tau) = max |u_tau(T) - u_ref(T)|,     observed order p = slope of log e against log tau
+
+(least squares over the taus whose error is above the round-off floor; the pairwise orders
+log2(e(2 tau) / e(tau)) are reported too). The reference is, by default, the projected ODE
+u_t = Pi_T(u) (A + G)(u) integrated unsplit with RK4 in the tangent form at tau = 2^-ref_k (the
+common limit of the projected Lie, Strang and parallel schemes when all fields project onto the
+same set, MATH.md 3.4), or the same scheme at tau = 2^-ref_k when that is not available (pre-LN
+layouts, distinct constraint sets).
+
+``smooth_configuration`` is the documented smooth configuration of docs/convergence.md; the
+variants replace one ingredient at a time (ReLU, real LayerNorm, trained weights).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..models.encoder import Encoder
+from ..operators import FeedForward, LayerNormProjection, NonlocalAttention, SphereProjection
+from ..time import Controls, Evolution, TimeGrid
+from ..time.schemes import layout_of, lie
+
+__all__ = [
+    "ConvergenceResult",
+    "CONFIGURATIONS",
+    "configuration",
+    "convergence",
+    "fit_order",
+    "reference_solution",
+    "smooth_configuration",
+]
+
+
+@dataclass
+class ConvergenceResult:
+    scheme: str
+    scheme_text: str
+    integrator: str
+    form: str
+    taus: list[float]
+    errors: list[float]
+    order: float
+    pairwise_orders: list[float]
+    reference: str
+    configuration: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "scheme": self.scheme,
+            "scheme_text": self.scheme_text,
+            "integrator": self.integrator,
+            "form": self.form,
+            "order": self.order,
+            "taus": self.taus,
+            "errors": self.errors,
+            "pairwise_orders": self.pairwise_orders,
+            "reference": self.reference,
+            "configuration": self.configuration,
+            **self.extra,
+        }
+
+
+def fit_order(taus: list[float], errors: list[float], floor: float = 1e-12) -> float:
+    """Least-squares slope of log(error) against log(tau), errors above ``floor`` only."""
+    pts = [(math.log(t), math.log(e)) for t, e in zip(taus, errors, strict=True) if e > floor]
+    if len(pts) < 2:
+        return float("nan")
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    num = sum((x - mx) * (y - my) for x, y in pts)
+    den = sum((x - mx) ** 2 for x, _ in pts)
+    return num / den
+
+
+# -- configurations -----------------------------------------------------------------------------
+
+def smooth_configuration(
+    *,
+    seed: int = 0,
+    dim: int = 16,
+    heads: int = 2,
+    hidden: int = 32,
+    layers: int = 2,
+    tokens: int = 6,
+    batch: int = 2,
+    activation: str = "tanh",
+    real_layernorm: bool = False,
+    dtype: torch.dtype = torch.float64,
+) -> tuple[Encoder, torch.Tensor]:
+    """The documented smooth configuration: post-LN layout, T = ``layers``, a smooth activation
+    (tanh: smooth and a proximal map), both projections onto the same S1(0, 1) (eps = 0, scalar),
+    random weights (default initialisations, seeded), u(0) on S1.
+
+    ``activation="relu"`` and ``real_layernorm=True`` (eps = 1e-5, per-feature gain and bias
+    drawn in [0.5, 1.5] x [-0.5, 0.5], different for the two norms) are the variants.
+    """
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    sets = []
+    for _ in range(layers):
+        if real_layernorm:
+            norms = []
+            for _ in range(2):
+                ln = LayerNormProjection(dim, eps=1e-5, dtype=dtype)
+                with torch.no_grad():
+                    ln.weight.copy_(0.5 + torch.rand(dim, generator=g, dtype=dtype))
+                    ln.bias.copy_(torch.rand(dim, generator=g, dtype=dtype) - 0.5)
+                norms.append(ln)
+        else:
+            norms = [SphereProjection(dim, 0.0, 1.0, dtype=dtype) for _ in range(2)]
+        sets.append({
+            "attention": NonlocalAttention(dim, heads, dtype=dtype),
+            "norm1": norms[0],
+            "ffn": FeedForward([dim, hidden, dim], activation=activation, dtype=dtype),
+            "norm2": norms[1],
+        })
+    model = Encoder(Evolution(Controls(sets), lie(), TimeGrid(layers, layers)),
+                    source={"kind": "encoder"}).eval()
+    u0 = torch.randn(batch, tokens, dim, generator=g, dtype=dtype)
+    u0 = SphereProjection(dim, 0.0, 1.0, dtype=dtype)(u0)
+    return model, u0
+
+
+def trained_configuration(*, seed: int = 0, steps: int = 150,
+                          dtype: torch.dtype = torch.float64) -> tuple[Encoder, torch.Tensor]:
+    """The smooth configuration after ``steps`` Adam steps on sklearn's digits (8x8 images read
+    as 8 tokens of 8 pixels, lifted to 16 features; read-out: mean over tokens, linear)."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("the 'trained' configuration needs scikit-learn (splitformer[data])") \
+            from e
+    model, _ = smooth_configuration(seed=seed, dtype=dtype)
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=dtype).view(-1, 8, 8) / 16.0
+    y = torch.tensor(digits.target)
+    gen = torch.Generator().manual_seed(seed)
+    lift = torch.nn.Linear(8, 16, dtype=dtype)
+    head = torch.nn.Linear(16, 10, dtype=dtype)
+    norm = SphereProjection(16, 0.0, 1.0, dtype=dtype)
+    params = [*model.parameters(), *lift.parameters(), *head.parameters()]
+    opt = torch.optim.Adam([p for p in params if p.requires_grad], lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        idx = torch.randint(0, x.shape[0], (64,), generator=gen)
+        u0 = norm(lift(x[idx]))
+        loss = torch.nn.functional.cross_entropy(head(model(u0).mean(1)), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        u0 = norm(lift(x[:2]))
+    return model, u0.detach()
+
+
+CONFIGURATIONS = {
+    "smooth": "post-LN layout, tanh, both projections onto S1(0,1) (eps = 0), random weights",
+    "relu": "the smooth configuration with ReLU (Lipschitz, not smooth)",
+    "layernorm": "the smooth configuration with real LayerNorm (eps 1e-5, per-feature gain/bias)",
+    "trained": "the smooth configuration after 150 Adam steps on sklearn digits",
+}
+
+
+def configuration(name: str, *, seed: int = 0) -> tuple[Encoder, torch.Tensor]:
+    """One of CONFIGURATIONS by name: (model, u0)."""
+    if name == "smooth":
+        return smooth_configuration(seed=seed)
+    if name == "relu":
+        return smooth_configuration(seed=seed, activation="relu")
+    if name == "layernorm":
+        return smooth_configuration(seed=seed, real_layernorm=True)
+    if name == "trained":
+        return trained_configuration(seed=seed)
+    raise ValueError(f"configuration must be one of {sorted(CONFIGURATIONS)}, got {name!r}")
+
+
+# -- the study ----------------------------------------------------------------------------------
+
+def _run(evolution: Evolution, u0: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return evolution(u0)
+
+
+def reference_solution(evolution: Evolution | Encoder, u0: torch.Tensor, ref_k: int = 10,
+                       scheme: str = "unsplit") -> torch.Tensor:
+    """u(T) by ``scheme`` (default: the projected ODE, unsplit RK4, tangent form) at
+    tau = 2^-ref_k."""
+    evo = evolution.evolution if isinstance(evolution, Encoder) else evolution
+    if scheme == "unsplit":
+        evo = evo.with_scheme("unsplit", integrator="rk4", form="tangent")
+    T = int(round(evo.T))
+    return _run(Evolution(evo.controls, evo.scheme, TimeGrid(T, T)).refine(2**ref_k), u0)
+
+
+def _has_common_projection(evo: Evolution) -> bool:
+    try:
+        layout = layout_of(evo.scheme)
+    except ValueError:
+        return False
+    projs = {f.projection for f in layout}
+    if None in projs or any(f.pre or f.post for f in layout):
+        return False
+    # same constraint set in every control set: equal parameters of the projections
+    for theta in evo.controls:
+        mods = [theta[p] for p in projs]
+        ref = [t.detach() for t in mods[0].parameters()]
+        for m in mods[1:]:
+            if type(m) is not type(mods[0]) or any(
+                    not torch.equal(a, b.detach()) for a, b in zip(ref, m.parameters(),
+                                                                   strict=True)):
+                return False
+    return True
+
+
+def convergence(
+    model: Encoder | Evolution,
+    u0: torch.Tensor,
+    *,
+    scheme: str = "lie",
+    integrator: str = "euler",
+    form: str = "raw",
+    ks: tuple[int, ...] = (1, 2, 3, 4, 5, 6),
+    ref_k: int = 10,
+    reference: str = "auto",
+    configuration_name: str = "",
+    u_ref: torch.Tensor | None = None,
+) -> ConvergenceResult:
+    """Errors at t = T for tau = 2^-k, k in ``ks``, and the fitted order (see module docstring).
+
+    reference: "auto" (projected ODE by unsplit tangent RK4 when every field projects onto the
+    same set, else the same scheme), "projected-ode", or "same-scheme"; both at tau = 2^-ref_k.
+    ``u_ref`` skips the reference run (e.g. from ``reference_solution``, shared by studies).
+    """
+    base = model.evolution if isinstance(model, Encoder) else model
+    if not isinstance(base, Evolution):
+        raise TypeError(f"model must be an Encoder or an Evolution, got {type(model).__name__}")
+    if reference not in ("auto", "projected-ode", "same-scheme"):
+        raise ValueError(f"reference must be 'auto', 'projected-ode' or 'same-scheme', got "
+                         f"{reference!r}")
+    if not ks or min(ks) < 0 or max(ks) >= ref_k:
+        raise ValueError(f"ks must be integers in [0, ref_k) = [0, {ref_k}), got {ks!r}")
+    evo = base.with_scheme(scheme, integrator=integrator, form=form)
+    # every tau = 2^-k must divide the unit control intervals: T stays, N_t = T 2^k
+    T = int(round(base.T))
+    unit = Evolution(evo.controls, evo.scheme, TimeGrid(T, T))
+    if reference == "auto":
+        reference = "projected-ode" if _has_common_projection(evo) else "same-scheme"
+    if u_ref is not None:
+        ref_label = "given"
+    elif reference == "projected-ode":
+        ref_label = f"projected ODE, unsplit RK4 tangent form, tau = 2^-{ref_k}"
+        u_ref = reference_solution(base, u0, ref_k)
+    else:
+        ref_label = f"the same scheme at tau = 2^-{ref_k}"
+        u_ref = reference_solution(evo, u0, ref_k, scheme="same")
+    taus, errors = [], []
+    for k in ks:
+        u = _run(unit.refine(2**k), u0)
+        taus.append(2.0**-k)
+        errors.append((u - u_ref).abs().max().item())
+    pairwise = [math.log2(errors[i] / errors[i + 1]) if errors[i + 1] > 0 else float("nan")
+                for i in range(len(errors) - 1)]
+    return ConvergenceResult(
+        scheme=scheme, scheme_text=str(evo.scheme), integrator=integrator, form=form,
+        taus=taus, errors=errors, order=fit_order(taus, errors), pairwise_orders=pairwise,
+        reference=ref_label, configuration=configuration_name,
+    )
+
+
+def plot(results: list[ConvergenceResult], path: str, title: str = "") -> None:
+    """Log-log plot of error against tau, with slope-1 and slope-2 guides."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for r in results:
+        ax.loglog(r.taus, r.errors, "o-",
+                  label=f"{r.scheme} ({r.integrator}, {r.form}): order {r.order:.2f}")
+    t = results[0].taus
+    e0 = max(r.errors[0] for r in results)
+    for p, style in ((1, ":"), (2, "--")):
+        ax.loglog(t, [e0 * (x / t[0]) ** p for x in t], "k" + style, lw=0.8, label=f"slope {p}")
+    ax.set_xlabel("tau")
+    ax.set_ylabel("max |u_tau(T) - u_ref(T)|")
+    ax.set_title(title or "convergence in tau")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

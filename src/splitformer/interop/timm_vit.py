@@ -1,0 +1,434 @@
+"""timm VisionTransformer <-> splitformer: a pure weight map, both ways.
+
+The library never imports timm to convert from it: ``from_timm_model`` reads the module's
+attributes and tensors. ``to_timm_model`` imports timm lazily, only to build the target.
+
+A timm VisionTransformer is the ViT model of ``splitformer.models.vit``; its options are
+choices of operator and read-out:
+
+* ``class_token``, ``reg_tokens``: extra points of Omega_x (prefix points) whose initial value is
+  a learned constant; ``no_embed_class``: the position embedding lives on the patch points only;
+  ``pos_embed='none'``: no position embedding;
+* ``pre_norm``: a LayerNorm of the initial condition f (``norm_pre``; the patch embedding then
+  has no bias);
+* blocks: explicit Euler for u_t = A(P1 u) + G(P2 u) (scheme ``prenorm``); ``init_values``
+  (LayerScale) adds the diagonal operators ls1, ls2 as ``post`` operators: per-feature steps
+  tau(y) = tau gamma(y) (scheme ``prenorm_layerscale``); ``qkv_bias`` / ``proj_bias``: biases
+  of the Q/K/V and of the W_O / feed-forward feature integrals;
+* read-out: ``norm`` (final LayerNorm) or, with ``fc_norm``, a LayerNorm after pooling;
+  ``global_pool`` 'token' / 'avg' / 'max' / 'avgmax' / '' (``pool_include_prefix``); ``head``.
+
+Weight map (timm name -> splitformer name; block n -> theta^n = evolution.controls.sets[n]):
+
+    patch_embed.proj.weight/bias   -> embedding.patch.weight/bias
+    cls_token                      -> embedding.class_token
+    reg_token                      -> embedding.register_tokens
+    pos_embed                      -> embedding.position
+    norm_pre.weight/bias           -> embedding.pre_norm.weight/bias
+    blocks.n.norm1.weight/bias     -> theta^n norm1.weight/bias               (P1)
+    blocks.n.attn.qkv.weight/bias  -> theta^n attention.qkv_weight/qkv_bias
+    blocks.n.attn.proj.weight/bias -> theta^n attention.out_weight/out_bias   (W_O)
+    blocks.n.ls1.gamma             -> theta^n ls1.gamma                       (tau_1(y) / tau)
+    blocks.n.norm2.weight/bias     -> theta^n norm2.weight/bias               (P2)
+    blocks.n.mlp.fc1 / fc2         -> theta^n ffn.stages[0] / ffn.stages[1]
+    blocks.n.ls2.gamma             -> theta^n ls2.gamma
+    norm.weight/bias               -> final_norm.weight/bias
+    fc_norm.weight/bias            -> fc_norm.weight/bias
+    head.weight/bias               -> head.weight/bias
+
+Not supported (ValueError naming the option): global_pool 'map' / 'prr' (attention pooling),
+dynamic_img_size, dynamic_img_pad, patch_drop_rate > 0, drop_path_rate > 0, qk_norm,
+scale_attn_norm, scale_mlp_norm, gated attention, attn_layer other than Attention, block_fn
+other than Block, mlp_layer other than Mlp, embed_norm_layer, embed_layer other than PatchEmbed,
+norm layers other than affine LayerNorm with bias, activations other than GELU (erf or tanh),
+ReLU, SiLU, Tanh, and subclasses of VisionTransformer (distilled, ...).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..models.vit import ViT, build_vit, vit_scheme
+
+__all__ = ["from_timm_model", "to_timm_model"]
+
+_POOLS = ("", "token", "avg", "max", "avgmax")
+
+
+def _copy(dst: torch.Tensor | None, src: torch.Tensor | None, what: str) -> None:
+    if dst is None and src is None:
+        return
+    if dst is None or src is None:
+        raise ValueError(f"{what}: present on one side only")
+    if dst.shape != src.shape:
+        raise ValueError(f"{what}: shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
+    with torch.no_grad():
+        dst.copy_(src)
+
+
+def _name(m: Any) -> str:
+    return type(m).__name__
+
+
+def _is_identity(m: Any) -> bool:
+    return m is None or isinstance(m, nn.Identity)
+
+
+def _class_ref(m: Any) -> dict[str, str]:
+    return {"module": type(m).__module__, "name": type(m).__name__}
+
+
+def _activation(act: nn.Module) -> str:
+    name = _name(act)
+    if name == "GELU":
+        approx = getattr(act, "approximate", "none")
+        return "gelu" if approx == "none" else "gelu_tanh"
+    table = {"GELUTanh": "gelu_tanh", "ReLU": "relu", "SiLU": "silu", "Tanh": "tanh"}
+    if name not in table:
+        raise ValueError(f"act_layer={name} is not supported; supported: GELU, GELUTanh, ReLU, "
+                         "SiLU, Tanh")
+    return table[name]
+
+
+def _norm(m: Any, where: str) -> float | None:
+    """eps of a supported LayerNorm, None for an identity; ValueError otherwise."""
+    if _is_identity(m):
+        return None
+    if not isinstance(m, nn.LayerNorm) or _name(m) != "LayerNorm":
+        raise ValueError(f"norm_layer={_name(m)} at {where} is not supported (only LayerNorm)")
+    if not m.elementwise_affine or m.bias is None:
+        raise ValueError(f"norm_layer at {where} must be an affine LayerNorm with bias")
+    if len(m.normalized_shape) != 1:
+        raise ValueError(f"norm_layer at {where} must normalise the last dimension only")
+    return float(m.eps)
+
+
+def _dropout_p(m: Any) -> float:
+    return float(m.p) if isinstance(m, nn.Dropout) else 0.0
+
+
+def _check_block(i: int, blk: nn.Module, dim: int) -> None:
+    where = f"blocks.{i}"
+    if _name(blk) != "Block":
+        raise ValueError(f"block_fn={_name(blk)} ({where}) is not supported; only Block (pre-LN)")
+    attn, mlp = blk.attn, blk.mlp
+    if _name(attn) != "Attention":
+        raise ValueError(f"attn_layer={_name(attn)} ({where}) is not supported; only Attention")
+    if not (_is_identity(attn.q_norm) and _is_identity(attn.k_norm)):
+        raise ValueError(f"qk_norm=True ({where}) is not supported")
+    if not _is_identity(getattr(attn, "norm", None)):
+        raise ValueError(f"scale_attn_norm=True ({where}) is not supported")
+    if getattr(attn, "gate", None) is not None:
+        raise ValueError(f"gated attention ({where}) is not supported")
+    if attn.num_heads * attn.head_dim != dim or attn.qkv.out_features != 3 * dim or \
+            attn.proj.out_features != dim:
+        raise ValueError(f"attn_head_dim / dim_out ({where}): heads x head_dim must equal "
+                         f"embed_dim={dim}")
+    if _name(mlp) != "Mlp":
+        raise ValueError(f"mlp_layer={_name(mlp)} ({where}) is not supported; only Mlp")
+    if not isinstance(mlp.fc1, nn.Linear) or not isinstance(mlp.fc2, nn.Linear):
+        raise ValueError(f"Mlp with use_conv=True ({where}) is not supported")
+    if not _is_identity(mlp.norm):
+        raise ValueError(f"scale_mlp_norm=True ({where}) is not supported")
+    if (mlp.fc1.bias is None) != (mlp.fc2.bias is None) or \
+            (mlp.fc1.bias is None) != (attn.proj.bias is None):
+        raise ValueError(f"proj_bias must be the same for attn.proj, mlp.fc1 and mlp.fc2 "
+                         f"({where})")
+    for nm in ("drop_path1", "drop_path2"):
+        if not _is_identity(getattr(blk, nm)):
+            raise ValueError(f"drop_path_rate > 0 ({where}.{nm}) is not supported (stochastic "
+                             "depth is random in training; build with drop_path_rate=0)")
+    for nm in ("ls1", "ls2"):
+        ls = getattr(blk, nm)
+        if not _is_identity(ls) and _name(ls) != "LayerScale":
+            raise ValueError(f"{where}.{nm}={_name(ls)} is not supported (only LayerScale)")
+
+
+def from_timm_model(model: nn.Module, **kwargs) -> ViT:
+    """A splitformer ViT whose forward returns what timm's ``model(x)`` returns.
+
+    ``forward_features(x)``, ``forward_head(u, pre_logits)`` and ``outputs(x)`` (a ViTOutput
+    with last_hidden_state, pooler_output, logits) are there too.
+    """
+    if kwargs:
+        raise TypeError(f"from_timm_model takes no options, got {sorted(kwargs)}")
+    if _name(model) != "VisionTransformer":
+        raise TypeError(f"from_timm supports timm VisionTransformer (not subclasses), got "
+                        f"{_name(model)}")
+    if getattr(model, "dynamic_img_size", False):
+        raise ValueError("dynamic_img_size=True is not supported")
+    pe = model.patch_embed
+    if _name(pe) != "PatchEmbed":
+        raise ValueError(f"embed_layer={_name(pe)} is not supported; only PatchEmbed")
+    if getattr(pe, "dynamic_img_pad", False):
+        raise ValueError("dynamic_img_pad=True is not supported")
+    if not getattr(pe, "strict_img_size", True) or not getattr(pe, "flatten", True) or \
+            pe.img_size is None:
+        raise ValueError("PatchEmbed must have a fixed img_size (strict_img_size, flatten)")
+    if not _is_identity(pe.norm):
+        raise ValueError("embed_norm_layer is not supported")
+    proj = pe.proj
+    if tuple(proj.stride) != tuple(proj.kernel_size) or tuple(proj.padding) != (0, 0) or \
+            tuple(proj.dilation) != (1, 1) or proj.groups != 1:
+        raise ValueError("patch_embed.proj must be a Conv2d with stride = kernel, no padding")
+    if getattr(model, "attn_pool", None) is not None:
+        raise ValueError(f"global_pool={model.global_pool!r} (attention pooling) is not "
+                         "supported")
+    pool = model.global_pool
+    if pool not in _POOLS:
+        raise ValueError(f"global_pool={pool!r} is not supported; supported: {_POOLS}")
+    if not _is_identity(model.patch_drop):
+        raise ValueError("patch_drop_rate > 0 is not supported")
+    dim = model.embed_dim
+    blocks = list(model.blocks)
+    if not blocks:
+        raise ValueError("depth=0: a VisionTransformer without blocks has no evolution")
+    for i, blk in enumerate(blocks):
+        _check_block(i, blk, dim)
+    b0 = blocks[0]
+    act = _activation(b0.mlp.act)
+    for i, blk in enumerate(blocks):
+        if _name(blk.mlp.act) != _name(b0.mlp.act) or _activation(blk.mlp.act) != act:
+            raise ValueError(f"blocks.{i}: act_layer differs from blocks.0")
+    # norms: one eps for all of them
+    eps_values = {}
+    norm_class = None
+    named = [("norm_pre", model.norm_pre), ("norm", model.norm), ("fc_norm", model.fc_norm)]
+    for i, blk in enumerate(blocks):
+        named += [(f"blocks.{i}.norm1", blk.norm1), (f"blocks.{i}.norm2", blk.norm2)]
+    for where, m in named:
+        eps = _norm(m, where)
+        if eps is not None:
+            eps_values[where] = eps
+            norm_class = norm_class or _class_ref(m)
+    if len(set(eps_values.values())) > 1:
+        raise ValueError(f"norm_layer eps must be the same everywhere, got {eps_values}")
+    if any(_name(b.norm1) != _name(b0.norm1) for b in blocks):
+        raise ValueError("norm_layer must be the same in every block")
+    eps = eps_values["blocks.0.norm1"]
+    ls = not _is_identity(b0.ls1)
+    if any((not _is_identity(b.ls1)) != ls or (not _is_identity(b.ls2)) != ls for b in blocks):
+        raise ValueError("init_values: LayerScale must be on ls1 and ls2 of every block or none")
+    has_pre = not _is_identity(model.norm_pre)
+    has_norm = not _is_identity(model.norm)
+    has_fc = not _is_identity(model.fc_norm)
+    head = model.head
+    if not isinstance(head, (nn.Linear, nn.Identity)):
+        raise ValueError(f"head={_name(head)} is not supported (Linear or Identity)")
+    num_classes = head.out_features if isinstance(head, nn.Linear) else 0
+    hidden = b0.mlp.fc1.out_features
+    mlp_ratio = hidden / dim
+    if int(dim * mlp_ratio) != hidden:
+        raise ValueError(f"mlp hidden width {hidden} is not int(embed_dim * mlp_ratio) for any "
+                         "float mlp_ratio: cannot record it")
+    if any(b.mlp.fc1.out_features != hidden for b in blocks):
+        raise ValueError("mlp hidden width must be the same in every block")
+    has_cls = model.cls_token is not None
+    reg = int(model.num_reg_tokens)
+    pos = model.pos_embed is not None
+    init_values = float(b0.ls1.init_values) if ls else None
+    p = proj.weight
+    kw = {"device": p.device, "dtype": p.dtype}
+    timm_kwargs = {
+        "img_size": tuple(pe.img_size),
+        "patch_size": tuple(pe.patch_size),
+        "in_chans": proj.in_channels,
+        "num_classes": num_classes,
+        "global_pool": pool,
+        "embed_dim": dim,
+        "depth": len(blocks),
+        "num_heads": b0.attn.num_heads,
+        "mlp_ratio": mlp_ratio,
+        "qkv_bias": b0.attn.qkv.bias is not None,
+        "proj_bias": b0.attn.proj.bias is not None,
+        "init_values": init_values if ls else None,
+        "class_token": has_cls,
+        "pos_embed": "learn" if pos else "none",
+        "no_embed_class": bool(model.no_embed_class),
+        "reg_tokens": reg,
+        "pre_norm": has_pre,
+        "final_norm": has_norm or has_fc,
+        "fc_norm": has_fc,
+        "pool_include_prefix": bool(getattr(model, "pool_include_prefix", False)),
+        "drop_rate": _dropout_p(model.head_drop),
+        "pos_drop_rate": _dropout_p(model.pos_drop),
+        "proj_drop_rate": _dropout_p(b0.attn.proj_drop),
+        "attn_drop_rate": _dropout_p(b0.attn.attn_drop),
+    }
+    source = {
+        "timm_class": "VisionTransformer",
+        "kwargs": timm_kwargs,
+        "norm_eps": eps,
+        "norm_layer": norm_class,
+        "act_layer": {**_class_ref(b0.mlp.act),
+                      "approximate": getattr(b0.mlp.act, "approximate", None)},
+    }
+    out = build_vit(
+        image_size=tuple(pe.img_size),
+        patch_size=tuple(proj.kernel_size),
+        in_chans=proj.in_channels,
+        dim=dim,
+        depth=len(blocks),
+        num_heads=b0.attn.num_heads,
+        hidden_dim=hidden,
+        qkv_bias=b0.attn.qkv.bias is not None,
+        proj_bias=b0.attn.proj.bias is not None,
+        patch_bias=proj.bias is not None,
+        activation=act,
+        norm_eps=eps,
+        layer_scale=1.0 if ls else None,
+        class_token=has_cls,
+        reg_tokens=reg,
+        position=pos,
+        position_prefix=not model.no_embed_class,
+        pre_norm=has_pre,
+        final_norm=has_norm,
+        pool=pool,
+        pool_include_prefix=timm_kwargs["pool_include_prefix"],
+        fc_norm=has_fc,
+        num_classes=num_classes,
+        embed_dropout=_dropout_p(model.pos_drop),
+        attn_dropout=_dropout_p(b0.attn.attn_drop),
+        out_dropout=_dropout_p(b0.attn.proj_drop),
+        ffn_dropout=_dropout_p(b0.mlp.drop1),
+        head_dropout=_dropout_p(model.head_drop),
+        output_format="timm",
+        source=source,
+        **kw,
+    )
+    e = out.embedding
+    _copy(e.patch.weight, proj.weight, "patch_embed.proj.weight")
+    _copy(e.patch.bias, proj.bias, "patch_embed.proj.bias")
+    _copy(e.class_token, model.cls_token, "cls_token")
+    _copy(e.register_tokens, model.reg_token, "reg_token")
+    _copy(e.position, model.pos_embed, "pos_embed")
+    if has_pre:
+        _copy(e.pre_norm.weight, model.norm_pre.weight, "norm_pre.weight")
+        _copy(e.pre_norm.bias, model.norm_pre.bias, "norm_pre.bias")
+    for n, (theta, blk) in enumerate(zip(out.evolution.controls, blocks, strict=True)):
+        pre = f"blocks.{n}."
+        a = theta["attention"]
+        _copy(a.qkv_weight, blk.attn.qkv.weight, pre + "attn.qkv.weight")
+        _copy(a.qkv_bias, blk.attn.qkv.bias, pre + "attn.qkv.bias")
+        _copy(a.out_weight, blk.attn.proj.weight, pre + "attn.proj.weight")
+        _copy(a.out_bias, blk.attn.proj.bias, pre + "attn.proj.bias")
+        a.attn_dropout = _dropout_p(blk.attn.attn_drop)
+        a.out_dropout.p = _dropout_p(blk.attn.proj_drop)
+        for nm in ("norm1", "norm2"):
+            _copy(theta[nm].weight, getattr(blk, nm).weight, pre + nm + ".weight")
+            _copy(theta[nm].bias, getattr(blk, nm).bias, pre + nm + ".bias")
+        ffn = theta["ffn"]
+        for stage, lin, nm in zip(ffn.stages, (blk.mlp.fc1, blk.mlp.fc2), ("fc1", "fc2"),
+                                  strict=True):
+            _copy(stage.weight, lin.weight, pre + f"mlp.{nm}.weight")
+            _copy(stage.bias, lin.bias, pre + f"mlp.{nm}.bias")
+        ffn.dropout.p = _dropout_p(blk.mlp.drop1)
+        ffn.out_dropout.p = _dropout_p(blk.mlp.drop2)
+        if ls:
+            _copy(theta["ls1"].gamma, blk.ls1.gamma, pre + "ls1.gamma")
+            _copy(theta["ls2"].gamma, blk.ls2.gamma, pre + "ls2.gamma")
+            theta["ls1"].init_value = theta["ls2"].init_value = float(blk.ls1.init_values)
+    if has_norm:
+        _copy(out.final_norm.weight, model.norm.weight, "norm.weight")
+        _copy(out.final_norm.bias, model.norm.bias, "norm.bias")
+    if has_fc:
+        _copy(out.fc_norm.weight, model.fc_norm.weight, "fc_norm.weight")
+        _copy(out.fc_norm.bias, model.fc_norm.bias, "fc_norm.bias")
+    if isinstance(head, nn.Linear):
+        _copy(out.head.weight, head.weight, "head.weight")
+        _copy(out.head.bias, head.bias, "head.bias")
+    out.train(model.training)
+    return out
+
+
+def _resolve_class(ref: dict[str, str] | None):
+    if not ref:
+        return None
+    return getattr(importlib.import_module(ref["module"]), ref["name"])
+
+
+def to_timm_model(model: ViT) -> nn.Module:
+    """The timm VisionTransformer with the same weights (needs timm; imported here only)."""
+    try:
+        from timm.models.vision_transformer import VisionTransformer
+    except Exception as e:  # missing, or a broken install (e.g. torchvision that does not load)
+        raise ImportError(
+            "to_timm(model) needs timm installed and importable (pip install timm); importing "
+            f"it failed: {type(e).__name__}: {e}"
+        ) from e
+    if not isinstance(model, ViT):
+        raise TypeError(f"to_timm_model expects a splitformer ViT, got {type(model).__name__}")
+    src = model.source
+    if src.get("timm_class") != "VisionTransformer":
+        raise ValueError("to_timm(model) needs a model made by from_timm (model.source"
+                         f"['timm_class'] is {src.get('timm_class')!r})")
+    evo = model.evolution
+    if evo.tau != 1.0:
+        raise ValueError(f"to_timm needs tau = 1 (one step per block), got tau={evo.tau:g}; a "
+                         "refined evolution is not a timm network")
+    if getattr(evo.controls, "interpolation", "constant") != "constant":
+        raise ValueError(f"to_timm needs controls constant in time (the network), got "
+                         f"interpolation={evo.controls.interpolation!r}")
+    kwargs = dict(src["kwargs"])
+    ls = kwargs.get("init_values") is not None
+    if evo.scheme.stages != vit_scheme(ls).stages:
+        raise ValueError(f"to_timm needs the scheme {vit_scheme(ls).name!r}, got "
+                         f"{evo.scheme.name!r} [{evo.scheme}]")
+    if len(evo.controls) != kwargs["depth"]:
+        raise ValueError(f"source depth={kwargs['depth']} differs from the number of control "
+                         f"sets {len(evo.controls)}")
+    norm_cls = _resolve_class(src.get("norm_layer"))
+    if norm_cls is not None:
+        kwargs["norm_layer"] = functools.partial(norm_cls, eps=src["norm_eps"])
+    act = src.get("act_layer") or {}
+    act_cls = _resolve_class(act)
+    if act_cls is not None:
+        if act.get("approximate") is not None and act["name"] == "GELU" and \
+                act["module"].startswith("torch."):
+            kwargs["act_layer"] = functools.partial(act_cls, approximate=act["approximate"])
+        else:
+            kwargs["act_layer"] = act_cls
+    p = model.embedding.patch.weight
+    tm = VisionTransformer(**kwargs, weight_init="skip", device=p.device, dtype=p.dtype)
+    e = model.embedding
+    _copy(tm.patch_embed.proj.weight, e.patch.weight, "embedding.patch.weight")
+    _copy(tm.patch_embed.proj.bias, e.patch.bias, "embedding.patch.bias")
+    _copy(tm.cls_token, e.class_token, "embedding.class_token")
+    _copy(tm.reg_token, e.register_tokens, "embedding.register_tokens")
+    _copy(tm.pos_embed, e.position, "embedding.position")
+    if e.pre_norm is not None:
+        _copy(tm.norm_pre.weight, e.pre_norm.weight, "embedding.pre_norm.weight")
+        _copy(tm.norm_pre.bias, e.pre_norm.bias, "embedding.pre_norm.bias")
+    for n, (theta, blk) in enumerate(zip(evo.controls, tm.blocks, strict=True)):
+        pre = f"controls[{n}]."
+        a = theta["attention"]
+        _copy(blk.attn.qkv.weight, a.qkv_weight, pre + "attention.qkv_weight")
+        _copy(blk.attn.qkv.bias, a.qkv_bias, pre + "attention.qkv_bias")
+        _copy(blk.attn.proj.weight, a.out_weight, pre + "attention.out_weight")
+        _copy(blk.attn.proj.bias, a.out_bias, pre + "attention.out_bias")
+        for nm in ("norm1", "norm2"):
+            _copy(getattr(blk, nm).weight, theta[nm].weight, pre + nm + ".weight")
+            _copy(getattr(blk, nm).bias, theta[nm].bias, pre + nm + ".bias")
+        for stage, lin in zip(theta["ffn"].stages, (blk.mlp.fc1, blk.mlp.fc2), strict=True):
+            _copy(lin.weight, stage.weight, pre + "ffn.weight")
+            _copy(lin.bias, stage.bias, pre + "ffn.bias")
+        if ls:
+            _copy(blk.ls1.gamma, theta["ls1"].gamma, pre + "ls1.gamma")
+            _copy(blk.ls2.gamma, theta["ls2"].gamma, pre + "ls2.gamma")
+    if model.final_norm is not None:
+        _copy(tm.norm.weight, model.final_norm.weight, "final_norm.weight")
+        _copy(tm.norm.bias, model.final_norm.bias, "final_norm.bias")
+    if model.fc_norm is not None:
+        _copy(tm.fc_norm.weight, model.fc_norm.weight, "fc_norm.weight")
+        _copy(tm.fc_norm.bias, model.fc_norm.bias, "fc_norm.bias")
+    if isinstance(tm.head, nn.Linear):
+        _copy(tm.head.weight, model.head.weight, "head.weight")
+        _copy(tm.head.bias, model.head.bias, "head.bias")
+    tm.train(model.training)
+    return tm
+

@@ -1,0 +1,625 @@
+"""The Vision Transformer as an evolution on the 2-D patch grid.
+
+Space. The image (C channels, H x W pixels) is cut into patches of p_h x p_w pixels. The token
+variable x runs over the patch grid Omega_x = {0..H/p_h - 1} x {0..W/p_w - 1} (a 2-D domain,
+flattened row-major, x = i * (W/p_w) + j) plus P "prefix" points: the class token and R register
+tokens are extra points of Omega_x whose initial value is a learned constant instead of an
+image patch. y in Omega_y = {1..N_y} is the feature variable.
+
+Initial condition. For a patch point x,
+
+    f(x, y) = int_{patch(x)} sum_c K(y, c, s) image(c, s) ds + b(y) + e(x, y)
+
+the patch embedding is a feature integral over the pixels of one patch (a Conv2d whose stride
+equals its kernel, ``PatchEmbedding``) and e(x, .) is the learned position embedding. For a
+prefix point, f(x, .) = token + e(x, .) (timm's ``no_embed_class`` drops e on the prefix
+points). Optional: dropout on f, and a LayerNorm of f (timm's ``pre_norm``, CLIP style) which
+makes f lie on the LayerNorm manifold.
+
+Evolution. Pre-LN blocks are explicit Euler for the projected vector field (MATH.md 3.2)
+
+    u_t = A(P1 u) + G(P2 u),     one step:  u <- u + tau A(P1 u);  u <- u + tau G(P2 u)
+
+i.e. the scheme ``prenorm``: Stage("attention", pre=("norm1",)), Stage("ffn", pre=("norm2",)).
+With LayerScale the fields are followed by diagonal operators D_1, D_2 (``post=("ls1",)``,
+``("ls2",)``): u <- u + tau gamma_1(y) A(P1 u), a per-feature step tau(y) = tau gamma(y)
+(``operators.scaling``).
+
+Read-out R (choices, not special cases):
+
+* ``final_norm``: a LayerNorm of u(T) (HF's ``layernorm``, timm's ``norm``); HF's
+  ``last_hidden_state`` and timm's ``forward_features`` are u(T) after it;
+* ``pool``: None (no pooled read-out), "" (identity, timm ``global_pool=''``), "token" (value at
+  the class-token point), "avg" / "max" / "avgmax" (mean / max over the patch points, the
+  prefix points excluded unless ``pool_include_prefix``);
+* ``fc_norm``: a LayerNorm after pooling (timm's ``fc_norm``, default with avg pooling);
+* ``pooler``: s(W v + b) of the pooled vector (HF's ViTPooler: dense + tanh);
+* ``head``: the classifier, a feature integral (or the identity when it has 0 classes).
+
+``output_format`` picks what ``forward`` returns: "hf" gives a ``ViTOutput`` (attributes
+``last_hidden_state``, ``pooler_output``, ``logits``), "timm" gives exactly the tensor of
+timm's ``model(x)`` (logits, or pooled features when num_classes = 0). Both formats have
+``outputs(...)``, ``forward_features(...)``, ``forward_head(...)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..operators import (
+    Activation,
+    Context,
+    FeatureIntegral,
+    FeedForward,
+    LayerNormProjection,
+    NonlocalAttention,
+)
+from ..operators.scaling import DiagonalScaling
+from ..time import Controls, Evolution, Scheme, Stage, TimeGrid, Trajectory
+from ..time.schemes import prenorm
+from .encoder import EvolutionModel
+
+__all__ = [
+    "ImageEmbedding",
+    "PatchEmbedding",
+    "Pooler",
+    "ViT",
+    "ViTOutput",
+    "build_vit",
+    "prenorm_layerscale",
+    "vit_controls",
+]
+
+POOLS = (None, "", "token", "avg", "max", "avgmax")
+OUTPUT_FORMATS = ("hf", "timm")
+
+
+def _pair(v: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    t = tuple(int(a) for a in v)
+    if len(t) != 2:
+        raise ValueError(f"expected an int or a pair of ints, got {v!r}")
+    return t  # type: ignore[return-value]
+
+
+@dataclass
+class ViTOutput:
+    """What a ViT returns in the "hf" format (attribute access like transformers' outputs).
+
+    last_hidden_state: u(T) after the final norm, (B, N_x, N_y);
+    pooler_output: the pooled read-out (HF's pooler when present), or None;
+    logits: the classifier head's output, or None when the model has no head.
+    """
+
+    last_hidden_state: torch.Tensor
+    pooler_output: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+    def to_tuple(self) -> tuple[torch.Tensor, ...]:
+        return tuple(v for v in (self.last_hidden_state, self.pooler_output, self.logits)
+                     if v is not None)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self.to_tuple())
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.to_tuple()[i]
+
+
+class PatchEmbedding(nn.Module):
+    """f(x, y) = sum_c int_{patch(x)} K(y, c, s) image(c, s) ds + b(y) on the patch grid.
+
+    A feature integral over the pixels of each patch: a Conv2d whose stride equals its kernel
+    (weight K of shape (N_y, C, p_h, p_w)). Output (B, N_patches, N_y), row-major in the grid.
+    """
+
+    def __init__(
+        self,
+        in_chans: int,
+        dim: int,
+        patch_size: int | Sequence[int],
+        *,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self.in_chans, self.dim = int(in_chans), int(dim)
+        self.patch_size = _pair(patch_size)
+        kw = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(dim, in_chans, *self.patch_size, **kw))
+        self.bias = nn.Parameter(torch.empty(dim, **kw)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in = self.weight[0].numel()
+            nn.init.uniform_(self.bias, -1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))
+
+    def extra_repr(self) -> str:
+        return (f"in_chans={self.in_chans}, dim={self.dim}, patch_size={self.patch_size}, "
+                f"bias={self.bias is not None}")
+
+    def grid(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The patch field on the 2-D grid: (B, N_y, H / p_h, W / p_w)."""
+        return F.conv2d(pixel_values, self.weight, self.bias, stride=self.patch_size)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.grid(pixel_values).flatten(2).transpose(1, 2)
+
+
+class ImageEmbedding(nn.Module):
+    """The initial condition f on Omega_x = prefix points + patch grid (see the module doc).
+
+    f = [class token, register tokens, patches] + e, with e the position embedding on all
+    points (``position_prefix=True``: HF, timm default) or on the patch points only
+    (``position_prefix=False``: timm's ``no_embed_class``); then dropout, then the optional
+    LayerNorm ``pre_norm``.
+    """
+
+    def __init__(
+        self,
+        image_size: int | Sequence[int],
+        patch_size: int | Sequence[int],
+        in_chans: int,
+        dim: int,
+        *,
+        patch_bias: bool = True,
+        class_token: bool = True,
+        reg_tokens: int = 0,
+        position: bool = True,
+        position_prefix: bool = True,
+        dropout: float = 0.0,
+        pre_norm: LayerNormProjection | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.image_size = _pair(image_size)
+        self.patch = PatchEmbedding(in_chans, dim, patch_size, bias=patch_bias, **kw)
+        ph, pw = self.patch.patch_size
+        self.grid_size = (self.image_size[0] // ph, self.image_size[1] // pw)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.dim = dim
+        self.class_token = nn.Parameter(torch.zeros(1, 1, dim, **kw)) if class_token else None
+        self.register_tokens = (nn.Parameter(torch.zeros(1, reg_tokens, dim, **kw))
+                                if reg_tokens else None)
+        self.num_reg_tokens = int(reg_tokens)
+        self.num_prefix_tokens = int(class_token) + self.num_reg_tokens
+        self.position_prefix = bool(position_prefix)
+        n_pos = self.num_patches + (self.num_prefix_tokens if position_prefix else 0)
+        self.position = nn.Parameter(torch.zeros(1, n_pos, dim, **kw)) if position else None
+        if self.position is not None:
+            nn.init.trunc_normal_(self.position, std=0.02)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    @property
+    def num_tokens(self) -> int:
+        """N_x: prefix points plus patch points."""
+        return self.num_prefix_tokens + self.num_patches
+
+    def extra_repr(self) -> str:
+        return (f"image_size={self.image_size}, grid={self.grid_size}, "
+                f"prefix={self.num_prefix_tokens}, position_prefix={self.position_prefix}")
+
+    def check(self, pixel_values: torch.Tensor, *, any_size: bool = False) -> None:
+        if not isinstance(pixel_values, torch.Tensor):
+            raise TypeError("pixel_values must be a torch.Tensor, got "
+                            f"{type(pixel_values).__name__}")
+        if pixel_values.dim() != 4:
+            raise ValueError("pixel_values must have shape (batch, channels, height, width), got "
+                             f"{tuple(pixel_values.shape)}")
+        c = self.patch.in_chans
+        if pixel_values.shape[1] != c:
+            raise ValueError(f"pixel_values has {pixel_values.shape[1]} channels, the model "
+                             f"expects {c}")
+        h, w = pixel_values.shape[-2:]
+        if not any_size and (h, w) != self.image_size:
+            raise ValueError(f"input image size ({h}*{w}) doesn't match the model "
+                             f"({self.image_size[0]}*{self.image_size[1]}); pass "
+                             "interpolate_pos_encoding=True to resample the position embedding")
+        p = self.patch.weight
+        if pixel_values.device != p.device:
+            raise ValueError(f"pixel_values is on {pixel_values.device} but the model is on "
+                             f"{p.device}")
+
+    def prefix(self, batch: int) -> list[torch.Tensor]:
+        out = []
+        if self.class_token is not None:
+            out.append(self.class_token.expand(batch, -1, -1))
+        if self.register_tokens is not None:
+            out.append(self.register_tokens.expand(batch, -1, -1))
+        return out
+
+    def interpolated_position(self, height: int, width: int) -> torch.Tensor:
+        """e resampled (bicubic) onto the patch grid of a height x width image.
+
+        The patch part of e, read as samples of a function on the 2-D grid, is resampled to the
+        new grid as Hugging Face's ``interpolate_pos_encoding`` does (no change when the number
+        of patches is the same and the image is square); the prefix part is kept.
+        """
+        assert self.position is not None
+        npre = self.num_prefix_tokens if self.position_prefix else 0
+        ph, pw = self.patch.patch_size
+        gh, gw = height // ph, width // pw
+        if gh * gw == self.num_patches and height == width:
+            return self.position
+        pre, patch = self.position[:, :npre], self.position[:, npre:]
+        g0, g1 = self.grid_size
+        patch = patch.reshape(1, g0, g1, self.dim).permute(0, 3, 1, 2)
+        patch = F.interpolate(patch, size=(gh, gw), mode="bicubic", align_corners=False)
+        patch = patch.permute(0, 2, 3, 1).reshape(1, -1, self.dim)
+        return torch.cat((pre, patch), dim=1)
+
+    def forward(self, pixel_values: torch.Tensor,
+                interpolate_pos_encoding: bool = False) -> torch.Tensor:
+        self.check(pixel_values, any_size=interpolate_pos_encoding)
+        b = pixel_values.shape[0]
+        f = self.patch(pixel_values)
+        prefix = self.prefix(b)
+        if self.position is None:
+            # timm: without a position embedding there is no position dropout either
+            f = torch.cat([*prefix, f], dim=1) if prefix else f
+        else:
+            pos = (self.interpolated_position(*pixel_values.shape[-2:])
+                   if interpolate_pos_encoding else self.position)
+            if self.position_prefix:
+                f = torch.cat([*prefix, f], dim=1) if prefix else f
+                f = f + pos
+            else:
+                f = f + pos
+                f = torch.cat([*prefix, f], dim=1) if prefix else f
+            f = self.dropout(f)
+        if self.pre_norm is not None:
+            f = self.pre_norm(f)
+        return f
+
+
+class Pooler(nn.Module):
+    """p = s(W v + b): a dense feature integral and a pointwise map of the pooled vector v.
+
+    Hugging Face's ViTPooler (s = tanh) applied to the class-token value v = u(T)(x_cls, .).
+    """
+
+    def __init__(self, dim: int, out_dim: int, activation: str = "tanh", *, device=None,
+                 dtype=None) -> None:
+        super().__init__()
+        self.dense = FeatureIntegral(dim, out_dim, device=device, dtype=dtype)
+        self.activation = Activation(activation)
+
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(v))
+
+
+def prenorm_layerscale() -> Scheme:
+    """Pre-LN with LayerScale: u += tau gamma_1 A(P1 u); u += tau gamma_2 G(P2 u)."""
+    return Scheme(
+        (
+            Stage("attention", pre=("norm1",), post=("ls1",)),
+            Stage("ffn", pre=("norm2",), post=("ls2",)),
+        ),
+        name="prenorm_layerscale",
+        description="explicit Euler for u_t = A(P1 u) + G(P2 u) with per-feature steps "
+                    "tau(y) = tau gamma(y) (LayerScale as post operators ls1, ls2)",
+        order=1,
+    )
+
+
+def vit_scheme(layer_scale: bool) -> Scheme:
+    """The scheme of a pre-LN ViT block: ``prenorm`` or ``prenorm_layerscale``."""
+    return prenorm_layerscale() if layer_scale else prenorm()
+
+
+def vit_controls(
+    dim: int,
+    num_heads: int,
+    hidden_dim: int,
+    depth: int,
+    *,
+    qkv_bias: bool = True,
+    proj_bias: bool = True,
+    activation: str = "gelu",
+    norm_eps: float = 1e-6,
+    layer_scale: float | None = None,
+    attn_dropout: float = 0.0,
+    out_dropout: float = 0.0,
+    ffn_dropout: float = 0.0,
+    device=None,
+    dtype=None,
+) -> Controls:
+    """theta^1..theta^L of a pre-LN ViT: attention, norm1, ffn, norm2 (and ls1, ls2).
+
+    ``qkv_bias`` is the bias of the Q/K/V feature integrals, ``proj_bias`` that of W_O and of
+    the feed-forward stages (timm's naming); ``out_dropout`` acts on A's output and on G's
+    output, ``ffn_dropout`` on G's hidden field.
+    """
+    kw = {"device": device, "dtype": dtype}
+    sets = []
+    for _ in range(depth):
+        attn = NonlocalAttention(dim, num_heads, bias=True, attn_dropout=attn_dropout,
+                                 out_dropout=out_dropout, **kw)
+        if not qkv_bias:
+            attn.qkv_bias = None  # W_Q, W_K, W_V without bias; W_O keeps its own
+        if not proj_bias:
+            attn.out_bias = None
+        theta: dict[str, nn.Module] = {
+            "attention": attn,
+            "norm1": LayerNormProjection(dim, eps=norm_eps, **kw),
+            "ffn": FeedForward([dim, hidden_dim, dim], activation=activation, bias=proj_bias,
+                               dropout=ffn_dropout, out_dropout=out_dropout, **kw),
+            "norm2": LayerNormProjection(dim, eps=norm_eps, **kw),
+        }
+        if layer_scale is not None:
+            theta["ls1"] = DiagonalScaling(dim, layer_scale, **kw)
+            theta["ls2"] = DiagonalScaling(dim, layer_scale, **kw)
+        sets.append(theta)
+    return Controls(sets)
+
+
+class ViT(EvolutionModel):
+    """A Vision Transformer: initial condition f (``embedding``), ``evolution``, read-out.
+
+    forward(pixel_values, attention_mask=None, *, is_causal=False,
+    interpolate_pos_encoding=None) returns a ``ViTOutput`` ("hf" format) or timm's output tensor
+    ("timm" format). ``attention_mask``: in the "hf" format a (B, N_x) padding mask over the
+    tokens (1 / True = attend) or a prepared 4-D mask; in the "timm" format the mask handed to
+    scaled_dot_product_attention as is (``attn_mask`` is accepted as an alias).
+    """
+
+    def __init__(
+        self,
+        embedding: ImageEmbedding,
+        evolution: Evolution,
+        *,
+        final_norm: nn.Module | None = None,
+        pool: str | None = "token",
+        pool_include_prefix: bool = False,
+        fc_norm: nn.Module | None = None,
+        pooler: Pooler | None = None,
+        head_dropout: float = 0.0,
+        head: nn.Module | None = None,
+        output_format: str = "hf",
+        source: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+        if pool == "token" and embedding.class_token is None:
+            raise ValueError("pool='token' needs a class token")
+        if output_format not in OUTPUT_FORMATS:
+            raise ValueError(f"output_format must be one of {OUTPUT_FORMATS}, got "
+                             f"{output_format!r}")
+        self.embedding = embedding
+        self.evolution = evolution
+        self.final_norm = final_norm
+        self.pool = pool
+        self.pool_include_prefix = bool(pool_include_prefix)
+        self.fc_norm = fc_norm
+        self.pooler = pooler
+        self.head_dropout = nn.Dropout(head_dropout)
+        self.head = head
+        self.output_format = output_format
+        self.source = dict(source or {})
+        attn = evolution.controls[0]["attention"]
+        self.dim = attn.dim
+        self.num_heads = attn.num_heads
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.embedding.num_prefix_tokens
+
+    # -- initial condition and kernel support ----------------------------------------------
+    def _pixels(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        dt = self.embedding.patch.weight.dtype
+        if isinstance(pixel_values, torch.Tensor) and pixel_values.dtype != dt:
+            if self.output_format == "hf":
+                return pixel_values.to(dt)  # as transformers' ViTModel does
+            raise TypeError(f"pixel_values has dtype {pixel_values.dtype} but the model's "
+                            f"parameters are {dt}; convert one of them")
+        return pixel_values
+
+    def initial_condition(self, pixel_values: torch.Tensor,
+                          interpolate_pos_encoding: bool | None = None) -> torch.Tensor:
+        """f = u(0) on the token points (B, N_x, N_y)."""
+        return self.embedding(self._pixels(pixel_values), bool(interpolate_pos_encoding))
+
+    def context(self, attention_mask: torch.Tensor | None, is_causal: bool, u0: torch.Tensor
+                ) -> Context:
+        """The kernel support from the mask (see the class docstring for the conventions)."""
+        if attention_mask is None:
+            return Context(is_causal=bool(is_causal))
+        if not isinstance(attention_mask, torch.Tensor):
+            raise TypeError(f"attention_mask must be a torch.Tensor, got "
+                            f"{type(attention_mask).__name__}")
+        if is_causal:
+            raise ValueError("pass an attention mask or is_causal=True, not both")
+        b, n, _ = u0.shape
+        m = attention_mask.to(u0.device)
+        if self.output_format == "hf" and m.dim() == 2:
+            if tuple(m.shape) != (b, n):
+                raise ValueError(f"attention_mask must have shape (batch, tokens) = ({b}, {n}) "
+                                 f"(tokens include the class token), got {tuple(m.shape)}")
+            return Context(attn_mask=m.bool().view(b, 1, 1, n))
+        if m.dtype != torch.bool and m.dtype != u0.dtype:
+            raise TypeError(f"attention_mask must be bool or {u0.dtype}, got {m.dtype}")
+        return Context(attn_mask=m)
+
+    def _start(self, pixel_values, attention_mask, attn_mask, is_causal,
+               interpolate_pos_encoding, bool_masked_pos):
+        if bool_masked_pos is not None:
+            raise ValueError("bool_masked_pos is not supported (use_mask_token: the masked-image-"
+                             "modeling mask token is not part of this model)")
+        if attn_mask is not None:
+            if attention_mask is not None:
+                raise ValueError("pass the mask as attention_mask or attn_mask, not both")
+            attention_mask = attn_mask
+        u0 = self.initial_condition(pixel_values, interpolate_pos_encoding)
+        return u0, self.context(attention_mask, is_causal, u0)
+
+    # -- evolution and read-out ------------------------------------------------------------
+    def trajectory(
+        self,
+        pixel_values: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        interpolate_pos_encoding: bool | None = None,
+    ) -> Trajectory:
+        """u(t_i) at every grid point (before the read-out)."""
+        u0, ctx = self._start(pixel_values, attention_mask, attn_mask, is_causal,
+                              interpolate_pos_encoding, None)
+        return self.evolution(u0, ctx, return_trajectory=True)
+
+    def forward_features(
+        self,
+        pixel_values: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        interpolate_pos_encoding: bool | None = None,
+        bool_masked_pos: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """u(T) after the final norm (HF's last_hidden_state, timm's forward_features)."""
+        u0, ctx = self._start(pixel_values, attention_mask, attn_mask, is_causal,
+                              interpolate_pos_encoding, bool_masked_pos)
+        u = self.evolution(u0, ctx)
+        return self.final_norm(u) if self.final_norm is not None else u
+
+    def pool_tokens(self, u: torch.Tensor) -> torch.Tensor:
+        """The pooling read-out of u(T) (timm's ``pool``)."""
+        if self.pool is None or self.pool == "":
+            return u
+        if self.pool == "token":
+            return u[:, 0]
+        x = u if self.pool_include_prefix else u[:, self.num_prefix_tokens:]
+        if self.pool == "avg":
+            return x.mean(dim=1)
+        if self.pool == "max":
+            return x.amax(dim=1)
+        return 0.5 * (x.amax(dim=1) + x.mean(dim=1))
+
+    def pre_logits(self, u: torch.Tensor) -> torch.Tensor:
+        """fc_norm(pool(u)): the vector the classifier reads."""
+        v = self.pool_tokens(u)
+        return self.fc_norm(v) if self.fc_norm is not None else v
+
+    def forward_head(self, u: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """timm's forward_head: pool, fc_norm, dropout, classifier."""
+        v = self.head_dropout(self.pre_logits(u))
+        if pre_logits or self.head is None:
+            return v
+        return self.head(v)
+
+    def outputs(self, pixel_values: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **kwargs) -> ViTOutput:
+        """All read-outs as a ``ViTOutput`` whatever the output format."""
+        u = self.forward_features(pixel_values, attention_mask, **kwargs)
+        pooled = logits = None
+        if self.pool is not None:
+            v = self.pre_logits(u)
+            pooled = self.pooler(v) if self.pooler is not None else v
+            if self.head is not None:
+                logits = self.head(self.head_dropout(v))
+        return ViTOutput(last_hidden_state=u, pooler_output=pooled, logits=logits)
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        interpolate_pos_encoding: bool | None = None,
+        bool_masked_pos: torch.Tensor | None = None,
+    ) -> ViTOutput | torch.Tensor:
+        kw = {"attn_mask": attn_mask, "is_causal": is_causal,
+              "interpolate_pos_encoding": interpolate_pos_encoding,
+              "bool_masked_pos": bool_masked_pos}
+        if self.output_format == "timm":
+            return self.forward_head(self.forward_features(pixel_values, attention_mask, **kw))
+        return self.outputs(pixel_values, attention_mask, **kw)
+
+
+def build_vit(
+    *,
+    image_size: int | Sequence[int],
+    patch_size: int | Sequence[int],
+    in_chans: int = 3,
+    dim: int,
+    depth: int,
+    num_heads: int,
+    hidden_dim: int,
+    qkv_bias: bool = True,
+    proj_bias: bool = True,
+    patch_bias: bool = True,
+    activation: str = "gelu",
+    norm_eps: float = 1e-6,
+    layer_scale: float | None = None,
+    class_token: bool = True,
+    reg_tokens: int = 0,
+    position: bool = True,
+    position_prefix: bool = True,
+    pre_norm: bool = False,
+    final_norm: bool = True,
+    pool: str | None = "token",
+    pool_include_prefix: bool = False,
+    fc_norm: bool = False,
+    pooler: tuple[int, str] | None = None,
+    num_classes: int | None = None,
+    embed_dropout: float = 0.0,
+    attn_dropout: float = 0.0,
+    out_dropout: float = 0.0,
+    ffn_dropout: float = 0.0,
+    head_dropout: float = 0.0,
+    output_format: str = "hf",
+    source: dict[str, Any] | None = None,
+    device=None,
+    dtype=None,
+) -> ViT:
+    """A ViT with random weights (T = depth, tau = 1).
+
+    ``pooler=(out_dim, activation)`` adds HF's pooler; ``num_classes=None`` means no classifier,
+    0 an identity classifier, k > 0 a k-class feature integral.
+    """
+    kw = {"device": device, "dtype": dtype}
+    embedding = ImageEmbedding(
+        image_size, patch_size, in_chans, dim, patch_bias=patch_bias, class_token=class_token,
+        reg_tokens=reg_tokens, position=position, position_prefix=position_prefix,
+        dropout=embed_dropout,
+        pre_norm=LayerNormProjection(dim, eps=norm_eps, **kw) if pre_norm else None, **kw,
+    )
+    controls = vit_controls(
+        dim, num_heads, hidden_dim, depth, qkv_bias=qkv_bias, proj_bias=proj_bias,
+        activation=activation, norm_eps=norm_eps, layer_scale=layer_scale,
+        attn_dropout=attn_dropout, out_dropout=out_dropout, ffn_dropout=ffn_dropout, **kw,
+    )
+    evolution = Evolution(controls, vit_scheme(layer_scale is not None), TimeGrid(depth, depth))
+    head: nn.Module | None = None
+    if num_classes is not None:
+        head = FeatureIntegral(dim, num_classes, **kw) if num_classes > 0 else nn.Identity()
+    return ViT(
+        embedding,
+        evolution,
+        final_norm=LayerNormProjection(dim, eps=norm_eps, **kw) if final_norm else None,
+        pool=pool,
+        pool_include_prefix=pool_include_prefix,
+        fc_norm=LayerNormProjection(dim, eps=norm_eps, **kw) if fc_norm else None,
+        pooler=Pooler(dim, pooler[0], pooler[1], **kw) if pooler is not None else None,
+        head_dropout=head_dropout,
+        head=head,
+        output_format=output_format,
+        source=source,
+    )
