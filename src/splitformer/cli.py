@@ -12,6 +12,7 @@ from . import __version__
 
 COMMANDS: dict[str, str] = {
     "verify": "splitformer.commands.verify",
+    "convergence": "splitformer.commands.convergence",
 }
 
 
