@@ -16,7 +16,18 @@ def _install_torchvision_stub() -> None:
     except Exception:  # missing, or PyPI's build that does not import beside the CPU torch
         for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
             del sys.modules[name]
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "_stubs"))
+    # Import timm with the stand-in on the path, then take the stand-in away again, so that
+    # nothing else (transformers checks for torchvision) sees a torchvision that is not there.
+    stubs = os.path.join(os.path.dirname(__file__), "_stubs")
+    sys.path.insert(0, stubs)
+    try:
+        import timm  # noqa: F401
+    except Exception:  # timm not installed: its tests skip
+        pass
+    finally:
+        sys.path.remove(stubs)
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
 
 
 _install_torchvision_stub()

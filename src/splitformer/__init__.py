@@ -2,13 +2,27 @@
 equation in token index x, feature index y and depth t (Tai, Liu, Li, Chan 2026)."""
 
 from .interop import from_hf, from_timm, from_torch, to_hf, to_timm, to_torch
-from .models import Encoder, network_encoder, paper_encoder
+from .models import (
+    CausalDecoderModel,
+    CausalLM,
+    CrossDecoder,
+    Encoder,
+    EncoderDecoderModel,
+    ViT,
+    network_encoder,
+    paper_encoder,
+)
 from .operators import Context
 from .time import Controls, Evolution, Scheme, Stage, TimeGrid, Trajectory
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CausalDecoderModel",
+    "CausalLM",
+    "CrossDecoder",
+    "EncoderDecoderModel",
+    "ViT",
     "Context",
     "Controls",
     "Encoder",

@@ -264,8 +264,11 @@ def to_torch(model: Encoder) -> nn.Module:
             raise ValueError(f"to_torch needs J = 2 feed-forward stages, got {ffn.num_stages}")
         ff = ffn.widths[1]
         act = {"relu": "relu", "gelu": "gelu"}.get(ffn.activation.name)
+        if ffn.activation.name == "gelu_tanh":
+            act = nn.GELU(approximate="tanh")
         if act is None:
-            raise ValueError(f"to_torch supports relu and gelu, got {ffn.activation.name!r}")
+            raise ValueError(f"to_torch supports relu, gelu and gelu_tanh, got "
+                             f"{ffn.activation.name!r}")
         eps, bias = theta0["norm1"].eps, theta0["norm1"].bias is not None
         dropout = ffn.dropout.p
     batch_first = model.batch_first

@@ -494,9 +494,16 @@ def resolve(
         if scheme == "paper":
             return paper_lie(**options)
         if scheme == "prenorm":
-            if layout is None or all(f.projection is not None for f in layout):
+            if layout is None or layout == POST_LN:
                 return prenorm(**options)
-            return lie(layout, **options)
+            # each field's projection moves inside it: F(P u) instead of P(u + tau F(u))
+            pre_layout = tuple(
+                Field(f.operator, (f.projection,) if f.projection else f.pre, f.post, None)
+                for f in layout
+            )
+            s = lie(pre_layout, **options)
+            return Scheme(s.stages, name="prenorm", description=s.description, order=1,
+                          meta=s.meta)
         if scheme in NAMED:
             return NAMED[scheme](layout if layout is not None else POST_LN, **options)
         if any(c in scheme for c in " ,:>(~"):

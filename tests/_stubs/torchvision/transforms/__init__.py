@@ -3,6 +3,7 @@ import enum
 
 class InterpolationMode(enum.Enum):
     NEAREST = "nearest"
+    NEAREST_EXACT = "nearest-exact"
     BILINEAR = "bilinear"
     BICUBIC = "bicubic"
     BOX = "box"
