@@ -103,6 +103,11 @@ class _Interpolated:
         self.module = left
         lp, rp = dict(left.named_parameters()), dict(right.named_parameters())
         self.params = {k: torch.lerp(lp[k], rp[k], a) for k in lp}
+        # floating buffers (e.g. BatchNorm running statistics) are interpolated too
+        lb, rb = dict(left.named_buffers()), dict(right.named_buffers())
+        for k, b in lb.items():
+            if b is not None and b.is_floating_point() and k in rb:
+                self.params[k] = torch.lerp(b, rb[k], a)
 
     def __call__(self, *args, **kwargs):
         return functional_call(self.module, self.params, args, kwargs)
