@@ -1,0 +1,102 @@
+"""Cost per step of each scheme relative to Lie, at equal parameters.
+
+    python benchmarks/bench_schemes.py [--batch 8] [--seq 128] [--repeats 5] [--threads N]
+
+Same controls (d_model 256, 8 heads, ff 1024, 6 layers, post-LN, float32), forward under
+no_grad at tau = 1: time per step, ratio to Lie, and field evaluations per step (attention A and
+FFN G: Euler 1, Heun 2, RK4 4 per stage). Last row: Strang on controls with half-width FFNs
+(ff 512, used twice per step: Macaron's parameter parity) against Lie with ff 1024.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch import nn
+
+import splitformer
+from splitformer.time.integrators import INTEGRATORS
+
+EVALS = {"euler": 1, "heun": 2, "rk2": 2, "rk4": 4}
+
+
+def field_evaluations(scheme) -> dict[str, float]:
+    counts: dict[str, float] = {}
+
+    def walk(stages):
+        for st in stages:
+            if st.integrator == "parallel":
+                for b in st.branches:
+                    walk(b)
+            elif st.integrator in INTEGRATORS:
+                for f in st.operator.split("+"):
+                    counts[f] = counts.get(f, 0) + EVALS[st.integrator]
+
+    walk(scheme.stages)
+    return counts
+
+
+def timed(model, x, repeats):
+    with torch.no_grad():
+        for _ in range(2):
+            model(x)
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model(x)
+            ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def build(ff, layers=6, d=256, heads=8):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, batch_first=True)
+    return splitformer.from_torch(nn.TransformerEncoder(layer, layers,
+                                                        enable_nested_tensor=False)).eval()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = build(1024)
+    x = torch.randn(args.batch, args.seq, 256)
+    variants = [
+        ("lie", {}),
+        ("lie", {"form": "tangent"}),
+        ("prenorm", {}),
+        ("strang", {"integrator": "euler"}),
+        ("strang", {"integrator": "heun"}),
+        ("strang", {"integrator": "heun", "form": "tangent"}),
+        ("strang", {"integrator": "rk4"}),
+        ("parallel", {}),
+    ]
+    steps = model.evolution.num_steps
+    base = timed(model, x, args.repeats) / steps
+    print(f"d_model 256, 8 heads, ff 1024, 6 steps, batch {args.batch}, seq {args.seq}, "
+          f"float32, threads {torch.get_num_threads()}")
+    print(f"{'scheme':32} {'A evals':>7} {'G evals':>7} {'ms/step':>8} {'vs Lie':>7}")
+    for name, opts in variants:
+        m = model.with_scheme(name, **opts)
+        t = timed(m, x, args.repeats) / steps
+        ev = field_evaluations(m.evolution.scheme)
+        label = name + "".join(f" {k}={v}" for k, v in opts.items())
+        print(f"{label:32} {ev.get('attention', 0):7g} {ev.get('ffn', 0):7g} {1e3 * t:8.2f} "
+              f"{t / base:7.3f}")
+    half = build(512).with_scheme("strang", integrator="euler")
+    t = timed(half, x, args.repeats) / steps
+    print(f"{'strang, half-width FFN (ff 512)':32} {1:7g} {2:7g} {1e3 * t:8.2f} {t / base:7.3f}"
+          "   <- Macaron parity, target <= 1.1")
+
+
+if __name__ == "__main__":
+    main()

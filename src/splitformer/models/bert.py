@@ -1,0 +1,445 @@
+"""BERT as an evolution: initial condition f, the post-LN Lie scheme, and read-outs.
+
+The continuous model (MATH.md section 1) on the token grid x = 0..N-1 and feature grid y:
+
+    u(x, y, 0) = f(x, y) = P_S1( E_w(id_x, y) + E_t(type_x, y) + E_p(pos_x, y) )
+    u_t = A[u] + G[u] - dI_S1(u)                                     on (0, T], T = L
+    pooled      = tanh( W_P u(x_0, ., T) + b_P )                     (x_0 = the [CLS] token)
+    logits      = W_C pooled + b_C
+
+P_S1 is the embedding LayerNorm read as a projection with a ghost feature point and a
+per-feature affine map (MATH.md 3.1; eps = layer_norm_eps, 1e-12 for BERT): the initial
+condition already lies on the constraint set. One BERT layer is one step (tau = 1) of the Lie
+scheme with the FFN as a vector field (``splitformer.time.schemes.lie``):
+
+    u <- u + tau A(u)      self-attention + its residual      (explicit Euler)
+    u <- P1(u)             attention.output.LayerNorm          (projection substep)
+    u <- u + tau G(u)      G(u) = W_2 s(W_1 u + b_1) + b_2     (explicit Euler)
+    u <- P2(u)             output.LayerNorm                    (projection substep)
+
+with s = GELU in its exact erf form (``hidden_act="gelu"``), or ReLU (the projection onto S2 of
+the lifted hidden field), tanh-GELU, SiLU or tanh. Dropout acts where BERT puts it: on the
+embedded field, on the attention kernel g(x, x') (``attention_probs_dropout_prob``), on A(u) and
+on G(u) (``hidden_dropout_prob``) and before the classifier. The padding mask removes padded
+tokens x' from the support of the kernel: m(x, x') = 0 on kept keys and the most negative finite
+number of the dtype (``torch.finfo(dtype).min``, as transformers' eager path builds it) or a
+boolean False (its sdpa path) on padded ones.
+
+Nothing here imports ``transformers``: the weight map lives in ``splitformer.interop.hf_bert``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..operators import LayerNormProjection
+from ..operators.base import Context
+from ..time import Evolution, TimeGrid, Trajectory
+from ..time.schemes import lie
+from .encoder import EvolutionModel, encoder_controls
+
+__all__ = [
+    "BERT_ACTIVATIONS",
+    "BertClassifierOutput",
+    "BertEmbedding",
+    "BertEncoderModel",
+    "BertEncoderOutput",
+    "BertSequenceClassifier",
+    "ClassTokenPooler",
+    "SequenceClassifierHead",
+    "bert_model",
+]
+
+# transformers' hidden_act -> splitformer Activation name; only maps that are the same function
+# computed the same way (gelu = exact erf form, gelu_pytorch_tanh = F.gelu(approximate="tanh")).
+BERT_ACTIVATIONS: dict[str, str] = {
+    "gelu": "gelu",
+    "relu": "relu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "silu": "silu",
+    "swish": "silu",
+    "tanh": "tanh",
+}
+
+
+class _Output:
+    """Attribute access, plus ``out["name"]`` and ``out[i]`` over the fields that are set."""
+
+    def to_tuple(self) -> tuple[Any, ...]:
+        values = (getattr(self, f.name) for f in fields(self))
+        return tuple(v for v in values if v is not None)
+
+    def __getitem__(self, key: str | int | slice) -> Any:
+        if isinstance(key, str):
+            return getattr(self, key)
+        return self.to_tuple()[key]
+
+
+@dataclass
+class BertEncoderOutput(_Output):
+    """u(T), the pooled read-out and, when asked, u(t_i) at every grid point."""
+
+    last_hidden_state: torch.Tensor
+    pooler_output: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class BertClassifierOutput(_Output):
+    """Classifier read-out (and its loss when labels are given), with u(T) and the pooled state."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    last_hidden_state: torch.Tensor | None = None
+    pooler_output: torch.Tensor | None = None
+
+
+class BertEmbedding(nn.Module):
+    """The initial condition f = P_S1(E_w[ids] + E_t[types] + E_p[positions]), then dropout.
+
+    Three embedding tables (look-ups in a learned dictionary, indexed by token, token type and
+    position) summed in BERT's order ((word + type) + position), then the LayerNorm projection.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        max_positions: int,
+        type_vocab_size: int,
+        dim: int,
+        *,
+        eps: float = 1e-12,
+        dropout: float = 0.0,
+        padding_idx: int | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.dim = dim
+        self.max_positions = max_positions
+        self.word = nn.Embedding(vocab_size, dim, padding_idx=padding_idx, **kw)
+        self.position = nn.Embedding(max_positions, dim, **kw)
+        self.token_type = nn.Embedding(type_vocab_size, dim, **kw)
+        self.norm = LayerNormProjection(dim, eps=eps, **kw)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if input_ids is not None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must have shape (batch, seq), got "
+                                 f"{tuple(input_ids.shape)}")
+            b, n = input_ids.shape
+            device = input_ids.device
+        else:
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.dim:
+                raise ValueError(f"inputs_embeds must have shape (batch, seq, {self.dim}), got "
+                                 f"{tuple(inputs_embeds.shape)}")
+            if inputs_embeds.dtype != self.word.weight.dtype:
+                raise TypeError(f"inputs_embeds has dtype {inputs_embeds.dtype} but the model's "
+                                f"parameters are {self.word.weight.dtype}")
+            b, n = inputs_embeds.shape[:2]
+            device = inputs_embeds.device
+        if position_ids is None:
+            if n > self.max_positions:
+                raise ValueError(f"sequence length {n} exceeds max_position_embeddings="
+                                 f"{self.max_positions}")
+            position_ids = torch.arange(n, device=device).unsqueeze(0)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros(1, n, dtype=torch.long, device=device).expand(b, n)
+        e = self.word(input_ids) if inputs_embeds is None else inputs_embeds
+        e = e + self.token_type(token_type_ids)
+        e = e + self.position(position_ids)
+        return self.dropout(self.norm(e))
+
+
+class ClassTokenPooler(nn.Module):
+    """Read-out R(u) = tanh(W u(x_0, ., T) + b): a feature integral at the first token x_0."""
+
+    def __init__(self, dim: int, *, device=None, dtype=None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim, dim, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(dim, device=device, dtype=dtype))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        nn.init.uniform_(self.bias, -1.0 / math.sqrt(dim), 1.0 / math.sqrt(dim))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.weight.shape[0]}, x0=first token, tanh"
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(F.linear(u[:, 0], self.weight, self.bias))
+
+
+class SequenceClassifierHead(nn.Module):
+    """logits = W_C dropout(pooled) + b_C."""
+
+    def __init__(self, dim: int, num_labels: int, *, dropout: float = 0.0, device=None,
+                 dtype=None) -> None:
+        super().__init__()
+        self.num_labels = num_labels
+        self.dropout = nn.Dropout(dropout)
+        self.weight = nn.Parameter(torch.empty(num_labels, dim, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(num_labels, device=device, dtype=dtype))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        nn.init.uniform_(self.bias, -1.0 / math.sqrt(dim), 1.0 / math.sqrt(dim))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.weight.shape[1]}, num_labels={self.num_labels}"
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.dropout(pooled), self.weight, self.bias)
+
+
+class BertEncoderModel(EvolutionModel):
+    """BERT's encoder: u(0) = f (``embedding``), u(T) = evolution(f), read-out ``pooler``.
+
+    forward(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds) takes the
+    inputs of transformers' ``BertModel`` and returns ``last_hidden_state`` = u(T) and
+    ``pooler_output`` = R(u(T)); ``output_hidden_states=True`` adds u(t_i) at every grid point
+    (at tau = 1 these are BERT's hidden states: the embedding output and every layer's output).
+
+    ``additive_mask`` selects how a 2-D padding mask becomes the kernel's support: an additive
+    float mask with ``torch.finfo(dtype).min`` on padded keys (transformers' eager path) or a
+    boolean one (its sdpa path). A mask with no padded key is dropped (full support), and a 4-D
+    mask is used as given, as transformers does.
+    """
+
+    def __init__(
+        self,
+        embedding: BertEmbedding,
+        evolution: Evolution,
+        *,
+        pooler: ClassTokenPooler | None = None,
+        additive_mask: bool = False,
+        source: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.evolution = evolution
+        self.pooler = pooler
+        self.additive_mask = bool(additive_mask)
+        self.source: dict[str, Any] = dict(source or {})
+
+    # -- the kernel's support ---------------------------------------------------------------
+    def attention_support(
+        self, attention_mask: torch.Tensor | None, batch: int, seq: int, dtype: torch.dtype,
+        device: torch.device,
+    ) -> torch.Tensor | None:
+        """The mask m(x, x') handed to the attention kernel, built as transformers 5 builds it."""
+        if attention_mask is None:
+            return None
+        if not isinstance(attention_mask, torch.Tensor):
+            raise TypeError(f"attention_mask must be a torch.Tensor, got "
+                            f"{type(attention_mask).__name__}")
+        if attention_mask.dim() == 4:
+            return attention_mask.to(device)
+        if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, seq):
+            raise ValueError(f"attention_mask must have shape (batch, seq) = ({batch}, {seq}) or "
+                             f"be a prepared 4-D mask, got {tuple(attention_mask.shape)}")
+        keep = attention_mask.to(device=device, dtype=torch.bool)
+        if bool(keep.all()):
+            return None
+        keep = keep[:, None, None, :]
+        if not self.additive_mask:
+            return keep
+        return torch.where(keep, torch.zeros((), device=device, dtype=dtype),
+                           torch.finfo(dtype).min)
+
+    def initial_condition(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, Context]:
+        """u(0) = f and the context (kernel support) of the evolution."""
+        u0 = self.embedding(input_ids, token_type_ids, position_ids, inputs_embeds)
+        b, n, _ = u0.shape
+        mask = self.attention_support(attention_mask, b, n, u0.dtype, u0.device)
+        return u0, Context(attn_mask=mask)
+
+    def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                output_hidden_states: bool) -> BertEncoderOutput:
+        u0, ctx = self.initial_condition(input_ids, attention_mask, token_type_ids, position_ids,
+                                         inputs_embeds)
+        hidden: tuple[torch.Tensor, ...] | None = None
+        if output_hidden_states:
+            traj = self.evolution(u0, ctx, return_trajectory=True)
+            hidden = tuple(traj.states.unbind(0))
+            u = hidden[-1]
+        else:
+            u = self.evolution(u0, ctx)
+        pooled = self.pooler(u) if self.pooler is not None else None
+        return BertEncoderOutput(last_hidden_state=u, pooler_output=pooled, hidden_states=hidden)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        *,
+        output_hidden_states: bool = False,
+    ) -> BertEncoderOutput:
+        return self._encode(input_ids, attention_mask, token_type_ids, position_ids,
+                            inputs_embeds, output_hidden_states)
+
+    def trajectory(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> Trajectory:
+        """u(t_i) at every grid point, (N_t + 1, B, N, d), before the read-out."""
+        u0, ctx = self.initial_condition(input_ids, attention_mask, token_type_ids, position_ids,
+                                         inputs_embeds)
+        return self.evolution(u0, ctx, return_trajectory=True)
+
+
+class BertSequenceClassifier(BertEncoderModel):
+    """BertForSequenceClassification: the encoder with read-out logits = W_C R(u(T)) + b_C.
+
+    With ``labels`` the loss is computed as transformers does: mean squared error for one label
+    (regression), cross entropy for integer labels, binary cross entropy with logits otherwise;
+    ``problem_type`` fixes the choice when set.
+    """
+
+    def __init__(
+        self,
+        embedding: BertEmbedding,
+        evolution: Evolution,
+        *,
+        pooler: ClassTokenPooler,
+        classifier: SequenceClassifierHead,
+        problem_type: str | None = None,
+        additive_mask: bool = False,
+        source: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(embedding, evolution, pooler=pooler, additive_mask=additive_mask,
+                         source=source)
+        self.classifier = classifier
+        self.problem_type = problem_type
+
+    @property
+    def num_labels(self) -> int:
+        return self.classifier.num_labels
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        kind = self.problem_type
+        n = self.num_labels
+        if kind is None:
+            if n == 1:
+                kind = "regression"
+            elif labels.dtype in (torch.long, torch.int):
+                kind = "single_label_classification"
+            else:
+                kind = "multi_label_classification"
+        if kind == "regression":
+            if n == 1:
+                return F.mse_loss(logits.squeeze(), labels.squeeze())
+            return F.mse_loss(logits, labels)
+        if kind == "single_label_classification":
+            return F.cross_entropy(logits.view(-1, n), labels.view(-1))
+        if kind == "multi_label_classification":
+            return F.binary_cross_entropy_with_logits(logits, labels)
+        raise ValueError(f"problem_type={kind!r} is not one of 'regression', "
+                         "'single_label_classification', 'multi_label_classification'")
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        *,
+        output_hidden_states: bool = False,
+    ) -> BertClassifierOutput:
+        enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids,
+                           inputs_embeds, output_hidden_states)
+        logits = self.classifier(enc.pooler_output)
+        loss = self.loss(logits, labels) if labels is not None else None
+        return BertClassifierOutput(
+            loss=loss, logits=logits, hidden_states=enc.hidden_states,
+            last_hidden_state=enc.last_hidden_state, pooler_output=enc.pooler_output,
+        )
+
+
+def bert_model(
+    *,
+    vocab_size: int = 30522,
+    hidden_size: int = 768,
+    num_hidden_layers: int = 12,
+    num_attention_heads: int = 12,
+    intermediate_size: int = 3072,
+    hidden_act: str = "gelu",
+    hidden_dropout_prob: float = 0.1,
+    attention_probs_dropout_prob: float = 0.1,
+    max_position_embeddings: int = 512,
+    type_vocab_size: int = 2,
+    layer_norm_eps: float = 1e-12,
+    pad_token_id: int | None = 0,
+    add_pooling_layer: bool = True,
+    num_labels: int | None = None,
+    classifier_dropout: float | None = None,
+    problem_type: str | None = None,
+    additive_mask: bool = False,
+    source: Mapping[str, Any] | None = None,
+    device=None,
+    dtype=None,
+) -> BertEncoderModel:
+    """A BERT-shaped model with random weights (arguments named as in ``BertConfig``).
+
+    ``num_labels`` given: a ``BertSequenceClassifier`` (pooler required); otherwise a
+    ``BertEncoderModel``. ``classifier_dropout`` None means ``hidden_dropout_prob``, as in BERT.
+    """
+    if hidden_act not in BERT_ACTIVATIONS:
+        raise ValueError(f"hidden_act={hidden_act!r} is not supported; supported: "
+                         f"{sorted(BERT_ACTIVATIONS)}")
+    kw = {"device": device, "dtype": dtype}
+    embedding = BertEmbedding(
+        vocab_size, max_position_embeddings, type_vocab_size, hidden_size, eps=layer_norm_eps,
+        dropout=hidden_dropout_prob, padding_idx=pad_token_id, **kw,
+    )
+    controls = encoder_controls(
+        hidden_size, num_attention_heads, intermediate_size, num_hidden_layers,
+        activation=BERT_ACTIVATIONS[hidden_act], layer_norm_eps=layer_norm_eps, **kw,
+    )
+    for theta in controls:
+        theta["attention"].attn_dropout = float(attention_probs_dropout_prob)
+        theta["attention"].out_dropout.p = float(hidden_dropout_prob)
+        theta["ffn"].dropout.p = 0.0  # BERT has no dropout on the hidden (lifted) field
+        theta["ffn"].out_dropout.p = float(hidden_dropout_prob)
+    evolution = Evolution(controls, lie(), TimeGrid(num_hidden_layers, num_hidden_layers))
+    pooler = ClassTokenPooler(hidden_size, **kw) if add_pooling_layer else None
+    if num_labels is None:
+        return BertEncoderModel(embedding, evolution, pooler=pooler, additive_mask=additive_mask,
+                                source=source)
+    if pooler is None:
+        raise ValueError("a sequence classifier reads the pooled state: add_pooling_layer=True")
+    p = hidden_dropout_prob if classifier_dropout is None else classifier_dropout
+    head = SequenceClassifierHead(hidden_size, num_labels, dropout=float(p), **kw)
+    return BertSequenceClassifier(embedding, evolution, pooler=pooler, classifier=head,
+                                  problem_type=problem_type, additive_mask=additive_mask,
+                                  source=source)
