@@ -130,10 +130,13 @@ def smooth_configuration(
     return model, u0
 
 
-def trained_configuration(*, seed: int = 0, steps: int = 150,
+def trained_configuration(*, seed: int = 0, steps: int = 150, train_projections: bool = False,
                           dtype: torch.dtype = torch.float64) -> tuple[Encoder, torch.Tensor]:
     """The smooth configuration after ``steps`` Adam steps on sklearn's digits (8x8 images read
-    as 8 tokens of 8 pixels, lifted to 16 features; read-out: mean over tokens, linear)."""
+    as 8 tokens of 8 pixels, lifted to 16 features; read-out: mean over tokens, linear).
+
+    The projections' s1, s2 stay fixed (one constraint set S1(0, 1), so the projected ODE is
+    still the limit) unless ``train_projections``: then every norm gets its own S1(s1, s2)."""
     try:
         from sklearn.datasets import load_digits
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -147,6 +150,10 @@ def trained_configuration(*, seed: int = 0, steps: int = 150,
     lift = torch.nn.Linear(8, 16, dtype=dtype)
     head = torch.nn.Linear(16, 10, dtype=dtype)
     norm = SphereProjection(16, 0.0, 1.0, dtype=dtype)
+    if not train_projections:
+        for theta in model.evolution.controls:
+            for name in ("norm1", "norm2"):
+                theta[name].requires_grad_(False)
     params = [*model.parameters(), *lift.parameters(), *head.parameters()]
     opt = torch.optim.Adam([p for p in params if p.requires_grad], lr=3e-3)
     model.train()
@@ -167,7 +174,8 @@ CONFIGURATIONS = {
     "smooth": "post-LN layout, tanh, both projections onto S1(0,1) (eps = 0), random weights",
     "relu": "the smooth configuration with ReLU (Lipschitz, not smooth)",
     "layernorm": "the smooth configuration with real LayerNorm (eps 1e-5, per-feature gain/bias)",
-    "trained": "the smooth configuration after 150 Adam steps on sklearn digits",
+    "trained": "the smooth configuration after 150 Adam steps on sklearn digits (s1, s2 fixed)",
+    "trained-s": "as 'trained', with s1, s2 trained too (a different S1 for every projection)",
 }
 
 
@@ -181,6 +189,8 @@ def configuration(name: str, *, seed: int = 0) -> tuple[Encoder, torch.Tensor]:
         return smooth_configuration(seed=seed, real_layernorm=True)
     if name == "trained":
         return trained_configuration(seed=seed)
+    if name == "trained-s":
+        return trained_configuration(seed=seed, train_projections=True)
     raise ValueError(f"configuration must be one of {sorted(CONFIGURATIONS)}, got {name!r}")
 
 
