@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
 import torch
 from conftest import TOL
@@ -20,32 +17,7 @@ from splitformer.models.decoder import (
 )
 from splitformer.operators import Context
 
-
-def _import_transformers():
-    """Import transformers' GPT-2 with the tests' torchvision stub hidden (see the BERT tests:
-    transformers would take the stub for the real package)."""
-    pytest.importorskip("transformers")
-    hidden = {k: sys.modules.pop(k) for k in list(sys.modules)
-              if k == "torchvision" or k.startswith("torchvision.")}
-    stubs = [p for p in sys.path if p.rstrip("/").endswith("_stubs")]
-    for p in stubs:
-        sys.path.remove(p)
-    try:
-        tr = importlib.import_module("transformers")
-        iu = importlib.import_module("transformers.utils.import_utils")
-        for name in ("is_torchvision_available", "is_torchvision_v2_available"):
-            fn = getattr(iu, name, None)
-            if hasattr(fn, "cache_clear"):
-                fn.cache_clear()
-        importlib.import_module("transformers.models.gpt2.modeling_gpt2")
-        _ = tr.GPT2Model, tr.GPT2LMHeadModel, tr.GPT2Config, tr.AutoConfig
-    finally:
-        sys.path[:0] = stubs
-        sys.modules.update(hidden)
-    return tr
-
-
-transformers = _import_transformers()
+transformers = pytest.importorskip("transformers")  # conftest hides the torchvision stand-in
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
 import torch
 from conftest import TOL
@@ -13,36 +10,7 @@ import splitformer
 from splitformer.interop.hf_bert import BERT_WEIGHT_MAP, from_hf_model, weight_map
 from splitformer.models.bert import BertEncoderModel, BertSequenceClassifier, bert_model
 
-
-def _import_transformers():
-    """Import transformers' BERT modules with the tests' torchvision stub hidden.
-
-    conftest puts a torchvision stub on sys.path for timm; transformers would take it for the
-    real package and fail in its image utilities (InterpolationMode.NEAREST_EXACT,
-    torchvision.io). With the stub hidden, ``is_torchvision_available()`` is cached False.
-    """
-    pytest.importorskip("transformers")
-    hidden = {k: sys.modules.pop(k) for k in list(sys.modules)
-              if k == "torchvision" or k.startswith("torchvision.")}
-    stubs = [p for p in sys.path if p.rstrip("/").endswith("_stubs")]
-    for p in stubs:
-        sys.path.remove(p)
-    try:
-        tr = importlib.import_module("transformers")
-        iu = importlib.import_module("transformers.utils.import_utils")
-        for name in ("is_torchvision_available", "is_torchvision_v2_available"):
-            fn = getattr(iu, name, None)
-            if hasattr(fn, "cache_clear"):
-                fn.cache_clear()
-        importlib.import_module("transformers.models.bert.modeling_bert")
-        _ = tr.BertModel, tr.BertForSequenceClassification, tr.BertConfig, tr.AutoConfig
-    finally:
-        sys.path[:0] = stubs
-        sys.modules.update(hidden)
-    return tr
-
-
-transformers = _import_transformers()
+transformers = pytest.importorskip("transformers")  # conftest hides the torchvision stand-in
 
 BASE = {
     "vocab_size": 61,

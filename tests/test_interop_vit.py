@@ -6,9 +6,6 @@ float32 even for a float64 model (measured below).
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
 import torch
 from conftest import TOL
@@ -17,32 +14,7 @@ import splitformer
 from splitformer.interop.hf_vit import from_hf_model, to_hf_model
 from splitformer.models.vit import ViT, ViTOutput
 
-
-def _import_transformers():
-    """Import transformers' ViT modules with the tests' torchvision stub hidden (the stub is for
-    timm; transformers would take it for the real package in its image utilities)."""
-    pytest.importorskip("transformers")
-    hidden = {k: sys.modules.pop(k) for k in list(sys.modules)
-              if k == "torchvision" or k.startswith("torchvision.")}
-    stubs = [p for p in sys.path if p.rstrip("/").endswith("_stubs")]
-    for p in stubs:
-        sys.path.remove(p)
-    try:
-        tr = importlib.import_module("transformers")
-        iu = importlib.import_module("transformers.utils.import_utils")
-        for name in ("is_torchvision_available", "is_torchvision_v2_available"):
-            fn = getattr(iu, name, None)
-            if hasattr(fn, "cache_clear"):
-                fn.cache_clear()
-        importlib.import_module("transformers.models.vit.modeling_vit")
-        _ = tr.ViTModel, tr.ViTForImageClassification, tr.ViTConfig, tr.AutoConfig
-    finally:
-        sys.path[:0] = stubs
-        sys.modules.update(hidden)
-    return tr
-
-
-transformers = _import_transformers()
+transformers = pytest.importorskip("transformers")  # conftest hides the torchvision stand-in
 
 BASE = {
     "hidden_size": 32,
