@@ -37,3 +37,18 @@ def test_python_dash_m_and_help():
     r = subprocess.run([sys.executable, "-m", "splitformer", "verify", "--family", "nope"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_verify_every_family(capsys):
+    rc = main(["verify", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["failed"] == 0
+    fams = {r["family"] for r in out["rows"] if r["status"] == "PASS"}
+    # timm runs here because the test set-up makes `import timm` work
+    assert fams == {"core", "bert", "vit", "cvt", "timm", "gpt2", "transformer"}
+
+
+def test_convergence_table(capsys):
+    assert main(["convergence", "--scheme", "lie", "--ks", "2-3", "--ref-k", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "observed order" in out and "attention norm1:project ffn norm2:project" in out
