@@ -94,3 +94,38 @@ def test_nothing_is_computed_before_the_error(model):
         model(torch.randn(2, 3, 8), src_key_padding_mask=torch.zeros(5, 5, dtype=torch.bool))
     h.remove()
     assert calls == []
+
+
+def test_layer_options_name_the_argument():
+    layer = nn.TransformerEncoderLayer(8, 2, 16)
+    layer.norm2 = nn.Identity()
+    with pytest.raises(ValueError, match="norm2=Identity"):
+        splitformer.from_torch(layer)
+    layer = nn.TransformerEncoderLayer(8, 2, 16)
+    layer.linear1 = nn.Linear(8, 16, bias=False)
+    with pytest.raises(ValueError, match=r"missing: \['linear1.bias'\]"):
+        splitformer.from_torch(layer)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, layer_norm_eps=0.0)
+    with torch.no_grad():
+        layer.norm1.weight.fill_(-1.0)
+    with pytest.raises(ValueError, match="s2"):
+        splitformer.from_torch(layer, form="paper")
+
+
+def test_scheme_values_are_checked():
+    from splitformer.time import Stage, resolve
+
+    with pytest.raises(ValueError, match="fraction must be a number > 0"):
+        Stage("attention", fraction=-1)
+    with pytest.raises(ValueError, match="fraction must be a number > 0"):
+        Stage("attention", fraction="a")
+    with pytest.raises(ValueError, match="fraction must be a number > 0"):
+        resolve("attention*-1 norm1:project")
+    with pytest.raises(ValueError, match="weight must be in"):
+        Stage("U", "relax", weight=2.0)
+    assert str(resolve("ffn|relu")) == "ffn|relu"
+
+
+def test_is_causal_must_be_a_bool(model):
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        model(torch.randn(2, 3, 8), is_causal="yes")

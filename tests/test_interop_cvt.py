@@ -431,3 +431,16 @@ def test_default_cvt13_config_eval():
     x = pixels(torch.float32, shape=(1, 224, 224))
     with torch.no_grad():
         assert maxdiff(ref(x).logits, ours(x).logits) <= TOL[torch.float32]
+
+
+def test_outputs_index_like_transformers():
+    """out[0] and out["name"] give what transformers' outputs give."""
+    for cls in ("CvtModel", "CvtForImageClassification"):
+        hf = getattr(transformers, cls)(transformers.CvtConfig(**BASE)).double().eval()
+        ours = splitformer.from_hf(hf).eval()
+        px = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+        with torch.no_grad():
+            ref, out = hf(px), ours(px)
+        assert (out[0] - ref[0]).abs().max() <= 1e-10
+        key = "logits" if cls != "CvtModel" else "last_hidden_state"
+        assert (out[key] - ref[key]).abs().max() <= 1e-10

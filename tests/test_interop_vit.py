@@ -303,3 +303,17 @@ def test_verify_family():
 
     rows = list(run_checks(["vit"]))
     assert rows and all(r["status"] == "PASS" for r in rows), rows
+
+
+def test_outputs_index_like_transformers():
+    """out[0] and out["name"] give what transformers' outputs give."""
+    for cls in ("ViTModel", "ViTForImageClassification"):
+        kw = {"num_labels": 3} if cls != "ViTModel" else {}
+        hf = _hf(torch.float64, cls=cls, **kw).eval()
+        ours = splitformer.from_hf(hf).eval()
+        px = _pixels(hf, torch.float64)
+        with torch.no_grad():
+            ref, out = hf(px), ours(px)
+        assert _diff(out[0], ref[0]) <= 1e-10
+        key = "logits" if cls != "ViTModel" else "last_hidden_state"
+        assert _diff(out[key], ref[key]) <= 1e-10

@@ -44,8 +44,12 @@ def _build(cfg: dict, dtype: torch.dtype) -> nn.TransformerEncoder:
         norm = nn.LayerNorm(cfg["d_model"], eps=cfg["layer_norm_eps"], bias=cfg["bias"],
                             dtype=dtype)
     enc = nn.TransformerEncoder(layer, cfg["num_layers"], norm=norm, enable_nested_tensor=False)
-    with torch.no_grad():  # non-trivial norms
-        for m in enc.modules():
+    with torch.no_grad():
+        for lyr in enc.layers:  # TransformerEncoder deep-copies one layer: make each distinct
+            lyr.self_attn._reset_parameters()
+            lyr.linear1.reset_parameters()
+            lyr.linear2.reset_parameters()
+        for m in enc.modules():  # non-trivial norms
             if isinstance(m, nn.LayerNorm):
                 m.weight.uniform_(0.5, 1.5)
                 if m.bias is not None:
@@ -218,3 +222,21 @@ def test_converted_model_contract():
     assert r.evolution.controls is evo.controls  # the same controls, shared parameters
     p = m.with_scheme("prenorm" if evo.scheme.name == "lie" else "lie")
     assert p.evolution.scheme.name != evo.scheme.name
+
+
+def test_per_layer_eps_survives_the_round_trip(dtype):
+    """eps is not in the state dict: the round trip must carry it per layer and per norm."""
+    torch.manual_seed(6)
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0,
+                                                           batch_first=True, dtype=dtype), 2,
+                                enable_nested_tensor=False).eval()
+    enc.layers[1] = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True,
+                                               layer_norm_eps=0.1, dtype=dtype).eval()
+    enc.layers[1].norm2.eps = 0.5
+    x = torch.randn(2, 5, 8, dtype=dtype)
+    with torch.no_grad():
+        ours = splitformer.from_torch(enc)
+        back = splitformer.to_torch(ours).eval()
+        assert (ours(x) - enc(x)).abs().max() <= TOL[dtype]
+        assert (back(x) - enc(x)).abs().max() <= TOL[dtype]
+    assert back.layers[1].norm1.eps == 0.1 and back.layers[1].norm2.eps == 0.5

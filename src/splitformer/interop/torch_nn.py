@@ -66,8 +66,22 @@ def _layer_config(layer: nn.TransformerEncoderLayer) -> dict:
         raise ValueError("self_attn with kdim/vdim != embed_dim is not supported")
     if attn.bias_k is not None or attn.add_zero_attn:
         raise ValueError("self_attn with add_bias_kv or add_zero_attn is not supported")
-    if not isinstance(layer.norm1, nn.LayerNorm) or not layer.norm1.elementwise_affine:
-        raise ValueError("norm1/norm2 must be nn.LayerNorm with elementwise_affine=True")
+    for nm in ("norm1", "norm2"):
+        norm = getattr(layer, nm)
+        if not isinstance(norm, nn.LayerNorm) or not norm.elementwise_affine:
+            raise ValueError(f"{nm}={norm!r}: must be nn.LayerNorm with elementwise_affine=True")
+    biases = {
+        "self_attn.in_proj_bias": attn.in_proj_bias is not None,
+        "self_attn.out_proj.bias": attn.out_proj.bias is not None,
+        "linear1.bias": layer.linear1.bias is not None,
+        "linear2.bias": layer.linear2.bias is not None,
+        "norm1.bias": layer.norm1.bias is not None,
+        "norm2.bias": layer.norm2.bias is not None,
+    }
+    if len(set(biases.values())) > 1:
+        missing = [k for k, v in biases.items() if not v]
+        raise ValueError(f"biases must be all present or all absent (bias=True/False); "
+                         f"missing: {missing}")
     p = next(layer.parameters())
     return {
         "d_model": attn.embed_dim,
@@ -192,6 +206,9 @@ def _from_torch_paper(layers, cfgs, source, final_norm) -> Encoder:
         raise ValueError("form='paper' needs bias=True (s1 is the LayerNorm bias)")
     for layer in layers:
         for nm in ("norm1", "norm2"):
+            if float(getattr(layer, nm).weight.detach().reshape(-1)[0]) < 0:
+                raise ValueError(f"form='paper' needs {nm}.weight (s2) >= 0: S1's standard "
+                                 "deviation is nonnegative")
             if getattr(layer, nm).eps != 0:
                 raise ValueError(f"form='paper' needs {nm}.eps == 0 (layer_norm_eps=0), got "
                                  f"{getattr(layer, nm).eps}")
@@ -297,6 +314,7 @@ def to_torch(model: Encoder) -> nn.Module:
                 _copy(lin.bias, st.bias, f"ffn{j}.bias")
         else:
             for nm in ("norm1", "norm2"):
+                getattr(layer, nm).eps = theta[nm].eps  # eps is not in the state dict
                 _copy(getattr(layer, nm).weight, theta[nm].weight, f"{nm}.weight")
                 _copy(getattr(layer, nm).bias, theta[nm].bias, f"{nm}.bias")
             ffn = theta["ffn"]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,6 +44,7 @@ from ..operators.base import Context
 from ..time import Evolution, TimeGrid, Trajectory
 from ..time.schemes import lie
 from .encoder import EvolutionModel, encoder_controls
+from .outputs import ModelOutput
 
 __all__ = [
     "BERT_ACTIVATIONS",
@@ -69,21 +70,8 @@ BERT_ACTIVATIONS: dict[str, str] = {
 }
 
 
-class _Output:
-    """Attribute access, plus ``out["name"]`` and ``out[i]`` over the fields that are set."""
-
-    def to_tuple(self) -> tuple[Any, ...]:
-        values = (getattr(self, f.name) for f in fields(self))
-        return tuple(v for v in values if v is not None)
-
-    def __getitem__(self, key: str | int | slice) -> Any:
-        if isinstance(key, str):
-            return getattr(self, key)
-        return self.to_tuple()[key]
-
-
 @dataclass
-class BertEncoderOutput(_Output):
+class BertEncoderOutput(ModelOutput):
     """u(T), the pooled read-out and, when asked, u(t_i) at every grid point."""
 
     last_hidden_state: torch.Tensor
@@ -92,7 +80,7 @@ class BertEncoderOutput(_Output):
 
 
 @dataclass
-class BertClassifierOutput(_Output):
+class BertClassifierOutput(ModelOutput):
     """Classifier read-out (and its loss when labels are given), with u(T) and the pooled state."""
 
     loss: torch.Tensor | None = None

@@ -56,6 +56,7 @@ from ..operators.convolution import ConvolutionalAttention, _pair
 from ..time import Controls, Evolution, Scheme, Stage, TimeGrid, Trajectory
 from ..time.schemes import NAMED, Field, layout_of, prenorm, resolve
 from .encoder import EvolutionModel
+from .outputs import ModelOutput
 
 __all__ = [
     "ConvolutionalEmbedding",
@@ -308,14 +309,14 @@ class CvtStage(EvolutionModel):
 
 
 @dataclass
-class CvtOutput:
+class CvtOutput(ModelOutput):
     """last_hidden_state (B, C, H, W) grid; cls_token_value (B, 1, C) or None; hidden_states
     (every stage's output grid) when asked for; logits (B, num_labels) for a classifier."""
 
-    last_hidden_state: torch.Tensor
+    logits: torch.Tensor | None = None  # first: a classifier's out[0], as in transformers
+    last_hidden_state: torch.Tensor | None = None
     cls_token_value: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
-    logits: torch.Tensor | None = None
 
 
 def _per_stage(scheme, n: int) -> list:
@@ -432,7 +433,8 @@ class ConvolutionalVisionTransformer(EvolutionModel):
             grid, cls = stage(grid)
             hidden.append(grid)
         logits = self.read_out(grid, cls) if self.with_head else None
-        return CvtOutput(grid, cls, tuple(hidden) if output_hidden_states else None, logits)
+        return CvtOutput(logits=logits, last_hidden_state=grid, cls_token_value=cls,
+                         hidden_states=tuple(hidden) if output_hidden_states else None)
 
     def trajectory(self, pixel_values: torch.Tensor, stage: int = -1) -> Trajectory:
         """The Trajectory of one stage's evolution (default: the last, i.e. ``.evolution``);

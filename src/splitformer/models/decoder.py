@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -75,6 +75,7 @@ from ..operators import (
 from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
 from ..time.schemes import Field, lie, prenorm
 from .encoder import Encoder, EvolutionModel, encoder_controls, network_encoder
+from .outputs import ModelOutput
 
 __all__ = [
     "DECODER_POST_LN",
@@ -118,7 +119,7 @@ GPT2_ACTIVATIONS: dict[str, str] = {
 # outputs
 # ------------------------------------------------------------------------------------------
 @dataclass
-class CausalDecoderOutput:
+class CausalDecoderOutput(ModelOutput):
     """u(T) after the final norm, the LM read-out (and its loss) and, when asked, the states.
 
     ``hidden_states`` follows transformers: (u(t_0), ..., u(t_{N_t - 1}), P_f(u(T))), i.e. the
@@ -131,15 +132,6 @@ class CausalDecoderOutput:
     logits: torch.Tensor | None = None
     last_hidden_state: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
-
-    def to_tuple(self) -> tuple[Any, ...]:
-        values = (getattr(self, f.name) for f in fields(self))
-        return tuple(v for v in values if v is not None)
-
-    def __getitem__(self, key: str | int | slice) -> Any:
-        if isinstance(key, str):
-            return getattr(self, key)
-        return self.to_tuple()[key]
 
 
 # ------------------------------------------------------------------------------------------

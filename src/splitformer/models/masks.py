@@ -84,6 +84,8 @@ def build_context(
             )
         kpm = (~kpm if kpm.dtype == torch.bool else kpm).view(batch, 1, 1, seq)
         support = kpm if support is None else _merge(support, kpm, dtype)
+    if is_causal is not None and not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool or None, got {is_causal!r}")
     causal = bool(is_causal) if is_causal is not None else False
     return Context(attn_mask=support, is_causal=causal)
 

@@ -45,7 +45,7 @@ timm's ``model(x)`` (logits, or pooled features when num_classes = 0). Both form
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +65,7 @@ from ..operators.scaling import DiagonalScaling
 from ..time import Controls, Evolution, Scheme, Stage, TimeGrid, Trajectory
 from ..time.schemes import prenorm
 from .encoder import EvolutionModel
+from .outputs import ModelOutput
 
 __all__ = [
     "ImageEmbedding",
@@ -91,27 +92,18 @@ def _pair(v: int | Sequence[int]) -> tuple[int, int]:
 
 
 @dataclass
-class ViTOutput:
+class ViTOutput(ModelOutput):
     """What a ViT returns in the "hf" format (attribute access like transformers' outputs).
 
+    logits: the classifier head's output, or None when the model has no head (first, so that
+    ``out[0]`` is the logits of a classifier and u(T) otherwise, as in transformers);
     last_hidden_state: u(T) after the final norm, (B, N_x, N_y);
-    pooler_output: the pooled read-out (HF's pooler when present), or None;
-    logits: the classifier head's output, or None when the model has no head.
+    pooler_output: the pooled read-out (HF's pooler when present), or None.
     """
 
-    last_hidden_state: torch.Tensor
-    pooler_output: torch.Tensor | None = None
     logits: torch.Tensor | None = None
-
-    def to_tuple(self) -> tuple[torch.Tensor, ...]:
-        return tuple(v for v in (self.last_hidden_state, self.pooler_output, self.logits)
-                     if v is not None)
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        return iter(self.to_tuple())
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self.to_tuple()[i]
+    last_hidden_state: torch.Tensor | None = None
+    pooler_output: torch.Tensor | None = None
 
 
 class PatchEmbedding(nn.Module):

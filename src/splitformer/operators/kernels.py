@@ -95,6 +95,11 @@ def _scores(q, k, scale, attn_mask, is_causal):
     return a if m is None else a + m
 
 
+def _finite(lse: torch.Tensor) -> torch.Tensor:
+    """A log-normaliser with -inf (empty support) replaced by 0, so the empty row stays -inf."""
+    return torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+
+
 def _dropout(p: torch.Tensor, dropout_p: float) -> torch.Tensor:
     return F.dropout(p, dropout_p) if dropout_p > 0 else p
 
@@ -123,11 +128,11 @@ class SinkhornKernel(Kernel):
 
     def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0):
         logp = _scores(q, k, self.scale, attn_mask, is_causal)
-        logp = logp - torch.logsumexp(logp, dim=-1, keepdim=True)
+        logp = logp - _finite(torch.logsumexp(logp, dim=-1, keepdim=True))
         for _ in range(self.iterations - 1):
-            col = torch.logsumexp(logp, dim=-2, keepdim=True)
-            logp = logp - torch.where(torch.isfinite(col), col, torch.zeros_like(col))
-            logp = logp - torch.logsumexp(logp, dim=-1, keepdim=True)
+            logp = logp - _finite(torch.logsumexp(logp, dim=-2, keepdim=True))
+            logp = logp - _finite(torch.logsumexp(logp, dim=-1, keepdim=True))
+        # a row or column with empty support stays 0 (as scaled_dot_product_attention gives)
         return torch.matmul(_dropout(logp.exp(), dropout_p), v)
 
 

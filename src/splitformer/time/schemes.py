@@ -78,6 +78,14 @@ class Stage:
     def __post_init__(self) -> None:
         if self.integrator not in _KINDS:
             raise ValueError(f"Stage.integrator must be one of {_KINDS}, got {self.integrator!r}")
+        if not isinstance(self.operator, str) or not self.operator:
+            raise ValueError(f"Stage.operator must be a non-empty str, got {self.operator!r}")
+        if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) \
+                or not self.fraction > 0:
+            raise ValueError(f"Stage.fraction must be a number > 0 (a fraction of tau), got "
+                             f"{self.fraction!r}")
+        if not 0.0 <= float(self.weight) <= 1.0:
+            raise ValueError(f"Stage.weight must be in [0, 1], got {self.weight!r}")
         for name in ("pre", "post", "then"):
             if not isinstance(getattr(self, name), tuple):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
@@ -506,7 +514,8 @@ def resolve(
                           meta=s.meta)
         if scheme in NAMED:
             return NAMED[scheme](layout if layout is not None else POST_LN, **options)
-        if any(c in scheme for c in " ,:>(~"):
+        if any(c in scheme for c in " ,:>(~|*@<+") or (layout is not None and scheme in
+                                                       {f.operator for f in layout}):
             return scheme_from_string(scheme)
         raise ValueError(f"unknown scheme {scheme!r}; named schemes: "
                          f"{sorted([*NAMED, 'prenorm', 'paper'])}")

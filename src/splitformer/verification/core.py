@@ -26,6 +26,21 @@ def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
+def _distinct_layers(enc: nn.TransformerEncoder) -> nn.TransformerEncoder:
+    """nn.TransformerEncoder deep-copies one layer: draw new weights for every layer, so that a
+    wrong layer -> theta^n map cannot pass."""
+    with torch.no_grad():
+        for lyr in enc.layers:
+            lyr.self_attn._reset_parameters()
+            lyr.self_attn.in_proj_bias.uniform_(-0.2, 0.2)
+            lyr.linear1.reset_parameters()
+            lyr.linear2.reset_parameters()
+            for ln in (lyr.norm1, lyr.norm2):
+                ln.weight.uniform_(0.5, 1.5)
+                ln.bias.uniform_(-0.5, 0.5)
+    return enc
+
+
 def _encoder_layer(dtype, **kw) -> nn.TransformerEncoderLayer:
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, batch_first=True, dtype=dtype, **kw)
@@ -36,7 +51,7 @@ def _encoder_layer(dtype, **kw) -> nn.TransformerEncoderLayer:
     return layer.eval()
 
 
-@register("core", "one Lie step (M = 4 + J substeps, tau = 1)", "nn.TransformerEncoderLayer")
+@register("core", "one Lie step, tau = 1 (A, P_S1, G, P_S1)", "nn.TransformerEncoderLayer")
 def lie_step(dtype):
     layer = _encoder_layer(dtype)
     x = _x(dtype)
@@ -47,7 +62,7 @@ def lie_step(dtype):
 @register("core", "N_t = 6 Lie steps on [0, 6]", "nn.TransformerEncoder, 6 layers")
 def six_steps(dtype):
     layer = _encoder_layer(dtype)
-    enc = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False).eval()
+    enc = _distinct_layers(nn.TransformerEncoder(layer, 6, enable_nested_tensor=False)).eval()
     x = _x(dtype)
     kpm = torch.zeros(B, N, dtype=torch.bool)
     kpm[0, -3:] = True
@@ -59,8 +74,8 @@ def six_steps(dtype):
 @register("core", "projection in the vector field: u + tau A(P u)", "norm_first=True (pre-LN)")
 def prenorm_step(dtype):
     layer = _encoder_layer(dtype, norm_first=True, activation="gelu")
-    enc = nn.TransformerEncoder(layer, 3, norm=nn.LayerNorm(D, dtype=dtype),
-                                enable_nested_tensor=False).eval()
+    enc = _distinct_layers(nn.TransformerEncoder(layer, 3, norm=nn.LayerNorm(D, dtype=dtype),
+                                                 enable_nested_tensor=False)).eval()
     x = _x(dtype)
     with torch.no_grad():
         return _maxdiff(from_torch(enc)(x), enc(x))
@@ -125,7 +140,8 @@ def head_integral(dtype):
         return max(_maxdiff(a.head_sum(x), ref), _maxdiff(a(x), ref))
 
 
-@register("core", "paper's literal scheme: (I + W_j), s1, s2, eps = 0, relaxation 1/2",
+@register("core", "paper's literal Lie scheme, M = 4 + J substeps: (I + W_j), s1, s2, eps = 0, "
+          "relaxation 1/2",
           "post-LN encoder, 6 layers, eps = 0")
 def paper_literal(dtype):
     torch.manual_seed(0)
