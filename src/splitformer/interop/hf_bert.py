@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..models.bert import BERT_ACTIVATIONS, BertEncoderModel, BertSequenceClassifier, bert_model
+from .weights import copy_weight as _copy
 
 __all__ = ["BERT_WEIGHT_MAP", "check_config", "from_hf_model", "to_hf_model", "weight_map"]
 
@@ -132,11 +133,6 @@ def _target(tensor: torch.Tensor, block: int | None, d: int) -> torch.Tensor:
     return tensor if block is None else tensor[block * d:(block + 1) * d]
 
 
-def _copy(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
-    if dst.shape != src.shape:
-        raise ValueError(f"{what}: shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
-    with torch.no_grad():
-        dst.copy_(src)
 
 
 def _check_buffers(state: dict[str, torch.Tensor], prefix: str) -> None:

@@ -35,12 +35,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..models.decoder import GPT2_ACTIVATIONS, CausalDecoderModel, CausalLM, causal_decoder
 from ..operators import SoftmaxKernel
 from ..time.schemes import prenorm
+from .weights import copy_weight as _copy
 
 __all__ = ["GPT2_WEIGHT_MAP", "attention_scales", "check_config", "from_hf_model",
            "to_hf_model", "weight_map"]
@@ -142,11 +142,6 @@ def attention_scales(config: Any) -> list[float | None]:
     return scales
 
 
-def _copy(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
-    if dst.shape != src.shape:
-        raise ValueError(f"{what}: shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
-    with torch.no_grad():
-        dst.copy_(src)
 
 
 def from_hf_model(model: nn.Module, **kwargs: Any) -> CausalDecoderModel:

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..models.vit import ViT, build_vit, vit_scheme
+from .weights import copy_weight as _copy
 
 __all__ = ["from_hf_model", "to_hf_model"]
 
@@ -52,15 +53,6 @@ _ACTS = {
 }
 
 
-def _copy(dst: torch.Tensor | None, src: torch.Tensor | None, what: str) -> None:
-    if dst is None and src is None:
-        return
-    if dst is None or src is None:
-        raise ValueError(f"{what}: present on one side only")
-    if dst.shape != src.shape:
-        raise ValueError(f"{what}: shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
-    with torch.no_grad():
-        dst.copy_(src)
 
 
 def _act(name: Any, option: str) -> str:

@@ -27,6 +27,7 @@ from ..models.encoder import Encoder, encoder_controls, paper_controls
 from ..operators import LayerNormProjection
 from ..time import Evolution, TimeGrid
 from ..time.schemes import lie, paper_lie, prenorm
+from .weights import copy_weight as _copy
 
 __all__ = ["from_torch", "to_torch"]
 
@@ -45,15 +46,6 @@ def _activation_name(layer: nn.TransformerEncoderLayer) -> str:
     )
 
 
-def _copy(dst: torch.Tensor | None, src: torch.Tensor | None, what: str) -> None:
-    if dst is None and src is None:
-        return
-    if dst is None or src is None:
-        raise ValueError(f"{what}: bias present on one side only")
-    if dst.shape != src.shape:
-        raise ValueError(f"{what}: shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
-    with torch.no_grad():
-        dst.copy_(src)
 
 
 def _layer_config(layer: nn.TransformerEncoderLayer) -> dict:

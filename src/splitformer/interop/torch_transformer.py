@@ -45,6 +45,7 @@ from ..operators import LayerNormProjection, SoftmaxKernel
 from ..time import Evolution, TimeGrid
 from ..time.schemes import lie, prenorm
 from .torch_nn import _activation_name, from_torch
+from .weights import copy_weight as _copy
 
 __all__ = ["DECODER_LAYER_MAP", "ENCODER_LAYER_MAP", "from_torch_transformer",
            "to_torch_transformer", "weight_map"]
@@ -107,15 +108,6 @@ def _full_map(model: CrossDecoder | EncoderDecoderModel) -> list[tuple[str, str]
                 model.final_norm is not None)
 
 
-def _copy(dst: torch.Tensor | None, src: torch.Tensor | None, what: str) -> None:
-    if dst is None and src is None:
-        return
-    if dst is None or src is None:
-        raise ValueError(f"{what}: bias present on one side only")
-    if dst.shape != src.shape:
-        raise ValueError(f"{what}: shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
-    with torch.no_grad():
-        dst.copy_(src)
 
 
 def _get(module: nn.Module, name: str) -> torch.Tensor | None:
