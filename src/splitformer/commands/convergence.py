@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tangential field then projection (the projection method)")
     p.add_argument("--model", default="smooth",
                    help=f"a configuration ({', '.join(CONFIGURATIONS)}) or a path to a "
-                        "torch.save'd nn.TransformerEncoder (default: smooth)")
+                        "torch.save'd nn.TransformerEncoder (unpickled: only files you trust; "
+                        "default: smooth)")
     p.add_argument("--controls", default="constant", choices=["constant", "linear"],
                    help="controls in time: piecewise constant (the network) or linear")
     p.add_argument("--ks", default="1-6", help="k values, tau = 2^-k: 'a-b' or 'a,b,c'")
