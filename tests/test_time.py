@@ -35,7 +35,10 @@ def test_controls_are_piecewise_constant():
     c = Controls([{"a": nn.Identity()} for _ in range(3)])
     assert c.T == 3.0
     assert c.at(0.0) is c[0] and c.at(1.0) is c[0] and c.at(1.01) is c[1] and c.at(3.0) is c[2]
-    assert [c.index((i + 0.5) * 0.25) for i in range(12)] == [0] * 4 + [1] * 4 + [2] * 4
+    assert [c.at((i + 0.5) * 0.25) for i in range(12)] == [c[0]] * 4 + [c[1]] * 4 + [c[2]] * 4
+    lin = c.with_interpolation("linear")
+    assert lin.at(0.3) is c[0] and lin.at(1.5) is c[1] and lin.at(2.9) is c[2]
+    assert set(lin.at(1.0)) == {"a"}  # between midpoints 1/2 and 3/2: an interpolant
 
 
 def test_scheme_string_round_trip():
@@ -116,3 +119,30 @@ def test_evolution_checks_controls():
         Evolution(c, "lie")
     with pytest.raises(TypeError, match="controls"):
         Evolution([{}], "lie")
+
+
+def test_linear_controls_blend_the_layers():
+    """Piecewise linear controls: tau = 1 is the network; a step with midpoint 3/4 uses
+    (3/4) theta^1 + (1/4) theta^2 (checked against a torch layer holding the blended weights)."""
+    import copy
+
+    torch.manual_seed(7)
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(
+        8, 2, 16, dropout=0.0, batch_first=True, dtype=torch.float64), 2,
+        enable_nested_tensor=False).eval()
+    with torch.no_grad():
+        for lyr in enc.layers:  # distinct layers (the encoder deep-copies one)
+            for p in lyr.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+    m = splitformer.from_torch(enc).with_controls_in_time("linear").eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    blend = copy.deepcopy(enc.layers[0])
+    with torch.no_grad():
+        assert (m(x) - enc(x)).abs().max() < 1e-12
+        for pb, p0, p1 in zip(blend.parameters(), enc.layers[0].parameters(),
+                              enc.layers[1].parameters(), strict=True):
+            pb.copy_(0.75 * p0 + 0.25 * p1)
+        tr = m.refine(2).trajectory(x)  # steps centred at 1/4, 3/4, 5/4, 7/4
+        u = blend.norm1(tr.states[1] + 0.5 * blend.self_attn(*[tr.states[1]] * 3)[0])
+        u = blend.norm2(u + 0.5 * blend.linear2(torch.relu(blend.linear1(u))))
+        assert (tr.states[2] - u).abs().max() < 1e-12

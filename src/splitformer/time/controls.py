@@ -15,12 +15,14 @@ equals the piecewise constant network exactly.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.nn.utils.stateless import _reparametrize_module
 
 __all__ = ["Controls"]
 
@@ -58,28 +60,17 @@ class Controls(nn.Module):
         """The final time: one unit interval per control set."""
         return float(len(self.sets))
 
-    def names(self) -> list[str]:
-        """Operator names present in every control set."""
-        common = set(self.sets[0].keys())
-        for s in self.sets[1:]:
-            common &= set(s.keys())
-        return [k for k in self.sets[0].keys() if k in common]
+    def at(self, t: float) -> Mapping[str, nn.Module]:
+        """theta(t), t in [0, T].
 
-    def index(self, t_mid: float) -> int:
-        """n - 1 for t_mid in (n-1, n]: the control set of the step whose midpoint is t_mid."""
-        n = math.floor(t_mid)
-        return min(max(n, 0), len(self.sets) - 1)
-
-    def at(self, t: float) -> nn.ModuleDict:
-        """theta(t) for t in [0, T] (t = 0 takes theta^1)."""
-        return self.sets[min(max(math.ceil(t) - 1, 0), len(self.sets) - 1)]
-
-    def blend(self, t_mid: float) -> Mapping[str, nn.Module]:
-        """theta(t_mid): the control set itself, or the linear interpolant between neighbours."""
-        if self.interpolation == "constant":
-            return self.sets[self.index(t_mid)]
+        "constant": theta^n for t in (n-1, n] (t = 0 takes theta^1). "linear": the interpolant
+        of theta^n placed at the midpoints n - 1/2, constant outside [1/2, L - 1/2]. Steps ask
+        at their midpoint, which never falls on an interval end when tau divides 1.
+        """
         last = len(self.sets) - 1
-        s = t_mid - 0.5  # position on the grid of midpoints 1/2, 3/2, ...
+        if self.interpolation == "constant":
+            return self.sets[min(max(math.ceil(t) - 1, 0), last)]
+        s = t - 0.5  # position on the grid of midpoints 1/2, 3/2, ...
         if s <= 0:
             return self.sets[0]
         if s >= last:
@@ -114,16 +105,11 @@ class _Interpolated:
 
     def __getattr__(self, name):
         attr = getattr(self.module, name)
-        if name in ("tangent", "embed", "affine", "ghost_projection"):
-            def bound(*args, **kwargs):
-                return _call_method(self.module, self.params, name, args, kwargs)
-            return bound
-        return attr
+        if not inspect.ismethod(attr):
+            return attr
 
+        def bound(*args, **kwargs):  # any method (tangent, embed, ...) sees the blend too
+            with _reparametrize_module(self.module, self.params):
+                return attr(*args, **kwargs)
 
-def _call_method(module: nn.Module, params: dict, name: str, args, kwargs):
-    """Call module.<name> with the parameters temporarily replaced (torch.func semantics)."""
-    from torch.nn.utils.stateless import _reparametrize_module
-
-    with _reparametrize_module(module, params):
-        return getattr(module, name)(*args, **kwargs)
+        return bound

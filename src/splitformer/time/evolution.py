@@ -111,10 +111,6 @@ class Evolution(nn.Module):
         return Evolution(self.controls.with_interpolation(interpolation), self.scheme, self.grid,
                          validate=self.validate)
 
-    def control_index(self, i: int) -> int:
-        """Which control set step i uses (the unit interval holding its midpoint)."""
-        return self.controls.index((i + 0.5) * self.tau)
-
     # -- running ----------------------------------------------------------------------------
     def forward(
         self,
@@ -126,14 +122,8 @@ class Evolution(nn.Module):
         u = u0
         states = [u0] if return_trajectory else None
         tau = self.tau
-        per_interval = round(1.0 / tau) if abs(1.0 / tau - round(1.0 / tau)) < 1e-12 else None
-        linear = self.controls.interpolation == "linear"
         for i in range(self.num_steps):
-            if linear:
-                theta = self.controls.blend((i + 0.5) * tau)
-            else:
-                theta = self.controls.sets[i // per_interval if per_interval
-                                           else self.control_index(i)]
+            theta = self.controls.at((i + 0.5) * tau)  # frozen at the step's midpoint
             check = self._checker(i) if self.validate else None
             u = self.scheme.step(u, theta, tau, context, check)
             if states is not None:

@@ -195,17 +195,13 @@ class Scheme:
 
 
 def _apply(st: Stage, u, theta, tau, context, saved):
-    u = _advance(st, u, theta, tau, context, saved)
-    for name in st.then:
-        u = theta[name](u, context)
-    return u
+    return _compose(st.then, _advance(st, u, theta, tau, context, saved), theta, context)
 
 
 def _advance(st: Stage, u, theta, tau, context, saved):
     kind = st.integrator
     if kind == "relax":
-        w = st.weight
-        return w * u + (1.0 - w) * saved[st.operator]
+        return st.weight * u + (1.0 - st.weight) * saved[st.operator]
     if kind == "parallel":
         out = None
         for branch in st.branches:
@@ -214,29 +210,24 @@ def _advance(st: Stage, u, theta, tau, context, saved):
                 v = _apply(sub, v, theta, tau, context, saved)
             out = v if out is None else out + v
         return out / len(st.branches)
-    names = st.fields()
-    op = theta[names[0]]
-    if kind == "project" or kind == "map":
-        return _post(st, op(_pre(st, u, theta, context), context), theta, context)
-    if len(names) > 1:
-        ops = [theta[n] for n in names]
+    ops = [theta[n] for n in st.fields()]
 
-        def raw(v):
-            w = _pre(st, v, theta, context)
-            return _post(st, sum(o(w, context) for o in ops), theta, context)
-    elif st.pre or st.post:
-        def raw(v):
-            return _post(st, op(_pre(st, v, theta, context), context), theta, context)
-    else:
-        def raw(v):
-            return op(v, context)
-    f = raw
+    def field(v):  # post(sum_i F_i(pre(v)))
+        w = _compose(st.pre, v, theta, context)
+        out = ops[0](w, context)
+        for o in ops[1:]:
+            out = out + o(w, context)
+        return _compose(st.post, out, theta, context)
+
+    if kind == "project" or kind == "map":
+        return field(u)
+    f = field
     if st.tangent:
         proj = theta[st.tangent]
 
         def f(v):
-            return proj.tangent(v, raw(v))
-    embed = op.embed if getattr(op, "changes_width", False) else None
+            return proj.tangent(v, field(v))
+    embed = ops[0].embed if getattr(ops[0], "changes_width", False) else None
     return INTEGRATORS[kind](f, u, st.fraction * tau, embed)
 
 
@@ -247,14 +238,9 @@ def _flat(stages):
             yield from _flat(b)
 
 
-def _pre(st: Stage, u, theta, context):
-    for name in st.pre:
-        u = theta[name](u, context)
-    return u
-
-
-def _post(st: Stage, u, theta, context):
-    for name in st.post:
+def _compose(names: tuple[str, ...], u, theta, context):
+    """Apply the named operators of theta in order (pre, post and then lists)."""
+    for name in names:
         u = theta[name](u, context)
     return u
 
