@@ -146,3 +146,11 @@ def test_linear_controls_blend_the_layers():
         u = blend.norm1(tr.states[1] + 0.5 * blend.self_attn(*[tr.states[1]] * 3)[0])
         u = blend.norm2(u + 0.5 * blend.linear2(torch.relu(blend.linear1(u))))
         assert (tr.states[2] - u).abs().max() < 1e-12
+
+
+def test_named_schemes_keep_the_field_order():
+    """Rebuilding a named scheme on a Strang scheme keeps attention first (the layout travels
+    with the scheme; the Strang stage order starts with the FFN)."""
+    m = _model()
+    back = m.with_scheme("strang").with_scheme("lie")
+    assert back.evolution.scheme.stages == lie().stages

@@ -54,7 +54,7 @@ from torch import nn
 from ..operators import Context, FeatureIntegral, FeedForward, LayerNormProjection, Operator
 from ..operators.convolution import ConvolutionalAttention, _pair
 from ..time import Controls, Evolution, Scheme, Stage, TimeGrid, Trajectory
-from ..time.schemes import NAMED, Field, layout_of, prenorm, resolve
+from ..time.schemes import Field, prenorm
 from .encoder import EvolutionModel
 from .outputs import ModelOutput
 
@@ -121,6 +121,8 @@ def cvt_scheme(drop_path: bool) -> Scheme:
         name="cvt_drop_path",
         description="pre-LN with stochastic depth D: u += D(A(P1 u)); u = D(u + G(P2 u))",
         order=1,
+        # named schemes rebuilt on this one put D after each field (ordinary stochastic depth)
+        meta={"layout": STOCHASTIC_DEPTH_LAYOUT},
     )
 
 
@@ -273,21 +275,6 @@ class CvtStage(EvolutionModel):
         if self.cls_token is not None:
             u0 = torch.cat((self.cls_token.expand(b, -1, -1), u0), dim=1)
         return u0, Context(extra={"grid_shape": (h, w)})
-
-    def with_scheme(self, scheme: str | Scheme, **options):
-        """This stage under another scheme. A name ("lie", "strang", "prenorm", ...) is built on
-        the current layout, or, for the scheme with Hugging Face's whole-state drop_path (which
-        has no field layout), on ``STOCHASTIC_DEPTH_LAYOUT`` (D after each field)."""
-        evo = self.evolution
-        if isinstance(scheme, str) and scheme in (*NAMED, "prenorm"):
-            try:
-                layout = layout_of(evo.scheme)
-            except ValueError:
-                layout = STOCHASTIC_DEPTH_LAYOUT
-            new = Evolution(evo.controls, resolve(scheme, layout, **options), evo.grid,
-                            validate=evo.validate)
-            return self._with_evolution(new)
-        return self._with_evolution(evo.with_scheme(scheme, **options))
 
     def split(self, u: torch.Tensor, context: Context) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Tokens -> (grid (B, C, H', W'), class token or None)."""

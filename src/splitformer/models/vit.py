@@ -62,8 +62,8 @@ from ..operators import (
     NonlocalAttention,
 )
 from ..operators.scaling import DiagonalScaling
-from ..time import Controls, Evolution, Scheme, Stage, TimeGrid, Trajectory
-from ..time.schemes import prenorm
+from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
+from ..time.schemes import Field, lie, prenorm
 from .encoder import EvolutionModel
 from .outputs import ModelOutput
 
@@ -294,18 +294,19 @@ class Pooler(nn.Module):
         return self.activation(self.dense(v))
 
 
+LAYERSCALE_LAYOUT: tuple[Field, ...] = (
+    Field("attention", pre=("norm1",), post=("ls1",)),
+    Field("ffn", pre=("norm2",), post=("ls2",)),
+)
+
+
 def prenorm_layerscale() -> Scheme:
     """Pre-LN with LayerScale: u += tau gamma_1 A(P1 u); u += tau gamma_2 G(P2 u)."""
-    return Scheme(
-        (
-            Stage("attention", pre=("norm1",), post=("ls1",)),
-            Stage("ffn", pre=("norm2",), post=("ls2",)),
-        ),
-        name="prenorm_layerscale",
-        description="explicit Euler for u_t = A(P1 u) + G(P2 u) with per-feature steps "
-                    "tau(y) = tau gamma(y) (LayerScale as post operators ls1, ls2)",
-        order=1,
-    )
+    s = lie(LAYERSCALE_LAYOUT)
+    return Scheme(s.stages, name="prenorm_layerscale",
+                  description="explicit Euler for u_t = A(P1 u) + G(P2 u) with per-feature "
+                              "steps tau(y) = tau gamma(y) (LayerScale as post operators)",
+                  order=1, meta=s.meta)
 
 
 def vit_scheme(layer_scale: bool) -> Scheme:
@@ -339,12 +340,8 @@ def vit_controls(
     kw = {"device": device, "dtype": dtype}
     sets = []
     for _ in range(depth):
-        attn = NonlocalAttention(dim, num_heads, bias=True, attn_dropout=attn_dropout,
-                                 out_dropout=out_dropout, **kw)
-        if not qkv_bias:
-            attn.qkv_bias = None  # W_Q, W_K, W_V without bias; W_O keeps its own
-        if not proj_bias:
-            attn.out_bias = None
+        attn = NonlocalAttention(dim, num_heads, bias=qkv_bias, out_bias=proj_bias,
+                                 attn_dropout=attn_dropout, out_dropout=out_dropout, **kw)
         theta: dict[str, nn.Module] = {
             "attention": attn,
             "norm1": LayerNormProjection(dim, eps=norm_eps, **kw),

@@ -321,7 +321,11 @@ PRE_LN: tuple[Field, ...] = (Field("attention", pre=("norm1",)), Field("ffn", pr
 
 
 def layout_of(scheme: Scheme) -> tuple[Field, ...]:
-    """The fields of a Lie-type scheme (each field stage, and the projection right after it)."""
+    """The fields of a scheme: ``scheme.meta["layout"]`` when the scheme was built from one
+    (every named scheme is), else read off a Lie-type stage list (each field stage, and the
+    projection right after it)."""
+    if scheme.meta.get("layout"):
+        return tuple(scheme.meta["layout"])
     fields: list[Field] = []
     stages = list(scheme.stages)
     for j, st in enumerate(stages):
