@@ -256,7 +256,7 @@ def test_to_hf_needs_the_network_form():
     ours = splitformer.from_hf(make_gpt2(torch.float32))
     with pytest.raises(ValueError, match="tau = 1"):
         splitformer.to_hf(ours.refine(2))
-    with pytest.raises(ValueError, match="pre-LN scheme"):
+    with pytest.raises(ValueError, match="needs the scheme 'prenorm'"):
         splitformer.to_hf(ours.with_scheme("lie", integrator="heun"))
     with pytest.raises(ValueError, match="hf_class"):
         splitformer.to_hf(causal_decoder(10, 8, 8, 2, 1))

@@ -280,7 +280,7 @@ def test_unsupported_options_raise():
     ours = splitformer.from_torch(nn.TransformerDecoder(layer, 2))
     with pytest.raises(ValueError, match="tau = 1"):
         splitformer.to_torch(ours.refine(2))
-    with pytest.raises(ValueError, match="decoder scheme"):
+    with pytest.raises(ValueError, match="in the decoder"):
         splitformer.to_torch(ours.with_scheme("strang"))
     with pytest.raises(ValueError, match="cross_attention"):
         ours.with_scheme("attention norm1:project ffn norm3:project")

@@ -265,8 +265,15 @@ def test_to_hf_needs_the_network_form():
     ours = from_hf_model(make_bert())
     with pytest.raises(ValueError, match="tau = 1"):
         splitformer.to_hf(ours.refine(2))
-    with pytest.raises(ValueError, match="Lie scheme"):
+    with pytest.raises(ValueError, match="needs the scheme 'lie'"):
         splitformer.to_hf(ours.with_scheme("prenorm"))
+    # a Lie scheme with other substep integrators is not the network either
+    with pytest.raises(ValueError, match="needs the scheme 'lie'"):
+        splitformer.to_hf(ours.with_scheme("lie", integrator="heun"))
+    from splitformer.operators.kernels import set_kernel
+
+    with pytest.raises(ValueError, match="softmax kernel"):
+        splitformer.to_hf(set_kernel(from_hf_model(make_bert()), "alibi"))
     with pytest.raises(ValueError, match="hf_class"):
         splitformer.to_hf(bert_model(hidden_size=16, num_attention_heads=2, num_hidden_layers=1,
                                      intermediate_size=16, vocab_size=10))

@@ -30,6 +30,8 @@ import torch
 from torch import nn
 
 from ..models.bert import BERT_ACTIVATIONS, BertEncoderModel, BertSequenceClassifier, bert_model
+from ..time.schemes import lie
+from .weights import check_softmax, network_scheme
 from .weights import copy_weight as _copy
 
 __all__ = ["BERT_WEIGHT_MAP", "check_config", "from_hf_model", "to_hf_model", "weight_map"]
@@ -244,12 +246,8 @@ def to_hf_model(model: BertEncoderModel) -> nn.Module:
     if cls not in HF_CLASSES:
         raise ValueError(f"model.source['hf_class'] must be one of {HF_CLASSES}, got {cls!r}")
     evo = model.evolution
-    if evo.scheme.name != "lie":
-        raise ValueError(f"to_hf needs the post-LN Lie scheme ('lie'), got {evo.scheme.name!r}; "
-                         "use model.with_scheme('lie')")
-    if evo.tau != 1.0:
-        raise ValueError(f"to_hf needs tau = 1 (one step per layer), got tau={evo.tau:g}; a "
-                         "refined evolution is not a BERT network")
+    network_scheme(evo, {"lie": lie()}, "to_hf")
+    check_softmax(evo, "to_hf")
     classifier = cls == "BertForSequenceClassification"
     if classifier != isinstance(model, BertSequenceClassifier):
         raise ValueError(f"model.source['hf_class']={cls!r} does not match {type(model).__name__}")

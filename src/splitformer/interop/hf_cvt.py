@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ..models.cvt import ConvolutionalVisionTransformer, CvtStageSpec, build_cvt, cvt_scheme
+from .weights import network_scheme
 
 __all__ = ["from_hf_model", "to_hf_model", "weight_table"]
 
@@ -264,16 +265,8 @@ def _check_network(model: ConvolutionalVisionTransformer) -> None:
     """to_hf needs every stage to be the network: tau = 1, constant controls, its own scheme."""
     for s, stage in enumerate(model.stages):
         evo = stage.evolution
-        drop = any(th["drop_path"].p > 0 for th in evo.controls)
-        want = cvt_scheme(drop)
-        if str(evo.scheme) != str(want):
-            raise ValueError(f"to_hf needs stage {s} under the scheme {str(want)!r} (the CvT "
-                             f"layer), got {evo.scheme.name!r} [{evo.scheme}]")
-        if evo.tau != 1.0:
-            raise ValueError(f"to_hf needs tau = 1 (one step per layer) in stage {s}, got "
-                             f"tau={evo.tau:g}: a refined evolution is not a CvT network")
-        if getattr(evo.controls, "interpolation", "constant") != "constant":
-            raise ValueError(f"to_hf needs piecewise constant controls in stage {s}")
+        want = cvt_scheme(any(th["drop_path"].p > 0 for th in evo.controls))
+        network_scheme(evo, {want.name: want}, "to_hf", where=f"stage {s}")
 
 
 def to_hf_model(model: ConvolutionalVisionTransformer) -> nn.Module:

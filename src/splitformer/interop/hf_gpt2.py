@@ -38,8 +38,8 @@ from typing import Any
 from torch import nn
 
 from ..models.decoder import GPT2_ACTIVATIONS, CausalDecoderModel, CausalLM, causal_decoder
-from ..operators import SoftmaxKernel
 from ..time.schemes import prenorm
+from .weights import check_softmax, network_scheme
 from .weights import copy_weight as _copy
 
 __all__ = ["GPT2_WEIGHT_MAP", "attention_scales", "check_config", "from_hf_model",
@@ -239,22 +239,11 @@ def to_hf_model(model: CausalDecoderModel) -> nn.Module:
     if lm != isinstance(model, CausalLM):
         raise ValueError(f"model.source['hf_class']={cls!r} does not match {type(model).__name__}")
     evo = model.evolution
-    if evo.scheme.stages != prenorm().stages:
-        raise ValueError(f"to_hf needs the pre-LN scheme ('prenorm'), got {evo.scheme.name!r} "
-                         f"[{evo.scheme}]; use model.with_scheme('prenorm')")
-    if evo.tau != 1.0:
-        raise ValueError(f"to_hf needs tau = 1 (one step per layer), got tau={evo.tau:g}; a "
-                         "refined evolution is not a GPT-2 network")
+    network_scheme(evo, {"prenorm": prenorm()}, "to_hf")
     config = _hf_config(source)
     if lm and model.tied != config.tie_word_embeddings:
         raise ValueError("lm_head tying differs from source['tie_word_embeddings']")
-    expected = attention_scales(config)
-    for n, theta in enumerate(evo.controls):
-        k = theta["attention"].kernel
-        if type(k) is not SoftmaxKernel or k.scale != expected[n]:
-            raise ValueError(f"step {n}: to_hf needs the softmax kernel with scale "
-                             f"{expected[n]} (from the config's scale options), got {k!r} "
-                             f"with scale {getattr(k, 'scale', None)}")
+    check_softmax(evo, "to_hf", scales=attention_scales(config))
     p = next(model.parameters())
     out = transformers.GPT2LMHeadModel(config) if lm else transformers.GPT2Model(config)
     out = out.to(device=p.device, dtype=p.dtype)

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..models.vit import ViT, build_vit, vit_scheme
+from .weights import check_softmax, network_scheme
 from .weights import copy_weight as _copy
 
 __all__ = ["from_hf_model", "to_hf_model"]
@@ -204,15 +205,8 @@ def to_hf_model(model: ViT):
         raise ValueError(f"model.source['hf_class'] must be one of {list(HF_CLASSES)}, got "
                          f"{hf_class!r}")
     evo = model.evolution
-    if evo.tau != 1.0:
-        raise ValueError(f"to_hf needs tau = 1 (one step per layer), got tau={evo.tau:g}; a "
-                         "refined evolution is not a transformers network")
-    if getattr(evo.controls, "interpolation", "constant") != "constant":
-        raise ValueError(f"to_hf needs controls constant in time (the network), got "
-                         f"interpolation={evo.controls.interpolation!r}")
-    if evo.scheme.stages != vit_scheme(False).stages:
-        raise ValueError(f"to_hf needs the 'prenorm' scheme of HF ViT, got {evo.scheme.name!r} "
-                         f"[{evo.scheme}]")
+    network_scheme(evo, {"prenorm": vit_scheme(False)}, "to_hf")
+    check_softmax(evo, "to_hf")
     config = transformers.ViTConfig.from_dict(dict(src["config"]))
     if src.get("attn_implementation"):
         config._attn_implementation = src["attn_implementation"]

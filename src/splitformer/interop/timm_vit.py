@@ -53,6 +53,7 @@ from typing import Any
 from torch import nn
 
 from ..models.vit import ViT, build_vit, vit_scheme
+from .weights import check_softmax, network_scheme
 from .weights import copy_weight as _copy
 
 __all__ = ["from_timm_model", "to_timm_model"]
@@ -359,17 +360,11 @@ def to_timm_model(model: ViT) -> nn.Module:
         raise ValueError("to_timm(model) needs a model made by from_timm (model.source"
                          f"['timm_class'] is {src.get('timm_class')!r})")
     evo = model.evolution
-    if evo.tau != 1.0:
-        raise ValueError(f"to_timm needs tau = 1 (one step per block), got tau={evo.tau:g}; a "
-                         "refined evolution is not a timm network")
-    if getattr(evo.controls, "interpolation", "constant") != "constant":
-        raise ValueError(f"to_timm needs controls constant in time (the network), got "
-                         f"interpolation={evo.controls.interpolation!r}")
     kwargs = dict(src["kwargs"])
     ls = kwargs.get("init_values") is not None
-    if evo.scheme.stages != vit_scheme(ls).stages:
-        raise ValueError(f"to_timm needs the scheme {vit_scheme(ls).name!r}, got "
-                         f"{evo.scheme.name!r} [{evo.scheme}]")
+    want = vit_scheme(ls)
+    network_scheme(evo, {want.name: want}, "to_timm")
+    check_softmax(evo, "to_timm")
     if len(evo.controls) != kwargs["depth"]:
         raise ValueError(f"source depth={kwargs['depth']} differs from the number of control "
                          f"sets {len(evo.controls)}")

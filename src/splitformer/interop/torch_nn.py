@@ -27,6 +27,7 @@ from ..models.encoder import Encoder, encoder_controls, paper_controls
 from ..operators import LayerNormProjection
 from ..time import Evolution, TimeGrid
 from ..time.schemes import lie, paper_lie, prenorm
+from .weights import check_softmax, network_scheme
 from .weights import copy_weight as _copy
 
 __all__ = ["from_torch", "to_torch"]
@@ -242,21 +243,9 @@ def to_torch(model: Encoder) -> nn.Module:
         raise TypeError(f"to_torch(model) expects a splitformer Encoder, got "
                         f"{type(model).__name__}")
     evo = model.evolution
-    if evo.tau != 1.0:
-        raise ValueError(f"to_torch needs tau = 1 (one step per layer), got tau={evo.tau:g}; "
-                         "a refined evolution is not a torch.nn network")
-    stages = evo.scheme.stages
-    if stages == lie().stages:
-        name = "lie"
-    elif stages == prenorm().stages:
-        name = "prenorm"
-    elif stages == paper_lie(2).stages:
-        name = "paper"
-    else:
-        raise ValueError(
-            "to_torch needs the scheme of a torch.nn encoder: 'lie' (post-LN), 'prenorm' "
-            f"(pre-LN) or 'paper', got {evo.scheme.name!r} [{evo.scheme}]"
-        )
+    name = network_scheme(evo, {"lie": lie(), "prenorm": prenorm(), "paper": paper_lie(2)},
+                          "to_torch")
+    check_softmax(evo, "to_torch")
     paper = name == "paper"
     theta0 = evo.controls[0]
     a0 = theta0["attention"]

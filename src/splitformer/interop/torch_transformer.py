@@ -46,6 +46,7 @@ from ..time import Evolution, TimeGrid
 from ..time.schemes import lie, prenorm
 from .torch_nn import _activation_name, from_torch
 from .weights import copy_weight as _copy
+from .weights import network_scheme
 
 __all__ = ["DECODER_LAYER_MAP", "ENCODER_LAYER_MAP", "from_torch_transformer",
            "to_torch_transformer", "weight_map"]
@@ -266,14 +267,9 @@ def _torch_activation(name: str) -> str | nn.Module:
 
 def _check_evolution(evo: Evolution, schemes: dict[str, Any], what: str) -> bool:
     """norm_first of the scheme (it must be one of ``schemes``' network schemes, tau = 1)."""
-    if evo.tau != 1.0:
-        raise ValueError(f"to_torch needs tau = 1 for the {what} (one step per layer), got "
-                         f"tau={evo.tau:g}; a refined evolution is not a torch.nn network")
-    for norm_first, make in schemes.items():
-        if evo.scheme.stages == make().stages:
-            return norm_first == "prenorm"
-    raise ValueError(f"to_torch needs the {what} scheme of a torch.nn network (post-LN Lie or "
-                     f"pre-LN), got {evo.scheme.name!r} [{evo.scheme}]")
+    name = network_scheme(evo, {k: make() for k, make in schemes.items()}, "to_torch",
+                          where=f"the {what}")
+    return name == "prenorm"
 
 
 def _layer_options(theta: nn.ModuleDict, what: str) -> dict[str, Any]:
