@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from torch import nn
 
 from splitformer.analysis.convergence import (
     configuration,
@@ -15,6 +14,7 @@ from splitformer.analysis.convergence import (
     reference_solution,
 )
 from splitformer.cli import main
+from splitformer.verification.references import post_ln_reference
 
 
 @pytest.fixture(scope="module")
@@ -56,21 +56,9 @@ def test_smooth_configuration_at_tau_1_is_a_torch_encoder(smooth):
     """At tau = 1 the raw-form Lie scheme of the smooth configuration is a post-LN torch.nn
     encoder (tanh FFN, LayerNorm with eps = 0, gain 1, bias 0); the tangent form is not."""
     model, u0, _ = smooth
-    L = len(model.evolution.controls)
-    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation=torch.tanh,
-                                       layer_norm_eps=0.0, batch_first=True,
-                                       dtype=torch.float64)
-    enc = nn.TransformerEncoder(layer, L, enable_nested_tensor=False).eval()
+    # SphereProjection(0, 1) norms are LayerNorm with eps = 0, gain 1, bias 0
+    enc = post_ln_reference(model.evolution.controls, torch.float64, activation=torch.tanh)
     with torch.no_grad():
-        for theta, lyr in zip(model.evolution.controls, enc.layers, strict=True):
-            a = theta["attention"]
-            lyr.self_attn.in_proj_weight.copy_(a.qkv_weight)
-            lyr.self_attn.in_proj_bias.copy_(a.qkv_bias)
-            lyr.self_attn.out_proj.weight.copy_(a.out_weight)
-            lyr.self_attn.out_proj.bias.copy_(a.out_bias)
-            for st, lin in zip(theta["ffn"].stages, (lyr.linear1, lyr.linear2), strict=True):
-                lin.weight.copy_(st.weight)
-                lin.bias.copy_(st.bias)
         ref = enc(u0)
         raw = model.evolution.with_scheme("lie", integrator="euler", form="raw")(u0)
         tan = model.evolution.with_scheme("lie", integrator="euler", form="tangent")(u0)

@@ -20,13 +20,6 @@ from splitformer.operators import Context
 transformers = pytest.importorskip("transformers")  # conftest hides the torchvision stand-in
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The models are tiny: one thread avoids OpenMP oversubscription on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 BASE = {
     "vocab_size": 61,

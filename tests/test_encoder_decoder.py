@@ -32,13 +32,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The models are tiny: one thread avoids OpenMP oversubscription on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def perturb(module: nn.Module, seed: int = 3) -> nn.Module:

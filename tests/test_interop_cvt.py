@@ -23,37 +23,14 @@ from splitformer.operators.convolution import (
     ConvolutionalProjection,
     token_grid,
 )
-from splitformer.verification.hf_cvt import randomize_
+from splitformer.verification.hf_cvt import SMALL_CONFIG, randomize_
 
 transformers = pytest.importorskip("transformers")  # conftest hides the torchvision stand-in
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These models are tiny: one intra-op thread avoids thread-pool overhead (tens of ms per
-    small float64 depthwise convolution on a busy 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
-BASE = {
-    "num_channels": 3,
-    "patch_sizes": [7, 3, 3],
-    "patch_stride": [4, 2, 2],
-    "patch_padding": [2, 1, 1],
-    "embed_dim": [8, 12, 16],
-    "num_heads": [1, 2, 4],
-    "depth": [1, 2, 3],
-    "mlp_ratio": [2.0, 2.0, 2.0],
-    "attention_drop_rate": [0.0, 0.0, 0.0],
-    "drop_rate": [0.0, 0.0, 0.0],
-    "drop_path_rate": [0.0, 0.0, 0.0],
-    "qkv_bias": [True, True, True],
-    "cls_token": [False, False, True],
-    "num_labels": 5,
-}
+BASE = SMALL_CONFIG  # the verify rows' configuration: three stages, class token in the last
 
 CONFIGS = {
     # CvT-13's layout, scaled down: three grid levels, class token in the last.

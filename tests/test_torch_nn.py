@@ -10,6 +10,7 @@ from conftest import TOL
 from torch import nn
 
 import splitformer
+from splitformer.verification.references import perturb_
 
 
 def _random_config(seed: int) -> dict:
@@ -27,8 +28,9 @@ def _random_config(seed: int) -> dict:
         "layer_norm_eps": rng.choice([1e-5, 1e-6, 1e-3]),
         "num_layers": rng.choice([1, 2, 3]),
         "final_norm": rng.random() < 0.5,
-        "batch": rng.choice([1, 2, 3]),
-        "seq": rng.choice([1, 5, 8]),
+        # batch >= 2 and seq >= 3: padding really pads, and softmax has more than one key
+        "batch": rng.choice([2, 3]),
+        "seq": rng.choice([3, 5, 8]),
     }
 
 
@@ -44,17 +46,9 @@ def _build(cfg: dict, dtype: torch.dtype) -> nn.TransformerEncoder:
         norm = nn.LayerNorm(cfg["d_model"], eps=cfg["layer_norm_eps"], bias=cfg["bias"],
                             dtype=dtype)
     enc = nn.TransformerEncoder(layer, cfg["num_layers"], norm=norm, enable_nested_tensor=False)
-    with torch.no_grad():
-        for lyr in enc.layers:  # TransformerEncoder deep-copies one layer: make each distinct
-            lyr.self_attn._reset_parameters()
-            lyr.linear1.reset_parameters()
-            lyr.linear2.reset_parameters()
-        for m in enc.modules():  # non-trivial norms
-            if isinstance(m, nn.LayerNorm):
-                m.weight.uniform_(0.5, 1.5)
-                if m.bias is not None:
-                    m.bias.uniform_(-0.3, 0.3)
-    return enc
+    # TransformerEncoder deep-copies one layer: perturb every parameter of every layer, so that
+    # a wrong layer or weight map (biases and norms included) cannot pass
+    return perturb_(enc, seed=cfg["num_layers"])
 
 
 def _inputs(cfg, dtype, *, padded: bool):
@@ -63,9 +57,8 @@ def _inputs(cfg, dtype, *, padded: bool):
     kpm = None
     if padded:
         kpm = torch.zeros(b, n, dtype=torch.bool)
-        for i in range(b):
-            kpm[i, n - i // 2 - (i % 2) * min(n - 1, 2):] = True if n > 1 else False
-        kpm[:, 0] = False  # every row keeps one key
+        for i in range(1, b):  # row i pads its last i tokens (row 0 none; every row keeps one)
+            kpm[i, n - min(i, n - 1):] = True
     if not cfg["batch_first"]:
         x = x.transpose(0, 1).contiguous()
     return x, kpm
@@ -97,7 +90,7 @@ def test_fused_inference_path_with_nested_tensor(norm_first, dtype):
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(16, 4, 40, dropout=0.1, batch_first=True,
                                        norm_first=norm_first, dtype=dtype)
-    enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    enc = perturb_(nn.TransformerEncoder(layer, 2, enable_nested_tensor=True)).eval()
     ours = splitformer.from_torch(enc).eval()
     x = torch.randn(3, 7, 16, dtype=dtype)
     kpm = torch.zeros(3, 7, dtype=torch.bool)
@@ -114,7 +107,7 @@ def test_attention_masks(mask_kind, dtype):
     torch.manual_seed(1)
     n, b, h, d = 6, 2, 2, 8
     layer = nn.TransformerEncoderLayer(d, h, 24, dropout=0.0, batch_first=True, dtype=dtype)
-    enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    enc = perturb_(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)).eval()
     ours = splitformer.from_torch(enc).eval()
     x = torch.randn(b, n, d, dtype=dtype)
     causal = nn.Transformer.generate_square_subsequent_mask(n, dtype=dtype)
@@ -188,8 +181,16 @@ def test_backward_gradients_match():
             "linear2.weight": theta["ffn"].stages[1].weight,
             "norm1.weight": theta["norm1"].weight,
             "norm2.weight": theta["norm2"].weight,
+            "self_attn.in_proj_bias": theta["attention"].qkv_bias,
+            "self_attn.out_proj.bias": theta["attention"].out_bias,
+            "linear1.bias": theta["ffn"].stages[0].bias,
+            "linear2.bias": theta["ffn"].stages[1].bias,
+            "norm1.bias": theta["norm1"].bias,
+            "norm2.bias": theta["norm2"].bias,
         }
         for k, p in pairs.items():
+            if p is None:  # bias=False configuration
+                continue
             ref = named[f"layers.{n}.{k}"].grad
             assert (p.grad - ref).abs().max().item() <= 1e-10, k
 

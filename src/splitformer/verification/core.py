@@ -10,6 +10,7 @@ from ..models.encoder import paper_encoder
 from ..operators import FeedForward, NonlocalAttention, ProjectionS2, SphereProjection
 from ..operators.projections import LayerNormProjection
 from . import register
+from .references import perturb_, post_ln_reference
 
 D, H, FF, B, N = 32, 4, 48, 3, 9
 
@@ -27,18 +28,9 @@ def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _distinct_layers(enc: nn.TransformerEncoder) -> nn.TransformerEncoder:
-    """nn.TransformerEncoder deep-copies one layer: draw new weights for every layer, so that a
-    wrong layer -> theta^n map cannot pass."""
-    with torch.no_grad():
-        for lyr in enc.layers:
-            lyr.self_attn._reset_parameters()
-            lyr.self_attn.in_proj_bias.uniform_(-0.2, 0.2)
-            lyr.linear1.reset_parameters()
-            lyr.linear2.reset_parameters()
-            for ln in (lyr.norm1, lyr.norm2):
-                ln.weight.uniform_(0.5, 1.5)
-                ln.bias.uniform_(-0.5, 0.5)
-    return enc
+    """nn.TransformerEncoder deep-copies one layer: perturb every parameter of every layer, so
+    that a wrong layer -> theta^n or weight map cannot pass."""
+    return perturb_(enc, seed=3)
 
 
 def _encoder_layer(dtype, **kw) -> nn.TransformerEncoderLayer:
@@ -128,7 +120,7 @@ def projection_s2(dtype):
 @register("core", "head integral sum_h (g_h V_h) W_O,h", "nn.MultiheadAttention")
 def head_integral(dtype):
     torch.manual_seed(0)
-    mha = nn.MultiheadAttention(D, H, batch_first=True, dtype=dtype).eval()
+    mha = perturb_(nn.MultiheadAttention(D, H, batch_first=True, dtype=dtype)).eval()
     a = NonlocalAttention(D, H, dtype=dtype)
     with torch.no_grad():
         a.qkv_weight.copy_(mha.in_proj_weight)
@@ -154,23 +146,7 @@ def paper_literal(dtype):
             theta["norm2"].s2.uniform_(0.5, 1.5)
     # the reference: a torch.nn post-LN encoder whose linear weights are I + W_j (the
     # rectangular identity when widths differ) and whose LayerNorms have eps = 0, gain s2, bias s1
-    layer = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, batch_first=True,
-                                       layer_norm_eps=0.0, dtype=dtype)
-    enc = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False).eval()
-    with torch.no_grad():
-        for theta, lyr in zip(model.evolution.controls, enc.layers, strict=True):
-            a = theta["attention"]
-            lyr.self_attn.in_proj_weight.copy_(a.qkv_weight)
-            lyr.self_attn.in_proj_bias.copy_(a.qkv_bias)
-            lyr.self_attn.out_proj.weight.copy_(a.out_weight)
-            lyr.self_attn.out_proj.bias.copy_(a.out_bias)
-            for j, lin in ((1, lyr.linear1), (2, lyr.linear2)):
-                w = theta[f"ffn{j}"].weight
-                lin.weight.copy_(w + torch.eye(*w.shape, dtype=dtype))
-                lin.bias.copy_(theta[f"ffn{j}"].bias)
-            for nm in ("norm1", "norm2"):
-                getattr(lyr, nm).weight.fill_(theta[nm].s2.item())
-                getattr(lyr, nm).bias.fill_(theta[nm].s1.item())
+    enc = post_ln_reference(model.evolution.controls, dtype)
     x = _x(dtype)
     with torch.no_grad():
         return _maxdiff(model(x), enc(x))

@@ -13,16 +13,13 @@ import torch
 from torch import nn
 
 from . import register
+from .references import perturb_
 
 D, H, FF, B, S, T = 32, 4, 48, 3, 9, 7
 
 
 def _perturb(module: nn.Module, seed: int = 2) -> nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return module.eval()
+    return perturb_(module, seed).eval()
 
 
 def _inputs(dtype: torch.dtype):
