@@ -75,6 +75,7 @@ from ..operators import (
 from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
 from ..time.schemes import Field, lie, prenorm
 from .encoder import Encoder, EvolutionModel, encoder_controls, network_encoder
+from .masks import attention_support, causal_support, merge_supports
 from .outputs import ModelOutput
 
 __all__ = [
@@ -255,7 +256,7 @@ def causal_context(
         allowed = (labels[:, :, None] == labels[:, None, :])[:, None]
     else:
         return Context(is_causal=True)
-    causal = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
+    causal = causal_support(seq, seq, device)
     support = causal & allowed
     if additive:
         support = torch.where(support, torch.zeros((), device=device, dtype=dtype),
@@ -536,72 +537,6 @@ def decoder_controls(
     return Controls(sets)
 
 
-def _check_mask(m: Any, name: str, dtype: torch.dtype, device: torch.device) -> None:
-    if not isinstance(m, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(m).__name__}")
-    if m.dtype != torch.bool and m.dtype != dtype:
-        raise TypeError(f"{name} must be a bool tensor or a float tensor of dtype {dtype}, "
-                        f"got {m.dtype}")
-    if m.device != device:
-        raise ValueError(f"{name} is on {m.device} but the model is on {device}")
-
-
-def _additive(m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if m.dtype != torch.bool:
-        return m
-    return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf"))
-
-
-def _merge(a: torch.Tensor | None, b: torch.Tensor | None, dtype: torch.dtype):
-    if a is None or b is None:
-        return b if a is None else a
-    if a.dtype == torch.bool and b.dtype == torch.bool:
-        return a & b
-    return _additive(a, dtype) + _additive(b, dtype)
-
-
-def attention_support(
-    mask: torch.Tensor | None,
-    key_padding_mask: torch.Tensor | None,
-    *,
-    batch: int,
-    num_heads: int,
-    q_len: int,
-    k_len: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    mask_name: str = "mask",
-    kpm_name: str = "key_padding_mask",
-) -> torch.Tensor | None:
-    """torch.nn masks (bool True = not allowed, float = added) -> the kernel support m(x, x').
-
-    ``mask`` is (q_len, k_len) or (batch * num_heads, q_len, k_len); ``key_padding_mask`` is
-    (batch, k_len). The result is in scaled_dot_product_attention's convention (bool True =
-    allowed, float = additive), broadcastable to (B, H, q_len, k_len); None = full support.
-    """
-    support = None
-    if mask is not None:
-        _check_mask(mask, mask_name, dtype, device)
-        if mask.dim() == 2 and tuple(mask.shape) == (q_len, k_len):
-            support = mask
-        elif mask.dim() == 3 and tuple(mask.shape) == (batch * num_heads, q_len, k_len):
-            support = mask.view(batch, num_heads, q_len, k_len)
-        else:
-            raise ValueError(f"{mask_name} must have shape ({q_len}, {k_len}) or "
-                             f"({batch * num_heads}, {q_len}, {k_len}) (batch * num_heads, ...), "
-                             f"got {tuple(mask.shape)}")
-        support = ~support if support.dtype == torch.bool else support
-    if key_padding_mask is not None:
-        kpm = key_padding_mask
-        _check_mask(kpm, kpm_name, dtype, device)
-        if tuple(kpm.shape) != (batch, k_len):
-            raise ValueError(f"{kpm_name} must have shape (batch, seq) = ({batch}, {k_len}), got "
-                             f"{tuple(kpm.shape)}")
-        kpm = (~kpm if kpm.dtype == torch.bool else kpm).view(batch, 1, 1, k_len)
-        support = _merge(support, kpm, dtype)
-    return support
-
-
 def _is_decoder_scheme(scheme: Scheme) -> bool:
     return "cross_attention" in scheme.operators()
 
@@ -707,15 +642,14 @@ class CrossDecoder(EvolutionModel):
             tgt_mask, batched(tgt_key_padding_mask), q_len=n, k_len=n, mask_name="tgt_mask",
             kpm_name="tgt_key_padding_mask", **kw)
         causal = bool(tgt_is_causal) and tgt_mask is None
-        if causal and self_support is not None:
-            tril = torch.ones(n, n, dtype=torch.bool, device=p.device).tril()
-            self_support = _merge(tril, self_support, p.dtype)
+        if causal and self_support is not None:  # folded once here, not in every layer
+            self_support = merge_supports(causal_support(n, n, p.device), self_support, p.dtype)
+            causal = False
         cross = attention_support(
             memory_mask, batched(memory_key_padding_mask), q_len=n, k_len=s,
             mask_name="memory_mask", kpm_name="memory_key_padding_mask", **kw)
         if memory_is_causal and memory_mask is None:
-            tril = torch.ones(n, s, dtype=torch.bool, device=p.device).tril()
-            cross = _merge(tril, cross, p.dtype)
+            cross = merge_supports(causal_support(n, s, p.device), cross, p.dtype)
         ctx = Context(attn_mask=self_support, is_causal=causal,
                       extra={"memory": m, "memory_mask": cross})
         return u0, ctx, unbatched

@@ -12,7 +12,13 @@ import torch
 
 from ..operators.base import Context
 
-__all__ = ["build_context", "check_src"]
+__all__ = [
+    "attention_support",
+    "build_context",
+    "causal_support",
+    "check_src",
+    "merge_supports",
+]
 
 
 def check_src(src, *, dim: int, dtype: torch.dtype, device: torch.device, name: str = "src"):
@@ -33,10 +39,62 @@ def check_src(src, *, dim: int, dtype: torch.dtype, device: torch.device, name: 
         raise ValueError(f"{name} is on {src.device} but the model is on {device}")
 
 
-def _check_mask_dtype(m: torch.Tensor, name: str, dtype: torch.dtype) -> None:
+def _check_mask(m, name: str, dtype: torch.dtype, device: torch.device) -> None:
+    if not isinstance(m, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(m).__name__}")
     if m.dtype != torch.bool and m.dtype != dtype:
         raise TypeError(f"{name} must be a bool tensor or a float tensor of dtype {dtype}, "
                         f"got {m.dtype}")
+    if m.device != device:
+        raise ValueError(f"{name} is on {m.device} but the model is on {device}")
+
+
+def attention_support(
+    mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    *,
+    batch: int,
+    num_heads: int,
+    q_len: int,
+    k_len: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    mask_name: str = "mask",
+    kpm_name: str = "key_padding_mask",
+) -> torch.Tensor | None:
+    """torch.nn masks (bool True = not allowed, float = added) -> the kernel support m(x, x').
+
+    ``mask`` is (q_len, k_len) or (batch * num_heads, q_len, k_len); ``key_padding_mask`` is
+    (batch, k_len). The result is in scaled_dot_product_attention's convention (bool True =
+    allowed, float = additive), broadcastable to (B, H, q_len, k_len); None = full support.
+    Shapes, dtypes and devices are checked, naming the argument.
+    """
+    support = None
+    if mask is not None:
+        _check_mask(mask, mask_name, dtype, device)
+        if mask.dim() == 2 and tuple(mask.shape) == (q_len, k_len):
+            support = mask
+        elif mask.dim() == 3 and tuple(mask.shape) == (batch * num_heads, q_len, k_len):
+            support = mask.view(batch, num_heads, q_len, k_len)
+        else:
+            raise ValueError(f"{mask_name} must have shape ({q_len}, {k_len}) or "
+                             f"({batch * num_heads}, {q_len}, {k_len}) (batch * num_heads, ...), "
+                             f"got {tuple(mask.shape)}")
+        support = ~support if support.dtype == torch.bool else support
+    if key_padding_mask is not None:
+        kpm = key_padding_mask
+        _check_mask(kpm, kpm_name, dtype, device)
+        if tuple(kpm.shape) != (batch, k_len):
+            raise ValueError(f"{kpm_name} must have shape (batch, seq) = ({batch}, {k_len}), got "
+                             f"{tuple(kpm.shape)}")
+        kpm = (~kpm if kpm.dtype == torch.bool else kpm).view(batch, 1, 1, k_len)
+        support = merge_supports(support, kpm, dtype)
+    return support
+
+
+def causal_support(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
+    """{x' <= x}: the support of a Volterra kernel, as a boolean (q_len, k_len) mask."""
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
 
 
 def build_context(
@@ -52,45 +110,26 @@ def build_context(
     mask_name: str = "mask",
     kpm_name: str = "src_key_padding_mask",
 ) -> Context:
-    """Check the masks (shape, dtype, device) and merge them into the kernel's support."""
-    support = None
-    if mask is not None:
-        if not isinstance(mask, torch.Tensor):
-            raise TypeError(f"{mask_name} must be a torch.Tensor, got {type(mask).__name__}")
-        _check_mask_dtype(mask, mask_name, dtype)
-        if mask.device != device:
-            raise ValueError(f"{mask_name} is on {mask.device} but the model is on {device}")
-        if mask.dim() == 2 and mask.shape == (seq, seq):
-            support = mask
-        elif mask.dim() == 3 and mask.shape == (batch * num_heads, seq, seq):
-            support = mask.view(batch, num_heads, seq, seq)
-        else:
-            raise ValueError(
-                f"{mask_name} must have shape ({seq}, {seq}) or ({batch * num_heads}, {seq}, "
-                f"{seq}) (batch * num_heads, seq, seq), got {tuple(mask.shape)}"
-            )
-        support = ~support if support.dtype == torch.bool else support
-    if key_padding_mask is not None:
-        kpm = key_padding_mask
-        if not isinstance(kpm, torch.Tensor):
-            raise TypeError(f"{kpm_name} must be a torch.Tensor, got {type(kpm).__name__}")
-        _check_mask_dtype(kpm, kpm_name, dtype)
-        if kpm.device != device:
-            raise ValueError(f"{kpm_name} is on {kpm.device} but the model is on {device}")
-        if kpm.shape != (batch, seq):
-            raise ValueError(
-                f"{kpm_name} must have shape (batch, seq) = ({batch}, {seq}), got "
-                f"{tuple(kpm.shape)}"
-            )
-        kpm = (~kpm if kpm.dtype == torch.bool else kpm).view(batch, 1, 1, seq)
-        support = kpm if support is None else _merge(support, kpm, dtype)
+    """Check the masks and merge them into the kernel's support, once per forward.
+
+    ``is_causal`` with no other mask is left to the kernel (sdpa's causal path); with a mask,
+    the causal support is folded into it here, so no layer rebuilds it.
+    """
     if is_causal is not None and not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool or None, got {is_causal!r}")
-    causal = bool(is_causal) if is_causal is not None else False
-    return Context(attn_mask=support, is_causal=causal)
+    support = attention_support(mask, key_padding_mask, batch=batch, num_heads=num_heads,
+                                q_len=seq, k_len=seq, dtype=dtype, device=device,
+                                mask_name=mask_name, kpm_name=kpm_name)
+    if is_causal and support is not None:
+        return Context(attn_mask=merge_supports(causal_support(seq, seq, device), support, dtype))
+    return Context(attn_mask=support, is_causal=bool(is_causal))
 
 
-def _merge(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def merge_supports(a: torch.Tensor | None, b: torch.Tensor | None,
+                   dtype: torch.dtype) -> torch.Tensor | None:
+    """The intersection of two supports (bool & bool, else the sum of additive forms)."""
+    if a is None or b is None:
+        return b if a is None else a
     if a.dtype == torch.bool and b.dtype == torch.bool:
         return a & b
     return _additive(a, dtype) + _additive(b, dtype)
