@@ -309,3 +309,11 @@ def test_verify_family():
 
     rows = list(run_checks(["timm"]))
     assert rows and all(r["status"] == "PASS" for r in rows), rows
+
+
+def test_mixed_block_dropout_is_refused():
+    """to_timm rebuilds every block from one set of rates: mixed rates are refused up front."""
+    model = _timm(torch.float64, depth=2, attn_drop_rate=0.1)
+    model.blocks[1].attn.attn_drop.p = 0.3
+    with pytest.raises(ValueError, match="attn_drop_rate / proj_drop_rate"):
+        splitformer.from_timm(model)

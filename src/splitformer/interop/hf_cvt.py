@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ..models.cvt import ConvolutionalVisionTransformer, CvtStageSpec, build_cvt, cvt_scheme
-from .weights import network_scheme
+from .weights import copy_weight, network_scheme
 
 __all__ = ["from_hf_model", "to_hf_model", "weight_table"]
 
@@ -224,12 +224,8 @@ def from_hf_model(model: nn.Module) -> ConvolutionalVisionTransformer:
     missing = sorted(keys - set(theirs))
     if missing:
         raise ValueError(f"{name} lacks weights its config implies: {missing[:5]}")
-    with torch.no_grad():
-        for key, t in table:
-            src = theirs[key]
-            if src.shape != t.shape:
-                raise ValueError(f"{key}: shape {tuple(src.shape)} does not fit {tuple(t.shape)}")
-            t.copy_(src)
+    for key, t in table:
+        copy_weight(t, theirs[key], key)
     ours.train(model.training)
     return ours
 

@@ -100,6 +100,11 @@ def _norm(m: Any, where: str) -> float | None:
     return float(m.eps)
 
 
+def _block_rates(blk: nn.Module) -> tuple[float, ...]:
+    return (_dropout_p(blk.attn.attn_drop), _dropout_p(blk.attn.proj_drop),
+            _dropout_p(blk.mlp.drop1), _dropout_p(blk.mlp.drop2))
+
+
 def _dropout_p(m: Any) -> float:
     return float(m.p) if isinstance(m, nn.Dropout) else 0.0
 
@@ -220,6 +225,10 @@ def from_timm_model(model: nn.Module, **kwargs) -> ViT:
                          "float mlp_ratio: cannot record it")
     if any(b.mlp.fc1.out_features != hidden for b in blocks):
         raise ValueError("mlp hidden width must be the same in every block")
+    rates = {_block_rates(b) for b in blocks}
+    if len(rates) > 1:  # to_timm rebuilds every block from one set of rates
+        raise ValueError(f"attn_drop_rate / proj_drop_rate must be the same in every block, got "
+                         f"{sorted(rates)}")
     has_cls = model.cls_token is not None
     reg = int(model.num_reg_tokens)
     pos = model.pos_embed is not None
@@ -238,7 +247,7 @@ def from_timm_model(model: nn.Module, **kwargs) -> ViT:
         "mlp_ratio": mlp_ratio,
         "qkv_bias": b0.attn.qkv.bias is not None,
         "proj_bias": b0.attn.proj.bias is not None,
-        "init_values": init_values if ls else None,
+        "init_values": init_values,
         "class_token": has_cls,
         "pos_embed": "learn" if pos else "none",
         "no_embed_class": bool(model.no_embed_class),
@@ -309,8 +318,6 @@ def from_timm_model(model: nn.Module, **kwargs) -> ViT:
         _copy(a.qkv_bias, blk.attn.qkv.bias, pre + "attn.qkv.bias")
         _copy(a.out_weight, blk.attn.proj.weight, pre + "attn.proj.weight")
         _copy(a.out_bias, blk.attn.proj.bias, pre + "attn.proj.bias")
-        a.attn_dropout = _dropout_p(blk.attn.attn_drop)
-        a.out_dropout.p = _dropout_p(blk.attn.proj_drop)
         for nm in ("norm1", "norm2"):
             _copy(theta[nm].weight, getattr(blk, nm).weight, pre + nm + ".weight")
             _copy(theta[nm].bias, getattr(blk, nm).bias, pre + nm + ".bias")
@@ -319,12 +326,9 @@ def from_timm_model(model: nn.Module, **kwargs) -> ViT:
                                   strict=True):
             _copy(stage.weight, lin.weight, pre + f"mlp.{nm}.weight")
             _copy(stage.bias, lin.bias, pre + f"mlp.{nm}.bias")
-        ffn.dropout.p = _dropout_p(blk.mlp.drop1)
-        ffn.out_dropout.p = _dropout_p(blk.mlp.drop2)
         if ls:
             _copy(theta["ls1"].gamma, blk.ls1.gamma, pre + "ls1.gamma")
             _copy(theta["ls2"].gamma, blk.ls2.gamma, pre + "ls2.gamma")
-            theta["ls1"].init_value = theta["ls2"].init_value = float(blk.ls1.init_values)
     if has_norm:
         _copy(out.final_norm.weight, model.norm.weight, "norm.weight")
         _copy(out.final_norm.bias, model.norm.bias, "norm.bias")

@@ -382,8 +382,9 @@ class CausalLM(CausalDecoderModel):
         super().__init__(embedding, evolution, final_norm=final_norm,
                          additive_mask=additive_mask, use_cache=use_cache, source=source)
         w = embedding.word.weight
-        self.lm_head = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device,
-                                 dtype=w.dtype)
+        # tied: the head's own weight is never used, so none is allocated (meta device)
+        self.lm_head = nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=w.dtype,
+                                 device="meta" if tie_word_embeddings else w.device)
         if tie_word_embeddings:
             self.lm_head.weight = w
 

@@ -128,11 +128,6 @@ class DepthwiseConvolution(nn.Module):
         return (f"channels={self.channels}, kernel_size={self.kernel_size}, "
                 f"stride={self.stride}, padding={self.padding}")
 
-    def output_shape(self, h: int, w: int) -> tuple[int, int]:
-        """The grid the result lives on: floor((H + 2p - k) / s) + 1 per axis."""
-        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
-        return (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
-
     def forward(self, grid: torch.Tensor) -> torch.Tensor:
         return F.conv2d(grid, self.weight, None, self.stride, self.padding, 1, self.channels)
 
@@ -247,7 +242,7 @@ class ConvolutionalProjection(Operator):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, prefix={self.num_prefix_tokens}, bias={self.bias is not None}"
 
-    def smooth(self, u: torch.Tensor, grid_shape: tuple[int, int]) -> tuple[torch.Tensor, int]:
+    def smooth(self, u: torch.Tensor, grid_shape: tuple[int, int]) -> torch.Tensor:
         """B[k *_s u] on the grid tokens, prefix tokens passed through: (B, P + H' W', C)."""
         b, _, c = u.shape
         h, w = grid_shape
@@ -256,13 +251,10 @@ class ConvolutionalProjection(Operator):
         grid = tokens.transpose(1, 2).reshape(b, c, h, w)
         grid = self.norm(self.conv(grid))
         out = grid.flatten(2).transpose(1, 2)
-        n_out = out.shape[1]
-        if p:
-            out = torch.cat((prefix, out), dim=1)
-        return out, n_out
+        return torch.cat((prefix, out), dim=1) if p else out
 
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
-        smoothed, _ = self.smooth(u, token_grid(u, context, self.num_prefix_tokens))
+        smoothed = self.smooth(u, token_grid(u, context, self.num_prefix_tokens))
         return F.linear(smoothed, self.weight, self.bias)
 
 
@@ -357,7 +349,8 @@ class ConvolutionalAttention(Operator):
             )
         p = self.attn_dropout if self.training else 0.0
         mask = context.attn_mask if context is not None else None  # (N_q, N_kv) support
-        heads = self.kernel(q, k, v, attn_mask=mask, dropout_p=p)
+        causal = context.is_causal if context is not None else False
+        heads = self.kernel(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p)
         out = heads.transpose(1, 2).reshape(b, n, self.dim)
         return self.out_dropout(F.linear(out, self.out_weight, self.out_bias))
 

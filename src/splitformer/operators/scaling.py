@@ -43,8 +43,8 @@ class DiagonalScaling(Operator):
         if not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
         self.dim = dim
-        self.init_value = float(init_value)
-        self.gamma = nn.Parameter(torch.full((dim,), self.init_value, device=device, dtype=dtype))
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_value), device=device,
+                                             dtype=dtype))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
