@@ -412,13 +412,11 @@ def bert_model(
     )
     controls = encoder_controls(
         hidden_size, num_attention_heads, intermediate_size, num_hidden_layers,
-        activation=BERT_ACTIVATIONS[hidden_act], layer_norm_eps=layer_norm_eps, **kw,
+        activation=BERT_ACTIVATIONS[hidden_act], layer_norm_eps=layer_norm_eps,
+        attn_dropout=float(attention_probs_dropout_prob), out_dropout=float(hidden_dropout_prob),
+        ffn_dropout=0.0,  # BERT has no dropout on the hidden (lifted) field
+        **kw,
     )
-    for theta in controls:
-        theta["attention"].attn_dropout = float(attention_probs_dropout_prob)
-        theta["attention"].out_dropout.p = float(hidden_dropout_prob)
-        theta["ffn"].dropout.p = 0.0  # BERT has no dropout on the hidden (lifted) field
-        theta["ffn"].out_dropout.p = float(hidden_dropout_prob)
     evolution = Evolution(controls, lie(), TimeGrid(num_hidden_layers, num_hidden_layers))
     pooler = ClassTokenPooler(hidden_size, **kw) if add_pooling_layer else None
     if num_labels is None:

@@ -70,7 +70,6 @@ from ..operators import (
     FeedForward,
     LayerNormProjection,
     NonlocalAttention,
-    SoftmaxKernel,
 )
 from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
 from ..time.schemes import Field, lie, prenorm
@@ -453,17 +452,10 @@ def causal_decoder(
     """
     kw = {"device": device, "dtype": dtype}
     ff = ffn_dim if ffn_dim is not None else 4 * dim
-    controls = encoder_controls(dim, num_heads, ff, num_layers, activation=activation,
-                                layer_norm_eps=layer_norm_eps, **kw)
-    scales = list(attention_scales) if attention_scales is not None else [None] * num_layers
-    if len(scales) != num_layers:
-        raise ValueError(f"attention_scales needs {num_layers} entries, got {len(scales)}")
-    for theta, scale in zip(controls, scales, strict=True):
-        a = theta["attention"]
-        a.kernel = SoftmaxKernel(scale=scale)
-        a.attn_dropout = float(attn_dropout)
-        a.out_dropout.p = float(resid_dropout)
-        theta["ffn"].out_dropout.p = float(resid_dropout)
+    controls = encoder_controls(
+        dim, num_heads, ff, num_layers, activation=activation, layer_norm_eps=layer_norm_eps,
+        attn_dropout=float(attn_dropout), out_dropout=float(resid_dropout), ffn_dropout=0.0,
+        attention_scales=attention_scales, **kw)
     embedding = TokenPositionEmbedding(vocab_size, max_positions, dim, dropout=embd_dropout, **kw)
     evolution = Evolution(controls, prenorm(), TimeGrid(num_layers, num_layers))
     final_norm = LayerNormProjection(dim, eps=layer_norm_eps, **kw)

@@ -28,6 +28,7 @@ from ..operators import (
     ProjectionS2,
     SphereProjection,
 )
+from ..operators.kernels import SoftmaxKernel
 from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
 from ..time.schemes import lie, paper_lie, prenorm
 from .masks import build_context, check_src
@@ -75,24 +76,40 @@ def encoder_controls(
     layer_norm_eps: float = 1e-5,
     bias: bool = True,
     dropout: float = 0.0,
+    attn_dropout: float | None = None,
+    out_dropout: float | None = None,
+    ffn_dropout: float | None = None,
+    attention_scales: list[float | None] | None = None,
     ffn_widths: list[int] | None = None,
     device=None,
     dtype=None,
 ) -> Controls:
-    """theta^1..theta^L for the network form: attention, norm1, ffn (J stages), norm2."""
+    """theta^1..theta^L for the network form: attention, norm1, ffn (J stages), norm2.
+
+    Dropout: ``attn_dropout`` on the kernel g, ``out_dropout`` on A(u) and G(u), ``ffn_dropout``
+    on G's hidden field; each defaults to ``dropout`` (torch.nn's single rate).
+    ``attention_scales[n]`` is the softmax kernel's scale in step n (None: 1/sqrt(d_h)).
+    """
+    p_attn = dropout if attn_dropout is None else attn_dropout
+    p_out = dropout if out_dropout is None else out_dropout
+    p_ffn = dropout if ffn_dropout is None else ffn_dropout
+    scales = [None] * num_layers if attention_scales is None else list(attention_scales)
+    if len(scales) != num_layers:
+        raise ValueError(f"attention_scales needs {num_layers} entries, got {len(scales)}")
     widths = ffn_widths or [d_model, dim_feedforward, d_model]
     kw = {"device": device, "dtype": dtype}
     sets = []
-    for _ in range(num_layers):
+    for scale in scales:
         sets.append(
             {
                 "attention": NonlocalAttention(
-                    d_model, nhead, bias=bias, attn_dropout=dropout, out_dropout=dropout, **kw
+                    d_model, nhead, bias=bias, kernel=SoftmaxKernel(scale=scale),
+                    attn_dropout=p_attn, out_dropout=p_out, **kw
                 ),
                 "norm1": LayerNormProjection(d_model, eps=layer_norm_eps, bias=bias, **kw),
                 "ffn": FeedForward(
-                    widths, activation=activation, bias=bias, dropout=dropout,
-                    out_dropout=dropout, **kw
+                    widths, activation=activation, bias=bias, dropout=p_ffn,
+                    out_dropout=p_out, **kw
                 ),
                 "norm2": LayerNormProjection(d_model, eps=layer_norm_eps, bias=bias, **kw),
             }
