@@ -40,11 +40,9 @@ from ..models.decoder import (
     decoder_lie,
     decoder_prenorm,
 )
-from ..models.encoder import Encoder
 from ..operators import LayerNormProjection, SoftmaxKernel
 from ..time import Evolution, TimeGrid
-from ..time.schemes import lie, prenorm
-from .torch_nn import _activation_name, from_torch
+from .torch_nn import _activation_name, from_torch, to_torch
 from .weights import copy_weight as _copy
 from .weights import network_scheme
 
@@ -341,39 +339,11 @@ def _decoder_to_torch(model: CrossDecoder) -> nn.Module:
     return out
 
 
-def _encoder_to_torch(model: Encoder) -> nn.TransformerEncoder:
-    evo = model.evolution
-    norm_first = _check_evolution(evo, {"lie": lie, "prenorm": prenorm}, "encoder")
-    layers = []
-    for theta in evo.controls:
-        o = _layer_options(theta, "encoder")
-        layer = nn.TransformerEncoderLayer(
-            o["d_model"], o["nhead"], o["dim_feedforward"], dropout=0.0,
-            activation=o["activation"], layer_norm_eps=o["layer_norm_eps"],
-            batch_first=model.batch_first, norm_first=norm_first, bias=o["bias"],
-            device=o["device"], dtype=o["dtype"])
-        _copy_table(layer, theta, ENCODER_LAYER_MAP, reverse=True)
-        layer.self_attn.dropout = theta["attention"].attn_dropout
-        layer.dropout1.p = theta["attention"].out_dropout.p
-        layer.dropout.p = theta["ffn"].dropout.p
-        layer.dropout2.p = theta["ffn"].out_dropout.p
-        for nm in ("norm1", "norm2"):
-            getattr(layer, nm).eps = theta[nm].eps
-        layers.append(layer)
-    src = model.source
-    out = nn.TransformerEncoder(layers[0], len(layers), norm=_torch_norm(model.final_norm),
-                                enable_nested_tensor=src.get("enable_nested_tensor", True),
-                                mask_check=src.get("mask_check", True))
-    for i, layer in enumerate(layers):
-        out.layers[i] = layer
-    return out
-
-
 def to_torch_transformer(model: CrossDecoder | EncoderDecoderModel) -> nn.Module:
     """The torch.nn module with the same weights: the inverse of ``from_torch_transformer``."""
     kind = getattr(model, "source", {}).get("kind")
     if isinstance(model, EncoderDecoderModel):
-        enc = _encoder_to_torch(model.encoder)
+        enc = to_torch(model.encoder)  # the encoder half is an Encoder: torch_nn's inverse map
         dec = _decoder_to_torch(model.decoder)
         if not isinstance(dec, nn.TransformerDecoder):  # pragma: no cover - kind is "decoder"
             raise ValueError("the decoder of a pair must be an nn.TransformerDecoder")
