@@ -11,7 +11,7 @@ import importlib
 import os
 from typing import Any
 
-__all__ = ["from_hf", "to_hf"]
+__all__ = ["attn_implementation", "from_hf", "hf_config", "to_hf"]
 
 # transformers class name -> module (relative to this package) with from_hf_model / to_hf_model
 FAMILIES: dict[str, str] = {
@@ -67,3 +67,18 @@ def to_hf(model):
         raise ValueError("to_hf(model) needs a model made by from_hf (model.source['hf_class'] "
                          f"is {cls!r})")
     return _family(FAMILIES[cls]).to_hf_model(model)
+
+
+def attn_implementation(config: Any) -> str:
+    """The attention implementation a transformers config asks for ("eager" when unset)."""
+    return getattr(config, "_attn_implementation", None) or "eager"
+
+
+def hf_config(config_class: str, source: dict[str, Any]) -> Any:
+    """The transformers config recorded in ``model.source`` (class name, e.g. "BertConfig"),
+    with the attention implementation the source model used."""
+    import transformers
+
+    config = getattr(transformers, config_class).from_dict(dict(source["config"]))
+    config._attn_implementation = source.get("attn_implementation") or "sdpa"
+    return config

@@ -31,6 +31,7 @@ from torch import nn
 
 from ..models.bert import BERT_ACTIVATIONS, BertEncoderModel, BertSequenceClassifier, bert_model
 from ..time.schemes import lie
+from .hf import attn_implementation, hf_config
 from .weights import check_softmax, network_scheme
 from .weights import copy_weight as _copy
 
@@ -163,7 +164,7 @@ def from_hf_model(model: nn.Module, **kwargs: Any) -> BertEncoderModel:
     bert = model.bert if classifier else model
     config = model.config
     check_config(config)
-    attn_impl = getattr(config, "_attn_implementation", None) or "eager"
+    attn_impl = attn_implementation(config)
     has_pooler = bert.pooler is not None
     p = next(model.parameters())
     source = {
@@ -227,14 +228,6 @@ def from_hf_model(model: nn.Module, **kwargs: Any) -> BertEncoderModel:
     return ours
 
 
-def _hf_config(source: dict[str, Any]):
-    import transformers
-
-    config = transformers.BertConfig.from_dict(dict(source["config"]))
-    config._attn_implementation = source.get("attn_implementation", "sdpa")
-    return config
-
-
 def to_hf_model(model: BertEncoderModel) -> nn.Module:
     """The transformers model with the same weights: the inverse of ``from_hf_model``."""
     import transformers
@@ -251,7 +244,7 @@ def to_hf_model(model: BertEncoderModel) -> nn.Module:
     classifier = cls == "BertForSequenceClassification"
     if classifier != isinstance(model, BertSequenceClassifier):
         raise ValueError(f"model.source['hf_class']={cls!r} does not match {type(model).__name__}")
-    config = _hf_config(source)
+    config = hf_config("BertConfig", source)
     p = next(model.parameters())
     add_pooling = model.pooler is not None
     if classifier:

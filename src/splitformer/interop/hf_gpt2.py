@@ -39,6 +39,7 @@ from torch import nn
 
 from ..models.decoder import GPT2_ACTIVATIONS, CausalDecoderModel, CausalLM, causal_decoder
 from ..time.schemes import prenorm
+from .hf import attn_implementation, hf_config
 from .weights import check_softmax, network_scheme
 from .weights import copy_weight as _copy
 
@@ -97,7 +98,7 @@ def weight_map(num_layers: int, *, lm_head: bool) -> list[tuple[str, str, bool]]
 
 
 def _attn_impl(config: Any) -> str:
-    return getattr(config, "_attn_implementation", None) or "eager"
+    return attn_implementation(config)
 
 
 def check_config(config: Any) -> None:
@@ -216,10 +217,7 @@ def from_hf_model(model: nn.Module, **kwargs: Any) -> CausalDecoderModel:
 
 
 def _hf_config(source: dict[str, Any]):
-    import transformers
-
-    config = transformers.GPT2Config.from_dict(dict(source["config"]))
-    config._attn_implementation = source.get("attn_implementation", "sdpa")
+    config = hf_config("GPT2Config", source)
     config.tie_word_embeddings = bool(source.get("tie_word_embeddings", True))
     return config
 

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..models.vit import ViT, build_vit, vit_scheme
+from .hf import hf_config
 from .weights import check_softmax, network_scheme
 from .weights import copy_weight as _copy
 
@@ -207,9 +208,7 @@ def to_hf_model(model: ViT):
     evo = model.evolution
     network_scheme(evo, {"prenorm": vit_scheme(False)}, "to_hf")
     check_softmax(evo, "to_hf")
-    config = transformers.ViTConfig.from_dict(dict(src["config"]))
-    if src.get("attn_implementation"):
-        config._attn_implementation = src["attn_implementation"]
+    config = hf_config("ViTConfig", src)
     if config.num_hidden_layers != len(evo.controls):
         raise ValueError(f"config.num_hidden_layers={config.num_hidden_layers} differs from the "
                          f"number of control sets {len(evo.controls)}")
