@@ -44,6 +44,7 @@ from ..operators.base import Context
 from ..time import Evolution, TimeGrid, Trajectory
 from ..time.schemes import lie
 from .encoder import EvolutionModel, encoder_controls
+from .masks import finfo_additive, padding_support
 from .outputs import ModelOutput
 
 __all__ = [
@@ -230,24 +231,10 @@ class BertEncoderModel(EvolutionModel):
         device: torch.device,
     ) -> torch.Tensor | None:
         """The mask m(x, x') handed to the attention kernel, built as transformers 5 builds it."""
-        if attention_mask is None:
-            return None
-        if not isinstance(attention_mask, torch.Tensor):
-            raise TypeError(f"attention_mask must be a torch.Tensor, got "
-                            f"{type(attention_mask).__name__}")
-        if attention_mask.dim() == 4:
-            return attention_mask.to(device)
-        if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, seq):
-            raise ValueError(f"attention_mask must have shape (batch, seq) = ({batch}, {seq}) or "
-                             f"be a prepared 4-D mask, got {tuple(attention_mask.shape)}")
-        keep = attention_mask.to(device=device, dtype=torch.bool)
-        if bool(keep.all()):
-            return None
-        keep = keep[:, None, None, :]
-        if not self.additive_mask:
+        keep, prepared = padding_support(attention_mask, batch, seq, device)
+        if keep is None or prepared or not self.additive_mask:
             return keep
-        return torch.where(keep, torch.zeros((), device=device, dtype=dtype),
-                           torch.finfo(dtype).min)
+        return finfo_additive(keep, dtype)
 
     def initial_condition(
         self,

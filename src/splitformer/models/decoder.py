@@ -74,7 +74,13 @@ from ..operators import (
 from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
 from ..time.schemes import Field, lie, prenorm
 from .encoder import Encoder, EvolutionModel, encoder_controls, network_encoder
-from .masks import attention_support, causal_support, merge_supports
+from .masks import (
+    attention_support,
+    causal_support,
+    finfo_additive,
+    merge_supports,
+    padding_support,
+)
 from .outputs import ModelOutput
 
 __all__ = [
@@ -235,19 +241,11 @@ def causal_context(
     the kernel uses the mask as given).
     """
     if attention_mask is not None:
-        if not isinstance(attention_mask, torch.Tensor):
-            raise TypeError(f"attention_mask must be a torch.Tensor, got "
-                            f"{type(attention_mask).__name__}")
-        if attention_mask.dim() == 4:
-            return Context(attn_mask=attention_mask.to(device), is_causal=False)
-        mask = attention_mask.reshape(batch, -1)
-        if tuple(mask.shape) != (batch, seq):
-            raise ValueError(f"attention_mask must have shape (batch, seq) = ({batch}, {seq}) or "
-                             f"be a prepared 4-D mask, got {tuple(attention_mask.shape)}")
-        keep = mask.to(device=device, dtype=torch.bool)
-        if bool(keep.all()):
+        allowed, prepared = padding_support(attention_mask, batch, seq, device)
+        if prepared:
+            return Context(attn_mask=allowed, is_causal=False)
+        if allowed is None:
             return Context(is_causal=True)
-        allowed = keep[:, None, None, :]
     elif position_ids is not None and packed:
         labels = _packed_sequences(position_ids.to(device), batch)
         if labels is None:
@@ -258,8 +256,7 @@ def causal_context(
     causal = causal_support(seq, seq, device)
     support = causal & allowed
     if additive:
-        support = torch.where(support, torch.zeros((), device=device, dtype=dtype),
-                              torch.finfo(dtype).min)
+        support = finfo_additive(support, dtype)
     # the support already holds x' <= x; is_causal=False keeps transformers' treatment of
     # queries whose whole causal past is padding (finfo.min everywhere: an average over all keys)
     return Context(attn_mask=support, is_causal=False)

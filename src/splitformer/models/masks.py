@@ -17,7 +17,9 @@ __all__ = [
     "build_context",
     "causal_support",
     "check_src",
+    "finfo_additive",
     "merge_supports",
+    "padding_support",
 ]
 
 
@@ -123,6 +125,35 @@ def build_context(
     if is_causal and support is not None:
         return Context(attn_mask=merge_supports(causal_support(seq, seq, device), support, dtype))
     return Context(attn_mask=support, is_causal=bool(is_causal))
+
+
+def padding_support(attention_mask, batch: int, seq: int, device: torch.device
+                    ) -> tuple[torch.Tensor | None, bool]:
+    """A transformers-style attention_mask (B, N), 1 = keep, 0 = pad, as a kernel support.
+
+    Returns (support, prepared): (None, False) when nothing is padded, ((B, 1, 1, N) bool,
+    False) for a padding mask, and (the mask as given, True) for a prepared 4-D mask.
+    """
+    if attention_mask is None:
+        return None, False
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor, got "
+                        f"{type(attention_mask).__name__}")
+    if attention_mask.dim() == 4:
+        return attention_mask.to(device), True
+    if attention_mask.numel() != batch * seq or attention_mask.dim() > 2:
+        raise ValueError(f"attention_mask must have shape (batch, seq) = ({batch}, {seq}) or "
+                         f"be a prepared 4-D mask, got {tuple(attention_mask.shape)}")
+    keep = attention_mask.reshape(batch, seq).to(device=device, dtype=torch.bool)
+    if bool(keep.all()):  # one sync per forward; lets the kernel take its unmasked path
+        return None, False
+    return keep[:, None, None, :], False
+
+
+def finfo_additive(support: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean support as transformers' eager masks: 0 on it, finfo(dtype).min off it."""
+    return torch.where(support, torch.zeros((), device=support.device, dtype=dtype),
+                       torch.finfo(dtype).min)
 
 
 def merge_supports(a: torch.Tensor | None, b: torch.Tensor | None,
