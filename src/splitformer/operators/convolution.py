@@ -64,6 +64,14 @@ def _pair(v: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
     return out  # type: ignore[return-value]
 
 
+def split_grid(u: torch.Tensor, grid_shape: tuple[int, int], num_prefix_tokens: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """u (B, P + H W, C) -> (prefix tokens (B, P, C), grid (B, C, H, W))."""
+    b, _, c = u.shape
+    h, w = grid_shape
+    return u[:, :num_prefix_tokens], u[:, num_prefix_tokens:].transpose(1, 2).reshape(b, c, h, w)
+
+
 def token_grid(
     u: torch.Tensor, context: Context | None, num_prefix_tokens: int
 ) -> tuple[int, int]:
@@ -242,20 +250,18 @@ class ConvolutionalProjection(Operator):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, prefix={self.num_prefix_tokens}, bias={self.bias is not None}"
 
-    def smooth(self, u: torch.Tensor, grid_shape: tuple[int, int]) -> torch.Tensor:
+    def smooth(self, prefix: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
         """B[k *_s u] on the grid tokens, prefix tokens passed through: (B, P + H' W', C)."""
-        b, _, c = u.shape
-        h, w = grid_shape
-        p = self.num_prefix_tokens
-        prefix, tokens = u[:, :p], u[:, p:]
-        grid = tokens.transpose(1, 2).reshape(b, c, h, w)
-        grid = self.norm(self.conv(grid))
-        out = grid.flatten(2).transpose(1, 2)
-        return torch.cat((prefix, out), dim=1) if p else out
+        out = self.norm(self.conv(grid)).flatten(2).transpose(1, 2)
+        return torch.cat((prefix, out), dim=1) if self.num_prefix_tokens else out
+
+    def project(self, prefix: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        """The projection from u already split into prefix tokens and (B, C, H, W) grid."""
+        return F.linear(self.smooth(prefix, grid), self.weight, self.bias)
 
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
-        smoothed = self.smooth(u, token_grid(u, context, self.num_prefix_tokens))
-        return F.linear(smoothed, self.weight, self.bias)
+        shape = token_grid(u, context, self.num_prefix_tokens)
+        return self.project(*split_grid(u, shape, self.num_prefix_tokens))
 
 
 class ConvolutionalAttention(Operator):
@@ -331,11 +337,13 @@ class ConvolutionalAttention(Operator):
         self, u: torch.Tensor, context: Context | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q (B, H, N_q, d_h), K and V (B, H, N_kv, d_h) on their (strided) grids."""
-        grid = token_grid(u, context, self.num_prefix_tokens)
+        # u on its grid once for the three projections
+        prefix, grid = split_grid(u, token_grid(u, context, self.num_prefix_tokens),
+                                  self.num_prefix_tokens)
         # K before Q before V: the order in which the reference updates BatchNorm statistics.
-        k = self.k(u, _grid_context(grid))
-        q = self.q(u, _grid_context(grid))
-        v = self.v(u, _grid_context(grid))
+        k = self.k.project(prefix, grid)
+        q = self.q.project(prefix, grid)
+        v = self.v.project(prefix, grid)
         return self._heads(q), self._heads(k), self._heads(v)
 
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
@@ -354,6 +362,3 @@ class ConvolutionalAttention(Operator):
         out = heads.transpose(1, 2).reshape(b, n, self.dim)
         return self.out_dropout(F.linear(out, self.out_weight, self.out_bias))
 
-
-def _grid_context(grid: tuple[int, int]) -> Context:
-    return Context(extra={"grid_shape": grid})
