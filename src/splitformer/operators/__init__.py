@@ -1,6 +1,6 @@
 """Operators of the evolution equation: one module per mathematical object."""
 
-from .attention import CrossAttention, NonlocalAttention
+from .attention import AttentionOperator, CrossAttention, NonlocalAttention
 from .base import Context, Operator
 from .feature import FeatureIntegral, FeedForward
 from .kernels import Kernel, SoftmaxKernel
@@ -8,6 +8,7 @@ from .projections import Activation, LayerNormProjection, ProjectionS2, SpherePr
 from .scaling import DiagonalScaling, LayerScale
 
 __all__ = [
+    "AttentionOperator",
     "Activation",
     "Context",
     "DiagonalScaling",

@@ -29,13 +29,81 @@ from torch import nn
 from .base import Context, Operator
 from .kernels import Kernel, SoftmaxKernel
 
-__all__ = ["CrossAttention", "NonlocalAttention"]
+__all__ = ["AttentionOperator", "CrossAttention", "NonlocalAttention"]
 
 
-class NonlocalAttention(Operator):
-    """A[u]: multi-head nonlocal attention (a vector field; the residual is the integrator's)."""
+class AttentionOperator(Operator):
+    """What every attention operator shares: the head coordinate, the kernel and W_O.
+
+    A subclass says how Q, K, V are made (``qkv``) and, if not from ``context.attn_mask`` /
+    ``context.is_causal``, where the kernel's support comes from (``support``); then
+
+        A[u] = Concat_h( kernel(Q_h, K_h, V_h) ) W_O^T + b_O.
+    """
 
     kind = "field"
+
+    def __init__(self, dim: int, num_heads: int, *, kernel: Kernel | None,
+                 attn_dropout: float) -> None:
+        super().__init__()
+        if not isinstance(dim, int) or dim <= 0:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if not isinstance(num_heads, int) or num_heads <= 0:
+            raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+        if dim % num_heads != 0:
+            raise ValueError(
+                f"num_heads={num_heads} must divide dim={dim} (the head coordinate splits the "
+                "feature grid into equal parts)"
+            )
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.kernel: Kernel = kernel if kernel is not None else SoftmaxKernel()
+        self.attn_dropout = float(attn_dropout)
+
+    def _add_output(self, bias: bool, dropout: float, **kw) -> None:
+        """W_O (dim, dim), b_O and the output dropout (initialised by the subclass)."""
+        self.out_weight = nn.Parameter(torch.empty(self.dim, self.dim, **kw))
+        self.out_bias = nn.Parameter(torch.empty(self.dim, **kw)) if bias else None
+        self.out_dropout = nn.Dropout(dropout)
+
+    def split_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, N, H d_h) -> (B, H, N, d_h)."""
+        b, n, _ = t.shape
+        return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def qkv(self, u: torch.Tensor, context: Context | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def support(self, context: Context | None) -> tuple[torch.Tensor | None, bool]:
+        """The kernel's support: (mask in sdpa's convention or None, causal)."""
+        ctx = context if context is not None else _EMPTY
+        return ctx.attn_mask, ctx.is_causal
+
+    def head_outputs(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        """int g_h(x,x') V(x',.,h) dx' for every head: (B, H, N_x, d_h)."""
+        q, k, v = self.qkv(u, context)
+        mask, causal = self.support(context)
+        p = self.attn_dropout if self.training else 0.0
+        return self.kernel(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p)
+
+    def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        b, n, _ = u.shape
+        heads = self.head_outputs(u, context)
+        out = heads.transpose(1, 2).reshape(b, n, self.dim)
+        return self.out_dropout(F.linear(out, self.out_weight, self.out_bias))
+
+    def head_sum(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        """A(U) written as the head integral sum_h (g_h V_h) W_O,h + b_O (slow; for checks)."""
+        heads = self.head_outputs(u, context)
+        w_o = self.out_weight.view(self.dim, self.num_heads, self.head_dim)
+        out = torch.einsum("bhnd,zhd->bnz", heads, w_o)
+        return out + self.out_bias if self.out_bias is not None else out
+
+
+class NonlocalAttention(AttentionOperator):
+    """A[u]: multi-head nonlocal attention (a vector field; the residual is the integrator's)."""
 
     def __init__(
         self,
@@ -50,28 +118,11 @@ class NonlocalAttention(Operator):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        if not isinstance(dim, int) or dim <= 0:
-            raise ValueError(f"dim must be a positive int, got {dim!r}")
-        if not isinstance(num_heads, int) or num_heads <= 0:
-            raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
-        if dim % num_heads != 0:
-            raise ValueError(
-                f"num_heads={num_heads} must divide dim={dim} (the head coordinate splits the "
-                "feature grid into equal parts)"
-            )
+        super().__init__(dim, num_heads, kernel=kernel, attn_dropout=attn_dropout)
         kw = {"device": device, "dtype": dtype}
-        self.dim = dim
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.kernel: Kernel = kernel if kernel is not None else SoftmaxKernel()
-        self.attn_dropout = float(attn_dropout)
         self.qkv_weight = nn.Parameter(torch.empty(3 * dim, dim, **kw))
         self.qkv_bias = nn.Parameter(torch.empty(3 * dim, **kw)) if bias else None
-        self.out_weight = nn.Parameter(torch.empty(dim, dim, **kw))
-        has_out_bias = bias if out_bias is None else out_bias
-        self.out_bias = nn.Parameter(torch.empty(dim, **kw)) if has_out_bias else None
-        self.out_dropout = nn.Dropout(out_dropout)
+        self._add_output(bias if out_bias is None else out_bias, out_dropout, **kw)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -88,33 +139,14 @@ class NonlocalAttention(Operator):
             f"bias={self.qkv_bias is not None}"
         )
 
-    def qkv(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, u: torch.Tensor, context: Context | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q, K, V as (B, H, N_x, d_h): the feature integrals with the head coordinate."""
         b, n, _ = u.shape
         qkv = F.linear(u, self.qkv_weight, self.qkv_bias)
         qkv = qkv.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         return q, k, v
-
-    def head_outputs(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
-        """int g_h(x,x') V(x',.,h) dx' for every head: (B, H, N_x, d_h)."""
-        ctx = context if context is not None else _EMPTY
-        q, k, v = self.qkv(u)
-        p = self.attn_dropout if self.training else 0.0
-        return self.kernel(q, k, v, attn_mask=ctx.attn_mask, is_causal=ctx.is_causal, dropout_p=p)
-
-    def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
-        b, n, _ = u.shape
-        heads = self.head_outputs(u, context)
-        out = heads.transpose(1, 2).reshape(b, n, self.dim)
-        return self.out_dropout(F.linear(out, self.out_weight, self.out_bias))
-
-    def head_sum(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
-        """A(U) written as the head integral sum_h (g_h V_h) W_O,h + b_O (slow; for checks)."""
-        heads = self.head_outputs(u, context)
-        w_o = self.out_weight.view(self.dim, self.num_heads, self.head_dim)
-        out = torch.einsum("bhnd,zhd->bnz", heads, w_o)
-        return out + self.out_bias if self.out_bias is not None else out
 
 
 _EMPTY = Context()
@@ -132,20 +164,17 @@ class CrossAttention(NonlocalAttention):
     Weights are packed like NonlocalAttention (rows W_Q, W_K, W_V).
     """
 
-    def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+    def qkv(self, u: torch.Tensor, context: Context | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if context is None or "memory" not in context.extra:
             raise ValueError("CrossAttention needs context.extra['memory'] (the second field)")
         m = context.extra["memory"]
-        b, n, _ = u.shape
-        nm = m.shape[1]
-        d, h, dh = self.dim, self.num_heads, self.head_dim
-        w, bias = self.qkv_weight, self.qkv_bias
+        d, w, bias = self.dim, self.qkv_weight, self.qkv_bias
         q = F.linear(u, w[:d], None if bias is None else bias[:d])
         kv = F.linear(m, w[d:], None if bias is None else bias[d:])
-        q = q.view(b, n, h, dh).transpose(1, 2)
-        k, v = kv.view(b, nm, 2, h, dh).permute(2, 0, 3, 1, 4).unbind(0)
-        p = self.attn_dropout if self.training else 0.0
-        heads = self.kernel(q, k, v, attn_mask=context.extra.get("memory_mask"),
-                            is_causal=False, dropout_p=p)
-        out = heads.transpose(1, 2).reshape(b, n, d)
-        return self.out_dropout(F.linear(out, self.out_weight, self.out_bias))
+        k, v = kv.view(m.shape[0], m.shape[1], 2, self.num_heads, self.head_dim
+                       ).permute(2, 0, 3, 1, 4).unbind(0)
+        return self.split_heads(q), k, v
+
+    def support(self, context: Context | None) -> tuple[torch.Tensor | None, bool]:
+        return context.extra.get("memory_mask"), False

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import AttentionOperator
 from .base import Context, Operator
 from .kernels import Kernel, SoftmaxKernel
 
@@ -264,7 +265,7 @@ class ConvolutionalProjection(Operator):
         return self.project(*split_grid(u, shape, self.num_prefix_tokens))
 
 
-class ConvolutionalAttention(Operator):
+class ConvolutionalAttention(AttentionOperator):
     """A[u]: nonlocal attention whose Q, K, V are convolutional projections (CvT).
 
         A[u](x, z) = Concat_h( softmax_{x'}(Q_h(x) . K_h(x') * scale) V_h ) W_O^T + b_O
@@ -298,17 +299,12 @@ class ConvolutionalAttention(Operator):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__()
-        if not isinstance(dim, int) or dim <= 0:
-            raise ValueError(f"dim must be a positive int, got {dim!r}")
-        if not isinstance(num_heads, int) or num_heads <= 0 or dim % num_heads:
-            raise ValueError(f"num_heads={num_heads!r} must be a positive divisor of dim={dim}")
+        scale = float(dim) ** -0.5 if scale is None else float(scale)
+        super().__init__(dim, num_heads, attn_dropout=attn_dropout,
+                         kernel=kernel if kernel is not None else SoftmaxKernel(scale=scale))
         kw = {"device": device, "dtype": dtype}
         common = {"bias": qkv_bias, "num_prefix_tokens": num_prefix_tokens,
                   "norm_eps": norm_eps, "norm_momentum": norm_momentum, **kw}
-        self.dim = dim
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
         self.num_prefix_tokens = num_prefix_tokens
         self.q = ConvolutionalProjection(dim, kernel_size=kernel_size, stride=stride_q,
                                          padding=padding_q, **common)
@@ -316,22 +312,14 @@ class ConvolutionalAttention(Operator):
                                          padding=padding_kv, **common)
         self.v = ConvolutionalProjection(dim, kernel_size=kernel_size, stride=stride_kv,
                                          padding=padding_kv, **common)
-        self.scale = float(dim) ** -0.5 if scale is None else float(scale)
-        self.kernel: Kernel = kernel if kernel is not None else SoftmaxKernel(scale=self.scale)
-        self.attn_dropout = float(attn_dropout)
-        self.out_weight = nn.Parameter(torch.empty(dim, dim, **kw))
-        self.out_bias = nn.Parameter(torch.empty(dim, **kw))
-        self.out_dropout = nn.Dropout(out_dropout)
+        self.scale = scale
+        self._add_output(True, out_dropout, **kw)
         nn.init.xavier_uniform_(self.out_weight, gain=1.0 / math.sqrt(2.0))
         nn.init.zeros_(self.out_bias)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, kernel={self.kernel.name}, "
                 f"scale={self.scale:g}, prefix={self.num_prefix_tokens}")
-
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        b, n, _ = t.shape
-        return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
 
     def qkv(
         self, u: torch.Tensor, context: Context | None = None
@@ -344,21 +332,12 @@ class ConvolutionalAttention(Operator):
         k = self.k.project(prefix, grid)
         q = self.q.project(prefix, grid)
         v = self.v.project(prefix, grid)
-        return self._heads(q), self._heads(k), self._heads(v)
-
-    def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
-        b, n, _ = u.shape
-        q, k, v = self.qkv(u, context)
-        if q.shape[2] != n:
+        if q.shape[1] != u.shape[1]:
             raise ValueError(
-                f"the query grid has {q.shape[2]} tokens but u has {n}: the query convolution "
-                "must keep the grid (stride 1, padding (kernel_size - 1) / 2) for A[u] to be a "
-                "field on the same grid"
+                f"the query grid has {q.shape[1]} tokens but u has {u.shape[1]}: the query "
+                "convolution must keep the grid (stride 1, padding (kernel_size - 1) / 2) for "
+                "A[u] to be a field on the same grid"
             )
-        p = self.attn_dropout if self.training else 0.0
-        mask = context.attn_mask if context is not None else None  # (N_q, N_kv) support
-        causal = context.is_causal if context is not None else False
-        heads = self.kernel(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p)
-        out = heads.transpose(1, 2).reshape(b, n, self.dim)
-        return self.out_dropout(F.linear(out, self.out_weight, self.out_bias))
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+
 
