@@ -21,9 +21,9 @@ import torch
 
 from splitformer.analysis.convergence import (
     CONFIGURATIONS,
-    _has_common_projection,
     configuration,
     convergence,
+    has_common_projection,
     plot,
     reference_solution,
 )
@@ -80,14 +80,14 @@ def main() -> None:
     for cfg in args.configs.split(","):
         model, u0 = configuration(cfg)
         u_ref = None
-        if _has_common_projection(model.evolution):
+        if has_common_projection(model.evolution):
             u_ref = reference_solution(model, u0, args.ref_k)
         per_cfg = []
         for scheme, integ, form in SCHEMES:
             t0 = time.time()
             try:
                 evo = model.evolution.with_scheme(scheme, integrator=integ, form=form)
-                shared = u_ref if _has_common_projection(evo) else None
+                shared = u_ref if has_common_projection(evo) else None
                 r = convergence(model, u0, scheme=scheme, integrator=integ, form=form, ks=ks,
                                 ref_k=args.ref_k, u_ref=shared, configuration_name=cfg)
                 if shared is not None:

@@ -34,6 +34,7 @@ __all__ = [
     "configuration",
     "convergence",
     "fit_order",
+    "has_common_projection",
     "reference_solution",
     "smooth_configuration",
 ]
@@ -218,7 +219,9 @@ def reference_solution(evolution: Evolution | Encoder, u0: torch.Tensor, ref_k: 
     return _run(Evolution(evo.controls, evo.scheme, TimeGrid(T, T)).refine(2**ref_k), u0)
 
 
-def _has_common_projection(evo: Evolution) -> bool:
+def has_common_projection(evo: Evolution) -> bool:
+    """Every field of the scheme projects, raw, onto one and the same set in every control set
+    (then the projected ODE is the common limit, and the reference)."""
     try:
         layout = layout_of(evo.scheme)
     except ValueError:
@@ -270,7 +273,7 @@ def convergence(
     T = int(round(base.T))
     unit = Evolution(evo.controls, evo.scheme, TimeGrid(T, T))
     if reference == "auto":
-        reference = "projected-ode" if _has_common_projection(evo) else "same-scheme"
+        reference = "projected-ode" if has_common_projection(evo) else "same-scheme"
     if u_ref is not None:
         ref_label = "given"
     elif reference == "projected-ode":
