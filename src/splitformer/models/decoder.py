@@ -77,6 +77,7 @@ from .encoder import Encoder, EvolutionModel, encoder_controls, network_encoder
 from .masks import (
     attention_support,
     causal_support,
+    check_src,
     finfo_additive,
     merge_supports,
     padding_support,
@@ -586,16 +587,10 @@ class CrossDecoder(EvolutionModel):
 
     def _batch_first(self, x: torch.Tensor, name: str, unbatched: bool) -> torch.Tensor:
         p = self._param()
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != (2 if unbatched else 3) or x.shape[-1] != self.d_model:
-            raise ValueError(f"{name} must have shape (batch, seq, {self.d_model}) or (seq, "
-                             f"{self.d_model}) like tgt, got {tuple(x.shape)}")
-        if x.dtype != p.dtype:
-            raise TypeError(f"{name} has dtype {x.dtype} but the model's parameters are "
-                            f"{p.dtype}; convert one of them")
-        if x.device != p.device:
-            raise ValueError(f"{name} is on {x.device} but the model is on {p.device}")
+        check_src(x, dim=self.d_model, dtype=p.dtype, device=p.device, name=name)
+        if x.dim() != (2 if unbatched else 3):
+            raise ValueError(f"{name} must be batched like tgt: shape (batch, seq, "
+                             f"{self.d_model}) or (seq, {self.d_model}), got {tuple(x.shape)}")
         if unbatched:
             return x.unsqueeze(0)
         return x if self.batch_first else x.transpose(0, 1)
