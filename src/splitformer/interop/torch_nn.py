@@ -27,10 +27,26 @@ from ..models.encoder import Encoder, encoder_controls, paper_controls
 from ..operators import LayerNormProjection
 from ..time import Evolution, TimeGrid
 from ..time.schemes import lie, paper_lie, prenorm
-from .weights import check_softmax, network_scheme
+from .weights import check_softmax, copy_table, network_scheme
 from .weights import copy_weight as _copy
 
-__all__ = ["from_torch", "to_torch"]
+__all__ = ["ENCODER_LAYER_MAP", "from_torch", "to_torch"]
+
+# nn.TransformerEncoderLayer name -> the name in theta^n (the network form; both directions)
+ENCODER_LAYER_MAP: tuple[tuple[str, str], ...] = (
+    ("self_attn.in_proj_weight", "attention.qkv_weight"),
+    ("self_attn.in_proj_bias", "attention.qkv_bias"),
+    ("self_attn.out_proj.weight", "attention.out_weight"),
+    ("self_attn.out_proj.bias", "attention.out_bias"),
+    ("linear1.weight", "ffn.stages.0.weight"),
+    ("linear1.bias", "ffn.stages.0.bias"),
+    ("linear2.weight", "ffn.stages.1.weight"),
+    ("linear2.bias", "ffn.stages.1.bias"),
+    ("norm1.weight", "norm1.weight"),
+    ("norm1.bias", "norm1.bias"),
+    ("norm2.weight", "norm2.weight"),
+    ("norm2.bias", "norm2.bias"),
+)
 
 
 def _activation_name(layer: nn.TransformerEncoderLayer) -> str:
@@ -95,23 +111,13 @@ def _layer_config(layer: nn.TransformerEncoderLayer) -> dict:
 
 
 def _fill_theta(theta: nn.ModuleDict, layer: nn.TransformerEncoderLayer, cfg: dict) -> None:
-    a, sa = theta["attention"], layer.self_attn
-    _copy(a.qkv_weight, sa.in_proj_weight, "self_attn.in_proj_weight")
-    _copy(a.qkv_bias, sa.in_proj_bias, "self_attn.in_proj_bias")
-    _copy(a.out_weight, sa.out_proj.weight, "self_attn.out_proj.weight")
-    _copy(a.out_bias, sa.out_proj.bias, "self_attn.out_proj.bias")
-    a.attn_dropout = cfg["attn_dropout"]
-    a.out_dropout.p = cfg["out_dropout1"]
-    for ours, theirs in (("norm1", layer.norm1), ("norm2", layer.norm2)):
-        _copy(theta[ours].weight, theirs.weight, f"{ours}.weight")
-        _copy(theta[ours].bias, theirs.bias, f"{ours}.bias")
-        theta[ours].eps = theirs.eps
-    ffn = theta["ffn"]
-    for stage, lin in zip(ffn.stages, (layer.linear1, layer.linear2), strict=True):
-        _copy(stage.weight, lin.weight, "linear.weight")
-        _copy(stage.bias, lin.bias, "linear.bias")
-    ffn.dropout.p = cfg["dropout"]
-    ffn.out_dropout.p = cfg["out_dropout2"]
+    copy_table(theta, layer, ENCODER_LAYER_MAP)
+    theta["attention"].attn_dropout = cfg["attn_dropout"]
+    theta["attention"].out_dropout.p = cfg["out_dropout1"]
+    for nm in ("norm1", "norm2"):
+        theta[nm].eps = getattr(layer, nm).eps  # eps is not in the state dict
+    theta["ffn"].dropout.p = cfg["dropout"]
+    theta["ffn"].out_dropout.p = cfg["out_dropout2"]
 
 
 def _layers_of(module: nn.Module) -> tuple[list[nn.TransformerEncoderLayer], dict]:
@@ -277,12 +283,9 @@ def to_torch(model: Encoder) -> nn.Module:
             batch_first=batch_first, norm_first=(name == "prenorm"), bias=bias,
             device=p.device, dtype=p.dtype,
         )
-        a, sa = theta["attention"], layer.self_attn
-        _copy(sa.in_proj_weight, a.qkv_weight, "attention.qkv_weight")
-        _copy(sa.in_proj_bias, a.qkv_bias, "attention.qkv_bias")
-        _copy(sa.out_proj.weight, a.out_weight, "attention.out_weight")
-        _copy(sa.out_proj.bias, a.out_bias, "attention.out_bias")
-        sa.dropout = a.attn_dropout
+        a = theta["attention"]
+        copy_table(layer, theta, ENCODER_LAYER_MAP[:4], reverse=True)  # the attention weights
+        layer.self_attn.dropout = a.attn_dropout
         layer.dropout1.p = a.out_dropout.p
         if paper:
             for nm in ("norm1", "norm2"):
@@ -294,14 +297,10 @@ def to_torch(model: Encoder) -> nn.Module:
                 _copy(lin.weight, st.weight + st.identity_matrix(), f"ffn{j}.weight + E")
                 _copy(lin.bias, st.bias, f"ffn{j}.bias")
         else:
+            copy_table(layer, theta, ENCODER_LAYER_MAP[4:], reverse=True)
             for nm in ("norm1", "norm2"):
                 getattr(layer, nm).eps = theta[nm].eps  # eps is not in the state dict
-                _copy(getattr(layer, nm).weight, theta[nm].weight, f"{nm}.weight")
-                _copy(getattr(layer, nm).bias, theta[nm].bias, f"{nm}.bias")
             ffn = theta["ffn"]
-            for stage, lin in zip(ffn.stages, (layer.linear1, layer.linear2), strict=True):
-                _copy(lin.weight, stage.weight, "ffn.weight")
-                _copy(lin.bias, stage.bias, "ffn.bias")
             layer.dropout.p = ffn.dropout.p
             layer.dropout2.p = ffn.out_dropout.p
         layers.append(layer)

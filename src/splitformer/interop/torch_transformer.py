@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..models.decoder import (
@@ -42,27 +41,12 @@ from ..models.decoder import (
 )
 from ..operators import LayerNormProjection, SoftmaxKernel
 from ..time import Evolution, TimeGrid
-from .torch_nn import _activation_name, from_torch, to_torch
+from .torch_nn import ENCODER_LAYER_MAP, _activation_name, from_torch, to_torch
+from .weights import copy_table, network_scheme
 from .weights import copy_weight as _copy
-from .weights import network_scheme
 
 __all__ = ["DECODER_LAYER_MAP", "ENCODER_LAYER_MAP", "from_torch_transformer",
            "to_torch_transformer", "weight_map"]
-
-ENCODER_LAYER_MAP: tuple[tuple[str, str], ...] = (
-    ("self_attn.in_proj_weight", "attention.qkv_weight"),
-    ("self_attn.in_proj_bias", "attention.qkv_bias"),
-    ("self_attn.out_proj.weight", "attention.out_weight"),
-    ("self_attn.out_proj.bias", "attention.out_bias"),
-    ("linear1.weight", "ffn.stages.0.weight"),
-    ("linear1.bias", "ffn.stages.0.bias"),
-    ("linear2.weight", "ffn.stages.1.weight"),
-    ("linear2.bias", "ffn.stages.1.bias"),
-    ("norm1.weight", "norm1.weight"),
-    ("norm1.bias", "norm1.bias"),
-    ("norm2.weight", "norm2.weight"),
-    ("norm2.bias", "norm2.bias"),
-)
 
 DECODER_LAYER_MAP: tuple[tuple[str, str], ...] = (
     *ENCODER_LAYER_MAP[:4],
@@ -107,25 +91,6 @@ def _full_map(model: CrossDecoder | EncoderDecoderModel) -> list[tuple[str, str]
                 model.final_norm is not None)
 
 
-
-
-def _get(module: nn.Module, name: str) -> torch.Tensor | None:
-    obj: Any = module
-    for part in name.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
-
-
-def _copy_table(dst_root: nn.Module, src_root: nn.Module, table, *, reverse: bool = False):
-    for t_name, s_name in table:
-        if reverse:  # splitformer -> torch
-            _copy(_get(dst_root, t_name), _get(src_root, s_name), s_name)
-        else:
-            _copy(_get(dst_root, s_name), _get(src_root, t_name), t_name)
-
-
 # ------------------------------------------------------------------------------------------
 # torch.nn -> splitformer
 # ------------------------------------------------------------------------------------------
@@ -166,7 +131,7 @@ def _decoder_layer_config(layer: nn.Module) -> dict[str, Any]:
 
 
 def _fill_decoder_theta(theta: nn.ModuleDict, layer: nn.TransformerDecoderLayer) -> None:
-    _copy_table(theta, layer, DECODER_LAYER_MAP)
+    copy_table(theta, layer, DECODER_LAYER_MAP)
     theta["attention"].attn_dropout = float(layer.self_attn.dropout)
     theta["attention"].out_dropout.p = float(layer.dropout1.p)
     theta["cross_attention"].attn_dropout = float(layer.multihead_attn.dropout)
@@ -315,7 +280,7 @@ def _decoder_layers(model: CrossDecoder) -> list[nn.TransformerDecoderLayer]:
             activation=o["activation"], layer_norm_eps=o["layer_norm_eps"],
             batch_first=model.batch_first, norm_first=norm_first, bias=o["bias"],
             device=o["device"], dtype=o["dtype"])
-        _copy_table(layer, theta, DECODER_LAYER_MAP, reverse=True)
+        copy_table(layer, theta, DECODER_LAYER_MAP, reverse=True)
         layer.self_attn.dropout = theta["attention"].attn_dropout
         layer.dropout1.p = theta["attention"].out_dropout.p
         layer.multihead_attn.dropout = theta["cross_attention"].attn_dropout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["copy_weight"]
+__all__ = ["check_softmax", "copy_table", "copy_weight", "network_scheme"]
 
 
 def copy_weight(dst: torch.Tensor | None, src: torch.Tensor | None, what: str) -> None:
@@ -21,6 +21,25 @@ def copy_weight(dst: torch.Tensor | None, src: torch.Tensor | None, what: str) -
         raise ValueError(f"{what}: shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
     with torch.no_grad():
         dst.copy_(src)
+
+
+def _get(module, name: str):
+    obj = module
+    for part in name.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def copy_table(dst_root, src_root, table, *, reverse: bool = False) -> None:
+    """Copy every (foreign name, our name) pair of ``table``: foreign -> ours, or ours ->
+    foreign with ``reverse``. Names are dotted attribute paths from the two roots."""
+    for theirs, ours in table:
+        if reverse:
+            copy_weight(_get(dst_root, theirs), _get(src_root, ours), ours)
+        else:
+            copy_weight(_get(dst_root, ours), _get(src_root, theirs), theirs)
 
 
 def network_scheme(evolution, schemes: dict, target: str, where: str = "") -> str:
