@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..models.vit import ViT, build_vit, vit_scheme
@@ -154,42 +153,64 @@ def from_hf_model(model, **kwargs) -> ViT:
         source=source,
         **kw,
     )
-    e = out.embedding
-    _copy(e.patch.weight, proj.weight, "embeddings.patch_embeddings.projection.weight")
-    _copy(e.patch.bias, proj.bias, "embeddings.patch_embeddings.projection.bias")
-    _copy(e.class_token, emb.cls_token, "embeddings.cls_token")
-    _copy(e.position, emb.position_embeddings, "embeddings.position_embeddings")
-    for n, (theta, layer) in enumerate(zip(out.evolution.controls, vit.layers, strict=True)):
-        pre = f"layers.{n}."
-        a, ha = theta["attention"], layer.attention
+    for n, layer in enumerate(vit.layers):
         for nm in ("layernorm_before", "layernorm_after"):
-            if getattr(layer, nm).eps != out.evolution.controls[0]["norm1"].eps:
-                raise ValueError(f"{pre}{nm}.eps differs from layer 0: layers must share it")
-        _copy(a.qkv_weight, torch.cat([ha.q_proj.weight, ha.k_proj.weight, ha.v_proj.weight]),
-              pre + "attention.{q,k,v}_proj.weight")
-        if ha.q_proj.bias is not None:
-            _copy(a.qkv_bias, torch.cat([ha.q_proj.bias, ha.k_proj.bias, ha.v_proj.bias]),
-                  pre + "attention.{q,k,v}_proj.bias")
-        _copy(a.out_weight, ha.o_proj.weight, pre + "attention.o_proj.weight")
-        _copy(a.out_bias, ha.o_proj.bias, pre + "attention.o_proj.bias")
-        for mine, theirs in (("norm1", "layernorm_before"), ("norm2", "layernorm_after")):
-            _copy(theta[mine].weight, getattr(layer, theirs).weight, pre + theirs + ".weight")
-            _copy(theta[mine].bias, getattr(layer, theirs).bias, pre + theirs + ".bias")
-        for stage, lin, nm in zip(theta["ffn"].stages, (layer.mlp.fc1, layer.mlp.fc2),
-                                  ("fc1", "fc2"), strict=True):
-            _copy(stage.weight, lin.weight, pre + f"mlp.{nm}.weight")
-            _copy(stage.bias, lin.bias, pre + f"mlp.{nm}.bias")
-    _copy(out.final_norm.weight, vit.layernorm.weight, "layernorm.weight")
-    _copy(out.final_norm.bias, vit.layernorm.bias, "layernorm.bias")
+            if getattr(layer, nm).eps != layer0.layernorm_before.eps:
+                raise ValueError(f"layers.{n}.{nm}.eps differs from layer 0: layers must share it")
+    for name, theirs, ours in _weight_pairs(out, vit, classifier):
+        _copy(ours, theirs, name)
     out.final_norm.eps = float(vit.layernorm.eps)
-    if pooler is not None:
-        _copy(out.pooler.dense.weight, pooler.dense.weight, "pooler.dense.weight")
-        _copy(out.pooler.dense.bias, pooler.dense.bias, "pooler.dense.bias")
-    if isinstance(classifier, nn.Linear):
-        _copy(out.head.weight, classifier.weight, "classifier.weight")
-        _copy(out.head.bias, classifier.bias, "classifier.bias")
     out.train(model.training)
     return out
+
+
+def _weight_pairs(model: ViT, vit: nn.Module, classifier: nn.Module | None):
+    """(HF name, HF tensor, our tensor) for every weight: one table for both directions.
+
+    HF's separate W_Q, W_K, W_V are row blocks (views) of our packed qkv_weight.
+    """
+    e, emb = model.embedding, vit.embeddings
+    proj = emb.patch_embeddings.projection
+    pairs = [
+        ("embeddings.patch_embeddings.projection.weight", proj.weight, e.patch.weight),
+        ("embeddings.patch_embeddings.projection.bias", proj.bias, e.patch.bias),
+        ("embeddings.cls_token", emb.cls_token, e.class_token),
+        ("embeddings.position_embeddings", emb.position_embeddings, e.position),
+    ]
+    d = model.dim
+    for n, (theta, layer) in enumerate(zip(model.evolution.controls, vit.layers, strict=True)):
+        pre = f"layers.{n}."
+        a, ha = theta["attention"], layer.attention
+        for i, nm in enumerate(("q_proj", "k_proj", "v_proj")):
+            rows = slice(i * d, (i + 1) * d)
+            lin = getattr(ha, nm)
+            pairs += [(pre + f"attention.{nm}.weight", lin.weight, a.qkv_weight[rows]),
+                      (pre + f"attention.{nm}.bias", lin.bias,
+                       None if a.qkv_bias is None else a.qkv_bias[rows])]
+        pairs += [(pre + "attention.o_proj.weight", ha.o_proj.weight, a.out_weight),
+                  (pre + "attention.o_proj.bias", ha.o_proj.bias, a.out_bias)]
+        for mine, theirs in (("norm1", "layernorm_before"), ("norm2", "layernorm_after")):
+            pairs += [(pre + theirs + ".weight", getattr(layer, theirs).weight,
+                       theta[mine].weight),
+                      (pre + theirs + ".bias", getattr(layer, theirs).bias, theta[mine].bias)]
+        for stage, nm in zip(theta["ffn"].stages, ("fc1", "fc2"), strict=True):
+            lin = getattr(layer.mlp, nm)
+            pairs += [(pre + f"mlp.{nm}.weight", lin.weight, stage.weight),
+                      (pre + f"mlp.{nm}.bias", lin.bias, stage.bias)]
+    pairs += [("layernorm.weight", vit.layernorm.weight, model.final_norm.weight),
+              ("layernorm.bias", vit.layernorm.bias, model.final_norm.bias)]
+    if vit.pooler is not None:
+        if model.pooler is None:
+            raise ValueError("the HF model has a pooler (add_pooling_layer) but this model has "
+                             "none")
+        pairs += [("pooler.dense.weight", vit.pooler.dense.weight, model.pooler.dense.weight),
+                  ("pooler.dense.bias", vit.pooler.dense.bias, model.pooler.dense.bias)]
+    if isinstance(classifier, nn.Linear):
+        if not hasattr(model.head, "weight"):
+            raise ValueError("the HF config has a classifier but the model's head is not linear")
+        pairs += [("classifier.weight", classifier.weight, model.head.weight),
+                  ("classifier.bias", classifier.bias, model.head.bias)]
+    return pairs
 
 
 def to_hf_model(model: ViT):
@@ -220,40 +241,7 @@ def to_hf_model(model: ViT):
         vit, classifier = hf.vit, hf.classifier
     p = model.embedding.patch.weight
     hf = hf.to(device=p.device, dtype=p.dtype)
-    emb = vit.embeddings
-    e = model.embedding
-    proj = emb.patch_embeddings.projection
-    _copy(proj.weight, e.patch.weight, "embedding.patch.weight")
-    _copy(proj.bias, e.patch.bias, "embedding.patch.bias")
-    _copy(emb.cls_token, e.class_token, "embedding.class_token")
-    _copy(emb.position_embeddings, e.position, "embedding.position")
-    d = model.dim
-    for n, (theta, layer) in enumerate(zip(evo.controls, vit.layers, strict=True)):
-        pre = f"controls[{n}]."
-        a, ha = theta["attention"], layer.attention
-        for i, lin in enumerate((ha.q_proj, ha.k_proj, ha.v_proj)):
-            _copy(lin.weight, a.qkv_weight[i * d:(i + 1) * d], pre + "attention.qkv_weight")
-            _copy(lin.bias, None if a.qkv_bias is None else a.qkv_bias[i * d:(i + 1) * d],
-                  pre + "attention.qkv_bias")
-        _copy(ha.o_proj.weight, a.out_weight, pre + "attention.out_weight")
-        _copy(ha.o_proj.bias, a.out_bias, pre + "attention.out_bias")
-        for mine, theirs in (("norm1", "layernorm_before"), ("norm2", "layernorm_after")):
-            _copy(getattr(layer, theirs).weight, theta[mine].weight, pre + mine + ".weight")
-            _copy(getattr(layer, theirs).bias, theta[mine].bias, pre + mine + ".bias")
-        for stage, lin in zip(theta["ffn"].stages, (layer.mlp.fc1, layer.mlp.fc2), strict=True):
-            _copy(lin.weight, stage.weight, pre + "ffn.weight")
-            _copy(lin.bias, stage.bias, pre + "ffn.bias")
-    _copy(vit.layernorm.weight, model.final_norm.weight, "final_norm.weight")
-    _copy(vit.layernorm.bias, model.final_norm.bias, "final_norm.bias")
-    if vit.pooler is not None:
-        if model.pooler is None:
-            raise ValueError("source says add_pooling_layer=True but the model has no pooler")
-        _copy(vit.pooler.dense.weight, model.pooler.dense.weight, "pooler.dense.weight")
-        _copy(vit.pooler.dense.bias, model.pooler.dense.bias, "pooler.dense.bias")
-    if isinstance(classifier, nn.Linear):
-        if not hasattr(model.head, "weight"):
-            raise ValueError("the HF config has a classifier but the model's head is not linear")
-        _copy(classifier.weight, model.head.weight, "head.weight")
-        _copy(classifier.bias, model.head.bias, "head.bias")
+    for name, theirs, ours in _weight_pairs(model, vit, classifier):
+        _copy(theirs, ours, name)
     hf.train(model.training)
     return hf
