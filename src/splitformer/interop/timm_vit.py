@@ -53,8 +53,7 @@ from typing import Any
 from torch import nn
 
 from ..models.vit import ViT, build_vit, vit_scheme
-from .weights import check_softmax, network_scheme
-from .weights import copy_weight as _copy
+from .weights import check_softmax, copy_table, network_scheme
 
 __all__ = ["from_timm_model", "to_timm_model"]
 
@@ -302,44 +301,41 @@ def from_timm_model(model: nn.Module, **kwargs) -> ViT:
         source=source,
         **kw,
     )
-    e = out.embedding
-    _copy(e.patch.weight, proj.weight, "patch_embed.proj.weight")
-    _copy(e.patch.bias, proj.bias, "patch_embed.proj.bias")
-    _copy(e.class_token, model.cls_token, "cls_token")
-    _copy(e.register_tokens, model.reg_token, "reg_token")
-    _copy(e.position, model.pos_embed, "pos_embed")
-    if has_pre:
-        _copy(e.pre_norm.weight, model.norm_pre.weight, "norm_pre.weight")
-        _copy(e.pre_norm.bias, model.norm_pre.bias, "norm_pre.bias")
-    for n, (theta, blk) in enumerate(zip(out.evolution.controls, blocks, strict=True)):
-        pre = f"blocks.{n}."
-        a = theta["attention"]
-        _copy(a.qkv_weight, blk.attn.qkv.weight, pre + "attn.qkv.weight")
-        _copy(a.qkv_bias, blk.attn.qkv.bias, pre + "attn.qkv.bias")
-        _copy(a.out_weight, blk.attn.proj.weight, pre + "attn.proj.weight")
-        _copy(a.out_bias, blk.attn.proj.bias, pre + "attn.proj.bias")
-        for nm in ("norm1", "norm2"):
-            _copy(theta[nm].weight, getattr(blk, nm).weight, pre + nm + ".weight")
-            _copy(theta[nm].bias, getattr(blk, nm).bias, pre + nm + ".bias")
-        ffn = theta["ffn"]
-        for stage, lin, nm in zip(ffn.stages, (blk.mlp.fc1, blk.mlp.fc2), ("fc1", "fc2"),
-                                  strict=True):
-            _copy(stage.weight, lin.weight, pre + f"mlp.{nm}.weight")
-            _copy(stage.bias, lin.bias, pre + f"mlp.{nm}.bias")
-        if ls:
-            _copy(theta["ls1"].gamma, blk.ls1.gamma, pre + "ls1.gamma")
-            _copy(theta["ls2"].gamma, blk.ls2.gamma, pre + "ls2.gamma")
-    if has_norm:
-        _copy(out.final_norm.weight, model.norm.weight, "norm.weight")
-        _copy(out.final_norm.bias, model.norm.bias, "norm.bias")
-    if has_fc:
-        _copy(out.fc_norm.weight, model.fc_norm.weight, "fc_norm.weight")
-        _copy(out.fc_norm.bias, model.fc_norm.bias, "fc_norm.bias")
-    if isinstance(head, nn.Linear):
-        _copy(out.head.weight, head.weight, "head.weight")
-        _copy(out.head.bias, head.bias, "head.bias")
+    copy_table(out, model, _weight_table(out))
     out.train(model.training)
     return out
+
+
+def _weight_table(model: ViT) -> list[tuple[str, str]]:
+    """(timm name, our name) for every weight the model has: one table for both directions."""
+    table = [("patch_embed.proj.weight", "embedding.patch.weight"),
+             ("patch_embed.proj.bias", "embedding.patch.bias"),
+             ("cls_token", "embedding.class_token"),
+             ("reg_token", "embedding.register_tokens"),
+             ("pos_embed", "embedding.position")]
+    if model.embedding.pre_norm is not None:
+        table += [("norm_pre.weight", "embedding.pre_norm.weight"),
+                  ("norm_pre.bias", "embedding.pre_norm.bias")]
+    for n, theta in enumerate(model.evolution.controls):
+        blk, ours = f"blocks.{n}.", f"evolution.controls.sets.{n}."
+        table += [(blk + t, ours + o) for t, o in (
+            ("attn.qkv.weight", "attention.qkv_weight"), ("attn.qkv.bias", "attention.qkv_bias"),
+            ("attn.proj.weight", "attention.out_weight"), ("attn.proj.bias", "attention.out_bias"),
+            ("norm1.weight", "norm1.weight"), ("norm1.bias", "norm1.bias"),
+            ("norm2.weight", "norm2.weight"), ("norm2.bias", "norm2.bias"),
+            ("mlp.fc1.weight", "ffn.stages.0.weight"), ("mlp.fc1.bias", "ffn.stages.0.bias"),
+            ("mlp.fc2.weight", "ffn.stages.1.weight"), ("mlp.fc2.bias", "ffn.stages.1.bias"),
+        )]
+        if "ls1" in theta:
+            table += [(blk + "ls1.gamma", ours + "ls1.gamma"),
+                      (blk + "ls2.gamma", ours + "ls2.gamma")]
+    for timm_name, name in (("norm", "final_norm"), ("fc_norm", "fc_norm")):
+        if getattr(model, name) is not None:
+            table += [(f"{timm_name}.weight", f"{name}.weight"),
+                      (f"{timm_name}.bias", f"{name}.bias")]
+    if hasattr(model.head, "weight"):  # a linear classifier (not Identity, not None)
+        table += [("head.weight", "head.weight"), ("head.bias", "head.bias")]
+    return table
 
 
 def _resolve_class(ref: dict[str, str] | None):
@@ -385,40 +381,7 @@ def to_timm_model(model: ViT) -> nn.Module:
             kwargs["act_layer"] = act_cls
     p = model.embedding.patch.weight
     tm = VisionTransformer(**kwargs, weight_init="skip", device=p.device, dtype=p.dtype)
-    e = model.embedding
-    _copy(tm.patch_embed.proj.weight, e.patch.weight, "embedding.patch.weight")
-    _copy(tm.patch_embed.proj.bias, e.patch.bias, "embedding.patch.bias")
-    _copy(tm.cls_token, e.class_token, "embedding.class_token")
-    _copy(tm.reg_token, e.register_tokens, "embedding.register_tokens")
-    _copy(tm.pos_embed, e.position, "embedding.position")
-    if e.pre_norm is not None:
-        _copy(tm.norm_pre.weight, e.pre_norm.weight, "embedding.pre_norm.weight")
-        _copy(tm.norm_pre.bias, e.pre_norm.bias, "embedding.pre_norm.bias")
-    for n, (theta, blk) in enumerate(zip(evo.controls, tm.blocks, strict=True)):
-        pre = f"controls[{n}]."
-        a = theta["attention"]
-        _copy(blk.attn.qkv.weight, a.qkv_weight, pre + "attention.qkv_weight")
-        _copy(blk.attn.qkv.bias, a.qkv_bias, pre + "attention.qkv_bias")
-        _copy(blk.attn.proj.weight, a.out_weight, pre + "attention.out_weight")
-        _copy(blk.attn.proj.bias, a.out_bias, pre + "attention.out_bias")
-        for nm in ("norm1", "norm2"):
-            _copy(getattr(blk, nm).weight, theta[nm].weight, pre + nm + ".weight")
-            _copy(getattr(blk, nm).bias, theta[nm].bias, pre + nm + ".bias")
-        for stage, lin in zip(theta["ffn"].stages, (blk.mlp.fc1, blk.mlp.fc2), strict=True):
-            _copy(lin.weight, stage.weight, pre + "ffn.weight")
-            _copy(lin.bias, stage.bias, pre + "ffn.bias")
-        if ls:
-            _copy(blk.ls1.gamma, theta["ls1"].gamma, pre + "ls1.gamma")
-            _copy(blk.ls2.gamma, theta["ls2"].gamma, pre + "ls2.gamma")
-    if model.final_norm is not None:
-        _copy(tm.norm.weight, model.final_norm.weight, "final_norm.weight")
-        _copy(tm.norm.bias, model.final_norm.bias, "final_norm.bias")
-    if model.fc_norm is not None:
-        _copy(tm.fc_norm.weight, model.fc_norm.weight, "fc_norm.weight")
-        _copy(tm.fc_norm.bias, model.fc_norm.bias, "fc_norm.bias")
-    if isinstance(tm.head, nn.Linear):
-        _copy(tm.head.weight, model.head.weight, "head.weight")
-        _copy(tm.head.bias, model.head.bias, "head.bias")
+    copy_table(tm, model, _weight_table(model), reverse=True)
     tm.train(model.training)
     return tm
 
