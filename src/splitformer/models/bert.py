@@ -254,15 +254,10 @@ class BertEncoderModel(EvolutionModel):
                 output_hidden_states: bool) -> BertEncoderOutput:
         u0, ctx = self.initial_condition(input_ids, attention_mask, token_type_ids, position_ids,
                                          inputs_embeds)
-        hidden: tuple[torch.Tensor, ...] | None = None
-        if output_hidden_states:
-            traj = self.evolution(u0, ctx, return_trajectory=True)
-            hidden = tuple(traj.states.unbind(0))
-            u = hidden[-1]
-        else:
-            u = self.evolution(u0, ctx)
+        u, states = self.evolution.run(u0, ctx, keep_states=output_hidden_states)
         pooled = self.pooler(u) if self.pooler is not None else None
-        return BertEncoderOutput(last_hidden_state=u, pooler_output=pooled, hidden_states=hidden)
+        return BertEncoderOutput(last_hidden_state=u, pooler_output=pooled,
+                                 hidden_states=tuple(states) if states is not None else None)
 
     def forward(
         self,

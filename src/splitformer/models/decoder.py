@@ -315,13 +315,7 @@ class CausalDecoderModel(EvolutionModel):
              use_cache, output_hidden_states: bool):
         u0, ctx = self.initial_condition(input_ids, attention_mask, token_type_ids, position_ids,
                                          inputs_embeds, use_cache)
-        if output_hidden_states:
-            traj = self.evolution(u0, ctx, return_trajectory=True)
-            states = traj.states.unbind(0)
-            u = states[-1]
-        else:
-            states = None
-            u = self.evolution(u0, ctx)
+        u, states = self.evolution.run(u0, ctx, keep_states=output_hidden_states)
         out = self.final_norm(u) if self.final_norm is not None else u
         hidden = (*states[:-1], out) if states is not None else None
         return out, hidden

@@ -119,8 +119,16 @@ class Evolution(nn.Module):
         *,
         return_trajectory: bool = False,
     ) -> torch.Tensor | Trajectory:
+        u, states = self.run(u0, context, keep_states=return_trajectory)
+        if states is not None:
+            return Trajectory(self.grid.times(dtype=u0.dtype).to(u0.device), torch.stack(states))
+        return u
+
+    def run(self, u0: torch.Tensor, context: Context | None = None, *,
+            keep_states: bool = False) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """u(T), and the list [u(t_0), ..., u(t_N)] when ``keep_states`` (not stacked)."""
         u = u0
-        states = [u0] if return_trajectory else None
+        states = [u0] if keep_states else None
         tau = self.tau
         for i in range(self.num_steps):
             theta = self.controls.at((i + 0.5) * tau)  # frozen at the step's midpoint
@@ -128,9 +136,7 @@ class Evolution(nn.Module):
             u = self.scheme.step(u, theta, tau, context, check)
             if states is not None:
                 states.append(u)
-        if states is not None:
-            return Trajectory(self.grid.times(dtype=u0.dtype).to(u0.device), torch.stack(states))
-        return u
+        return u, states
 
     def _checker(self, i: int):
         def check(u: torch.Tensor, j: int) -> None:
