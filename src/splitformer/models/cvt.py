@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..operators import Context, FeatureIntegral, FeedForward, LayerNormProjection, Operator
-from ..operators.convolution import ConvolutionalAttention, _pair
+from ..operators.convolution import ConvolutionalAttention, pair
 from ..time import Controls, Evolution, Scheme, Stage, TimeGrid, Trajectory
 from ..time.schemes import Field, prenorm
 from .encoder import EvolutionModel
@@ -150,9 +150,9 @@ class ConvolutionalEmbedding(nn.Module):
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         self.in_channels, self.dim = in_channels, dim
-        self.patch_size = _pair(patch_size, "patch_size")
-        self.stride = _pair(stride, "stride")
-        self.padding = _pair(padding, "padding")
+        self.patch_size = pair(patch_size, "patch_size")
+        self.stride = pair(stride, "stride")
+        self.padding = pair(padding, "padding")
         self.weight = nn.Parameter(torch.empty(dim, in_channels, *self.patch_size, **kw))
         self.bias = nn.Parameter(torch.empty(dim, **kw))
         self.norm = LayerNormProjection(dim, eps=eps, **kw)

@@ -61,6 +61,7 @@ from ..operators import (
     LayerNormProjection,
     NonlocalAttention,
 )
+from ..operators.convolution import pair
 from ..operators.scaling import DiagonalScaling
 from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
 from ..time.schemes import Field, lie, prenorm
@@ -80,15 +81,6 @@ __all__ = [
 
 POOLS = (None, "", "token", "avg", "max", "avgmax")
 OUTPUT_FORMATS = ("hf", "timm")
-
-
-def _pair(v: int | Sequence[int]) -> tuple[int, int]:
-    if isinstance(v, int):
-        return (v, v)
-    t = tuple(int(a) for a in v)
-    if len(t) != 2:
-        raise ValueError(f"expected an int or a pair of ints, got {v!r}")
-    return t  # type: ignore[return-value]
 
 
 @dataclass
@@ -125,7 +117,7 @@ class PatchEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         self.in_chans, self.dim = int(in_chans), int(dim)
-        self.patch_size = _pair(patch_size)
+        self.patch_size = pair(patch_size, "patch_size")
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(dim, in_chans, *self.patch_size, **kw))
         self.bias = nn.Parameter(torch.empty(dim, **kw)) if bias else None
@@ -177,7 +169,7 @@ class ImageEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         kw = {"device": device, "dtype": dtype}
-        self.image_size = _pair(image_size)
+        self.image_size = pair(image_size, "image_size")
         self.patch = PatchEmbedding(in_chans, dim, patch_size, bias=patch_bias, **kw)
         ph, pw = self.patch.patch_size
         self.grid_size = (self.image_size[0] // ph, self.image_size[1] // pw)

@@ -55,7 +55,9 @@ __all__ = [
 ]
 
 
-def _pair(v: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
+def pair(v: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
+    """An int or a pair of ints >= 0 as a pair (grid sizes, strides, paddings); ``name`` for
+    the error."""
     if isinstance(v, int):
         out = (v, v)
     else:
@@ -120,9 +122,9 @@ class DepthwiseConvolution(nn.Module):
         if not isinstance(channels, int) or channels <= 0:
             raise ValueError(f"channels must be a positive int, got {channels!r}")
         self.channels = channels
-        self.kernel_size = _pair(kernel_size, "kernel_size")
-        self.stride = _pair(stride, "stride")
-        self.padding = _pair(padding, "padding")
+        self.kernel_size = pair(kernel_size, "kernel_size")
+        self.stride = pair(stride, "stride")
+        self.padding = pair(padding, "padding")
         if min(self.kernel_size) < 1 or min(self.stride) < 1:
             raise ValueError("kernel_size and stride must be >= 1")
         self.weight = nn.Parameter(
