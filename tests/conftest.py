@@ -43,3 +43,17 @@ TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 @pytest.fixture(params=[torch.float64, torch.float32], ids=["f64", "f32"])
 def dtype(request):
     return request.param
+
+
+def maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| as a float."""
+    return float((a - b).detach().abs().max())
+
+
+def assert_same_state(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    """Same state-dict keys in the same order, same dtypes, bitwise equal values."""
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for k in sa:
+        assert sa[k].dtype == sb[k].dtype, k
+        assert torch.equal(sa[k], sb[k]), k

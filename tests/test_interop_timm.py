@@ -14,6 +14,8 @@ import sys
 import pytest
 import torch
 from conftest import TOL
+from conftest import assert_same_state as _same_state
+from conftest import maxdiff as _diff
 from torch import nn
 
 import splitformer
@@ -66,18 +68,6 @@ def _pixels(m, dtype, batch=3, seed=1):
     h, w = m.patch_embed.img_size
     g = torch.Generator().manual_seed(seed)
     return torch.randn(batch, m.patch_embed.proj.in_channels, h, w, generator=g, dtype=dtype)
-
-
-def _diff(a, b) -> float:
-    return float((a - b).detach().abs().max())
-
-
-def _same_state(a, b) -> None:
-    sa, sb = a.state_dict(), b.state_dict()
-    assert list(sa) == list(sb)
-    for k in sa:
-        assert sa[k].dtype == sb[k].dtype, k
-        assert torch.equal(sa[k], sb[k]), k
 
 
 # -- exactness -----------------------------------------------------------------------------

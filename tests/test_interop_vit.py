@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import TOL
+from conftest import assert_same_state as _same_state
+from conftest import maxdiff as _diff
 
 import splitformer
 from splitformer.interop.hf_vit import from_hf_model, to_hf_model
@@ -66,18 +68,6 @@ def _pixels(model, dtype, batch=3, size=None, seed=1):
                     else tuple(c.image_size))
     g = torch.Generator().manual_seed(seed)
     return torch.randn(batch, c.num_channels, h, w, generator=g, dtype=dtype)
-
-
-def _diff(a, b) -> float:
-    return float((a - b).detach().abs().max())
-
-
-def _same_state(a, b) -> None:
-    sa, sb = a.state_dict(), b.state_dict()
-    assert list(sa) == list(sb)
-    for k in sa:
-        assert sa[k].dtype == sb[k].dtype, k
-        assert torch.equal(sa[k], sb[k]), k
 
 
 # -- exactness -----------------------------------------------------------------------------
