@@ -1,4 +1,4 @@
-"""Convergence in tau on the documented smooth configuration (MATH.md 3.4, 3.5)."""
+"""Convergence in tau on the documented smooth configuration (docs/math.md 3.4, 3.5)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_fit_order_recovers_a_power_law():
 @pytest.mark.parametrize("scheme,integrator,form,lo,hi", [
     ("lie", "euler", "raw", 0.9, 1.1),
     ("strang", "heun", "tangent", 1.8, 2.2),
-    ("strang", "heun", "raw", 0.8, 1.3),   # raw-field substeps: first order (MATH.md 3.5)
+    ("strang", "heun", "raw", 0.8, 1.3),   # raw-field substeps: first order (docs/math.md 3.5)
     ("parallel", "euler", "raw", 0.9, 1.1),
 ])
 def test_observed_orders(smooth, scheme, integrator, form, lo, hi):

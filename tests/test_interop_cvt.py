@@ -1,4 +1,4 @@
-"""Hugging Face CvT <-> splitformer: exact weight map, both ways (MATH.md 3.7).
+"""Hugging Face CvT <-> splitformer: exact weight map, both ways (docs/math.md 3.7).
 
 Reference: the installed transformers (CvtModel, CvtForImageClassification) with every weight and
 BatchNorm statistic drawn at random. Tolerances: float64 1e-10, float32 1e-5 (conftest.TOL).

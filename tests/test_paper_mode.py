@@ -1,4 +1,4 @@
-"""The paper's literal scheme (MATH.md section 2) equals a post-LN encoder."""
+"""The paper's literal scheme (docs/math.md section 2) equals a post-LN encoder."""
 
 from __future__ import annotations
 

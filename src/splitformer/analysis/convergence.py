@@ -9,7 +9,7 @@ from the same u(0), and compare u(T) with a reference u_ref(T):
 log2(e(2 tau) / e(tau)) are reported too). The reference is, by default, the projected ODE
 u_t = Pi_T(u) (A + G)(u) integrated unsplit with RK4 in the tangent form at tau = 2^-ref_k (the
 common limit of the projected Lie, Strang and parallel schemes when all fields project onto the
-same set, MATH.md 3.4), or the same scheme at tau = 2^-ref_k when that is not available (pre-LN
+same set, docs/math.md 3.4), or the same scheme at tau = 2^-ref_k when that is not available (pre-LN
 layouts, distinct constraint sets).
 
 ``smooth_configuration`` is the documented smooth configuration of docs/convergence.md; the

@@ -5,7 +5,7 @@ nn.TransformerEncoderLayer with norm_first=False (post-LN) is one step of the Li
     u <- u + A(u);  u <- P1(u);  u <- u + G(u);  u <- P2(u)
 
 and with norm_first=True (pre-LN) one explicit Euler step of u_t = A(P1 u) + G(P2 u), split in
-two (MATH.md 3.2). nn.TransformerEncoder with L layers is T = L, tau = 1; its final ``norm`` is
+two (docs/math.md 3.2). nn.TransformerEncoder with L layers is T = L, tau = 1; its final ``norm`` is
 the read-out. Weight map (layer n -> theta^n):
 
     self_attn.in_proj_weight/bias  -> attention.qkv_weight/bias   (rows W_Q, W_K, W_V)

@@ -1,6 +1,6 @@
 """BERT as an evolution: initial condition f, the post-LN Lie scheme, and read-outs.
 
-The continuous model (MATH.md section 1) on the token grid x = 0..N-1 and feature grid y:
+The continuous model (docs/math.md section 1) on the token grid x = 0..N-1 and feature grid y:
 
     u(x, y, 0) = f(x, y) = P_S1( E_w(id_x, y) + E_t(type_x, y) + E_p(pos_x, y) )
     u_t = A[u] + G[u] - dI_S1(u)                                     on (0, T], T = L
@@ -8,7 +8,7 @@ The continuous model (MATH.md section 1) on the token grid x = 0..N-1 and featur
     logits      = W_C pooled + b_C
 
 P_S1 is the embedding LayerNorm read as a projection with a ghost feature point and a
-per-feature affine map (MATH.md 3.1; eps = layer_norm_eps, 1e-12 for BERT): the initial
+per-feature affine map (docs/math.md 3.1; eps = layer_norm_eps, 1e-12 for BERT): the initial
 condition already lies on the constraint set. One BERT layer is one step (tau = 1) of the Lie
 scheme with the FFN as a vector field (``splitformer.time.schemes.lie``):
 
@@ -43,7 +43,7 @@ from ..operators import LayerNormProjection
 from ..operators.base import Context
 from ..time import Evolution, TimeGrid, Trajectory
 from ..time.schemes import lie
-from .encoder import EvolutionModel, encoder_controls
+from .encoder import EvolutionModel, _keep_source, encoder_controls
 from .masks import finfo_additive, padding_support
 from .outputs import ModelOutput
 
@@ -223,7 +223,7 @@ class BertEncoderModel(EvolutionModel):
         self.evolution = evolution
         self.pooler = pooler
         self.additive_mask = bool(additive_mask)
-        self.source: dict[str, Any] = dict(source or {})
+        self.source = _keep_source(source)
 
     # -- the kernel's support ---------------------------------------------------------------
     def attention_support(

@@ -1,4 +1,4 @@
-"""CvT (Convolutional vision Transformer) as a multigrid of evolutions (MATH.md 3.7).
+"""CvT (Convolutional vision Transformer) as a multigrid of evolutions (docs/math.md 3.7).
 
 The model has S stages. Stage s lives on its own token grid Omega_x^s (H_s x W_s points, each
 coarser than the last) and feature domain of width C_s, and runs its own evolution in depth:
@@ -16,7 +16,7 @@ feature domain from C_{s-1} to C_s, followed by a LayerNorm over z (``Convolutio
 The class token (CvT has one in the last stage only) is a point outside the grid; it is split
 off at the end of its stage and is not restricted to the next grid.
 
-Each stage's evolution is pre-LN (MATH.md 3.2), explicit Euler for
+Each stage's evolution is pre-LN (docs/math.md 3.2), explicit Euler for
 
     u_t = D(A(P1 u)) + G(P2 u)      (split in two, ``prenorm``: x + A(LN x); x + G(LN x))
 
@@ -55,7 +55,7 @@ from ..operators import Context, FeatureIntegral, FeedForward, LayerNormProjecti
 from ..operators.convolution import ConvolutionalAttention, pair
 from ..time import Controls, Evolution, Scheme, Stage, TimeGrid, Trajectory
 from ..time.schemes import Field, prenorm
-from .encoder import EvolutionModel
+from .encoder import EvolutionModel, _keep_source
 from .outputs import ModelOutput
 
 __all__ = [
@@ -342,7 +342,7 @@ class ConvolutionalVisionTransformer(EvolutionModel):
             raise ValueError("a classification head needs final_norm")
         self.final_norm = final_norm
         self.classifier = classifier
-        self.source = dict(source or {})
+        self.source = _keep_source(source)
 
     # -- the contract ------------------------------------------------------------------------
     @property

@@ -9,9 +9,9 @@
 
 The causal support x' <= x makes A_c a Volterra operator in x: u(x, ., t) depends only on
 f(x', .) for x' <= x, at every t (the evolution never looks ahead). P1, P2, P_f are LayerNorms
-read as projections with a ghost point and an affine map (MATH.md 3.1). The projections enter the
-vector field (pre-LN, MATH.md 3.2); one GPT-2 block is one explicit Euler step (tau = 1) of the
-``prenorm`` scheme, Stage("attention", pre=("norm1",)), Stage("ffn", pre=("norm2",)):
+read as projections with a ghost point and an affine map (docs/math.md 3.1). The projections enter the
+vector field (pre-LN, docs/math.md 3.2); one GPT-2 block is one explicit Euler step (tau = 1) of
+the ``prenorm`` scheme, Stage("attention", pre=("norm1",)), Stage("ffn", pre=("norm2",)):
 
     u <- u + tau A_c(P1 u);     u <- u + tau G(P2 u),     G(v) = W_2 s(W_1 v + b_1) + b_2
 
@@ -73,7 +73,7 @@ from ..operators import (
 )
 from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
 from ..time.schemes import Field, lie, prenorm
-from .encoder import Encoder, EvolutionModel, encoder_controls, network_encoder
+from .encoder import Encoder, EvolutionModel, _keep_source, encoder_controls, network_encoder
 from .masks import (
     attention_support,
     causal_support,
@@ -292,7 +292,7 @@ class CausalDecoderModel(EvolutionModel):
         self.final_norm = final_norm
         self.additive_mask = bool(additive_mask)
         self.use_cache = bool(use_cache)
-        self.source: dict[str, Any] = dict(source or {})
+        self.source = _keep_source(source)
 
     def initial_condition(
         self,
@@ -553,7 +553,7 @@ class CrossDecoder(EvolutionModel):
         self.evolution = evolution
         self.final_norm = final_norm
         self.batch_first = bool(batch_first)
-        self.source: dict[str, Any] = dict(source or {})
+        self.source = _keep_source(source)
         attn = evolution.controls[0]["attention"]
         self.d_model = attn.dim
         self.nhead = attn.num_heads
@@ -705,7 +705,7 @@ class EncoderDecoderModel(EvolutionModel):
             raise ValueError("encoder and decoder must share batch_first")
         self.encoder = encoder
         self.decoder = decoder
-        self.source: dict[str, Any] = dict(source or {})
+        self.source = _keep_source(source)
 
     @property
     def evolution(self) -> Evolution:  # type: ignore[override]

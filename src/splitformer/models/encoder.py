@@ -36,6 +36,14 @@ from .masks import build_context, check_src
 __all__ = ["Encoder", "EvolutionModel", "encoder_controls", "paper_controls", "paper_encoder"]
 
 
+def _keep_source(source: Any) -> Any:
+    """What a model records of where it came from: a typed config (kept as is), a dict (copied)
+    or nothing (an empty dict)."""
+    if source is None:
+        return {}
+    return dict(source) if isinstance(source, dict) else source
+
+
 class EvolutionModel(nn.Module):
     """Base of every splitformer model: it owns an ``evolution``."""
 
@@ -163,7 +171,7 @@ class Encoder(EvolutionModel):
         self.evolution = evolution
         self.final_norm = final_norm
         self.batch_first = batch_first
-        self.source = dict(source or {})
+        self.source = _keep_source(source)
         attn = evolution.controls[0]["attention"]
         self.d_model = attn.dim
         self.nhead = attn.num_heads
@@ -232,7 +240,7 @@ def paper_encoder(
     device=None,
     dtype=None,
 ) -> Encoder:
-    """The paper's literal model (MATH.md section 2): M = 4 + J substeps per step, weights in
+    """The paper's literal model (docs/math.md section 2): M = 4 + J substeps per step, weights in
     the (I + W_j) form, scalar s1, s2 with eps = 0, relaxation 1/2. Random weights."""
     if num_ffn_stages < 1:
         raise ValueError(f"num_ffn_stages must be >= 1, got {num_ffn_stages!r}")

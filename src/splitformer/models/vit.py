@@ -16,7 +16,7 @@ prefix point, f(x, .) = token + e(x, .) (timm's ``no_embed_class`` drops e on th
 points). Optional: dropout on f, and a LayerNorm of f (timm's ``pre_norm``, CLIP style) which
 makes f lie on the LayerNorm manifold.
 
-Evolution. Pre-LN blocks are explicit Euler for the projected vector field (MATH.md 3.2)
+Evolution. Pre-LN blocks are explicit Euler for the projected vector field (docs/math.md 3.2)
 
     u_t = A(P1 u) + G(P2 u),     one step:  u <- u + tau A(P1 u);  u <- u + tau G(P2 u)
 
@@ -65,7 +65,7 @@ from ..operators.convolution import pair
 from ..operators.scaling import DiagonalScaling
 from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
 from ..time.schemes import Field, lie, prenorm
-from .encoder import EvolutionModel
+from .encoder import EvolutionModel, _keep_source
 from .outputs import ModelOutput
 
 __all__ = [
@@ -391,7 +391,7 @@ class ViT(EvolutionModel):
         self.head_dropout = nn.Dropout(head_dropout)
         self.head = head
         self.output_format = output_format
-        self.source = dict(source or {})
+        self.source = _keep_source(source)
         attn = evolution.controls[0]["attention"]
         self.dim = attn.dim
         self.num_heads = attn.num_heads

@@ -1,6 +1,6 @@
 """Nonlocal attention: the integral operator A[u] in the token variable x.
 
-Continuous form (MATH.md section 1), with a head coordinate h:
+Continuous form (docs/math.md section 1), with a head coordinate h:
 
     Q(x,y,h) = int W_Q(xi,y,h) u(x,xi) dxi + b_Q(y,h)      (K, V likewise)
     g_h(x,x') = exp(a_h(x,x')) / int exp(a_h(x,eta)) deta,

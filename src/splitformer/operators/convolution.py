@@ -1,4 +1,4 @@
-"""Convolutional projections and the attention built on them (CvT, MATH.md 3.7).
+"""Convolutional projections and the attention built on them (CvT, docs/math.md 3.7).
 
 In CvT the query, key and value fields are not feature integrals of u alone: u is first
 smoothed by a depthwise convolution in the token variable x over the 2-D token grid, then
@@ -20,7 +20,7 @@ are the batch statistics over (batch, x) and the running statistics are updated,
 
 A class token (a point x_cls outside the grid) bypasses (1) and (2): Q(x_cls) = W_Q u(x_cls) + b_Q.
 
-The attention field is then the nonlocal operator of MATH.md section 1 with these Q, K, V:
+The attention field is then the nonlocal operator of docs/math.md section 1 with these Q, K, V:
 
     A[u](x, z) = sum_h W_O(z, h, .) sum_{x'} g_h(x, x') V_h(x', .) + b_O(z),
     g_h(x, x') = softmax_{x'}( <Q_h(x), K_h(x')> * scale ).

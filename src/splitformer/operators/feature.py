@@ -9,7 +9,7 @@ block lives on a lifted feature grid of width N_h. The identity between the two 
 (``embed``) is the rectangular identity E: zero padding when lifting, truncation when
 restricting; it is what the paper's (I + W_j) form means when widths differ.
 
-The feed-forward vector field with J stages (MATH.md section 3.4) is
+The feed-forward vector field with J stages (docs/math.md section 3.4) is
 
     G(u) = L_J( s( ... s(L_1 u) ... ) )
 

@@ -11,7 +11,7 @@ eps-regularised projection as eps -> 0+, which is also what LayerNorm gives on a
 
 A real LayerNorm, LN(v) = gamma * (v - mean v) / sqrt(var v + eps) + beta, with per-feature
 gamma(y), beta(y) and eps > 0, is not a projection onto S1. ``LayerNormProjection`` implements
-it exactly and reads it as two substeps (MATH.md 3.1):
+it exactly and reads it as two substeps (docs/math.md 3.1):
 
   (b) the eps term is a ghost feature point: with N = N_y, (v - mean v) / sqrt(var v + eps)
       equals the first N coordinates of the Euclidean projection of (v - mean v, sqrt(N eps))
@@ -67,7 +67,7 @@ class SphereProjection(Operator):
         """Pi_T(v) w: the orthogonal projection of w onto the tangent space of S1 at v.
 
         The normal space of S1 at v (per token) is spanned by the constant 1 and the centred
-        v - mean v; Pi_T removes both components. Used by the projection method (MATH.md 3.5).
+        v - mean v; Pi_T removes both components. Used by the projection method (docs/math.md 3.5).
         """
         return _remove_normal(w, torch.ones_like(v), v - v.mean(-1, keepdim=True))
 

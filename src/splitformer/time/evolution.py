@@ -100,7 +100,7 @@ class Evolution(nn.Module):
         if self.scheme.name == "paper" and k != 1:
             warnings.warn(
                 "the paper's literal scheme projects the state in its FFN substeps and has no "
-                "limit as tau -> 0 (MATH.md 3.4); use with_scheme('lie') before refining",
+                "limit as tau -> 0 (docs/math.md 3.4); use with_scheme('lie') before refining",
                 stacklevel=2,
             )
         return Evolution(self.controls, self.scheme, self.grid.refine(k), validate=self.validate)

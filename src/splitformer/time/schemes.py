@@ -10,10 +10,10 @@ A ``Stage`` names an operator of the control set theta^n and says how to apply i
 
 An operator name "a+b" means the sum of fields F_a + F_b (an unsplit stage). ``tangent`` names a
 projection P whose tangent space the field is projected onto inside the integrator: the update
-integrates Pi_T(v) F(v) (the projection method, MATH.md 3.5) instead of the raw field F.
+integrates Pi_T(v) F(v) (the projection method, docs/math.md 3.5) instead of the raw field F.
 
 ``pre`` composes operators inside the field: F(P(u)) for pre-norm, where the projection enters
-the vector field instead of being a substep (MATH.md 3.2). ``post`` composes after it:
+the vector field instead of being a substep (docs/math.md 3.2). ``post`` composes after it:
 D(F(u)), e.g. LayerScale D = diag(gamma(y)), read as a per-feature step size
 tau(y) = tau gamma(y). ``then`` applies projections to the result within the same substep
 (ReLU(u + h(W u + b)) in the paper's FFN substeps). ``save`` keeps the state after the stage
@@ -42,6 +42,7 @@ from ..operators.base import Context
 from .integrators import INTEGRATORS
 
 __all__ = [
+    "FORMS",
     "Field",
     "Scheme",
     "Stage",
@@ -52,11 +53,13 @@ __all__ = [
     "prenorm",
     "resolve",
     "scheme_from_string",
+    "scheme_names",
     "strang",
     "unsplit",
 ]
 
 _FIELD_INTEGRATORS = tuple(INTEGRATORS)
+FORMS = ("raw", "tangent")  # substep forms: integrate F, or its tangential part Pi_T F
 _KINDS = (*_FIELD_INTEGRATORS, "project", "map", "relax", "parallel")
 
 
@@ -384,7 +387,7 @@ def lie(layout: tuple[Field, ...] = POST_LN, integrator: str = "euler",
 
 
 def prenorm(integrator: str = "euler", form: str = "raw") -> Scheme:
-    """Pre-LN: explicit Euler for u_t = A(P1 u) + G(P2 u), split in two (MATH.md 3.2)."""
+    """Pre-LN: explicit Euler for u_t = A(P1 u) + G(P2 u), split in two (docs/math.md 3.2)."""
     if form != "raw":
         raise ValueError("prenorm has no projection substeps: form must be 'raw'")
     s = lie(PRE_LN, integrator)
@@ -398,7 +401,7 @@ def strang(layout: tuple[Field, ...] = POST_LN, integrator: str = "heun",
     """Strang (symmetric) splitting: the last field over tau/2, ..., the first over tau, ...,
     the last over tau/2. Two fields (attention A, FFN G): G/2, A, G/2 -- Macaron's layout.
     Second order for the unprojected ODE with second-order substeps; with projections, second
-    order only in the tangent form (MATH.md 3.5)."""
+    order only in the tangent form (docs/math.md 3.5)."""
     _check_integrator(integrator)
     first, rest = layout[0], list(layout[1:])
     stages: list[Stage] = []
@@ -451,7 +454,7 @@ def unsplit(layout: tuple[Field, ...] = POST_LN, integrator: str = "rk4",
 
 
 def paper_lie(num_ffn_stages: int = 2) -> Scheme:
-    """The paper's literal Lie scheme with M = 4 + J substeps (MATH.md section 2).
+    """The paper's literal Lie scheme with M = 4 + J substeps (docs/math.md section 2).
 
     Operators: attention, norm1, ffn1..ffnJ (weights in the (I + W_j) form), relu, norm2.
     """
@@ -476,6 +479,11 @@ NAMED: dict[str, Callable[..., Scheme]] = {
     "parallel": parallel,
     "unsplit": unsplit,
 }
+
+
+def scheme_names() -> list[str]:
+    """Every name ``resolve`` accepts (the registry the CLI and the tests read)."""
+    return sorted([*NAMED, "prenorm", "paper"])
 
 
 def resolve(

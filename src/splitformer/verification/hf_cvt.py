@@ -1,4 +1,4 @@
-"""Family "cvt": Hugging Face CvT against its splitformer evolution (MATH.md 3.7).
+"""Family "cvt": Hugging Face CvT against its splitformer evolution (docs/math.md 3.7).
 
 Each check builds a small random-weight ``transformers`` CvT (every weight and BatchNorm
 statistic drawn at random, so that no operator is the identity), converts it with ``from_hf``
