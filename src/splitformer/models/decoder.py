@@ -11,7 +11,8 @@ The causal support x' <= x makes A_c a Volterra operator in x: u(x, ., t) depend
 f(x', .) for x' <= x, at every t (the evolution never looks ahead). P1, P2, P_f are LayerNorms
 read as projections with a ghost point and an affine map (docs/math.md 3.1). The projections
 enter the vector field (pre-LN, docs/math.md 3.2); one GPT-2 block is one explicit Euler step
-(tau = 1) of the ``prenorm`` scheme, Stage("attention", pre=("norm1",)), Stage("ffn", pre=("norm2",)):
+(tau = 1) of the ``prenorm`` scheme, Stage("attention", pre=("norm1",)),
+Stage("ffn", pre=("norm2",)):
 
     u <- u + tau A_c(P1 u);     u <- u + tau G(P2 u),     G(v) = W_2 s(W_1 v + b_1) + b_2
 
