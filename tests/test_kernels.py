@@ -159,3 +159,258 @@ def test_set_kernel_on_a_converted_model():
                if isinstance(o, NonlocalAttention))
     with pytest.raises(ValueError, match="kernel must be"):
         set_kernel(m, "nope")
+
+
+# -- causality: every kernel, with its real settings, on real causal models -----------------
+# (name, options of set_kernel): the defaults the registry builds, and Sinkhorn with several
+# iterations (its column normalisation is where the future could leak in)
+CAUSAL_CASES = [
+    ("softmax", {}),
+    ("sinkhorn", {}),
+    ("sinkhorn", {"iterations": 2}),
+    ("sinkhorn", {"iterations": 7}),
+    ("gaussian", {}),
+    ("linear", {}),
+    ("alibi", {}),
+    ("rotary", {}),
+]
+CAUSAL_IDS = [n + "".join(f"-{k}{v}" for k, v in o.items()) for n, o in CAUSAL_CASES]
+PAST = 5  # tokens 0..4 are the past, 5.. the perturbed future
+
+
+def _assert_past_unchanged(out, out2, what):
+    assert (out[:, :PAST] - out2[:, :PAST]).abs().max().item() <= 1e-12, what
+    assert (out[:, PAST:] - out2[:, PAST:]).abs().max().item() > 1e-6, what  # it did change
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["is_causal", "causal_mask"])
+@pytest.mark.parametrize(("name", "options"), CAUSAL_CASES, ids=CAUSAL_IDS)
+def test_every_kernel_is_causal_on_the_gpt2_family(name, options, padded):
+    """GPT-2 family (causal_decoder): changing tokens PAST.. leaves the outputs at x < PAST.
+    Without padding the support is ``is_causal``; with padding it is a causal & padding mask
+    (``is_causal=False``), as transformers builds it."""
+    torch.manual_seed(0)
+    m = splitformer.models.causal_decoder(50, 16, 16, 2, 2, dtype=torch.float64).eval()
+    set_kernel(m, name, **options)
+    ids = torch.randint(0, 50, (2, 9))
+    ids2 = ids.clone()
+    ids2[:, PAST:] = (ids2[:, PAST:] + 1 + torch.randint(0, 48, (2, 9 - PAST))) % 50
+    mask = None
+    if padded:
+        mask = torch.ones(2, 9, dtype=torch.long)
+        mask[1, -2:] = 0  # right padding in row 1 (inside the future)
+    with torch.no_grad():
+        out = m(ids, attention_mask=mask).last_hidden_state
+        out2 = m(ids2, attention_mask=mask).last_hidden_state
+    _assert_past_unchanged(out, out2, (name, options, padded))
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["is_causal", "is_causal+padding"])
+@pytest.mark.parametrize(("name", "options"), CAUSAL_CASES, ids=CAUSAL_IDS)
+def test_every_kernel_is_causal_on_an_encoder_run_with_is_causal(name, options, padded):
+    torch.manual_seed(1)
+    m = splitformer.network_encoder(16, 2, 32, 2, dtype=torch.float64).eval()
+    set_kernel(m, name, **options)
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    x2 = x.clone()
+    x2[:, PAST:] += torch.randn(2, 9 - PAST, 16, dtype=torch.float64)
+    kpm = None
+    if padded:
+        kpm = torch.zeros(2, 9, dtype=torch.bool)
+        kpm[1, -2:] = True
+    with torch.no_grad():
+        out = m(x, src_key_padding_mask=kpm, is_causal=True)
+        out2 = m(x2, src_key_padding_mask=kpm, is_causal=True)
+    _assert_past_unchanged(out, out2, (name, options, padded))
+
+
+def _sinkhorn_reference(a: torch.Tensor, iterations: int) -> torch.Tensor:
+    """Plain Sinkhorn (probability domain) of exp(a) on its support (a = -inf off it)."""
+    p = a.exp()
+    p = p / p.sum(-1, keepdim=True)
+    for _ in range(iterations - 1):
+        p = p / p.sum(-2, keepdim=True).clamp_min(1e-300)
+        p = p / p.sum(-1, keepdim=True).clamp_min(1e-300)
+    return p
+
+
+@pytest.mark.parametrize("iterations", [1, 3, 6])
+def test_causal_sinkhorn_is_the_sinkhorn_plan_of_the_past(iterations):
+    """With a causal support, row x of the kernel is row x of the Sinkhorn plan of the problem
+    restricted to the past {0..x}^2; the last row is the plain Sinkhorn plan's."""
+    q, k, v = _qkv(torch.float64, n=7)
+    n = q.shape[-2]
+    a = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    a = a.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    ref = torch.cat([_sinkhorn_reference(a[..., : x + 1, : x + 1], iterations)[..., x:, :]
+                     @ v[..., : x + 1, :] for x in range(n)], dim=-2)
+    kern = SinkhornKernel(iterations)
+    assert (kern(q, k, v, is_causal=True) - ref).abs().max() < 1e-13
+    tril = torch.ones(n, n, dtype=torch.bool).tril()
+    assert (kern(q, k, v, attn_mask=tril) - ref).abs().max() < 1e-13  # a causal mask: the same
+    if iterations == 1:
+        assert (kern(q, k, v, is_causal=True)
+                - F.scaled_dot_product_attention(q, k, v, is_causal=True)).abs().max() < 1e-14
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # full support: the plain plan
+    assert (kern(q, k, v) - _sinkhorn_reference(scores, iterations) @ v).abs().max() < 1e-13
+
+
+# -- set_kernel: every attention operator, validated names, kept scales --------------------
+def _gpt2_by_layer():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=50, n_embd=16, n_layer=2, n_head=2, n_positions=16,
+                                  attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
+                                  scale_attn_by_inverse_layer_idx=True)
+    cfg._attn_implementation = "sdpa"
+    return transformers.GPT2Model(cfg).double().eval()
+
+
+def test_set_kernel_softmax_keeps_gpt2_scale_by_inverse_layer_idx():
+    hf = _gpt2_by_layer()
+    m = splitformer.from_hf(hf).eval()
+    ids = torch.randint(0, 50, (2, 7))
+    with torch.no_grad():
+        ref = hf(input_ids=ids).last_hidden_state
+        assert (m(ids).last_hidden_state - ref).abs().max() < 1e-12
+        set_kernel(m, "softmax")
+        assert (m(ids).last_hidden_state - ref).abs().max() < 1e-12
+        set_kernel(m, "sinkhorn", iterations=1)  # the same kernel, the same scales
+        assert (m(ids).last_hidden_state - ref).abs().max() < 1e-12
+    scales = [theta["attention"].kernel.scale for theta in m.evolution.controls]
+    assert scales == [8 ** -0.5, 8 ** -0.5 / 2]  # 1/sqrt(d_h) / (n + 1), d_h = 8
+    with pytest.raises(ValueError, match=r"(?s)CausalDecoderModel.*'linear'.*scale"):
+        set_kernel(m, "linear")
+    assert all(type(t["attention"].kernel) is SinkhornKernel for t in m.evolution.controls)
+
+
+def test_set_kernel_validates_the_name_first_and_needs_an_attention_operator():
+    with pytest.raises(ValueError, match="alibi.*gaussian.*linear.*rotary.*sinkhorn.*softmax"):
+        set_kernel(nn.Linear(2, 2), "nope")  # the name first, even without attention
+    with pytest.raises(ValueError, match=r"Linear.*'softmax'"):
+        set_kernel(nn.Linear(2, 2), "softmax")
+    with pytest.raises(TypeError, match="Kernel"):
+        set_kernel(splitformer.network_encoder(8, 2, 16, 1), 3)
+
+
+def test_set_kernel_reaches_convolutional_attention_and_keeps_its_scale():
+    from splitformer.models.cvt import CvtStageSpec, build_cvt
+    from splitformer.operators.convolution import ConvolutionalAttention
+
+    torch.manual_seed(0)
+    m = build_cvt([CvtStageSpec(3, 16, 2, 2)], num_labels=3, dtype=torch.float64).eval()
+    ops = [o for o in m.modules() if isinstance(o, ConvolutionalAttention)]
+    assert len(ops) == 2
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    with torch.no_grad():
+        ref = m(x).logits
+        set_kernel(m, "softmax")
+        assert (m(x).logits - ref).abs().max() < 1e-12
+        assert all(o.kernel.scale == 16 ** -0.5 for o in ops)
+        set_kernel(m, "sinkhorn")
+        assert (m(x).logits - ref).abs().max() > 1e-6
+        assert all(type(o.kernel) is SinkhornKernel and o.kernel.scale == 16 ** -0.5
+                   for o in ops)
+
+
+def test_set_kernel_uses_a_kernel_instance_as_given():
+    m = splitformer.network_encoder(16, 2, 32, 2, attention_scales=[0.1, 0.2])
+    lin = LinearKernel()
+    set_kernel(m, lin)  # an instance is the caller's explicit choice: no scale check
+    ops = [t["attention"] for t in m.evolution.controls]
+    assert all(o.kernel is lin for o in ops)  # shared, not copied
+    set_kernel(m, "softmax")  # the operators remember their scale through the linear kernel
+    assert [o.kernel.scale for o in ops] == [0.1, 0.2]
+    g = GaussianKernel(scale=0.7)
+    set_kernel(m, g)
+    assert [o.kernel.scale for o in ops] == [0.7, 0.7]
+    with pytest.raises(ValueError, match="options"):
+        set_kernel(m, g, iterations=3)
+    with pytest.raises(ValueError, match="heads"):
+        set_kernel(m, ALiBiKernel(4))  # 2 heads here
+    with pytest.raises(ValueError, match="head_dim"):
+        set_kernel(m, RotaryKernel(4))  # head_dim 8 here
+
+
+def _families():
+    """name -> (small float64 model, a function running it on fixed inputs)."""
+    transformers = pytest.importorskip("transformers")
+    from splitformer.models.bert import bert_model
+    from splitformer.models.cvt import CvtStageSpec, build_cvt
+    from splitformer.verification.hf_cvt import randomize_
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(3)
+    f64 = torch.float64
+    ids = torch.randint(0, 50, (2, 7), generator=g)
+    x = torch.randn(2, 7, 16, generator=g, dtype=f64)
+    img = torch.randn(2, 3, 16, 16, generator=g, dtype=f64)
+    src, tgt = torch.randn(2, 6, 16, generator=g, dtype=f64), x
+    cvt_cfg = transformers.CvtConfig(
+        num_channels=3, patch_sizes=[3], patch_stride=[2], patch_padding=[1], embed_dim=[16],
+        num_heads=[2], depth=[2], mlp_ratio=[2.0], attention_drop_rate=[0.0], drop_rate=[0.0],
+        drop_path_rate=[0.0], qkv_bias=[True], cls_token=[True])
+    torch.manual_seed(0)
+    hf_cvt = randomize_(transformers.CvtModel(cvt_cfg).double()).eval()  # init scores are ~0
+    nn_t = nn.Transformer(16, 2, 2, 2, 32, dropout=0.0, batch_first=True, dtype=f64).eval()
+    return {
+        "encoder": (splitformer.network_encoder(16, 2, 32, 2, dtype=f64), lambda m: m(x)),
+        "bert": (bert_model(vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                            num_attention_heads=2, intermediate_size=32,
+                            max_position_embeddings=16, dtype=f64),
+                 lambda m: m(ids).last_hidden_state),
+        "vit": (splitformer.models.build_vit(image_size=16, patch_size=4, dim=16, depth=2,
+                                             num_heads=2, hidden_dim=32, dtype=f64),
+                lambda m: m(img).last_hidden_state),
+        "cvt": (build_cvt([CvtStageSpec(3, 16, 2, 2)], num_labels=3, dtype=f64),
+                lambda m: m(img).logits),
+        "cvt_hf": (splitformer.from_hf(hf_cvt), lambda m: m(img).last_hidden_state),
+        "gpt2": (splitformer.models.causal_decoder(50, 16, 16, 2, 2, dtype=f64),
+                 lambda m: m(ids).last_hidden_state),
+        "gpt2_by_layer": (splitformer.from_hf(_gpt2_by_layer()),
+                          lambda m: m(ids).last_hidden_state),
+        "transformer": (splitformer.from_torch(nn_t), lambda m: m(src, tgt)),
+    }
+
+
+# (family, kernel) pairs that must refuse, with the reason the message gives
+REFUSED = {
+    ("cvt", "linear"): "scale", ("cvt_hf", "linear"): "scale",
+    ("gpt2_by_layer", "linear"): "scale",
+    ("cvt", "alibi"): "grid", ("cvt", "rotary"): "grid",
+    ("cvt_hf", "alibi"): "grid", ("cvt_hf", "rotary"): "grid",
+    ("transformer", "alibi"): "CrossAttention", ("transformer", "rotary"): "CrossAttention",
+}
+
+
+def test_every_kernel_name_on_every_family_changes_the_output_or_refuses():
+    from splitformer.operators import AttentionOperator
+    from splitformer.operators.kernels import KERNEL_NAMES
+
+    assert sorted(KERNEL_NAMES) == ["alibi", "gaussian", "linear", "rotary", "sinkhorn",
+                                    "softmax"]
+    for family, (model, run) in _families().items():
+        model.eval()
+        ops = [o for o in model.modules() if isinstance(o, AttentionOperator)]
+        assert ops, family
+        with torch.no_grad():
+            ref = run(model)
+            for name in sorted(KERNEL_NAMES):
+                before = [o.kernel for o in ops]
+                if (family, name) in REFUSED:
+                    with pytest.raises(ValueError) as err:
+                        set_kernel(model, name)
+                    msg = str(err.value)
+                    assert type(model).__name__ in msg and repr(name) in msg, msg
+                    assert REFUSED[family, name] in msg, msg
+                    assert [o.kernel for o in ops] == before, (family, name)  # all or nothing
+                    continue
+                set_kernel(model, name)
+                assert all(o.kernel.name == name for o in ops), (family, name)
+                d = (run(model) - ref).abs().max().item()
+                if name == "softmax":
+                    assert d < 1e-12, (family, d)
+                else:
+                    assert d > 1e-6, (family, name, d)
+                set_kernel(model, "softmax")
+                assert (run(model) - ref).abs().max().item() < 1e-12, (family, name)

@@ -21,13 +21,14 @@ coordinate; ``out_weight`` is W_O (N_y, N_y), its columns grouped by head.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .base import Context, Operator
-from .kernels import Kernel, SoftmaxKernel
+from .kernels import Kernel, SoftmaxKernel, kernel_class
 
 __all__ = ["AttentionOperator", "CrossAttention", "NonlocalAttention"]
 
@@ -39,6 +40,11 @@ class AttentionOperator(Operator):
     ``context.is_causal``, where the kernel's support comes from (``support``); then
 
         A[u] = Concat_h( kernel(Q_h, K_h, V_h) ) W_O^T + b_O.
+
+    ``scale`` is the score scale s of a(x,x') = <Q(x),K(x')> s (None = 1/sqrt(d_h)) the
+    operator was given: a kernel built by name (``set_kernel``) inherits it, and the operator
+    keeps it while it holds a kernel without a scale (linear), so that putting softmax back
+    restores the network. ``score_scale()`` is the scale in force.
     """
 
     kind = "field"
@@ -59,7 +65,72 @@ class AttentionOperator(Operator):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.kernel: Kernel = kernel if kernel is not None else SoftmaxKernel()
+        self.scale: float | None = getattr(self.kernel, "scale", None)
         self.attn_dropout = float(attn_dropout)
+
+    # -- the kernel ------------------------------------------------------------------------
+    def score_scale(self) -> float | None:
+        """The score scale in force: the kernel's own when it has one, else ``scale``."""
+        k = self.kernel
+        return k.scale if getattr(k, "takes_scale", False) else self.scale
+
+    def has_default_scale(self) -> bool:
+        """Whether the score scale is 1/sqrt(d_h) (None, or that value)."""
+        s = self.score_scale()
+        return s is None or math.isclose(s, self.head_dim ** -0.5, rel_tol=1e-12)
+
+    @property
+    def relative_positions(self) -> bool:
+        """Whether the token offset x - x' is defined: queries and keys on one token grid
+        (what ALiBi and rotary kernels need)."""
+        return True
+
+    def relative_positions_reason(self) -> str:
+        """Why ``relative_positions`` is False (for error messages)."""
+        return ""
+
+    def kernel_for(self, kernel: Kernel | str, **options: Any) -> Kernel:
+        """The kernel ``set_kernel`` would install here (nothing is changed): a name builds a
+        new one (``Kernel.for_operator``) that inherits ``score_scale()`` unless ``options``
+        give ``scale``; an instance is returned as given. ValueError if it cannot act here."""
+        if isinstance(kernel, Kernel):
+            if options:
+                raise ValueError(f"options {sorted(options)} are for a kernel built from a "
+                                 "name; an instance is used as given")
+            new = kernel
+        else:
+            cls = kernel_class(kernel)
+            options = dict(options)
+            if cls.takes_scale:
+                options.setdefault("scale", self.score_scale())
+            elif not self.has_default_scale():
+                raise ValueError(
+                    f"the {cls.name!r} kernel has no score scale and this operator's is "
+                    f"{self.score_scale()!r}, not 1/sqrt(d_h) = {self.head_dim ** -0.5!r}: "
+                    f"refused rather than silently dropped (pass a {cls.__name__}() instance "
+                    "to drop it on purpose)"
+                )
+            try:
+                new = cls.for_operator(self, **options)
+            except TypeError as e:
+                raise ValueError(f"the {cls.name!r} kernel does not take these options: {e}"
+                                 ) from e
+        new.check_operator(self)
+        return new
+
+    def install_kernel(self, kernel: Kernel) -> None:
+        """Put ``kernel`` in (unchecked; see ``kernel_for``); a kernel with a score scale sets
+        ``scale``."""
+        self.kernel = kernel
+        if getattr(kernel, "takes_scale", False):
+            self.scale = kernel.scale
+
+    def set_kernel(self, kernel: Kernel | str, **options: Any) -> Kernel:
+        """Check and install ``kernel`` (a name with ``options``, or an instance used as given;
+        see ``kernel_for``); returns the kernel installed."""
+        new = self.kernel_for(kernel, **options)
+        self.install_kernel(new)
+        return new
 
     def _add_output(self, bias: bool, dropout: float, **kw) -> None:
         """W_O (dim, dim), b_O and the output dropout (initialised by the subclass)."""
@@ -178,3 +249,12 @@ class CrossAttention(NonlocalAttention):
 
     def support(self, context: Context | None) -> tuple[torch.Tensor | None, bool]:
         return context.extra.get("memory_mask"), False
+
+    @property
+    def relative_positions(self) -> bool:
+        return False
+
+    def relative_positions_reason(self) -> str:
+        return ("its queries are tokens of u and its keys tokens of the memory m, two different "
+                "sequences (CrossAttention): put a relative-position kernel into the "
+                "self-attention operators one by one (op.set_kernel(name))")

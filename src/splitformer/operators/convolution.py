@@ -275,7 +275,10 @@ class ConvolutionalAttention(AttentionOperator):
     with Q, K, V the ``ConvolutionalProjection`` s ``q``, ``k``, ``v`` (query stride s_Q keeps
     the grid; key/value stride s_KV > 1 samples x' on a coarser grid: a coarse quadrature of the
     kernel integral in x'). ``scale`` defaults to dim**-1/2 (CvT's choice); the kernel is any
-    ``Kernel`` (softmax by default, through ``scaled_dot_product_attention``).
+    ``Kernel`` (softmax with that scale by default, through ``scaled_dot_product_attention``;
+    ``set_kernel`` builds kernels by name with it). Relative-position kernels k(x - x') (ALiBi,
+    rotary) need queries and keys on one token grid: only when the key/value convolution keeps
+    the query grid (same stride, padding and size).
     """
 
     kind = "field"
@@ -320,8 +323,24 @@ class ConvolutionalAttention(AttentionOperator):
         nn.init.zeros_(self.out_bias)
 
     def extra_repr(self) -> str:
+        s = self.score_scale()
         return (f"dim={self.dim}, num_heads={self.num_heads}, kernel={self.kernel.name}, "
-                f"scale={self.scale:g}, prefix={self.num_prefix_tokens}")
+                f"scale={'1/sqrt(d_h)' if s is None else format(s, 'g')}, "
+                f"prefix={self.num_prefix_tokens}")
+
+    def _same_grids(self) -> bool:
+        q, k = self.q.conv, self.k.conv
+        return (q.stride, q.padding, q.kernel_size) == (k.stride, k.padding, k.kernel_size)
+
+    @property
+    def relative_positions(self) -> bool:
+        return self._same_grids()
+
+    def relative_positions_reason(self) -> str:
+        q, k = self.q.conv, self.k.conv
+        return (f"its keys lie on another token grid than its queries (key/value convolution "
+                f"stride {k.stride}, padding {k.padding}; query stride {q.stride}, padding "
+                f"{q.padding}), so x - x' is not a token offset")
 
     def qkv(
         self, u: torch.Tensor, context: Context | None = None

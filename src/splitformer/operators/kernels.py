@@ -3,26 +3,44 @@
 A kernel maps per-head Q, K, V (B, H, N_x, d_h) to int g(x,x') V(x',.) dx' (B, H, N_x, d_h).
 The softmax kernel
 
-    g(x,x') = exp(a(x,x')) / int exp(a(x,eta)) deta,   a = <Q(x), K(x')> / sqrt(d_h) + m(x,x')
+    g(x,x') = exp(a(x,x')) / int exp(a(x,eta)) deta,   a = <Q(x), K(x')> s + m(x,x')
 
-is the standard one and runs through ``scaled_dot_product_attention`` (the fused path). The
-others are values of the same type: Sinkhorn (doubly stochastic normalisation), Gaussian (RBF)
-scores, linear (feature-map) kernels, and relative-position kernels k(x - x') (ALiBi, rotary).
-A causal support x' <= x (``is_causal``) makes any of them a Volterra operator.
+(s = 1/sqrt(d_h) unless the operator says otherwise) is the standard one and runs through
+``scaled_dot_product_attention`` (the fused path). The others are values of the same type:
+Sinkhorn (doubly stochastic normalisation), Gaussian (RBF) scores, linear (feature-map) kernels,
+and relative-position kernels k(x - x') (ALiBi, rotary).
+
+A causal support x' <= x (``is_causal``, or a mask whose support lies in {x' <= x}) makes every
+kernel a Volterra operator: the output at x is the kernel of the problem restricted to the past,
+
+    A_c[u](x) = A[u restricted to {x' <= x}](x),
+
+which for the row-normalised kernels (softmax, Gaussian, linear, ALiBi, rotary) is simply the
+kernel with the support x' <= x, and for Sinkhorn is row x of the Sinkhorn plan of the past
+(its column normalisation never sees a future query; see ``SinkhornKernel``).
+
+``KERNELS`` is the one registry of names (``KERNEL_NAMES``); ``Kernel.for_operator`` builds a
+kernel for a given attention operator (heads, head size) and ``set_kernel(model, kernel)``
+puts one into every attention operator of a model (``AttentionOperator.set_kernel``).
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+if TYPE_CHECKING:
+    from .attention import AttentionOperator
+
 __all__ = [
     "ALiBiKernel",
     "GaussianKernel",
     "KERNELS",
+    "KERNEL_NAMES",
     "Kernel",
     "LinearKernel",
     "RotaryKernel",
@@ -34,9 +52,31 @@ __all__ = [
 
 
 class Kernel(nn.Module):
-    """Base class of attention kernels (a value plugged into NonlocalAttention)."""
+    """Base class of attention kernels (a value plugged into an ``AttentionOperator``).
 
-    name = "kernel"
+    Class attributes: ``name`` (the registry name), ``takes_scale`` (the kernel has a score scale
+    s, attribute ``scale``, None = 1/sqrt(d_h), that a kernel built by name inherits from the
+    operator), ``relative`` (the kernel is a function of the token offset x - x', so it needs
+    queries and keys on one token grid).
+    """
+
+    name: ClassVar[str] = "kernel"
+    takes_scale: ClassVar[bool] = False
+    relative: ClassVar[bool] = False
+
+    @classmethod
+    def for_operator(cls, op: AttentionOperator, **options: Any) -> Kernel:
+        """A kernel of this class for the attention operator ``op`` (heads, head size);
+        ``options`` are the constructor's."""
+        return cls(**options)
+
+    def check_operator(self, op: AttentionOperator) -> None:
+        """Raise ValueError (with the reason) if this kernel cannot act in ``op``."""
+        if self.relative and not op.relative_positions:
+            raise ValueError(
+                f"the {self.name} kernel is a function of the token offset x - x', which is not "
+                f"defined in {type(op).__name__}: {op.relative_positions_reason()}"
+            )
 
     def forward(
         self,
@@ -55,10 +95,14 @@ class SoftmaxKernel(Kernel):
     """g = softmax_x'(<Q(x),K(x')> * scale + m(x,x')); scale defaults to 1/sqrt(d_h)."""
 
     name = "softmax"
+    takes_scale = True
 
     def __init__(self, scale: float | None = None) -> None:
         super().__init__()
         self.scale = scale
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}"
 
     def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0):
         if is_causal and attn_mask is not None:
@@ -88,6 +132,30 @@ def _additive_support(attn_mask, is_causal, n_q, n_k, dtype, device):
     return m
 
 
+def _off_support(attn_mask: torch.Tensor) -> torch.Tensor:
+    """Where a mask (sdpa's convention) excludes x' from the support of the kernel at x: False
+    entries of a boolean mask; -inf or finfo.min (transformers' eager masks) of a float one."""
+    if attn_mask.dtype == torch.bool:
+        return ~attn_mask
+    return attn_mask <= torch.finfo(attn_mask.dtype).min
+
+
+def support_is_causal(attn_mask: torch.Tensor | None, is_causal: bool, n_q: int, n_k: int
+                      ) -> bool:
+    """Whether the support lies in {x' <= x} (bottom-right aligned, as sdpa's ``is_causal``):
+    ``is_causal``, or a mask excluding every x' > x (checked on the values: one sync)."""
+    if is_causal:
+        return True
+    if attn_mask is None:
+        return False
+    off = _off_support(attn_mask)
+    while off.dim() < 2:
+        off = off.unsqueeze(0)
+    off = torch.broadcast_to(off, (*off.shape[:-2], n_q, n_k))
+    future = ~torch.ones(n_q, n_k, dtype=torch.bool, device=off.device).tril(n_k - n_q)
+    return bool(off[..., future].all())
+
+
 def _scores(q, k, scale, attn_mask, is_causal):
     s = scale if scale is not None else q.shape[-1] ** -0.5
     a = torch.matmul(q, k.transpose(-2, -1)) * s
@@ -104,6 +172,20 @@ def _dropout(p: torch.Tensor, dropout_p: float) -> torch.Tensor:
     return F.dropout(p, dropout_p) if dropout_p > 0 else p
 
 
+def _sinkhorn(logp: torch.Tensor, iterations: int) -> torch.Tensor:
+    """log P_k of the Sinkhorn iteration on the last two axes (rows x, columns x'):
+
+        P_1 = rownorm(exp a),   P_{j+1} = rownorm(colnorm(P_j)),
+
+    rownorm(P)(x,x') = P(x,x') / sum_eta P(x,eta), colnorm(P)(x,x') = P(x,x') / sum_xi P(xi,x').
+    A row or column with empty support (all -inf) is left alone (it stays 0)."""
+    logp = logp - _finite(torch.logsumexp(logp, dim=-1, keepdim=True))
+    for _ in range(iterations - 1):
+        logp = logp - _finite(torch.logsumexp(logp, dim=-2, keepdim=True))
+        logp = logp - _finite(torch.logsumexp(logp, dim=-1, keepdim=True))
+    return logp
+
+
 class SinkhornKernel(Kernel):
     """Sinkhorn normalisation of exp(a): alternately normalise over x' (rows) and x (columns),
     ending on rows, ``iterations`` row normalisations in all:
@@ -111,29 +193,68 @@ class SinkhornKernel(Kernel):
         P_1 = softmax_x'(a)  (one iteration = the softmax kernel, exactly)
         P_{k+1} = row-normalise(column-normalise(P_k))   -> doubly stochastic as k -> infinity
 
-    computed in the log domain; columns with no support are left alone.
+    computed in the log domain; rows and columns with no support are left alone (they stay 0).
+
+    Causal support (``is_causal``, or a mask whose support lies in {x' <= x}): the column
+    normalisation of the plain iteration sums over every query x, the future ones included, so
+    it would not be a Volterra operator. The causal kernel is the Sinkhorn plan of the past:
+
+        g_c(x, .) = row x of P_k[a restricted to {0..x} x {0..x}],
+
+    i.e. the output at x is what the plain kernel gives at the last token of the prefix u(0..x)
+    (every normalisation, row or column, runs over rows and columns <= x only). It equals the
+    plain plan's last row at x = N - 1, and softmax with the causal support for k = 1. Cost:
+    O(k N^3) per head instead of O(k N^2) (one plan per prefix, computed in batches).
     """
 
     name = "sinkhorn"
+    takes_scale = True
 
     def __init__(self, iterations: int = 3, scale: float | None = None) -> None:
         super().__init__()
-        if not isinstance(iterations, int) or iterations < 1:
+        if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
             raise ValueError(f"iterations must be an int >= 1, got {iterations!r}")
         self.iterations = iterations
         self.scale = scale
 
     def extra_repr(self) -> str:
-        return f"iterations={self.iterations}"
+        return f"iterations={self.iterations}, scale={self.scale}"
+
+    # elements of one batch of prefix plans (B H x prefixes x N_q x N_k), to bound the memory
+    _PREFIX_BATCH = 1 << 22
 
     def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0):
         logp = _scores(q, k, self.scale, attn_mask, is_causal)
-        logp = logp - _finite(torch.logsumexp(logp, dim=-1, keepdim=True))
-        for _ in range(self.iterations - 1):
-            logp = logp - _finite(torch.logsumexp(logp, dim=-2, keepdim=True))
-            logp = logp - _finite(torch.logsumexp(logp, dim=-1, keepdim=True))
-        # a row or column with empty support stays 0 (as scaled_dot_product_attention gives)
+        n_q, n_k = logp.shape[-2], logp.shape[-1]
+        if self.iterations > 1 and support_is_causal(attn_mask, is_causal, n_q, n_k):
+            return self._causal(logp, v, dropout_p)
+        logp = _sinkhorn(logp, self.iterations)
         return torch.matmul(_dropout(logp.exp(), dropout_p), v)
+
+    def _causal(self, a: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+        """Row x of the Sinkhorn plan of {0..x} x {0..x + N_k - N_q}, for every x."""
+        n_q, n_k = a.shape[-2], a.shape[-1]
+        off = n_k - n_q  # query x sits at key position x + off (sdpa's bottom-right alignment)
+        per_prefix = max(1, a[..., 0, 0].numel() * n_q * n_k)
+        step = max(1, self._PREFIX_BATCH // per_prefix)
+        outs = []
+        for x0 in range(0, n_q, step):
+            x1 = min(n_q, x0 + step)
+            cols = min(n_k, max(0, x1 + off))  # the keys any prefix of this batch can see
+            sub = a[..., :x1, :cols]  # (..., x1, cols)
+            ends = torch.arange(x0, x1, device=a.device)
+            rows = torch.arange(x1, device=a.device)
+            keys = torch.arange(cols, device=a.device)
+            past = (rows.view(1, -1, 1) <= ends.view(-1, 1, 1)) & \
+                (keys.view(1, 1, -1) <= ends.view(-1, 1, 1) + off)  # (P, x1, cols)
+            lead = sub.dim() - 2
+            past = past.view(past.shape[0], *([1] * lead), x1, cols)
+            plans = _sinkhorn(sub.unsqueeze(0).masked_fill(~past, float("-inf")),
+                              self.iterations)  # (P, ..., x1, cols)
+            last = plans[torch.arange(x1 - x0, device=a.device), ..., ends, :]  # (P, ..., cols)
+            g = last.movedim(0, -2)  # (..., P, cols)
+            outs.append(torch.matmul(_dropout(g.exp(), dropout_p), v[..., :cols, :]))
+        return torch.cat(outs, dim=-2)
 
 
 class GaussianKernel(Kernel):
@@ -145,10 +266,14 @@ class GaussianKernel(Kernel):
     """
 
     name = "gaussian"
+    takes_scale = True
 
     def __init__(self, scale: float | None = None) -> None:
         super().__init__()
         self.scale = scale
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}"
 
     def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0):
         s = self.scale if self.scale is not None else q.shape[-1] ** -0.5
@@ -165,8 +290,11 @@ class LinearKernel(Kernel):
         g(x,x') = phi(Q(x)).phi(K(x')) / sum_eta phi(Q(x)).phi(K(eta))
 
     with phi = elu + 1 (positive). Without a mask it costs O(N d^2): A = phi(Q) (phi(K)^T V) /
-    (phi(Q) sum phi(K)); with a causal support it uses prefix sums; with a general mask it forms
-    the N x N kernel. Boolean masks restrict the support; float masks are not meaningful here.
+    (phi(Q) sum phi(K)); with a support (causal or a mask) it forms the N x N kernel. It has no
+    score scale (``takes_scale`` False): ``set_kernel`` refuses to put it by name where the
+    softmax scale is not 1/sqrt(d_h). Masks give the support: boolean masks, or float masks that
+    are 0 on the support and -inf / finfo.min off it; any other float mask (a score bias) has no
+    meaning here and is refused.
     """
 
     name = "linear"
@@ -181,7 +309,11 @@ class LinearKernel(Kernel):
 
     def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0):
         if attn_mask is not None and attn_mask.dtype != torch.bool:
-            raise ValueError("LinearKernel takes boolean attention masks only (a support)")
+            off = _off_support(attn_mask)
+            if not bool((off | (attn_mask == 0)).all()):
+                raise ValueError("LinearKernel takes masks that are a support only: boolean, or "
+                                 "float with 0 on the support and -inf / finfo.min off it")
+            attn_mask = ~off
         fq, fk = self.feature_map(q), self.feature_map(k)
         if attn_mask is None and not is_causal and dropout_p == 0.0:
             kv = torch.matmul(fk.transpose(-2, -1), v)  # (B, H, d, d_v)
@@ -221,6 +353,8 @@ class ALiBiKernel(Kernel):
     """
 
     name = "alibi"
+    takes_scale = True
+    relative = True
 
     def __init__(self, num_heads: int, causal: bool = False, scale: float | None = None,
                  slopes: torch.Tensor | None = None) -> None:
@@ -229,6 +363,22 @@ class ALiBiKernel(Kernel):
         self.scale = scale
         self.register_buffer("slopes", alibi_slopes(num_heads) if slopes is None
                              else torch.as_tensor(slopes, dtype=torch.float32), persistent=False)
+        if self.slopes.shape != (num_heads,):
+            raise ValueError(f"slopes must have one entry per head ({num_heads}), got shape "
+                             f"{tuple(self.slopes.shape)}")
+
+    @classmethod
+    def for_operator(cls, op: AttentionOperator, **options: Any) -> ALiBiKernel:
+        return cls(op.num_heads, **options)
+
+    def check_operator(self, op: AttentionOperator) -> None:
+        super().check_operator(op)
+        if self.slopes.numel() != op.num_heads:
+            raise ValueError(f"the alibi kernel has {self.slopes.numel()} slopes (heads) but "
+                             f"{type(op).__name__} has {op.num_heads} heads")
+
+    def extra_repr(self) -> str:
+        return f"heads={self.slopes.numel()}, causal={self.causal}, scale={self.scale}"
 
     def bias(self, n_q: int, n_k: int, dtype, device) -> torch.Tensor:
         x = torch.arange(n_q, device=device, dtype=dtype).unsqueeze(-1) + (n_k - n_q)
@@ -254,6 +404,8 @@ class RotaryKernel(Kernel):
     """
 
     name = "rotary"
+    takes_scale = True
+    relative = True
 
     def __init__(self, head_dim: int, base: float = 10000.0, scale: float | None = None) -> None:
         super().__init__()
@@ -262,6 +414,19 @@ class RotaryKernel(Kernel):
         self.head_dim = head_dim
         self.base = base
         self.scale = scale
+
+    @classmethod
+    def for_operator(cls, op: AttentionOperator, **options: Any) -> RotaryKernel:
+        return cls(op.head_dim, **options)
+
+    def check_operator(self, op: AttentionOperator) -> None:
+        super().check_operator(op)
+        if self.head_dim != op.head_dim:
+            raise ValueError(f"the rotary kernel has head_dim={self.head_dim} but "
+                             f"{type(op).__name__} has head_dim={op.head_dim}")
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, base={self.base}, scale={self.scale}"
 
     def angles(self, n: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         inv = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64,
@@ -290,33 +455,69 @@ class RotaryKernel(Kernel):
                                               is_causal=is_causal, scale=self.scale)
 
 
-KERNELS = {
-    "softmax": SoftmaxKernel,
-    "sinkhorn": SinkhornKernel,
-    "gaussian": GaussianKernel,
-    "linear": LinearKernel,
+KERNELS: dict[str, type[Kernel]] = {
+    cls.name: cls
+    for cls in (SoftmaxKernel, SinkhornKernel, GaussianKernel, LinearKernel, ALiBiKernel,
+                RotaryKernel)
 }
+"""The registry of kernel names: name -> class (``Kernel.for_operator`` builds one for an
+operator). The one source of the names that ``set_kernel`` accepts."""
+
+KERNEL_NAMES: frozenset[str] = frozenset(KERNELS)
 
 
-def set_kernel(model: nn.Module, kernel: Kernel | str, **kwargs) -> nn.Module:
-    """Put ``kernel`` into every attention operator of ``model`` (in place; returns model).
+def kernel_class(name: str) -> type[Kernel]:
+    """The registered kernel class of ``name``; ValueError listing the names otherwise."""
+    if not isinstance(name, str) or name not in KERNELS:
+        raise ValueError(f"kernel must be a Kernel or one of {sorted(KERNEL_NAMES)}, "
+                         f"got {name!r}")
+    return KERNELS[name]
 
-    A name builds a fresh kernel per operator: "softmax", "sinkhorn", "gaussian", "linear",
-    "alibi" (num_heads from the operator), "rotary" (head_dim from the operator).
+
+def set_kernel(model: nn.Module, kernel: Kernel | str, **options: Any) -> nn.Module:
+    """Put ``kernel`` into every attention operator of ``model`` (every ``AttentionOperator``:
+    NonlocalAttention, CrossAttention, CvT's ConvolutionalAttention, ...); in place, returns
+    ``model``.
+
+    * A name (one of ``KERNEL_NAMES``, validated first) builds a fresh kernel per operator with
+      ``options`` (``Kernel.for_operator``: ALiBi takes the operator's heads, rotary its head
+      size). A kernel with a score scale inherits the operator's current scale unless
+      ``options`` give ``scale``, so ``set_kernel(model, "softmax")`` never changes a model
+      whose kernel is softmax (GPT-2's scale by layer, CvT's dim^-1/2). A kernel without a
+      scale (linear) is refused where the operator's scale is not 1/sqrt(d_h).
+    * A ``Kernel`` instance is used as given, without options: the same module is shared by
+      every operator (kernels are stateless values; a kernel with trainable parameters would be
+      tied across the operators). Its compatibility (heads, head size, grids) is still checked.
+
+    Every operator is checked before any is changed (all or nothing). ValueError, naming the
+    model's class, the kernel and the operator, when a name is unknown, the model has no
+    attention operator, or an operator cannot take the kernel.
     """
-    from .attention import NonlocalAttention
+    from .attention import AttentionOperator
 
-    for m in model.modules():
-        if isinstance(m, NonlocalAttention):
-            if isinstance(kernel, Kernel):
-                m.kernel = kernel
-            elif kernel == "alibi":
-                m.kernel = ALiBiKernel(m.num_heads, **kwargs)
-            elif kernel == "rotary":
-                m.kernel = RotaryKernel(m.head_dim, **kwargs)
-            elif kernel in KERNELS:
-                m.kernel = KERNELS[kernel](**kwargs)
-            else:
-                raise ValueError(f"kernel must be a Kernel or one of "
-                                 f"{sorted([*KERNELS, 'alibi', 'rotary'])}, got {kernel!r}")
+    if isinstance(kernel, str):
+        kernel_class(kernel)
+        label = repr(kernel)
+    elif isinstance(kernel, Kernel):
+        if options:
+            raise ValueError(f"options {sorted(options)} are for a kernel built from a name; "
+                             f"{type(kernel).__name__} is used as given")
+        label = f"{type(kernel).__name__} ({kernel.name!r})"
+    else:
+        raise TypeError(f"kernel must be a Kernel or one of {sorted(KERNEL_NAMES)}, "
+                        f"got {type(kernel).__name__}")
+    ops = [(path or type(model).__name__, m) for path, m in model.named_modules()
+           if isinstance(m, AttentionOperator)]
+    if not ops:
+        raise ValueError(f"{type(model).__name__} has no attention operator to take the kernel "
+                         f"{label}")
+    plans = []
+    for path, op in ops:
+        try:
+            plans.append((op, op.kernel_for(kernel, **options)))
+        except ValueError as e:
+            raise ValueError(f"set_kernel({type(model).__name__}, {label}): {path} "
+                             f"({type(op).__name__}): {e}") from e
+    for op, k in plans:
+        op.install_kernel(k)
     return model
