@@ -414,3 +414,19 @@ def test_every_kernel_name_on_every_family_changes_the_output_or_refuses():
                     assert d > 1e-6, (family, name, d)
                 set_kernel(model, "softmax")
                 assert (run(model) - ref).abs().max().item() < 1e-12, (family, name)
+
+
+@pytest.mark.parametrize(("n_q", "n_k"), [(3, 6), (6, 3), (5, 5)])
+def test_causal_support_has_one_alignment_in_every_kernel(n_q, n_k):
+    """is_causal means the bottom-right support tril(N_k - N_q) in every kernel (sdpa's own
+    is_causal is top-left: the softmax and rotary kernels used it when N_q != N_k)."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, n_q, 4, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, n_k, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    support = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+    keep = support.any(-1)  # queries with a non-empty support
+    for kern in (SoftmaxKernel(), SinkhornKernel(), GaussianKernel(), LinearKernel(),
+                 ALiBiKernel(2), RotaryKernel(4)):
+        a = kern(q, k, v, is_causal=True)[..., keep, :]
+        b = kern(q, k, v, attn_mask=support)[..., keep, :]
+        assert (a - b).abs().max() < 1e-13, kern.name

@@ -17,7 +17,9 @@ kernel a Volterra operator: the output at x is the kernel of the problem restric
 
 which for the row-normalised kernels (softmax, Gaussian, linear, ALiBi, rotary) is simply the
 kernel with the support x' <= x, and for Sinkhorn is row x of the Sinkhorn plan of the past
-(its column normalisation never sees a future query; see ``SinkhornKernel``).
+(its column normalisation never sees a future query; see ``SinkhornKernel``). With N_q != N_k
+queries the causal support is bottom-right aligned in every kernel: query x sits at key position
+x + N_k - N_q (sdpa's own ``is_causal`` is top-left; it is used only where the two agree).
 
 ``KERNELS`` is the one registry of names (``KERNEL_NAMES``); ``Kernel.for_operator`` builds a
 kernel for a given attention operator (heads, head size) and ``set_kernel(model, kernel)``
@@ -105,15 +107,25 @@ class SoftmaxKernel(Kernel):
         return f"scale={self.scale}"
 
     def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0):
-        if is_causal and attn_mask is not None:
-            # sdpa takes a mask or is_causal, not both: fold the causal support into the mask
-            attn_mask = _additive_support(attn_mask, True, q.shape[-2], k.shape[-2], q.dtype,
-                                          q.device)
-            is_causal = False
+        attn_mask, is_causal = _sdpa_support(attn_mask, is_causal, q, k)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
             scale=self.scale,
         )
+
+
+def _sdpa_support(attn_mask, is_causal, q, k):
+    """(mask, is_causal) for scaled_dot_product_attention with this module's causal support.
+
+    sdpa takes a mask or ``is_causal``, not both, and its ``is_causal`` is top-left aligned
+    (tril(0)), while the causal support here is bottom-right aligned (query x at key position
+    x + N_k - N_q, as every kernel of this module reads it): the fused flag is kept only when
+    there is no mask and N_q = N_k (the two alignments agree); otherwise the support is folded
+    into the mask."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if is_causal and (attn_mask is not None or n_q != n_k):
+        return _additive_support(attn_mask, True, n_q, n_k, q.dtype, q.device), False
+    return attn_mask, is_causal
 
 
 def _additive_support(attn_mask, is_causal, n_q, n_k, dtype, device):
@@ -142,7 +154,7 @@ def _off_support(attn_mask: torch.Tensor) -> torch.Tensor:
 
 def support_is_causal(attn_mask: torch.Tensor | None, is_causal: bool, n_q: int, n_k: int
                       ) -> bool:
-    """Whether the support lies in {x' <= x} (bottom-right aligned, as sdpa's ``is_causal``):
+    """Whether the support lies in {x' <= x} (bottom-right aligned, as in this module):
     ``is_causal``, or a mask excluding every x' > x (checked on the values: one sync)."""
     if is_causal:
         return True
@@ -234,7 +246,7 @@ class SinkhornKernel(Kernel):
     def _causal(self, a: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
         """Row x of the Sinkhorn plan of {0..x} x {0..x + N_k - N_q}, for every x."""
         n_q, n_k = a.shape[-2], a.shape[-1]
-        off = n_k - n_q  # query x sits at key position x + off (sdpa's bottom-right alignment)
+        off = n_k - n_q  # query x sits at key position x + off (bottom-right alignment)
         per_prefix = max(1, a[..., 0, 0].numel() * n_q * n_k)
         step = max(1, self._PREFIX_BATCH // per_prefix)
         outs = []
@@ -447,10 +459,7 @@ class RotaryKernel(Kernel):
         cos, sin = self.angles(n, q.dtype, q.device)
         q = self.rotate(q, cos[n - q.shape[-2]:], sin[n - q.shape[-2]:])
         k = self.rotate(k, cos[n - k.shape[-2]:], sin[n - k.shape[-2]:])
-        if is_causal and attn_mask is not None:
-            attn_mask = _additive_support(attn_mask, True, q.shape[-2], k.shape[-2], q.dtype,
-                                          q.device)
-            is_causal = False
+        attn_mask, is_causal = _sdpa_support(attn_mask, is_causal, q, k)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                               is_causal=is_causal, scale=self.scale)
 
