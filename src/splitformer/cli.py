@@ -1,6 +1,10 @@
 """The `splitformer` command. Each subcommand is a module in ``splitformer.commands`` exposing
 ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``; adding one is adding a module and a
-line to ``COMMANDS``."""
+line to ``COMMANDS``.
+
+Every usage error, found by argparse or raised by a subcommand as ``commands.UsageError``, is
+one line on stderr, ``splitformer SUBCOMMAND: error: argument --flag: ...``, and exit status 2.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import importlib
 import sys
 
 from . import __version__
+from .commands import UsageError
 
 COMMANDS: dict[str, str] = {
     "verify": "splitformer.commands.verify",
@@ -16,8 +21,16 @@ COMMANDS: dict[str, str] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with errors on one line (the usage is one ``--help`` away)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        line = " ".join(str(message).split())
+        self.exit(2, f"{self.prog}: error: {line} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="splitformer",
         description="Transformers as operator-splitting discretisations of an "
         "integro-differential equation.",
@@ -28,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(modname)
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        p.set_defaults(_run=mod.run, _parser=p)
     return parser
 
 
@@ -38,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return 2
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except UsageError as e:
+        args._parser.error(str(e))  # exits with status 2
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

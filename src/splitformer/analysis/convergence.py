@@ -19,6 +19,7 @@ variants replace one ingredient at a time (ReLU, real LayerNorm, trained weights
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -26,11 +27,12 @@ import torch
 from ..models.encoder import Encoder
 from ..operators import FeedForward, LayerNormProjection, NonlocalAttention, SphereProjection
 from ..time import Controls, Evolution, TimeGrid
-from ..time.schemes import layout_of, lie
+from ..time.schemes import Scheme, layout_of, lie, scheme_names
 
 __all__ = [
     "ConvergenceResult",
     "CONFIGURATIONS",
+    "REFERENCES",
     "configuration",
     "convergence",
     "fit_order",
@@ -40,12 +42,15 @@ __all__ = [
 ]
 
 
+REFERENCES = ("auto", "projected-ode", "same-scheme")
+
+
 @dataclass
 class ConvergenceResult:
     scheme: str
     scheme_text: str
-    integrator: str
-    form: str
+    integrator: str | None  # None: a scheme given as a string or Scheme (set per stage)
+    form: str | None
     taus: list[float]
     errors: list[float]
     order: float
@@ -79,7 +84,7 @@ def fit_order(taus: list[float], errors: list[float], floor: float = 1e-12) -> f
     my = sum(p[1] for p in pts) / len(pts)
     num = sum((x - mx) * (y - my) for x, y in pts)
     den = sum((x - mx) ** 2 for x, _ in pts)
-    return num / den
+    return num / den if den > 0 else float("nan")  # one tau repeated: no slope
 
 
 # -- configurations -----------------------------------------------------------------------------
@@ -245,9 +250,9 @@ def convergence(
     model: Encoder | Evolution,
     u0: torch.Tensor,
     *,
-    scheme: str = "lie",
-    integrator: str = "euler",
-    form: str = "raw",
+    scheme: str | Scheme = "lie",
+    integrator: str | None = None,
+    form: str | None = None,
     ks: tuple[int, ...] = (1, 2, 3, 4, 5, 6),
     ref_k: int = 10,
     reference: str = "auto",
@@ -256,6 +261,10 @@ def convergence(
 ) -> ConvergenceResult:
     """Errors at t = T for tau = 2^-k, k in ``ks``, and the fitted order (see module docstring).
 
+    scheme: a named scheme (built on the model's layout), a scheme string or a Scheme.
+    integrator, form: options of a named scheme; None (the default) is the scheme's own default
+    (``strang()`` is Heun, ``unsplit()`` RK4 in the tangent form, the others Euler, raw), as in
+    ``model.with_scheme(name)``. A scheme string or Scheme sets them per stage.
     reference: "auto" (projected ODE by unsplit tangent RK4 when every field projects onto the
     same set, else the same scheme), "projected-ode", or "same-scheme"; both at tau = 2^-ref_k.
     ``u_ref`` skips the reference run (e.g. from ``reference_solution``, shared by studies).
@@ -263,12 +272,20 @@ def convergence(
     base = model.evolution if isinstance(model, Encoder) else model
     if not isinstance(base, Evolution):
         raise TypeError(f"model must be an Encoder or an Evolution, got {type(model).__name__}")
-    if reference not in ("auto", "projected-ode", "same-scheme"):
-        raise ValueError(f"reference must be 'auto', 'projected-ode' or 'same-scheme', got "
-                         f"{reference!r}")
-    if not ks or min(ks) < 0 or max(ks) >= ref_k:
-        raise ValueError(f"ks must be integers in [0, ref_k) = [0, {ref_k}), got {ks!r}")
-    evo = base.with_scheme(scheme, integrator=integrator, form=form)
+    if reference not in REFERENCES:
+        raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
+    if (not ks or min(ks) < 0 or max(ks) >= ref_k or len(set(ks)) != len(ks)
+            or any(isinstance(k, bool) or not isinstance(k, numbers.Integral) for k in ks)):
+        raise ValueError(f"ks must be distinct integers in [0, ref_k) = [0, {ref_k}), got "
+                         f"{ks!r}")
+    options = {k: v for k, v in (("integrator", integrator), ("form", form)) if v is not None}
+    named = isinstance(scheme, str) and scheme in scheme_names()
+    if options and not named:
+        raise ValueError(f"integrator and form are options of the named schemes "
+                         f"{scheme_names()}; scheme {scheme!r} sets them per stage "
+                         "(e.g. 'attention:heun~norm1 norm1:project')")
+    evo = base.with_scheme(scheme, **options)
+    meta = evo.scheme.meta if named else {}
     # every tau = 2^-k must divide the unit control intervals: T stays, N_t = T 2^k
     T = int(round(base.T))
     unit = Evolution(evo.controls, evo.scheme, TimeGrid(T, T))
@@ -290,7 +307,8 @@ def convergence(
     pairwise = [math.log2(errors[i] / errors[i + 1]) if errors[i + 1] > 0 else float("nan")
                 for i in range(len(errors) - 1)]
     return ConvergenceResult(
-        scheme=scheme, scheme_text=str(evo.scheme), integrator=integrator, form=form,
+        scheme=scheme if isinstance(scheme, str) else evo.scheme.name,
+        scheme_text=str(evo.scheme), integrator=meta.get("integrator"), form=meta.get("form"),
         taus=taus, errors=errors, order=fit_order(taus, errors), pairwise_orders=pairwise,
         reference=ref_label, configuration=configuration_name,
     )
@@ -305,8 +323,8 @@ def plot(results: list[ConvergenceResult], path: str, title: str = "") -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for r in results:
-        ax.loglog(r.taus, r.errors, "o-",
-                  label=f"{r.scheme} ({r.integrator}, {r.form}): order {r.order:.2f}")
+        how = f" ({r.integrator}, {r.form})" if r.integrator else ""
+        ax.loglog(r.taus, r.errors, "o-", label=f"{r.scheme}{how}: order {r.order:.2f}")
     t = results[0].taus
     e0 = max(r.errors[0] for r in results)
     for p, style in ((1, ":"), (2, "--")):

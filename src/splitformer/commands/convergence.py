@@ -1,103 +1,336 @@
-"""`splitformer convergence`: errors at t = T for tau = 2^-k, the observed order, a plot."""
+"""`splitformer convergence`: errors at t = T for tau = 2^-k, the observed order, a plot.
+
+Every input is checked before the reference run and the refined runs (the long part): the flags
+by argparse (``type=`` functions below), then what needs two flags or the model (``_check``).
+The choices come from the registries: ``scheme_names()``, ``INTEGRATORS``, ``FORMS``,
+``CONFIGURATIONS``, ``REFERENCES``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
+import sys
+import textwrap
+from collections import Counter
+from collections.abc import Mapping
 
 import torch
+from torch import nn
 
-from ..analysis.convergence import CONFIGURATIONS, configuration, convergence, plot
+from ..analysis.convergence import (
+    CONFIGURATIONS,
+    REFERENCES,
+    configuration,
+    convergence,
+    plot,
+    smooth_configuration,
+)
+from ..time.integrators import INTEGRATORS
+from ..time.schemes import FORMS, resolve, scheme_names
+from . import UsageError
 from .progress import Progress
 
 HELP = "measure the order of convergence in tau of a scheme (a table, --json, --plot)"
 
+EXAMPLE = "attention norm1:project ffn norm2:project"  # the post-LN Lie scheme as a string
+WIDTH = 100  # the text output fits this many columns
+_MODEL_KINDS = ("a torch.save'd nn.TransformerEncoder, nn.TransformerEncoderLayer or "
+                "splitformer Encoder")
+
+
+# -- registries -----------------------------------------------------------------------------
+
+def _canonical(integrator: str) -> str:
+    """The first registry name of the same integrator (rk2 -> heun)."""
+    fn = INTEGRATORS[integrator]
+    return next(name for name, f in INTEGRATORS.items() if f is fn)
+
+
+def _own_defaults(option: str) -> str:
+    """'strang: heun, unsplit: rk4, others: euler', read off the named schemes themselves."""
+    own = {}
+    for name in scheme_names():
+        try:
+            value = resolve(name).meta.get(option)
+        except ValueError:
+            continue
+        if value is not None:
+            own[name] = value
+    if not own:
+        return "the scheme's own"
+    common = Counter(own.values()).most_common(1)[0][0]
+    parts = [f"{n}: {v}" for n, v in own.items() if v != common]
+    return ", ".join([*parts, f"others: {common}"])
+
+
+# -- argument types (argparse reports their errors as 'argument --flag: ...') ---------------
+
+def _scheme_arg(text: str) -> str:
+    t = text.strip()
+    if t in scheme_names():
+        return t
+    if re.fullmatch(r"[\w.-]*", t):  # one word: meant as a name
+        raise argparse.ArgumentTypeError(
+            f"unknown scheme {text!r}: expected one of {', '.join(scheme_names())} or a scheme "
+            f"string such as '{EXAMPLE}'")
+    try:
+        resolve(t)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"cannot read scheme string {text!r}: {e}") from None
+    return t
+
+
+def _ks_arg(text: str) -> tuple[int, ...]:
+    t = text.strip()
+    expected = (f"expected 'a-b' (e.g. 1-6) or 'a,b,c' (e.g. 2,3,5): integers k >= 0, "
+                f"tau = 2^-k, got {text!r}")
+    m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", t)
+    if m:
+        a, b = int(m[1]), int(m[2])
+        if a >= b:
+            raise argparse.ArgumentTypeError(f"range {text!r} must go up (a < b)")
+        ks = tuple(range(a, b + 1))
+    else:
+        parts = [p.strip() for p in t.split(",")]
+        if not all(re.fullmatch(r"\d+", p) for p in parts):
+            raise argparse.ArgumentTypeError(expected)
+        ks = tuple(int(p) for p in parts)
+        if list(ks) != sorted(set(ks)):
+            raise argparse.ArgumentTypeError(
+                f"k values must increase without repeats (tau halves from one to the next), "
+                f"got {text!r}")
+    if len(ks) < 2:
+        raise argparse.ArgumentTypeError(f"needs at least two k values to fit an order, got "
+                                         f"{text!r}")
+    return ks
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _plot_formats() -> list[str]:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        raise argparse.ArgumentTypeError(
+            "needs matplotlib (pip install 'splitformer[data]')") from None
+    return sorted(FigureCanvasAgg.get_supported_filetypes())
+
+
+def _plot_arg(path: str) -> str:
+    formats = _plot_formats()
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if ext not in formats:
+        got = f"extension '.{ext}'" if ext else "no extension"
+        raise argparse.ArgumentTypeError(
+            f"{path!r} has {got}: expected a file name ending in one of "
+            f"{', '.join('.' + f for f in formats)}")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"folder {folder!r} of {path!r} does not exist "
+                                         "(create it first)")
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{path!r} is a folder: expected a file name")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {folder!r} of {path!r} is not writable")
+    return path
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scheme", default="lie",
-                   help="lie, prenorm, strang, parallel, unsplit, or a scheme string "
-                        "(default: lie)")
-    p.add_argument("--integrator", default="euler", choices=["euler", "rk2", "heun", "rk4"],
-                   help="substep integrator (rk2 = heun; default: euler)")
-    p.add_argument("--substep-form", default="raw", choices=["raw", "tangent"],
+    aliases = [f"{a} = {_canonical(a)}" for a in INTEGRATORS if _canonical(a) != a]
+    p.add_argument("--scheme", default="lie", type=_scheme_arg, metavar="SCHEME",
+                   help=f"a named scheme ({', '.join(scheme_names())}) or a scheme string in "
+                        f"the short form of splitformer.time.schemes, e.g. '{EXAMPLE}' "
+                        "(default: lie). 'paper', the literal scheme, has no limit as "
+                        "tau -> 0 and is refused")
+    p.add_argument("--integrator", default=None, choices=list(INTEGRATORS),
+                   help=f"substep integrator of a named scheme ({'; '.join(aliases)}); "
+                        f"default: the scheme's own ({_own_defaults('integrator')}), as "
+                        "model.with_scheme(name) in Python. A scheme string sets it per stage")
+    p.add_argument("--substep-form", default=None, choices=list(FORMS),
                    help="raw: field then projection (the network at tau = 1); tangent: "
-                        "tangential field then projection (the projection method)")
+                        "tangential field then projection (the projection method); default: "
+                        f"the scheme's own ({_own_defaults('form')})")
     p.add_argument("--model", default="smooth",
-                   help=f"a configuration ({', '.join(CONFIGURATIONS)}) or a path to a "
-                        "torch.save'd nn.TransformerEncoder (unpickled: only files you trust; "
-                        "default: smooth)")
+                   help=f"a configuration ({', '.join(CONFIGURATIONS)}) or a path to "
+                        f"{_MODEL_KINDS} (unpickled: only files you trust; default: smooth)")
     p.add_argument("--controls", default="constant", choices=["constant", "linear"],
                    help="controls in time: piecewise constant (the network) or linear")
-    p.add_argument("--ks", default="1-6", help="k values, tau = 2^-k: 'a-b' or 'a,b,c'")
-    p.add_argument("--ref-k", type=int, default=10, help="reference at tau = 2^-ref_k")
-    p.add_argument("--reference", default="auto",
-                   choices=["auto", "projected-ode", "same-scheme"])
+    p.add_argument("--ks", default="1-6", type=_ks_arg,
+                   help="k values, tau = 2^-k, increasing, each below --ref-k: 'a-b' or "
+                        "'a,b,c' (default: 1-6)")
+    p.add_argument("--ref-k", type=_positive_int, default=10,
+                   help="reference at tau = 2^-ref_k (default: 10)")
+    p.add_argument("--reference", default="auto", choices=list(REFERENCES),
+                   help="auto: the projected ODE when every field projects onto one set, else "
+                        "the same scheme (default: auto)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--plot", metavar="OUT.png", default=None, help="write a log-log plot")
+    p.add_argument("--plot", metavar="OUT.png", default=None, type=_plot_arg,
+                   help="write a log-log plot (the folder must exist; the extension picks the "
+                        "format)")
 
 
-def _ks(text: str) -> tuple[int, ...]:
+# -- checks that need more than one flag, or the model --------------------------------------
+
+def _options(args: argparse.Namespace) -> dict[str, str]:
+    """integrator / form for a named scheme; none (the scheme's own) where not given."""
+    named = args.scheme in scheme_names()
+    out = {}
+    if args.integrator is not None:
+        if not named:
+            raise UsageError(
+                f"argument --integrator: applies to the named schemes ({', '.join(scheme_names())})"
+                f"; in a scheme string give each field stage its integrator, e.g. "
+                f"'attention:heun norm1:project'")
+        out["integrator"] = _canonical(args.integrator)
+    if args.substep_form is not None:
+        if not named:
+            raise UsageError(
+                f"argument --substep-form: applies to the named schemes "
+                f"({', '.join(scheme_names())}); in a scheme string write the tangent form per "
+                f"stage, e.g. 'attention~norm1 norm1:project'")
+        out["form"] = args.substep_form
+    return out
+
+
+def _check_scheme(model, args: argparse.Namespace, options: dict[str, str], what: str) -> None:
+    """The scheme with its options builds on the model's layout and operators, or UsageError
+    naming the flag at fault."""
+    evo = model.evolution
+
+    def build(opts):
+        evo.with_scheme(args.scheme, **opts)
+
     try:
-        if "-" in text:
-            a, b = text.split("-")
-            return tuple(range(int(a), int(b) + 1))
-        return tuple(int(k) for k in text.split(","))
-    except ValueError:
-        raise SystemExit(f"--ks must look like '1-6' or '1,2,3', got {text!r}") from None
+        build(options)
+    except ValueError as e:
+        flag = "--scheme"
+        for key, name in (("form", "--substep-form"), ("integrator", "--integrator")):
+            if key in options:
+                try:
+                    build({k: v for k, v in options.items() if k != key})
+                    flag = name
+                    break
+                except ValueError:
+                    pass
+        raise UsageError(f"argument {flag}: {args.scheme!r} does not fit {what}: {e}") from None
 
 
-def _load_model(spec: str, seed: int):
-    if spec in CONFIGURATIONS:
-        return configuration(spec, seed=seed)
-    if not os.path.isfile(spec):
-        raise SystemExit(f"--model must be one of {sorted(CONFIGURATIONS)} or a file, got "
-                         f"{spec!r}")
+def _load_file(path: str, seed: int):
+    try:
+        # a local file the user names (unpickling: documented in --help)
+        obj = torch.load(path, weights_only=False, map_location="cpu")
+    except Exception as e:  # anything: not a torch.save file, a class that is gone, ...
+        why = (str(e).splitlines() or [""])[0][:200]
+        raise UsageError(f"argument --model: cannot read {path!r} as {_MODEL_KINDS} "
+                         f"({type(e).__name__}: {why})") from None
     from ..interop.torch_nn import from_torch
+    from ..models.encoder import Encoder
 
-    module = torch.load(spec, weights_only=False, map_location="cpu")  # a local file the user names
-    model = from_torch(module.double()).eval()
+    if isinstance(obj, Encoder):
+        model = obj.double().eval()
+    elif isinstance(obj, (nn.TransformerEncoder, nn.TransformerEncoderLayer)):
+        try:
+            model = from_torch(obj.double()).eval()
+        except ValueError as e:  # a layout from_torch documents it cannot map
+            raise UsageError(f"argument --model: {path!r} does not map onto a splitformer "
+                             f"encoder: {e}") from None
+    elif isinstance(obj, Mapping):
+        raise UsageError(f"argument --model: {path!r} holds a mapping ({type(obj).__name__}: "
+                         f"a state dict?), not a module: expected {_MODEL_KINDS}; save the "
+                         "module itself, torch.save(encoder, path)")
+    else:
+        kind = type(obj)
+        raise UsageError(f"argument --model: {path!r} holds a {kind.__module__}."
+                         f"{kind.__qualname__}: expected {_MODEL_KINDS}")
     g = torch.Generator().manual_seed(seed)
     u0 = torch.randn(2, 6, model.d_model, generator=g, dtype=torch.float64)
     return model, u0
 
 
+def _check(args: argparse.Namespace) -> dict[str, str]:
+    """Everything that does not need the model, then the scheme against the model (or, for a
+    configuration, against the smooth one: every configuration has its layout and operators).
+    Returns the options of a named scheme."""
+    if max(args.ks) >= args.ref_k:
+        raise UsageError(f"argument --ks: every k must be below --ref-k {args.ref_k} (the "
+                         f"reference is at tau = 2^-{args.ref_k}), got k = {max(args.ks)}")
+    if args.scheme == "paper":
+        raise UsageError("argument --scheme: 'paper', the paper's literal scheme, projects the "
+                         "state inside its FFN substeps and has no limit as tau -> 0 "
+                         "(docs/math.md 3.4): nothing to measure; try 'lie'")
+    options = _options(args)
+    if args.model in CONFIGURATIONS:
+        probe, _ = smooth_configuration(seed=args.seed)
+        _check_scheme(probe, args, options, f"the configurations' layout ({EXAMPLE})")
+    elif not os.path.isfile(args.model):
+        raise UsageError(f"argument --model: expected one of {', '.join(CONFIGURATIONS)} or a "
+                         f"file, got {args.model!r}")
+    return options
+
+
 def run(args: argparse.Namespace) -> int:
-    integrator = "heun" if args.integrator == "rk2" else args.integrator
-    ks = _ks(args.ks)
+    options = _check(args)
     progress = Progress(enabled=not args.json)
     progress(f"building model {args.model}")
-    model, u0 = _load_model(args.model, args.seed)
+    if args.model in CONFIGURATIONS:
+        try:
+            model, u0 = configuration(args.model, seed=args.seed)
+        except ImportError as e:
+            progress.close()
+            raise UsageError(f"argument --model: {args.model!r}: {e}") from None
+    else:
+        model, u0 = _load_file(args.model, args.seed)
+        _check_scheme(model, args, options, f"the model in {args.model!r}")
     if args.controls == "linear":
         model = model.with_controls_in_time("linear")
-    progress(f"reference at tau = 2^-{args.ref_k} and {len(ks)} runs")
+    progress(f"reference at tau = 2^-{args.ref_k} and {len(args.ks)} runs")
     try:
-        res = convergence(model, u0, scheme=args.scheme, integrator=integrator,
-                          form=args.substep_form, ks=ks, ref_k=args.ref_k,
-                          reference=args.reference, configuration_name=args.model)
+        res = convergence(model, u0, scheme=args.scheme, ks=args.ks, ref_k=args.ref_k,
+                          reference=args.reference, configuration_name=args.model, **options)
     except ValueError as e:
+        raise UsageError(str(e)) from None
+    finally:
         progress.close()
-        raise SystemExit(f"splitformer convergence: {e}") from None
-    progress.close()
+    plot_error = None
     if args.plot:
-        plot([res], args.plot, title=f"{args.scheme} on '{args.model}'")
+        try:
+            plot([res], args.plot, title=f"{args.scheme} on '{args.model}'")
+        except Exception as e:  # after the run: report, keep the results
+            plot_error = f"argument --plot: could not write {args.plot!r}: {e}"
     if args.json:
         out = res.as_dict()
         out["controls"] = args.controls
-        if args.plot:
+        if args.plot and not plot_error:
             out["plot"] = args.plot
         print(json.dumps(out, indent=2))
-        return 0
-    print(f"scheme     {res.scheme}: {res.scheme_text}")
-    print(f"model      {args.model} ({CONFIGURATIONS.get(args.model, 'from file')}), "
-          f"controls {args.controls}")
-    print(f"reference  {res.reference}")
-    print(f"{'tau':>10} {'error':>12} {'order':>7}")
-    for i, (t, e) in enumerate(zip(res.taus, res.errors, strict=True)):
-        o = f"{res.pairwise_orders[i - 1]:7.3f}" if i else "      -"
-        print(f"{t:10.6f} {e:12.4e} {o}")
-    print(f"observed order (least squares): {res.order:.3f}")
-    if args.plot:
-        print(f"plot written to {args.plot}")
+    else:
+        name = res.scheme if args.scheme in scheme_names() else "custom"
+        desc = CONFIGURATIONS.get(args.model, "from file")
+        for line in (f"scheme     {name}: {res.scheme_text}",
+                     f"model      {args.model} ({desc}), controls {args.controls}",
+                     f"reference  {res.reference}"):
+            print(textwrap.fill(line, WIDTH, subsequent_indent=" " * 11,
+                                break_on_hyphens=False))
+        print(f"{'tau':>10} {'error':>12} {'order':>7}")
+        for i, (t, e) in enumerate(zip(res.taus, res.errors, strict=True)):
+            o = f"{res.pairwise_orders[i - 1]:7.3f}" if i else "      -"
+            print(f"{t:10.6f} {e:12.4e} {o}")
+        print(f"observed order (least squares): {res.order:.3f}")
+        if args.plot and not plot_error:
+            print(f"plot written to {args.plot}")
+    if plot_error:
+        print(f"splitformer convergence: error: {' '.join(plot_error.split())}", file=sys.stderr)
+        return 1
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import warnings
 
 import torch
@@ -13,47 +14,85 @@ from ..verification import TOLERANCES, families, run_checks
 from .progress import Progress
 
 HELP = "measure the paper's correspondence table against torch.nn (and HF / timm families)"
+WIDTH = 100  # every line of the table fits this many columns
+
+
+def _threads(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--family", action="append", choices=families(), default=None,
                    help="only these families (repeatable); default: all")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--threads", type=_threads, default=None,
+                   help="torch threads, a positive integer (default: torch's)")
 
 
 def _fmt(err: float | None) -> str:
     return "-" if err is None else f"{err:.1e}"
 
 
+def format_table(rows: list[dict], width: int = WIDTH) -> list[str]:
+    """The rows as one block per family: status, the two errors, then the continuous model and
+    (under it) the reference network, wrapped so that no line is longer than ``width``."""
+    cols = [
+        ("status", [r["status"] for r in rows]),
+        ("float64", [_fmt(r["errors"].get("float64")) for r in rows]),
+        ("float32", [_fmt(r["errors"].get("float32")) for r in rows]),
+    ]
+    widths = [max(len(head), *(len(v) for v in vals)) for head, vals in cols]
+    indent = sum(widths) + 2 * len(widths)
+    text_width = max(width - indent, 20)
+
+    def wrap(text: str, first: str = "", later: str = "") -> list[str]:
+        return textwrap.wrap(text, text_width, initial_indent=first, subsequent_indent=later,
+                             break_on_hyphens=False) or [first]
+
+    lines = [" " * (widths[0] + 2) + "max|diff|",
+             "  ".join(h.ljust(w) for (h, _), w in zip(cols, widths, strict=True))
+             + "  continuous model (splitformer)",
+             " " * indent + "vs network (reference)",
+             "  ".join("-" * w for w in [*widths, text_width])]
+    family = None
+    for i, r in enumerate(rows):
+        if r["family"] != family:
+            family = r["family"]
+            lines += ["", family]
+        text = wrap(r["name"])
+        if r.get("reference", "-") != "-":
+            text += wrap(r["reference"], "vs ", "   ")
+        if r.get("reason"):
+            text += wrap(r["reason"], f"{r['status'].lower()}: ", "   ")
+        cells = [vals[i].ljust(w) for (_, vals), w in zip(cols, widths, strict=True)]
+        lines.append("  ".join(cells) + "  " + text[0])
+        lines += [" " * indent + t for t in text[1:]]
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
+    wanted = list(dict.fromkeys(args.family)) if args.family else None  # repeats once
     progress = Progress(enabled=not args.json)
     with warnings.catch_warnings():
         # the reference libraries warn about their own paths (nested tensors, mask types)
         warnings.simplefilter("ignore")
-        rows = list(run_checks(args.family, progress=progress))
+        rows = list(run_checks(wanted, progress=progress))
     progress.close()
     failed = sum(r["status"] == "FAIL" for r in rows)
     if args.json:
         tol = {str(k).replace("torch.", ""): v for k, v in TOLERANCES.items()}
         print(json.dumps({"tolerances": tol, "rows": rows, "failed": failed}, indent=2))
         return 1 if failed else 0
-    headers = ("family", "continuous model (splitformer)", "network (reference)",
-               "max|diff| f64", "max|diff| f32", "")
-    table = [headers] + [
-        (r["family"], r["name"], r["reference"], _fmt(r["errors"].get("float64")),
-         _fmt(r["errors"].get("float32")),
-         r["status"] + (f" ({r['reason']})" if r.get("reason") else ""))
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(headers) - 1)]
-    for k, row in enumerate(table):
-        cells = [c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)]
-        print("  ".join(cells) + "  " + row[-1])
-        if k == 0:
-            print("  ".join("-" * w for w in widths) + "  ------")
+    for line in format_table(rows):
+        print(line.rstrip())
     n_pass = sum(r["status"] == "PASS" for r in rows)
     n_skip = sum(r["status"] == "SKIP" for r in rows)
     print(f"\n{n_pass} passed, {failed} failed, {n_skip} skipped "
