@@ -8,7 +8,7 @@ from conftest import TOL
 
 import splitformer
 from splitformer.interop.hf_gpt2 import GPT2_WEIGHT_MAP, check_config, from_hf_model, weight_map
-from splitformer.models.decoder import (
+from splitformer.models.causal import (
     GPT2_ACTIVATIONS,
     CausalDecoderModel,
     CausalLM,

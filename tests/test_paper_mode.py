@@ -30,8 +30,8 @@ def test_paper_literal_scheme_equals_post_ln_encoder(d, h, ff, L, dtype):
 
 def test_paper_scheme_has_the_relaxation_and_projections():
     s = paper_lie(2)
-    kinds = [st.integrator for st in s.stages]
-    assert kinds == ["euler", "project", "euler", "euler", "relax", "project"]
+    kinds = [st.kind for st in s.stages]
+    assert kinds == ["field", "project", "field", "field", "relax", "project"]
     assert s.stages[2].then == ("relu",)  # linear + projection onto S2: one substep
     assert s.stages[4].weight == 0.5
     assert len(paper_lie(3).stages) == 4 + 3

@@ -1,7 +1,7 @@
 """torch.nn encoder-decoder <-> splitformer: a pure weight map (no torch.nn module is called).
 
 nn.TransformerDecoderLayer is one step of the decoder scheme on the three-field layout
-(attention, norm1), (cross_attention, norm2), (ffn, norm3) (``splitformer.models.decoder``):
+(attention, norm1), (cross_attention, norm2), (ffn, norm3) (``splitformer.models.seq2seq``):
 
     norm_first=False (post-LN):  u <- P1(u + A u);  u <- P2(u + C(u; M));  u <- P3(u + G u)
     norm_first=True  (pre-LN):   u <- u + A(P1 u);  u <- u + C(P2 u; M);   u <- u + G(P3 u)
@@ -32,7 +32,7 @@ from typing import Any
 
 from torch import nn
 
-from ..models.decoder import (
+from ..models.seq2seq import (
     CrossDecoder,
     EncoderDecoderModel,
     decoder_controls,

@@ -39,18 +39,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..operators import LayerNormProjection
 from ..operators.base import Context
-from ..time import Evolution, TimeGrid, Trajectory
+from ..time import Evolution, TimeGrid
 from ..time.schemes import lie
-from .encoder import EvolutionModel, _keep_source, encoder_controls
+from .base import EvolutionModel, keep_source
+from .embeddings import TokenEmbedding
+from .encoder import encoder_controls
 from .masks import finfo_additive, padding_support
 from .outputs import ModelOutput
 
 __all__ = [
     "BERT_ACTIVATIONS",
     "BertClassifierOutput",
-    "BertEmbedding",
     "BertEncoderModel",
     "BertEncoderOutput",
     "BertSequenceClassifier",
@@ -89,73 +89,6 @@ class BertClassifierOutput(ModelOutput):
     hidden_states: tuple[torch.Tensor, ...] | None = None
     last_hidden_state: torch.Tensor | None = None
     pooler_output: torch.Tensor | None = None
-
-
-class BertEmbedding(nn.Module):
-    """The initial condition f = P_S1(E_w[ids] + E_t[types] + E_p[positions]), then dropout.
-
-    Three embedding tables (look-ups in a learned dictionary, indexed by token, token type and
-    position) summed in BERT's order ((word + type) + position), then the LayerNorm projection.
-    """
-
-    def __init__(
-        self,
-        vocab_size: int,
-        max_positions: int,
-        type_vocab_size: int,
-        dim: int,
-        *,
-        eps: float = 1e-12,
-        dropout: float = 0.0,
-        padding_idx: int | None = None,
-        device=None,
-        dtype=None,
-    ) -> None:
-        super().__init__()
-        kw = {"device": device, "dtype": dtype}
-        self.dim = dim
-        self.max_positions = max_positions
-        self.word = nn.Embedding(vocab_size, dim, padding_idx=padding_idx, **kw)
-        self.position = nn.Embedding(max_positions, dim, **kw)
-        self.token_type = nn.Embedding(type_vocab_size, dim, **kw)
-        self.norm = LayerNormProjection(dim, eps=eps, **kw)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        if input_ids is not None:
-            if input_ids.dim() != 2:
-                raise ValueError(f"input_ids must have shape (batch, seq), got "
-                                 f"{tuple(input_ids.shape)}")
-            b, n = input_ids.shape
-            device = input_ids.device
-        else:
-            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.dim:
-                raise ValueError(f"inputs_embeds must have shape (batch, seq, {self.dim}), got "
-                                 f"{tuple(inputs_embeds.shape)}")
-            if inputs_embeds.dtype != self.word.weight.dtype:
-                raise TypeError(f"inputs_embeds has dtype {inputs_embeds.dtype} but the model's "
-                                f"parameters are {self.word.weight.dtype}")
-            b, n = inputs_embeds.shape[:2]
-            device = inputs_embeds.device
-        if position_ids is None:
-            if n > self.max_positions:
-                raise ValueError(f"sequence length {n} exceeds max_position_embeddings="
-                                 f"{self.max_positions}")
-            position_ids = torch.arange(n, device=device).unsqueeze(0)
-        if token_type_ids is None:
-            token_type_ids = torch.zeros(1, n, dtype=torch.long, device=device).expand(b, n)
-        e = self.word(input_ids) if inputs_embeds is None else inputs_embeds
-        e = e + self.token_type(token_type_ids)
-        e = e + self.position(position_ids)
-        return self.dropout(self.norm(e))
 
 
 class ClassTokenPooler(nn.Module):
@@ -211,7 +144,7 @@ class BertEncoderModel(EvolutionModel):
 
     def __init__(
         self,
-        embedding: BertEmbedding,
+        embedding: TokenEmbedding,
         evolution: Evolution,
         *,
         pooler: ClassTokenPooler | None = None,
@@ -223,7 +156,7 @@ class BertEncoderModel(EvolutionModel):
         self.evolution = evolution
         self.pooler = pooler
         self.additive_mask = bool(additive_mask)
-        self.source = _keep_source(source)
+        self.source = keep_source(source)
 
     # -- the kernel's support ---------------------------------------------------------------
     def attention_support(
@@ -250,14 +183,19 @@ class BertEncoderModel(EvolutionModel):
         mask = self.attention_support(attention_mask, b, n, u0.dtype, u0.device)
         return u0, Context(attn_mask=mask)
 
+    def read_out(self, u: torch.Tensor, context: Context) -> BertEncoderOutput:
+        """last_hidden_state = u(T), pooler_output = R(u(T)) (None without a pooler)."""
+        pooled = self.pooler(u) if self.pooler is not None else None
+        return BertEncoderOutput(last_hidden_state=u, pooler_output=pooled)
+
     def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                 output_hidden_states: bool) -> BertEncoderOutput:
         u0, ctx = self.initial_condition(input_ids, attention_mask, token_type_ids, position_ids,
                                          inputs_embeds)
-        u, states = self.evolution.run(u0, ctx, keep_states=output_hidden_states)
-        pooled = self.pooler(u) if self.pooler is not None else None
-        return BertEncoderOutput(last_hidden_state=u, pooler_output=pooled,
-                                 hidden_states=tuple(states) if states is not None else None)
+        u, states = self.evolve(u0, ctx, steps=output_hidden_states)
+        out = BertEncoderModel.read_out(self, u, ctx)
+        out.hidden_states = states
+        return out
 
     def forward(
         self,
@@ -272,19 +210,6 @@ class BertEncoderModel(EvolutionModel):
         return self._encode(input_ids, attention_mask, token_type_ids, position_ids,
                             inputs_embeds, output_hidden_states)
 
-    def trajectory(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> Trajectory:
-        """u(t_i) at every grid point, (N_t + 1, B, N, d), before the read-out."""
-        u0, ctx = self.initial_condition(input_ids, attention_mask, token_type_ids, position_ids,
-                                         inputs_embeds)
-        return self.evolution(u0, ctx, return_trajectory=True)
-
 
 class BertSequenceClassifier(BertEncoderModel):
     """BertForSequenceClassification: the encoder with read-out logits = W_C R(u(T)) + b_C.
@@ -296,7 +221,7 @@ class BertSequenceClassifier(BertEncoderModel):
 
     def __init__(
         self,
-        embedding: BertEmbedding,
+        embedding: TokenEmbedding,
         evolution: Evolution,
         *,
         pooler: ClassTokenPooler,
@@ -388,9 +313,9 @@ def bert_model(
         raise ValueError(f"hidden_act={hidden_act!r} is not supported; supported: "
                          f"{sorted(BERT_ACTIVATIONS)}")
     kw = {"device": device, "dtype": dtype}
-    embedding = BertEmbedding(
-        vocab_size, max_position_embeddings, type_vocab_size, hidden_size, eps=layer_norm_eps,
-        dropout=hidden_dropout_prob, padding_idx=pad_token_id, **kw,
+    embedding = TokenEmbedding(
+        vocab_size, max_position_embeddings, hidden_size, type_vocab_size=type_vocab_size,
+        norm_eps=layer_norm_eps, dropout=hidden_dropout_prob, padding_idx=pad_token_id, **kw,
     )
     controls = encoder_controls(
         hidden_size, num_attention_heads, intermediate_size, num_hidden_layers,

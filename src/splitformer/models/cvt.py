@@ -41,7 +41,6 @@ has no class token), the mean over tokens, and a linear classifier.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -53,9 +52,10 @@ from torch import nn
 
 from ..operators import Context, FeatureIntegral, FeedForward, LayerNormProjection, Operator
 from ..operators.convolution import ConvolutionalAttention, pair
-from ..time import Controls, Evolution, Scheme, Stage, TimeGrid, Trajectory
+from ..time import Controls, Evolution, SaveAt, Scheme, Stage, TimeGrid, Trajectory
 from ..time.schemes import Field, prenorm
-from .encoder import EvolutionModel, _keep_source
+from .base import EvolutionModel, keep_source, shared_copy
+from .blocks import block_controls
 from .outputs import ModelOutput
 
 __all__ = [
@@ -220,26 +220,22 @@ class CvtStageSpec:
 def _stage_controls(spec: CvtStageSpec, *, device=None, dtype=None) -> Controls:
     kw = {"device": device, "dtype": dtype}
     prefix = 1 if spec.cls_token else 0
-    sets = []
-    for rate in spec.drop_paths():
-        sets.append({
-            "norm1": LayerNormProjection(spec.dim, eps=spec.layer_norm_eps, **kw),
-            "attention": ConvolutionalAttention(
-                spec.dim, spec.num_heads, kernel_size=spec.kernel_size,
-                stride_q=spec.stride_q, padding_q=spec.padding_q,
-                stride_kv=spec.stride_kv, padding_kv=spec.padding_kv,
-                qkv_bias=spec.qkv_bias, num_prefix_tokens=prefix,
-                attn_dropout=spec.attention_drop_rate, out_dropout=spec.drop_rate,
-                norm_eps=spec.batch_norm_eps, norm_momentum=spec.batch_norm_momentum, **kw,
-            ),
-            "drop_path": StochasticDepth(rate),
-            "norm2": LayerNormProjection(spec.dim, eps=spec.layer_norm_eps, **kw),
-            "ffn": FeedForward(
-                [spec.dim, spec.hidden_dim, spec.dim], activation=spec.activation,
-                out_dropout=spec.drop_rate, **kw,
-            ),
-        })
-    return Controls(sets)
+    rates = spec.drop_paths()
+    return block_controls(
+        spec.depth,
+        attention=lambda n: ConvolutionalAttention(
+            spec.dim, spec.num_heads, kernel_size=spec.kernel_size,
+            stride_q=spec.stride_q, padding_q=spec.padding_q,
+            stride_kv=spec.stride_kv, padding_kv=spec.padding_kv,
+            qkv_bias=spec.qkv_bias, num_prefix_tokens=prefix,
+            attn_dropout=spec.attention_drop_rate, out_dropout=spec.drop_rate,
+            norm_eps=spec.batch_norm_eps, norm_momentum=spec.batch_norm_momentum, **kw,
+        ),
+        norm=lambda n: LayerNormProjection(spec.dim, eps=spec.layer_norm_eps, **kw),
+        ffn=lambda n: FeedForward([spec.dim, spec.hidden_dim, spec.dim],
+                                  activation=spec.activation, out_dropout=spec.drop_rate, **kw),
+        extra=lambda n: {"drop_path": StochasticDepth(rates[n])},
+    )
 
 
 class CvtStage(EvolutionModel):
@@ -276,7 +272,8 @@ class CvtStage(EvolutionModel):
             u0 = torch.cat((self.cls_token.expand(b, -1, -1), u0), dim=1)
         return u0, Context(extra={"grid_shape": (h, w)})
 
-    def split(self, u: torch.Tensor, context: Context) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def read_out(self, u: torch.Tensor, context: Context
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Tokens -> (grid (B, C, H', W'), class token or None)."""
         h, w = context.extra["grid_shape"]
         p = self.num_prefix_tokens
@@ -286,13 +283,7 @@ class CvtStage(EvolutionModel):
         return tokens.transpose(1, 2).reshape(b, c, h, w), cls
 
     def forward(self, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        u0, ctx = self.initial_condition(grid)
-        return self.split(self.evolution(u0, ctx), ctx)
-
-    def trajectory(self, grid: torch.Tensor) -> Trajectory:
-        """u_s(t_i) at every grid point of this stage (tokens, class token first)."""
-        u0, ctx = self.initial_condition(grid)
-        return self.evolution(u0, ctx, return_trajectory=True)
+        return self.solve(grid)
 
 
 @dataclass
@@ -342,7 +333,7 @@ class ConvolutionalVisionTransformer(EvolutionModel):
             raise ValueError("a classification head needs final_norm")
         self.final_norm = final_norm
         self.classifier = classifier
-        self.source = _keep_source(source)
+        self.source = keep_source(source)
 
     # -- the contract ------------------------------------------------------------------------
     @property
@@ -363,31 +354,17 @@ class ConvolutionalVisionTransformer(EvolutionModel):
             t += s.evolution.T
         return out
 
-    def _map_stages(self, fn) -> ConvolutionalVisionTransformer:
-        new = copy.copy(self)
-        new._modules = dict(self._modules)
-        new._modules["stages"] = nn.ModuleList(fn(i, s) for i, s in enumerate(self.stages))
-        return new
+    def evolution_owners(self) -> list[EvolutionModel]:
+        return list(self.stages)
 
     def with_scheme(self, scheme: str | Scheme | Sequence, **options):
         """Same parameters under another scheme: one for every stage, or a list, one per stage.
-        Names are built on each stage's layout (``CvtStage.with_scheme``); options: integrator,
-        form."""
+        Names are built on each stage's layout; options: integrator, form."""
         schemes = _per_stage(scheme, len(self.stages))
-        return self._map_stages(lambda i, s: s.with_scheme(schemes[i], **options))
-
-    def refine(self, k: int):
-        """tau -> tau / k in every stage (same controls)."""
-        return self._map_stages(lambda i, s: s.refine(k))
-
-    def with_controls_in_time(self, interpolation: str):
-        """"constant" (the network) or "linear" controls in t, in every stage."""
-        return self._map_stages(lambda i, s: s.with_controls_in_time(interpolation))
-
-    def validating(self, on: bool = True):
-        for s in self.stages:
-            s.validating(on)
-        return self
+        new = shared_copy(self)
+        for stage, sch in zip(new.stages, schemes, strict=True):
+            stage.evolution = stage.evolution.with_scheme(sch, **options)
+        return new
 
     # -- running -----------------------------------------------------------------------------
     def _check_pixels(self, pixel_values: torch.Tensor) -> None:
@@ -403,7 +380,7 @@ class ConvolutionalVisionTransformer(EvolutionModel):
             raise TypeError(f"pixel_values has dtype {pixel_values.dtype} but the model's "
                             f"parameters are {emb.weight.dtype}")
 
-    def read_out(self, grid: torch.Tensor, cls: torch.Tensor | None) -> torch.Tensor:
+    def classify(self, grid: torch.Tensor, cls: torch.Tensor | None) -> torch.Tensor:
         """logits = classifier(mean_x LN(u)) on the class token, or on the grid tokens."""
         if cls is not None:
             tokens = cls
@@ -419,7 +396,7 @@ class ConvolutionalVisionTransformer(EvolutionModel):
         for stage in self.stages:
             grid, cls = stage(grid)
             hidden.append(grid)
-        logits = self.read_out(grid, cls) if self.with_head else None
+        logits = self.classify(grid, cls) if self.with_head else None
         return CvtOutput(logits=logits, last_hidden_state=grid, cls_token_value=cls,
                          hidden_states=tuple(hidden) if output_hidden_states else None)
 
@@ -439,9 +416,9 @@ class ConvolutionalVisionTransformer(EvolutionModel):
         grid, out = pixel_values, []
         for s in self.stages:
             u0, ctx = s.initial_condition(grid)
-            traj = s.evolution(u0, ctx, return_trajectory=True)
+            traj = s.evolution(u0, ctx, SaveAt(steps=True))
             out.append(traj)
-            grid, _ = s.split(traj.final, ctx)
+            grid, _ = s.read_out(traj.final, ctx)
         return out
 
 

@@ -4,8 +4,6 @@
 
 R is the identity or a final LayerNorm (pre-LN networks end with one). Building blocks:
 
-* ``EvolutionModel``: the contract every model keeps (``.evolution``, ``.with_scheme``,
-  ``.refine``, ``.trajectory``).
 * ``Encoder``: takes the arguments of ``torch.nn.TransformerEncoder`` (src, mask,
   src_key_padding_mask, is_causal) and returns the same tensor.
 * ``encoder_controls`` / ``paper_controls``: the control sets theta^n of the network's and of the
@@ -14,7 +12,6 @@ R is the identity or a final LayerNorm (pre-LN networks end with one). Building 
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -28,50 +25,15 @@ from ..operators import (
     ProjectionS2,
     SphereProjection,
 )
+from ..operators.base import Context
 from ..operators.kernels import SoftmaxKernel
-from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
+from ..time import Controls, Evolution, TimeGrid
 from ..time.schemes import lie, paper_lie, prenorm
+from .base import EvolutionModel, keep_source
+from .blocks import block_controls
 from .masks import build_context, check_src
 
-__all__ = ["Encoder", "EvolutionModel", "encoder_controls", "paper_controls", "paper_encoder"]
-
-
-def _keep_source(source: Any) -> Any:
-    """What a model records of where it came from: a typed config (kept as is), a dict (copied)
-    or nothing (an empty dict)."""
-    if source is None:
-        return {}
-    return dict(source) if isinstance(source, dict) else source
-
-
-class EvolutionModel(nn.Module):
-    """Base of every splitformer model: it owns an ``evolution``."""
-
-    evolution: Evolution
-
-    def _with_evolution(self, evolution: Evolution):
-        new = copy.copy(self)
-        new._modules = dict(self._modules)
-        new.evolution = evolution
-        return new
-
-    def with_scheme(self, scheme: str | Scheme, **options):
-        """The same model (shared parameters) under another splitting scheme; a name is built
-        on the current layout (see Evolution.with_scheme), options: integrator, form."""
-        return self._with_evolution(self.evolution.with_scheme(scheme, **options))
-
-    def refine(self, k: int):
-        """The same model (shared parameters) with tau -> tau / k and N_t -> k N_t."""
-        return self._with_evolution(self.evolution.refine(k))
-
-    def with_controls_in_time(self, interpolation: str):
-        """"constant" (the network) or "linear" (smooth in t) controls, shared parameters."""
-        return self._with_evolution(self.evolution.with_controls_in_time(interpolation))
-
-    def validating(self, on: bool = True):
-        """Opt-in validation mode: raise at the first substep that produces a NaN or inf."""
-        self.evolution.validate = on
-        return self
+__all__ = ["Encoder", "encoder_controls", "paper_controls", "paper_encoder"]
 
 
 def encoder_controls(
@@ -106,23 +68,15 @@ def encoder_controls(
         raise ValueError(f"attention_scales needs {num_layers} entries, got {len(scales)}")
     widths = ffn_widths or [d_model, dim_feedforward, d_model]
     kw = {"device": device, "dtype": dtype}
-    sets = []
-    for scale in scales:
-        sets.append(
-            {
-                "attention": NonlocalAttention(
-                    d_model, nhead, bias=bias, kernel=SoftmaxKernel(scale=scale),
-                    attn_dropout=p_attn, out_dropout=p_out, **kw
-                ),
-                "norm1": LayerNormProjection(d_model, eps=layer_norm_eps, bias=bias, **kw),
-                "ffn": FeedForward(
-                    widths, activation=activation, bias=bias, dropout=p_ffn,
-                    out_dropout=p_out, **kw
-                ),
-                "norm2": LayerNormProjection(d_model, eps=layer_norm_eps, bias=bias, **kw),
-            }
-        )
-    return Controls(sets)
+    return block_controls(
+        num_layers,
+        attention=lambda n: NonlocalAttention(
+            d_model, nhead, bias=bias, kernel=SoftmaxKernel(scale=scales[n]),
+            attn_dropout=p_attn, out_dropout=p_out, **kw),
+        norm=lambda n: LayerNormProjection(d_model, eps=layer_norm_eps, bias=bias, **kw),
+        ffn=lambda n: FeedForward(widths, activation=activation, bias=bias, dropout=p_ffn,
+                                  out_dropout=p_out, **kw),
+    )
 
 
 def paper_controls(
@@ -133,18 +87,15 @@ def paper_controls(
     ``widths`` = [N_y, N_1, ..., N_y]; the ffn_j weights are the W_j of the (I + W_j) form.
     """
     kw = {"device": device, "dtype": dtype}
-    sets = []
-    for _ in range(num_layers):
-        theta: dict[str, nn.Module] = {
-            "attention": NonlocalAttention(d_model, nhead, **kw),
-            "norm1": SphereProjection(d_model, **kw),
-            "relu": ProjectionS2(),
-            "norm2": SphereProjection(d_model, **kw),
-        }
-        for j, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True), start=1):
-            theta[f"ffn{j}"] = FeatureIntegral(a, b, **kw)
-        sets.append(theta)
-    return Controls(sets)
+    pairs = list(zip(widths[:-1], widths[1:], strict=True))
+
+    def extra(n: int) -> dict[str, nn.Module]:
+        ops: dict[str, nn.Module] = {f"ffn{j}": FeatureIntegral(a, b, **kw)
+                                     for j, (a, b) in enumerate(pairs, start=1)}
+        return {**ops, "relu": ProjectionS2(), "norm2": SphereProjection(d_model, **kw)}
+
+    return block_controls(num_layers, attention=lambda n: NonlocalAttention(d_model, nhead, **kw),
+                          norm=lambda n: SphereProjection(d_model, **kw), ffn=None, extra=extra)
 
 
 class Encoder(EvolutionModel):
@@ -171,20 +122,27 @@ class Encoder(EvolutionModel):
         self.evolution = evolution
         self.final_norm = final_norm
         self.batch_first = batch_first
-        self.source = _keep_source(source)
+        self.source = keep_source(source)
         attn = evolution.controls[0]["attention"]
         self.d_model = attn.dim
         self.nhead = attn.num_heads
 
-    def _reference_param(self) -> torch.Tensor:
-        return next(iter(self.evolution.controls[0]["attention"].parameters()))
-
-    def _prepare(self, src, mask, src_key_padding_mask, is_causal, src_mask):
+    def initial_condition(
+        self,
+        src: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        src_key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool | None = None,
+        *,
+        src_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, Context]:
+        """u(0) = src (batch first) and the kernel's support; ``context.extra["unbatched"]``
+        remembers the layout of src for the read-out."""
         if src_mask is not None:
             if mask is not None:
                 raise ValueError("pass the attention mask as mask or as src_mask, not both")
             mask = src_mask
-        p = self._reference_param()
+        p = next(iter(self.evolution.controls[0]["attention"].parameters()))
         check_src(src, dim=self.d_model, dtype=p.dtype, device=p.device)
         unbatched = src.dim() == 2
         u0 = src.unsqueeze(0) if unbatched else (src if self.batch_first else src.transpose(0, 1))
@@ -196,10 +154,14 @@ class Encoder(EvolutionModel):
             mask, kpm, is_causal, batch=b, seq=n, num_heads=self.nhead, dtype=p.dtype,
             device=p.device,
         )
-        return u0, ctx, unbatched
+        ctx.extra["unbatched"] = unbatched
+        return u0, ctx
 
-    def _restore(self, u: torch.Tensor, unbatched: bool) -> torch.Tensor:
-        if unbatched:
+    def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
+        """The final norm (identity when None), in the layout src came in."""
+        if self.final_norm is not None:
+            u = self.final_norm(u)
+        if context.extra.get("unbatched"):
             return u.squeeze(0)
         return u if self.batch_first else u.transpose(0, 1)
 
@@ -212,22 +174,7 @@ class Encoder(EvolutionModel):
         *,
         src_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        u0, ctx, unbatched = self._prepare(src, mask, src_key_padding_mask, is_causal, src_mask)
-        u = self.evolution(u0, ctx)
-        if self.final_norm is not None:
-            u = self.final_norm(u)
-        return self._restore(u, unbatched)
-
-    def trajectory(
-        self,
-        src: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        src_key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool | None = None,
-    ) -> Trajectory:
-        """u(t_i) at every grid point (batch first; before the read-out)."""
-        u0, ctx, _ = self._prepare(src, mask, src_key_padding_mask, is_causal, None)
-        return self.evolution(u0, ctx, return_trajectory=True)
+        return self.solve(src, mask, src_key_padding_mask, is_causal, src_mask=src_mask)
 
 
 def paper_encoder(

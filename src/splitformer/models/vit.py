@@ -36,10 +36,10 @@ Read-out R (choices, not special cases):
 * ``pooler``: s(W v + b) of the pooled vector (HF's ViTPooler: dense + tanh);
 * ``head``: the classifier, a feature integral (or the identity when it has 0 classes).
 
-``output_format`` picks what ``forward`` returns: "hf" gives a ``ViTOutput`` (attributes
-``last_hidden_state``, ``pooler_output``, ``logits``), "timm" gives exactly the tensor of
-timm's ``model(x)`` (logits, or pooled features when num_classes = 0). Both formats have
-``outputs(...)``, ``forward_features(...)``, ``forward_head(...)``.
+Two read-outs, two classes: ``ViT`` returns a ``ViTOutput`` (attributes ``last_hidden_state``,
+``pooler_output``, ``logits``: Hugging Face's ViTModel / ViTForImageClassification), and
+``TimmViT`` returns exactly the tensor of timm's ``model(x)`` (logits, or pooled features when
+num_classes = 0). Both have ``outputs(...)``, ``forward_features(...)``, ``forward_head(...)``.
 """
 
 from __future__ import annotations
@@ -63,15 +63,17 @@ from ..operators import (
 )
 from ..operators.convolution import pair
 from ..operators.scaling import DiagonalScaling
-from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
+from ..time import Controls, Evolution, Scheme, TimeGrid
 from ..time.schemes import Field, lie, prenorm
-from .encoder import EvolutionModel, _keep_source
+from .base import EvolutionModel, keep_source
+from .blocks import block_controls
 from .outputs import ModelOutput
 
 __all__ = [
     "ImageEmbedding",
     "PatchEmbedding",
     "Pooler",
+    "TimmViT",
     "ViT",
     "ViTOutput",
     "build_vit",
@@ -80,7 +82,7 @@ __all__ = [
 ]
 
 POOLS = (None, "", "token", "avg", "max", "avgmax")
-OUTPUT_FORMATS = ("hf", "timm")
+READ_OUTS = ("hf", "timm")
 
 
 @dataclass
@@ -330,33 +332,37 @@ def vit_controls(
     output, ``ffn_dropout`` on G's hidden field.
     """
     kw = {"device": device, "dtype": dtype}
-    sets = []
-    for _ in range(depth):
-        attn = NonlocalAttention(dim, num_heads, bias=qkv_bias, out_bias=proj_bias,
-                                 attn_dropout=attn_dropout, out_dropout=out_dropout, **kw)
-        theta: dict[str, nn.Module] = {
-            "attention": attn,
-            "norm1": LayerNormProjection(dim, eps=norm_eps, **kw),
-            "ffn": FeedForward([dim, hidden_dim, dim], activation=activation, bias=proj_bias,
-                               dropout=ffn_dropout, out_dropout=out_dropout, **kw),
-            "norm2": LayerNormProjection(dim, eps=norm_eps, **kw),
-        }
-        if layer_scale is not None:
-            theta["ls1"] = DiagonalScaling(dim, layer_scale, **kw)
-            theta["ls2"] = DiagonalScaling(dim, layer_scale, **kw)
-        sets.append(theta)
-    return Controls(sets)
+
+    def layer_scales(n: int) -> dict[str, nn.Module]:
+        if layer_scale is None:
+            return {}
+        return {"ls1": DiagonalScaling(dim, layer_scale, **kw),
+                "ls2": DiagonalScaling(dim, layer_scale, **kw)}
+
+    return block_controls(
+        depth,
+        attention=lambda n: NonlocalAttention(dim, num_heads, bias=qkv_bias, out_bias=proj_bias,
+                                              attn_dropout=attn_dropout,
+                                              out_dropout=out_dropout, **kw),
+        norm=lambda n: LayerNormProjection(dim, eps=norm_eps, **kw),
+        ffn=lambda n: FeedForward([dim, hidden_dim, dim], activation=activation,
+                                  bias=proj_bias, dropout=ffn_dropout, out_dropout=out_dropout,
+                                  **kw),
+        extra=layer_scales,
+    )
 
 
 class ViT(EvolutionModel):
     """A Vision Transformer: initial condition f (``embedding``), ``evolution``, read-out.
 
     forward(pixel_values, attention_mask=None, *, is_causal=False,
-    interpolate_pos_encoding=None) returns a ``ViTOutput`` ("hf" format) or timm's output tensor
-    ("timm" format). ``attention_mask``: in the "hf" format a (B, N_x) padding mask over the
-    tokens (1 / True = attend) or a prepared 4-D mask; in the "timm" format the mask handed to
-    scaled_dot_product_attention as is (``attn_mask`` is accepted as an alias).
+    interpolate_pos_encoding=None) returns a ``ViTOutput`` (Hugging Face's read-out).
+    ``attention_mask``: a (B, N_x) padding mask over the tokens (1 / True = attend) or a
+    prepared 4-D mask (``attn_mask`` is accepted as an alias). Pixel values of another float
+    dtype are converted, as transformers does.
     """
+
+    hf_mask = True  # a 2-D attention_mask is a padding mask over the tokens
 
     def __init__(
         self,
@@ -370,7 +376,6 @@ class ViT(EvolutionModel):
         pooler: Pooler | None = None,
         head_dropout: float = 0.0,
         head: nn.Module | None = None,
-        output_format: str = "hf",
         source: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -378,9 +383,6 @@ class ViT(EvolutionModel):
             raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
         if pool == "token" and embedding.class_token is None:
             raise ValueError("pool='token' needs a class token")
-        if output_format not in OUTPUT_FORMATS:
-            raise ValueError(f"output_format must be one of {OUTPUT_FORMATS}, got "
-                             f"{output_format!r}")
         self.embedding = embedding
         self.evolution = evolution
         self.final_norm = final_norm
@@ -390,8 +392,7 @@ class ViT(EvolutionModel):
         self.pooler = pooler
         self.head_dropout = nn.Dropout(head_dropout)
         self.head = head
-        self.output_format = output_format
-        self.source = _keep_source(source)
+        self.source = keep_source(source)
         attn = evolution.controls[0]["attention"]
         self.dim = attn.dim
         self.num_heads = attn.num_heads
@@ -404,16 +405,11 @@ class ViT(EvolutionModel):
     def _pixels(self, pixel_values: torch.Tensor) -> torch.Tensor:
         dt = self.embedding.patch.weight.dtype
         if isinstance(pixel_values, torch.Tensor) and pixel_values.dtype != dt:
-            if self.output_format == "hf":
+            if self.hf_mask:
                 return pixel_values.to(dt)  # as transformers' ViTModel does
             raise TypeError(f"pixel_values has dtype {pixel_values.dtype} but the model's "
                             f"parameters are {dt}; convert one of them")
         return pixel_values
-
-    def initial_condition(self, pixel_values: torch.Tensor,
-                          interpolate_pos_encoding: bool | None = None) -> torch.Tensor:
-        """f = u(0) on the token points (B, N_x, N_y)."""
-        return self.embedding(self._pixels(pixel_values), bool(interpolate_pos_encoding))
 
     def context(self, attention_mask: torch.Tensor | None, is_causal: bool, u0: torch.Tensor
                 ) -> Context:
@@ -427,7 +423,7 @@ class ViT(EvolutionModel):
             raise ValueError("pass an attention mask or is_causal=True, not both")
         b, n, _ = u0.shape
         m = attention_mask.to(u0.device)
-        if self.output_format == "hf" and m.dim() == 2:
+        if self.hf_mask and m.dim() == 2:
             if tuple(m.shape) != (b, n):
                 raise ValueError(f"attention_mask must have shape (batch, tokens) = ({b}, {n}) "
                                  f"(tokens include the class token), got {tuple(m.shape)}")
@@ -436,34 +432,7 @@ class ViT(EvolutionModel):
             raise TypeError(f"attention_mask must be bool or {u0.dtype}, got {m.dtype}")
         return Context(attn_mask=m)
 
-    def _start(self, pixel_values, attention_mask, attn_mask, is_causal,
-               interpolate_pos_encoding, bool_masked_pos):
-        if bool_masked_pos is not None:
-            raise ValueError("bool_masked_pos is not supported (use_mask_token: the masked-image-"
-                             "modeling mask token is not part of this model)")
-        if attn_mask is not None:
-            if attention_mask is not None:
-                raise ValueError("pass the mask as attention_mask or attn_mask, not both")
-            attention_mask = attn_mask
-        u0 = self.initial_condition(pixel_values, interpolate_pos_encoding)
-        return u0, self.context(attention_mask, is_causal, u0)
-
-    # -- evolution and read-out ------------------------------------------------------------
-    def trajectory(
-        self,
-        pixel_values: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        interpolate_pos_encoding: bool | None = None,
-    ) -> Trajectory:
-        """u(t_i) at every grid point (before the read-out)."""
-        u0, ctx = self._start(pixel_values, attention_mask, attn_mask, is_causal,
-                              interpolate_pos_encoding, None)
-        return self.evolution(u0, ctx, return_trajectory=True)
-
-    def forward_features(
+    def initial_condition(
         self,
         pixel_values: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
@@ -472,11 +441,27 @@ class ViT(EvolutionModel):
         is_causal: bool = False,
         interpolate_pos_encoding: bool | None = None,
         bool_masked_pos: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, Context]:
+        """f = u(0) on the token points (B, N_x, N_y), and the kernel's support."""
+        if bool_masked_pos is not None:
+            raise ValueError("bool_masked_pos is not supported (use_mask_token: the masked-image-"
+                             "modeling mask token is not part of this model)")
+        if attn_mask is not None:
+            if attention_mask is not None:
+                raise ValueError("pass the mask as attention_mask or attn_mask, not both")
+            attention_mask = attn_mask
+        u0 = self.embedding(self._pixels(pixel_values), bool(interpolate_pos_encoding))
+        return u0, self.context(attention_mask, is_causal, u0)
+
+    # -- evolution and read-out ------------------------------------------------------------
+    def forward_features(self, pixel_values: torch.Tensor,
+                         attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         """u(T) after the final norm (HF's last_hidden_state, timm's forward_features)."""
-        u0, ctx = self._start(pixel_values, attention_mask, attn_mask, is_causal,
-                              interpolate_pos_encoding, bool_masked_pos)
-        u = self.evolution(u0, ctx)
+        u0, ctx = self.initial_condition(pixel_values, attention_mask, **kwargs)
+        return self.features(self.evolution(u0, ctx))
+
+    def features(self, u: torch.Tensor) -> torch.Tensor:
+        """The final norm of u(T) (identity when None)."""
         return self.final_norm(u) if self.final_norm is not None else u
 
     def pool_tokens(self, u: torch.Tensor) -> torch.Tensor:
@@ -504,10 +489,9 @@ class ViT(EvolutionModel):
             return v
         return self.head(v)
 
-    def outputs(self, pixel_values: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                **kwargs) -> ViTOutput:
-        """All read-outs as a ``ViTOutput`` whatever the output format."""
-        u = self.forward_features(pixel_values, attention_mask, **kwargs)
+    def hf_outputs(self, u: torch.Tensor) -> ViTOutput:
+        """Every read-out of u(T) as a ``ViTOutput``."""
+        u = self.features(u)
         pooled = logits = None
         if self.pool is not None:
             v = self.pre_logits(u)
@@ -515,6 +499,15 @@ class ViT(EvolutionModel):
             if self.head is not None:
                 logits = self.head(self.head_dropout(v))
         return ViTOutput(last_hidden_state=u, pooler_output=pooled, logits=logits)
+
+    def outputs(self, pixel_values: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **kwargs) -> ViTOutput:
+        """All read-outs as a ``ViTOutput`` whatever the model's own read-out."""
+        u0, ctx = self.initial_condition(pixel_values, attention_mask, **kwargs)
+        return self.hf_outputs(self.evolution(u0, ctx))
+
+    def read_out(self, u: torch.Tensor, context: Context) -> ViTOutput:
+        return self.hf_outputs(u)
 
     def forward(
         self,
@@ -526,12 +519,23 @@ class ViT(EvolutionModel):
         interpolate_pos_encoding: bool | None = None,
         bool_masked_pos: torch.Tensor | None = None,
     ) -> ViTOutput | torch.Tensor:
-        kw = {"attn_mask": attn_mask, "is_causal": is_causal,
-              "interpolate_pos_encoding": interpolate_pos_encoding,
-              "bool_masked_pos": bool_masked_pos}
-        if self.output_format == "timm":
-            return self.forward_head(self.forward_features(pixel_values, attention_mask, **kw))
-        return self.outputs(pixel_values, attention_mask, **kw)
+        return self.solve(pixel_values, attention_mask, attn_mask=attn_mask, is_causal=is_causal,
+                          interpolate_pos_encoding=interpolate_pos_encoding,
+                          bool_masked_pos=bool_masked_pos)
+
+
+class TimmViT(ViT):
+    """A ViT with timm's read-out: forward returns exactly the tensor of timm's ``model(x)``
+    (``forward_head(forward_features(x))``: logits, or pooled features without a classifier).
+
+    ``attention_mask`` (or ``attn_mask``) is handed to scaled_dot_product_attention as is, and
+    pixel values must have the parameters' dtype (timm does not convert).
+    """
+
+    hf_mask = False
+
+    def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
+        return self.forward_head(self.features(u))
 
 
 def build_vit(
@@ -565,15 +569,16 @@ def build_vit(
     out_dropout: float = 0.0,
     ffn_dropout: float = 0.0,
     head_dropout: float = 0.0,
-    output_format: str = "hf",
+    read_out: str = "hf",
     source: dict[str, Any] | None = None,
     device=None,
     dtype=None,
 ) -> ViT:
     """A ViT with random weights (T = depth, tau = 1).
 
-    ``pooler=(out_dim, activation)`` adds HF's pooler; ``num_classes=None`` means no classifier,
-    0 an identity classifier, k > 0 a k-class feature integral.
+    ``read_out``: "hf" (a ``ViT``, transformers' outputs) or "timm" (a ``TimmViT``, timm's
+    tensor). ``pooler=(out_dim, activation)`` adds HF's pooler; ``num_classes=None`` means no
+    classifier, 0 an identity classifier, k > 0 a k-class feature integral.
     """
     kw = {"device": device, "dtype": dtype}
     embedding = ImageEmbedding(
@@ -591,7 +596,9 @@ def build_vit(
     head: nn.Module | None = None
     if num_classes is not None:
         head = FeatureIntegral(dim, num_classes, **kw) if num_classes > 0 else nn.Identity()
-    return ViT(
+    if read_out not in READ_OUTS:
+        raise ValueError(f"read_out must be one of {READ_OUTS}, got {read_out!r}")
+    return (ViT if read_out == "hf" else TimmViT)(
         embedding,
         evolution,
         final_norm=LayerNormProjection(dim, eps=norm_eps, **kw) if final_norm else None,
@@ -601,6 +608,5 @@ def build_vit(
         pooler=Pooler(dim, pooler[0], pooler[1], **kw) if pooler is not None else None,
         head_dropout=head_dropout,
         head=head,
-        output_format=output_format,
         source=source,
     )

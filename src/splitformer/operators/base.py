@@ -1,25 +1,40 @@
-"""What every operator of the evolution equation shares.
+"""What every operator of the evolution equation shares, and what a scheme may ask of it.
 
 An operator is one term F of the right-hand side of
 
     u_t = A[u] + sum_j L_j[u] - dI_S1(u) - dI_S2(u)
 
-or a projection P_S onto a constraint set S. It is a ``torch.nn.Module`` whose parameters are
-(part of) the controls theta^n of one time interval, and whose ``forward(u, context)`` returns
-F(u) for a vector field or P(u) for a projection. ``context`` carries what is not part of the
-state but shapes an operator: the attention mask (the support of the kernel) and, for
-cross-attention, a second field.
+or a projection P_S onto a constraint set S, or a pointwise map. It is a ``torch.nn.Module``
+whose parameters are (part of) the controls theta^n of one time interval, and whose
+``forward(u, context)`` returns F(u) for a vector field, P(u) for a projection, s(u) for a map.
+``context`` carries what is not part of the state but shapes an operator: the attention mask
+(the support of the kernel) and, for cross-attention, a second field.
+
+The protocol a scheme relies on (and nothing else; ``time.schemes`` checks it when an evolution
+is built):
+
+* ``kind``: ``"field"`` (advanced by an integrator, u + h F(u)), ``"projection"`` (applied
+  exactly, independent of the step h) or ``"map"`` (a pointwise map applied as is, e.g. the
+  affine part of a real LayerNorm, LayerScale, stochastic depth);
+* ``tangent(v, w)``: for a projection, Pi_T(v) w, the orthogonal projection of w onto the
+  tangent space of the constraint set at v (the projection method, docs/math.md 3.5);
+  ``has_tangent`` says whether an operator provides it;
+* ``changes_width`` and ``embed(u)``: a field whose output feature grid differs from its input
+  one (the paper's literal FFN substeps, u + h(W u + b) with the rectangular identity E) says
+  so, and ``embed`` is E.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-__all__ = ["Context", "Operator"]
+__all__ = ["OPERATOR_KINDS", "Context", "Operator"]
+
+OPERATOR_KINDS = ("field", "projection", "map")
 
 
 @dataclass
@@ -39,14 +54,15 @@ class Context:
 
 
 class Operator(nn.Module):
-    """Base class: a term of the evolution equation, or a projection.
+    """Base class: a term of the evolution equation, a projection or a pointwise map.
 
-    Subclasses set ``kind`` to ``"field"`` (a vector field F, advanced by an integrator as
-    u + h F(u)), ``"projection"`` (applied exactly, independent of the step h) or ``"map"``
-    (a pointwise map applied as is, e.g. the affine part of a real LayerNorm).
+    Subclasses set ``kind`` (one of ``OPERATOR_KINDS``) and implement ``forward``; a projection
+    with a known tangent space overrides ``tangent``; a width-changing field sets
+    ``changes_width`` and overrides ``embed``.
     """
 
-    kind: str = "field"
+    kind: ClassVar[str] = "field"
+    changes_width: bool = False
 
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         raise NotImplementedError
@@ -54,3 +70,12 @@ class Operator(nn.Module):
     def embed(self, u: torch.Tensor) -> torch.Tensor:
         """Identity from the input feature domain to the output one (u itself when equal)."""
         return u
+
+    def tangent(self, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Pi_T(v) w: the part of w tangent to the constraint set at v (projections only)."""
+        raise NotImplementedError(f"{type(self).__name__} has no tangent space projection")
+
+    @property
+    def has_tangent(self) -> bool:
+        """Whether ``tangent`` is implemented (a projection usable as a Stage's tangent)."""
+        return type(self).tangent is not Operator.tangent

@@ -160,15 +160,24 @@ def _remove_normal(w: torch.Tensor, n1: torch.Tensor, n2: torch.Tensor) -> torch
     return w - (w * e2).sum(-1, keepdim=True) * e2
 
 
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# module-level functions (no lambdas): every model pickles and deep-copies
 _PROXIMAL = {
     # name: (is the proximal map of a convex function, function)
     "relu": (True, F.relu),
     "leaky_relu": (True, F.leaky_relu),
     "tanh": (True, torch.tanh),
     "hardtanh": (True, F.hardtanh),
-    "identity": (True, lambda x: x),
+    "identity": (True, _identity),
     "gelu": (False, F.gelu),
-    "gelu_tanh": (False, lambda x: F.gelu(x, approximate="tanh")),
+    "gelu_tanh": (False, _gelu_tanh),
     "silu": (False, F.silu),
 }
 

@@ -1,18 +1,38 @@
 """Time: the grid, the controls theta(t), the integrators, the schemes, the evolution."""
 
 from .controls import Controls
-from .evolution import Evolution, NonFiniteError, Trajectory
+from .evolution import Evolution, NonFiniteError
 from .grid import TimeGrid
 from .integrators import INTEGRATORS
-from .schemes import Scheme, Stage, lie, paper_lie, prenorm, resolve, scheme_from_string
+from .saveat import SaveAt, Substep, Trajectory
+from .schemes import (
+    FORMS,
+    KINDS,
+    SCHEMES,
+    Field,
+    Scheme,
+    Stage,
+    lie,
+    paper_lie,
+    prenorm,
+    resolve,
+    scheme_from_string,
+    scheme_names,
+)
 
 __all__ = [
+    "FORMS",
     "INTEGRATORS",
+    "KINDS",
+    "SCHEMES",
     "Controls",
     "Evolution",
+    "Field",
     "NonFiniteError",
+    "SaveAt",
     "Scheme",
     "Stage",
+    "Substep",
     "TimeGrid",
     "Trajectory",
     "lie",
@@ -20,4 +40,5 @@ __all__ = [
     "prenorm",
     "resolve",
     "scheme_from_string",
+    "scheme_names",
 ]

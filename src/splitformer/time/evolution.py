@@ -5,12 +5,15 @@
 where S_tau is one application of the splitting scheme. With L control sets, T = L and
 tau = 1 this is the L-layer network; ``refine(k)`` gives tau = 1/k on the same controls (a finer
 discretisation of the same equation).
+
+An evolution keeps the *layout* of the network it came from (its fields, with the operators
+around them and the projections after them: ``time.schemes.Field``). Named schemes are always
+rebuilt on that layout, whatever scheme the evolution runs now.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -18,7 +21,8 @@ from torch import nn
 from ..operators.base import Context
 from .controls import Controls
 from .grid import TimeGrid
-from .schemes import NAMED, Scheme, layout_of, resolve
+from .saveat import SaveAt, Substep, Trajectory
+from .schemes import SCHEMES, Layout, Scheme, layout_of, resolve
 
 __all__ = ["Evolution", "NonFiniteError", "Trajectory"]
 
@@ -27,23 +31,19 @@ class NonFiniteError(FloatingPointError):
     """Raised in validation mode at the first substep that produced a NaN or an inf."""
 
 
-@dataclass
-class Trajectory:
-    """u at every grid point: ``states[i]`` is u(t_i), ``times[i]`` is t_i."""
-
-    times: torch.Tensor
-    states: torch.Tensor
-
-    @property
-    def final(self) -> torch.Tensor:
-        return self.states[-1]
-
-    def __len__(self) -> int:
-        return self.states.shape[0]
+def _layout(scheme: Scheme) -> Layout | None:
+    try:
+        return layout_of(scheme)
+    except ValueError:
+        return None
 
 
 class Evolution(nn.Module):
-    """Runs ``scheme`` over ``grid`` with ``controls``; forward(u0) returns u(T)."""
+    """Runs ``scheme`` over ``grid`` with ``controls``; forward(u0) returns u(T).
+
+    ``layout``: the fields of the network (default: read off the scheme, when it has one); a
+    scheme name is built on it, here and in ``with_scheme``.
+    """
 
     def __init__(
         self,
@@ -51,16 +51,20 @@ class Evolution(nn.Module):
         scheme: str | Scheme,
         grid: TimeGrid | None = None,
         *,
+        layout: Layout | None = None,
         validate: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(controls, Controls):
             raise TypeError(f"controls must be a Controls, got {type(controls).__name__}")
         self.controls = controls
-        self.scheme = resolve(scheme)
+        self.scheme = resolve(scheme, layout)
         for theta in controls:
             self.scheme.check_controls(theta)
+        self.layout = tuple(layout) if layout is not None else _layout(self.scheme)
         self.grid = grid if grid is not None else TimeGrid(controls.T, len(controls))
+        if not isinstance(self.grid, TimeGrid):
+            raise TypeError(f"grid must be a TimeGrid, got {type(self.grid).__name__}")
         if abs(self.grid.T - controls.T) > 1e-12:
             raise ValueError(f"grid.T={self.grid.T} must equal the controls' T={controls.T}")
         self.validate = validate
@@ -81,69 +85,87 @@ class Evolution(nn.Module):
     def extra_repr(self) -> str:
         return f"scheme={self.scheme.name!r} [{self.scheme}], T={self.T:g}, tau={self.tau:g}"
 
+    def _new(self, scheme: Scheme | None = None, grid: TimeGrid | None = None,
+             controls: Controls | None = None) -> Evolution:
+        return Evolution(controls if controls is not None else self.controls,
+                         scheme if scheme is not None else self.scheme,
+                         grid if grid is not None else self.grid,
+                         layout=self.layout, validate=self.validate)
+
     def with_scheme(self, scheme: str | Scheme, **options) -> Evolution:
         """The same controls and grid under another scheme (parameters are shared).
 
-        A name ("lie", "strang", "parallel", "unsplit", "prenorm") is built on the layout of the
-        current scheme (its fields with their pre/post operators and projections), so that e.g.
-        "strang" on a pre-LN model with LayerScale stays pre-LN with LayerScale. ``options``:
-        integrator ("euler", "heun", "rk4") and form ("raw", "tangent").
+        A name (``time.schemes.scheme_names()``) is built on the network's layout (its fields
+        with their pre/post operators and projections), so that e.g. "strang" on a pre-LN model
+        with LayerScale stays pre-LN with LayerScale, and "lie" after a user-written scheme is
+        the network's Lie scheme again. ``options``: integrator ("euler", "heun", "rk4") and
+        form ("raw", "tangent").
         """
-        if isinstance(scheme, str) and scheme in (*NAMED, "prenorm"):
-            scheme = resolve(scheme, layout_of(self.scheme), **options)
-        elif options:
-            raise ValueError("integrator/form options apply to named schemes only")
-        return Evolution(self.controls, scheme, self.grid, validate=self.validate)
+        if isinstance(scheme, str) and scheme.strip() in SCHEMES and scheme.strip() != "paper" \
+                and self.layout is None:
+            raise ValueError(f"scheme {scheme!r}: this evolution has no field layout to build "
+                             f"named schemes on (its scheme is {self.scheme.name!r} "
+                             f"[{self.scheme}]); pass a Scheme or a scheme string")
+        return self._new(scheme=resolve(scheme, self.layout, **options))
 
     def refine(self, k: int) -> Evolution:
         """tau -> tau / k, N_t -> k N_t, same controls (parameters are shared)."""
         if self.scheme.name == "paper" and k != 1:
             warnings.warn(
                 "the paper's literal scheme projects the state in its FFN substeps and has no "
-                "limit as tau -> 0 (docs/math.md 3.4); use with_scheme('lie') before refining",
+                "limit as tau -> 0 (docs/math.md 3.4); use a network-form model "
+                "(from_torch(m)) with a named scheme before refining",
                 stacklevel=2,
             )
-        return Evolution(self.controls, self.scheme, self.grid.refine(k), validate=self.validate)
+        return self._new(grid=self.grid.refine(k))
 
     def with_controls_in_time(self, interpolation: str) -> Evolution:
         """Piecewise constant ("constant": the network) or piecewise linear ("linear") controls
         in t, on the same parameters."""
-        return Evolution(self.controls.with_interpolation(interpolation), self.scheme, self.grid,
-                         validate=self.validate)
+        return self._new(controls=self.controls.with_interpolation(interpolation))
 
     # -- running ----------------------------------------------------------------------------
     def forward(
         self,
         u0: torch.Tensor,
         context: Context | None = None,
-        *,
-        return_trajectory: bool = False,
+        saveat: SaveAt | None = None,
     ) -> torch.Tensor | Trajectory:
-        u, states = self.run(u0, context, keep_states=return_trajectory)
-        if states is not None:
-            return Trajectory(self.grid.times(dtype=u0.dtype).to(u0.device), torch.stack(states))
-        return u
+        """u(T); with ``saveat``, a Trajectory holding what it asks for (and u(T))."""
+        if saveat is None:
+            return self._run(u0, context, None, None)
+        if not isinstance(saveat, SaveAt):
+            raise TypeError(f"saveat must be a SaveAt, got {type(saveat).__name__}")
+        keep = set(saveat.indices(self.grid))
+        states = [(0, u0)] if 0 in keep else []
+        subs: list[Substep] | None = [] if saveat.substeps else None
+        u = self._run(u0, context, (keep, states), subs)
+        times = self.grid.times(dtype=u0.dtype).to(u0.device)
+        return Trajectory(times[[i for i, _ in states]], tuple(s for _, s in states), u,
+                          substeps=subs or [])
 
-    def run(self, u0: torch.Tensor, context: Context | None = None, *,
-            keep_states: bool = False) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """u(T), and the list [u(t_0), ..., u(t_N)] when ``keep_states`` (not stacked)."""
+    def _run(self, u0, context, keep, subs) -> torch.Tensor:
         u = u0
-        states = [u0] if keep_states else None
         tau = self.tau
         for i in range(self.num_steps):
             theta = self.controls.at((i + 0.5) * tau)  # frozen at the step's midpoint
-            check = self._checker(i) if self.validate else None
-            u = self.scheme.step(u, theta, tau, context, check)
-            if states is not None:
-                states.append(u)
-        return u, states
+            u = self.scheme.step(u, theta, tau, context, self._observer(i, subs))
+            if keep is not None and i + 1 in keep[0]:
+                keep[1].append((i + 1, u))
+        return u
 
-    def _checker(self, i: int):
-        def check(u: torch.Tensor, j: int) -> None:
-            if not torch.isfinite(u).all():
-                st = self.scheme.stages[j]
+    def _observer(self, i: int, subs: list[Substep] | None):
+        if not self.validate and subs is None:
+            return None
+        stages = self.scheme.stages
+
+        def observe(u: torch.Tensor, j: int) -> None:
+            if self.validate and not torch.isfinite(u).all():
                 raise NonFiniteError(
                     f"non-finite value in u after step {i} (t = {self.grid.time(i):g} -> "
-                    f"{self.grid.time(i + 1):g}), substep {j} '{st}' of scheme {self.scheme.name!r}"
+                    f"{self.grid.time(i + 1):g}), substep {j} '{stages[j]}' of scheme "
+                    f"{self.scheme.name!r}"
                 )
-        return check
+            if subs is not None:
+                subs.append(Substep(i, j, str(stages[j]), u))
+        return observe

@@ -1,5 +1,5 @@
 """Checks of the GPT-2 family: transformers' GPT2Model / GPT2LMHeadModel against the causal
-evolution of ``splitformer.models.decoder`` (weight map ``splitformer.interop.hf_gpt2``).
+evolution of ``splitformer.models.causal`` (weight map ``splitformer.interop.hf_gpt2``).
 
 Each check builds a small random-weight GPT-2 (seeded; every parameter perturbed so that norms
 and biases are non-trivial), converts it with ``from_hf`` and returns the max abs difference of

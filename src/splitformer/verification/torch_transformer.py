@@ -1,5 +1,5 @@
 """Checks of the encoder-decoder family: torch.nn.Transformer / TransformerDecoder(Layer) against
-the coupled pair of fields of ``splitformer.models.decoder`` (weight map
+the coupled pair of fields of ``splitformer.models.seq2seq`` (weight map
 ``splitformer.interop.torch_transformer``).
 
 Each check builds small random-weight torch.nn modules (seeded; every parameter perturbed so

@@ -1,0 +1,126 @@
+"""The skeleton every model shares: initial condition -> evolution -> read-out.
+
+    (u0, context) = initial_condition(inputs)      u(0) = f, and what shapes the operators
+    u(T)          = evolution(u0, context)         the scheme over the time grid
+    output        = read_out(u(T), context)        final norm, pooling, head, layout of output
+
+A family supplies ``initial_condition`` and ``read_out`` (and keeps its own ``forward``
+signature, e.g. transformers' argument names, delegating to ``solve``); the base supplies the
+spine (``solve``), one ``trajectory`` (what to keep is a ``SaveAt``), and the copies made by
+``with_scheme`` / ``refine`` / ``with_controls_in_time`` / ``with_kernel``: new modules that
+share every parameter and buffer with the original, so that ``.train()`` or ``.eval()`` on a
+copy never changes the original's mode.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..operators.base import Context
+from ..time import Evolution, SaveAt, Scheme, Trajectory
+
+__all__ = ["EvolutionModel", "keep_source", "shared_copy"]
+
+
+def keep_source(source: Any) -> Any:
+    """What a model records of where it came from: a typed config (kept as is), a dict (copied)
+    or nothing (an empty dict)."""
+    if source is None:
+        return {}
+    return dict(source) if isinstance(source, dict) else source
+
+
+def shared_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` with new module objects (own train/eval flags, own kernels) that
+    shares every parameter and buffer with the original."""
+    memo: dict[int, Any] = {id(t): t for t in module.parameters()}
+    memo.update({id(b): b for b in module.buffers()})
+    return copy.deepcopy(module, memo)
+
+
+class EvolutionModel(nn.Module):
+    """Base of every splitformer model: ``initial_condition`` -> ``evolution`` -> ``read_out``.
+
+    Models with several evolutions (CvT's stages, the encoder-decoder pair) list the modules
+    that own one in ``evolution_owners``; ``evolution`` is the one the read-out sees.
+    """
+
+    evolution: Evolution
+
+    # -- what a family supplies ------------------------------------------------------------
+    def initial_condition(self, *inputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Context]:
+        """u(0) (B, N_x, N_y) and the context of the evolution, from the model's inputs."""
+        raise NotImplementedError
+
+    def read_out(self, u: torch.Tensor, context: Context) -> Any:
+        """The output from u(T)."""
+        raise NotImplementedError
+
+    # -- the spine ----------------------------------------------------------------------------
+    def solve(self, *inputs: Any, **kwargs: Any) -> Any:
+        """read_out(evolution(initial_condition(inputs)))."""
+        u0, ctx = self.initial_condition(*inputs, **kwargs)
+        return self.read_out(self.evolution(u0, ctx), ctx)
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        return self.solve(*inputs, **kwargs)
+
+    def evolve(self, u0: torch.Tensor, context: Context, *, steps: bool = False
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """u(T), and u(t_0), ..., u(t_N) when ``steps`` (hidden states); else None."""
+        if not steps:
+            return self.evolution(u0, context), None
+        traj = self.evolution(u0, context, SaveAt(steps=True))
+        return traj.final, traj.state_list
+
+    def trajectory(self, *inputs: Any, saveat: SaveAt | None = None, **kwargs: Any
+                   ) -> Trajectory:
+        """u along the path, before the read-out (batch first). ``saveat`` says what to keep
+        (default ``SaveAt(steps=True)``: u(t_i) at every grid point); the inputs are those of
+        ``forward``."""
+        u0, ctx = self.initial_condition(*inputs, **kwargs)
+        return self.evolution(u0, ctx, saveat if saveat is not None else SaveAt(steps=True))
+
+    # -- copies sharing parameters -------------------------------------------------------------
+    def evolution_owners(self) -> list[EvolutionModel]:
+        """The modules whose ``evolution`` attribute the copies below replace."""
+        return [self]
+
+    def _map_evolutions(self, fn: Callable[[Evolution], Evolution]):
+        new = shared_copy(self)
+        for owner in new.evolution_owners():
+            owner.evolution = fn(owner.evolution)
+        return new
+
+    def with_scheme(self, scheme: str | Scheme, **options):
+        """The same model (shared parameters) under another splitting scheme; a name is built
+        on the network's layout (see ``Evolution.with_scheme``), options: integrator, form."""
+        return self._map_evolutions(lambda e: e.with_scheme(scheme, **options))
+
+    def refine(self, k: int):
+        """The same model (shared parameters) with tau -> tau / k and N_t -> k N_t."""
+        return self._map_evolutions(lambda e: e.refine(k))
+
+    def with_controls_in_time(self, interpolation: str):
+        """"constant" (the network) or "linear" (smooth in t) controls, shared parameters."""
+        return self._map_evolutions(lambda e: e.with_controls_in_time(interpolation))
+
+    def with_kernel(self, kernel, **kwargs):
+        """The same model (shared parameters) with ``kernel`` in every attention operator
+        (``operators.kernels.set_kernel``: a name or a Kernel; refused by name where a family
+        or kernel cannot take it)."""
+        from ..operators.kernels import set_kernel
+
+        return set_kernel(shared_copy(self), kernel, **kwargs)
+
+    def validating(self, on: bool = True):
+        """Opt-in validation mode (in place): raise at the first substep that produces a NaN
+        or an inf."""
+        for owner in self.evolution_owners():
+            owner.evolution.validate = on
+        return self

@@ -1,0 +1,335 @@
+"""The decoder-only (causal) evolution (GPT). On the token grid x = 0..N-1 and the feature grid y:
+
+    u(x, y, 0) = f(x, y) = E_w(id_x, y) + E_p(pos_x, y)                   (+ dropout)
+    u_t = A_c[P1 u] + G[P2 u]                                             on (0, T], T = L
+    A_c[v](x, .) = sum_h W_O,h int_{x' <= x} g_h(x, x') V_h(x', .) dx'    (causal kernel)
+    R(u) = P_f(u(T)),   logits = R(u) E_w^T                               (read-outs)
+
+The causal support x' <= x makes A_c a Volterra operator in x: u(x, ., t) depends only on
+f(x', .) for x' <= x, at every t (the evolution never looks ahead). P1, P2, P_f are LayerNorms
+read as projections with a ghost point and an affine map (docs/math.md 3.1). The projections
+enter the vector field (pre-LN, docs/math.md 3.2); one GPT-2 block is one explicit Euler step
+(tau = 1) of the ``prenorm`` scheme, Stage("attention", pre=("norm1",)),
+Stage("ffn", pre=("norm2",)):
+
+    u <- u + tau A_c(P1 u);     u <- u + tau G(P2 u),     G(v) = W_2 s(W_1 v + b_1) + b_2
+
+with s the tanh-approximate GELU for GPT-2's "gelu_new". A padding mask m(x') (1 = token,
+0 = padding) restricts the support further to {x' <= x, m(x') = 1}. The LM read-out is the
+feature integral against the (tied) token embedding: logits(x, v) = <R(u)(x, .), E_w(v, .)>.
+
+Schemes: ``with_scheme`` / ``refine`` act on the single evolution; a named scheme is rebuilt on
+the pre-LN layout.
+
+Nothing here imports ``transformers``: the weight map is in ``splitformer.interop.hf_gpt2``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..operators import Context, LayerNormProjection
+from ..time import Evolution, TimeGrid
+from ..time.schemes import prenorm
+from .base import EvolutionModel, keep_source
+from .embeddings import TokenEmbedding
+from .encoder import encoder_controls
+from .masks import causal_support, finfo_additive, padding_support
+from .outputs import ModelOutput
+
+__all__ = [
+    "GPT2_ACTIVATIONS",
+    "CausalDecoderModel",
+    "CausalDecoderOutput",
+    "CausalLM",
+    "causal_context",
+    "causal_decoder",
+]
+
+# transformers' activation_function -> splitformer Activation name; only the maps that are the
+# same function (to round-off): gelu_new / gelu_pytorch_tanh / gelu_python_tanh are all
+# 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), "gelu" and "gelu_python" the exact erf form.
+GPT2_ACTIVATIONS: dict[str, str] = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_python_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "gelu_python": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+    "tanh": "tanh",
+    "leaky_relu": "leaky_relu",
+    "linear": "identity",
+}
+
+
+@dataclass
+class CausalDecoderOutput(ModelOutput):
+    """u(T) after the final norm, the LM read-out (and its loss) and, when asked, the states.
+
+    ``hidden_states`` follows transformers: (u(t_0), ..., u(t_{N_t - 1}), P_f(u(T))), i.e. the
+    trajectory with its last point replaced by the read-out. Integer indexing runs over the
+    fields that are set, in transformers' order (loss, logits, last_hidden_state, ...), so that
+    ``out[0]`` is what transformers' ``out[0]`` is.
+    """
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+def _packed_sequences(position_ids: torch.Tensor, batch: int) -> torch.Tensor | None:
+    """Sequence labels of packed inputs (positions restarting inside a row), else None.
+
+    A new sequence starts wherever position_ids does not increase by exactly 1 (transformers'
+    ``find_packed_sequence_indices``).
+    """
+    pos = position_ids if position_ids.shape[0] == batch else position_ids.expand(batch, -1)
+    diff = torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1)
+    labels = (diff != 1).cumsum(-1)
+    if bool((labels[:, -1] == 0).all()):
+        return None
+    return labels
+
+
+def causal_context(
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    *,
+    batch: int,
+    seq: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    additive: bool = False,
+    packed: bool = True,
+) -> Context:
+    """The kernel support of the causal evolution, built as transformers 5 builds GPT-2's mask.
+
+    * no padding (mask None or all ones): the causal support x' <= x (``is_causal``);
+    * a 2-D padding mask m (B, N): {x' <= x and m(x') != 0}, a boolean (B, 1, N, N) support, or
+      additive with ``torch.finfo(dtype).min`` off the support when ``additive`` (transformers'
+      eager path; a query whose whole causal past is padding then averages over every key,
+      as in transformers);
+    * position_ids restarting inside a row, no mask and ``packed`` (packed sequences):
+      {x' <= x, same sequence} (transformers does this only when it runs without a cache,
+      ``use_cache=False``);
+    * a 4-D mask is used as given (the caller's support, without the causal part), as
+      transformers does.
+
+    Whenever a mask is built it already holds the causal support (``is_causal`` is then False:
+    the kernel uses the mask as given).
+    """
+    if attention_mask is not None:
+        allowed, prepared = padding_support(attention_mask, batch, seq, device)
+        if prepared:
+            return Context(attn_mask=allowed, is_causal=False)
+        if allowed is None:
+            return Context(is_causal=True)
+    elif position_ids is not None and packed:
+        labels = _packed_sequences(position_ids.to(device), batch)
+        if labels is None:
+            return Context(is_causal=True)
+        allowed = (labels[:, :, None] == labels[:, None, :])[:, None]
+    else:
+        return Context(is_causal=True)
+    causal = causal_support(seq, seq, device)
+    support = causal & allowed
+    if additive:
+        support = finfo_additive(support, dtype)
+    # the support already holds x' <= x; is_causal=False keeps transformers' treatment of
+    # queries whose whole causal past is padding (finfo.min everywhere: an average over all keys)
+    return Context(attn_mask=support, is_causal=False)
+
+
+class CausalDecoderModel(EvolutionModel):
+    """A decoder-only (causal) evolution: u(0) = f (``embedding``), u(T), read-out ``final_norm``.
+
+    forward(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds) takes the
+    inputs of transformers' ``GPT2Model`` and returns ``last_hidden_state`` = P_f(u(T));
+    ``output_hidden_states=True`` adds transformers' hidden states (see CausalDecoderOutput).
+    ``additive_mask`` picks how a padding mask becomes the kernel's support (see
+    ``causal_context``): additive ``finfo.min`` (transformers' eager path) or boolean (sdpa).
+    ``use_cache`` only mirrors transformers' switch of the same name (there is no cache here):
+    when False, position_ids that restart inside a row mark packed sequences, each with its own
+    causal support (transformers detects packing only when it runs without a cache).
+    """
+
+    def __init__(
+        self,
+        embedding: TokenEmbedding,
+        evolution: Evolution,
+        *,
+        final_norm: nn.Module | None = None,
+        additive_mask: bool = False,
+        use_cache: bool = True,
+        source: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.evolution = evolution
+        self.final_norm = final_norm
+        self.additive_mask = bool(additive_mask)
+        self.use_cache = bool(use_cache)
+        self.source = keep_source(source)
+
+    def initial_condition(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+    ) -> tuple[torch.Tensor, Context]:
+        """u(0) = f and the causal context (the support of the Volterra kernel)."""
+        u0 = self.embedding(input_ids, token_type_ids, position_ids, inputs_embeds)
+        b, n, _ = u0.shape
+        cache = self.use_cache if use_cache is None else bool(use_cache)
+        ctx = causal_context(attention_mask, position_ids, batch=b, seq=n, dtype=u0.dtype,
+                             device=u0.device, additive=self.additive_mask, packed=not cache)
+        return u0, ctx
+
+    def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
+        """P_f(u(T)): the final norm (identity when None)."""
+        return self.final_norm(u) if self.final_norm is not None else u
+
+    def _run(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+             use_cache, output_hidden_states: bool):
+        u0, ctx = self.initial_condition(input_ids, attention_mask, token_type_ids, position_ids,
+                                         inputs_embeds, use_cache)
+        u, states = self.evolve(u0, ctx, steps=output_hidden_states)
+        out = CausalDecoderModel.read_out(self, u, ctx)
+        hidden = (*states[:-1], out) if states is not None else None
+        return out, hidden
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        *,
+        output_hidden_states: bool = False,
+    ) -> CausalDecoderOutput:
+        out, hidden = self._run(input_ids, attention_mask, token_type_ids, position_ids,
+                                inputs_embeds, use_cache, output_hidden_states)
+        return CausalDecoderOutput(last_hidden_state=out, hidden_states=hidden)
+
+
+class CausalLM(CausalDecoderModel):
+    """The causal evolution with the LM read-out logits(x, v) = <P_f u(x, ., T), W(v, .)>.
+
+    W is the token embedding E_w when tied (``lm_head.weight`` is then the same parameter as
+    ``embedding.word.weight``). With ``labels`` the next-token cross entropy is computed as
+    transformers does (labels shifted by one, -100 ignored, mean over the kept tokens); half
+    precision logits are upcast to float32, float64 ones kept (transformers downcasts those).
+    """
+
+    def __init__(
+        self,
+        embedding: TokenEmbedding,
+        evolution: Evolution,
+        *,
+        final_norm: nn.Module | None = None,
+        tie_word_embeddings: bool = True,
+        additive_mask: bool = False,
+        use_cache: bool = True,
+        source: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(embedding, evolution, final_norm=final_norm,
+                         additive_mask=additive_mask, use_cache=use_cache, source=source)
+        w = embedding.word.weight
+        # tied: the head's own weight is never used, so none is allocated (meta device)
+        self.lm_head = nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=w.dtype,
+                                 device="meta" if tie_word_embeddings else w.device)
+        if tie_word_embeddings:
+            self.lm_head.weight = w
+
+    @property
+    def tied(self) -> bool:
+        return self.lm_head.weight is self.embedding.word.weight
+
+    @staticmethod
+    def lm_loss(logits: torch.Tensor, labels: torch.Tensor,
+                ignore_index: int = -100) -> torch.Tensor:
+        """mean_x CE(logits(x), labels(x + 1)) over the labels that are not ignore_index."""
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        shifted = F.pad(labels, (0, 1), value=ignore_index)[..., 1:].to(logits.device)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), shifted.reshape(-1),
+                               ignore_index=ignore_index)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        *,
+        logits_to_keep: int | torch.Tensor = 0,
+        output_hidden_states: bool = False,
+    ) -> CausalDecoderOutput:
+        out, hidden = self._run(input_ids, attention_mask, token_type_ids, position_ids,
+                                inputs_embeds, use_cache, output_hidden_states)
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(out[:, keep, :])
+        loss = self.lm_loss(logits, labels) if labels is not None else None
+        return CausalDecoderOutput(last_hidden_state=out, logits=logits, loss=loss,
+                                   hidden_states=hidden)
+
+
+def causal_decoder(
+    vocab_size: int,
+    max_positions: int,
+    dim: int,
+    num_heads: int,
+    num_layers: int,
+    *,
+    ffn_dim: int | None = None,
+    activation: str = "gelu_tanh",
+    layer_norm_eps: float = 1e-5,
+    embd_dropout: float = 0.0,
+    attn_dropout: float = 0.0,
+    resid_dropout: float = 0.0,
+    attention_scales: Sequence[float | None] | None = None,
+    lm_head: bool = False,
+    tie_word_embeddings: bool = True,
+    additive_mask: bool = False,
+    use_cache: bool = True,
+    source: Mapping[str, Any] | None = None,
+    device=None,
+    dtype=None,
+) -> CausalDecoderModel:
+    """A GPT-2-shaped causal evolution with random weights (pre-LN scheme, tau = 1).
+
+    ``attention_scales[n]`` is the score scale of step n (None: 1/sqrt(d_h)); GPT-2's
+    ``scale_attn_weights`` / ``scale_attn_by_inverse_layer_idx`` give 1 or 1/(sqrt(d_h)(n+1)).
+    """
+    kw = {"device": device, "dtype": dtype}
+    ff = ffn_dim if ffn_dim is not None else 4 * dim
+    controls = encoder_controls(
+        dim, num_heads, ff, num_layers, activation=activation, layer_norm_eps=layer_norm_eps,
+        attn_dropout=float(attn_dropout), out_dropout=float(resid_dropout), ffn_dropout=0.0,
+        attention_scales=attention_scales, **kw)
+    embedding = TokenEmbedding(vocab_size, max_positions, dim, dropout=embd_dropout, **kw)
+    evolution = Evolution(controls, prenorm(), TimeGrid(num_layers, num_layers))
+    final_norm = LayerNormProjection(dim, eps=layer_norm_eps, **kw)
+    if lm_head:
+        return CausalLM(embedding, evolution, final_norm=final_norm,
+                        tie_word_embeddings=tie_word_embeddings, additive_mask=additive_mask,
+                        use_cache=use_cache, source=source)
+    return CausalDecoderModel(embedding, evolution, final_norm=final_norm,
+                              additive_mask=additive_mask, use_cache=use_cache, source=source)

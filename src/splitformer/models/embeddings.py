@@ -1,0 +1,103 @@
+"""The initial condition of token models: f = sum of learned dictionaries, then maps.
+
+    f(x, .) = E_w(id_x, .) + E_t(type_x, .) + E_p(pos_x, .)      then P_S1 (optional), dropout
+
+Look-ups in learned dictionaries indexed by token, token type and position, summed, then the
+optional LayerNorm projection (BERT: the initial condition lies on the constraint set) and
+dropout. One class serves BERT and GPT-2; they differ in data, not in kind:
+
+* BERT: its own token-type table, summed ((word + type) + position), then the LayerNorm;
+* GPT-2: no type table; type ids, when given, are looked up in the word table and added last
+  ((word + position) + word[types]), no norm.
+
+The order of the sums is the reference library's, so that results agree to the last bit.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..operators import LayerNormProjection
+
+__all__ = ["TokenEmbedding"]
+
+
+class TokenEmbedding(nn.Module):
+    """f = E_w[ids] + E_t[types] + E_p[positions] (in the source's order), P_S1, dropout.
+
+    ``type_vocab_size`` > 0 gives an own token-type table ``token_type`` (BERT); 0 looks type
+    ids up in the word table (GPT-2). ``norm_eps`` not None adds the LayerNorm projection
+    ``norm``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        max_positions: int,
+        dim: int,
+        *,
+        type_vocab_size: int = 0,
+        norm_eps: float | None = None,
+        dropout: float = 0.0,
+        padding_idx: int | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.dim = dim
+        self.max_positions = max_positions
+        self.word = nn.Embedding(vocab_size, dim, padding_idx=padding_idx, **kw)
+        self.position = nn.Embedding(max_positions, dim, **kw)
+        self.token_type = nn.Embedding(type_vocab_size, dim, **kw) if type_vocab_size else None
+        self.norm = LayerNormProjection(dim, eps=norm_eps, **kw) if norm_eps is not None else None
+        self.dropout = nn.Dropout(dropout)
+
+    def extra_repr(self) -> str:
+        return (f"vocab={self.word.num_embeddings}, positions={self.max_positions}, "
+                f"dim={self.dim}")
+
+    def _start(self, input_ids, inputs_embeds) -> torch.Tensor:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if input_ids is not None:
+            if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+                raise ValueError("input_ids must be a tensor of shape (batch, seq), got "
+                                 f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
+            return self.word(input_ids)
+        if not isinstance(inputs_embeds, torch.Tensor) or inputs_embeds.dim() != 3 or \
+                inputs_embeds.shape[-1] != self.dim:
+            raise ValueError(f"inputs_embeds must have shape (batch, seq, {self.dim}), got "
+                             f"{getattr(inputs_embeds, 'shape', type(inputs_embeds).__name__)}")
+        if inputs_embeds.dtype != self.word.weight.dtype:
+            raise TypeError(f"inputs_embeds has dtype {inputs_embeds.dtype} but the model's "
+                            f"parameters are {self.word.weight.dtype}")
+        return inputs_embeds
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        e = self._start(input_ids, inputs_embeds)
+        b, n = e.shape[:2]
+        if position_ids is None:
+            if n > self.max_positions:
+                raise ValueError(f"sequence length {n} exceeds the {self.max_positions} learned "
+                                 "positions (max_position_embeddings / n_positions)")
+            position_ids = torch.arange(n, device=e.device).unsqueeze(0)
+        if self.token_type is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros(1, n, dtype=torch.long, device=e.device).expand(b, n)
+            e = e + self.token_type(token_type_ids)
+            e = e + self.position(position_ids)
+        else:
+            e = e + self.position(position_ids)
+            if token_type_ids is not None:
+                e = e + self.word(token_type_ids.view(-1, n))
+        if self.norm is not None:
+            e = self.norm(e)
+        return self.dropout(e)

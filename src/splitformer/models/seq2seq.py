@@ -1,0 +1,430 @@
+"""The encoder-decoder: a coupled pair of fields. The encoder field e(x_s, y, s) on the source grid
+evolves first (the encoder's own scheme, ``splitformer.models.encoder``) and gives the memory
+
+    M(x_s, y) = P_enc(e(x_s, y, T_e))                    (after the encoder's final norm),
+
+a field that is fixed while the decoder field u(x, y, t) on the target grid evolves:
+
+    u_t = A_c[u] + C[u; M] + G[u] - dI_S1 ...                           (three fields, three norms)
+    C[u; M](x, .) = sum_h W_O,h int g_h(x, x_s) V_M,h(x_s, .) dx_s,
+    g_h(x, x_s)   = softmax_{x_s}(<Q_u,h(x), K_M,h(x_s)> / sqrt(d_h) + m_cross(x, x_s)),
+
+the cross-attention kernel (``operators.CrossAttention``) whose keys and values are feature
+integrals of M. One nn.TransformerDecoderLayer is one step of the Lie scheme on the layout
+(attention, norm1), (cross_attention, norm2), (ffn, norm3):
+
+    post-LN:  u <- P1(u + tau A(u));  u <- P2(u + tau C(u; M));  u <- P3(u + tau G(u))
+    pre-LN:   u <- u + tau A(P1 u);   u <- u + tau C(P2 u; M);   u <- u + tau G(P3 u)
+
+and the decoder's final norm is the read-out. The coupling is one-way (M does not depend on u):
+the pair is a triangular system, solved field after field.
+
+Schemes. ``CausalDecoderModel.with_scheme`` / ``refine`` act on its single evolution (any named
+scheme is rebuilt on the pre-LN layout). For the decoder with memory, a named scheme is built on
+the decoder's three-field layout ("prenorm" switches to the pre-LN decoder layout); every
+decoder scheme must contain the ``cross_attention`` stage (a check, since dropping it would
+silently decouple the pair). ``EncoderDecoderModel.with_scheme(name)`` applies a named scheme to
+both fields (each on its own layout); a Scheme value or string applies to the decoder only, and
+``encoder_scheme=`` sets the encoder's. ``refine(k)`` refines both time grids (tau -> tau / k
+for the encoder and the decoder; ``encoder_k`` sets the encoder's factor separately).
+
+Nothing here imports ``transformers`` or wraps torch.nn: the weight map is in
+``splitformer.interop.torch_transformer``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..operators import Context, CrossAttention, FeedForward, LayerNormProjection, NonlocalAttention
+from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
+from ..time.schemes import SCHEMES, Field, lie, pre_norm_layout, prenorm
+from .base import EvolutionModel, keep_source, shared_copy
+from .blocks import block_controls
+from .encoder import Encoder, network_encoder
+from .masks import attention_support, causal_support, check_src, merge_supports
+
+__all__ = [
+    "DECODER_POST_LN",
+    "DECODER_PRE_LN",
+    "CrossDecoder",
+    "EncoderDecoderModel",
+    "decoder_controls",
+    "decoder_lie",
+    "decoder_prenorm",
+    "encoder_decoder",
+    "network_decoder",
+]
+
+
+DECODER_POST_LN: tuple[Field, ...] = (
+    Field("attention", projection="norm1"),
+    Field("cross_attention", projection="norm2"),
+    Field("ffn", projection="norm3"),
+)
+DECODER_PRE_LN: tuple[Field, ...] = pre_norm_layout(DECODER_POST_LN)
+
+
+def decoder_lie(integrator: str = "euler", form: str = "raw") -> Scheme:
+    """Post-LN decoder step: u <- P1(u + tau A u); P2(u + tau C(u; M)); P3(u + tau G u)."""
+    return lie(DECODER_POST_LN, integrator, form)
+
+
+def decoder_prenorm(integrator: str = "euler", form: str = "raw") -> Scheme:
+    """Pre-LN decoder step: u += tau A(P1 u); u += tau C(P2 u; M); u += tau G(P3 u)."""
+    return prenorm(DECODER_POST_LN, integrator, form)
+
+
+def decoder_controls(
+    d_model: int,
+    nhead: int,
+    dim_feedforward: int,
+    num_layers: int,
+    *,
+    activation: str = "relu",
+    layer_norm_eps: float = 1e-5,
+    bias: bool = True,
+    dropout: float = 0.0,
+    device=None,
+    dtype=None,
+) -> Controls:
+    """theta^n of a decoder step: attention, norm1, cross_attention, norm2, ffn, norm3."""
+    kw = {"device": device, "dtype": dtype}
+    drop = {"attn_dropout": dropout, "out_dropout": dropout}
+    return block_controls(
+        num_layers,
+        attention=lambda n: NonlocalAttention(d_model, nhead, bias=bias, **drop, **kw),
+        cross_attention=lambda n: CrossAttention(d_model, nhead, bias=bias, **drop, **kw),
+        ffn=lambda n: FeedForward([d_model, dim_feedforward, d_model], activation=activation,
+                                  bias=bias, dropout=dropout, out_dropout=dropout, **kw),
+        norm=lambda n: LayerNormProjection(d_model, eps=layer_norm_eps, bias=bias, **kw),
+    )
+
+
+def _is_decoder_scheme(scheme: Scheme) -> bool:
+    return "cross_attention" in scheme.operators()
+
+
+class CrossDecoder(EvolutionModel):
+    """The decoder field coupled to a memory M: forward(tgt, memory, tgt_mask, memory_mask,
+    tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal, memory_is_causal), the
+    arguments of nn.TransformerDecoder (and nn.TransformerDecoderLayer), same tensor back.
+
+    u(0) = tgt, u(T) by the decoder scheme with the context {self-attention support, memory M,
+    cross-attention support}, read-out ``final_norm`` (identity when None). A tgt_mask is the
+    self-attention support as given; without one, ``tgt_is_causal=True`` gives the causal support
+    x' <= x (torch.nn would require the mask). ``memory_is_causal=True`` without a memory_mask
+    gives the top-left causal support x_s <= x.
+    """
+
+    def __init__(
+        self,
+        evolution: Evolution,
+        *,
+        final_norm: nn.Module | None = None,
+        batch_first: bool = True,
+        source: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if not _is_decoder_scheme(evolution.scheme):
+            raise ValueError(f"a decoder scheme must contain the cross_attention stage, got "
+                             f"{evolution.scheme.name!r} [{evolution.scheme}]")
+        self.evolution = evolution
+        self.final_norm = final_norm
+        self.batch_first = bool(batch_first)
+        self.source = keep_source(source)
+        attn = evolution.controls[0]["attention"]
+        self.d_model = attn.dim
+        self.nhead = attn.num_heads
+
+    # -- schemes -----------------------------------------------------------------------------
+    def with_scheme(self, scheme: str | Scheme, **options):
+        """The same decoder (shared parameters) under another scheme.
+
+        A name is built on the decoder's three-field layout ("prenorm" moves the projections
+        inside the fields); the result must contain cross_attention.
+        """
+        new = super().with_scheme(scheme, **options)
+        if not _is_decoder_scheme(new.evolution.scheme):
+            raise ValueError(f"scheme {new.evolution.scheme.name!r} [{new.evolution.scheme}] has "
+                             "no cross_attention stage: it would decouple the decoder from its "
+                             "memory")
+        return new
+
+    # -- the context -------------------------------------------------------------------------
+    def _param(self) -> torch.Tensor:
+        return self.evolution.controls[0]["attention"].qkv_weight
+
+    def _batch_first(self, x: torch.Tensor, name: str, unbatched: bool) -> torch.Tensor:
+        p = self._param()
+        check_src(x, dim=self.d_model, dtype=p.dtype, device=p.device, name=name)
+        if x.dim() != (2 if unbatched else 3):
+            raise ValueError(f"{name} must be batched like tgt: shape (batch, seq, "
+                             f"{self.d_model}) or (seq, {self.d_model}), got {tuple(x.shape)}")
+        if unbatched:
+            return x.unsqueeze(0)
+        return x if self.batch_first else x.transpose(0, 1)
+
+    def initial_condition(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        tgt_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        tgt_key_padding_mask: torch.Tensor | None = None,
+        memory_key_padding_mask: torch.Tensor | None = None,
+        tgt_is_causal: bool | None = None,
+        memory_is_causal: bool = False,
+    ) -> tuple[torch.Tensor, Context]:
+        """u(0) = tgt (batch first) and the context: the supports, the memory field M, and
+        ``extra["unbatched"]`` for the read-out."""
+        unbatched = isinstance(tgt, torch.Tensor) and tgt.dim() == 2
+        u0 = self._batch_first(tgt, "tgt", unbatched)
+        m = self._batch_first(memory, "memory", unbatched)
+        if u0.shape[0] != m.shape[0]:
+            raise ValueError(f"tgt and memory must have the same batch size, got {u0.shape[0]} "
+                             f"and {m.shape[0]}")
+        b, n, _ = u0.shape
+        s = m.shape[1]
+        p = self._param()
+        kw = {"batch": b, "num_heads": self.nhead, "dtype": p.dtype, "device": p.device}
+
+        def batched(kpm):
+            if unbatched and isinstance(kpm, torch.Tensor) and kpm.dim() == 1:
+                return kpm.unsqueeze(0)
+            return kpm
+
+        self_support = attention_support(
+            tgt_mask, batched(tgt_key_padding_mask), q_len=n, k_len=n, mask_name="tgt_mask",
+            kpm_name="tgt_key_padding_mask", **kw)
+        causal = bool(tgt_is_causal) and tgt_mask is None
+        if causal and self_support is not None:  # folded once here, not in every layer
+            self_support = merge_supports(causal_support(n, n, p.device), self_support, p.dtype)
+            causal = False
+        cross = attention_support(
+            memory_mask, batched(memory_key_padding_mask), q_len=n, k_len=s,
+            mask_name="memory_mask", kpm_name="memory_key_padding_mask", **kw)
+        if memory_is_causal and memory_mask is None:
+            cross = merge_supports(causal_support(n, s, p.device), cross, p.dtype)
+        ctx = Context(attn_mask=self_support, is_causal=causal,
+                      extra={"memory": m, "memory_mask": cross, "unbatched": unbatched})
+        return u0, ctx
+
+    def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
+        """The final norm (identity when None), in the layout tgt came in."""
+        if self.final_norm is not None:
+            u = self.final_norm(u)
+        if context.extra.get("unbatched"):
+            return u.squeeze(0)
+        return u if self.batch_first else u.transpose(0, 1)
+
+    def forward(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        tgt_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        tgt_key_padding_mask: torch.Tensor | None = None,
+        memory_key_padding_mask: torch.Tensor | None = None,
+        tgt_is_causal: bool | None = None,
+        memory_is_causal: bool = False,
+    ) -> torch.Tensor:
+        return self.solve(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask,
+                          memory_key_padding_mask, tgt_is_causal, memory_is_causal)
+
+
+class EncoderDecoderModel(EvolutionModel):
+    """The pair: encoder field -> memory M = P_enc(e(T_e)) -> decoder field -> read-out.
+
+    forward(src, tgt, src_mask, tgt_mask, memory_mask, src_key_padding_mask,
+    tgt_key_padding_mask, memory_key_padding_mask, src_is_causal, tgt_is_causal,
+    memory_is_causal) takes the arguments of nn.Transformer and returns the same tensor.
+    ``.evolution`` is the decoder's evolution, ``.encoder_evolution`` the encoder's;
+    ``encoder`` (an Encoder, with its final norm) and ``decoder`` (a CrossDecoder) are the two
+    halves. See the module docstring for what with_scheme / refine do to each.
+    """
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        decoder: CrossDecoder,
+        *,
+        source: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(encoder, Encoder):
+            raise TypeError(f"encoder must be a splitformer Encoder, got {type(encoder).__name__}")
+        if not isinstance(decoder, CrossDecoder):
+            raise TypeError(f"decoder must be a CrossDecoder, got {type(decoder).__name__}")
+        if encoder.d_model != decoder.d_model:
+            raise ValueError(f"encoder d_model={encoder.d_model} != decoder d_model="
+                             f"{decoder.d_model}")
+        if encoder.batch_first != decoder.batch_first:
+            raise ValueError("encoder and decoder must share batch_first")
+        self.encoder = encoder
+        self.decoder = decoder
+        self.source = keep_source(source)
+
+    @property
+    def evolution(self) -> Evolution:  # type: ignore[override]
+        """The decoder's evolution (the field the output is read from)."""
+        return self.decoder.evolution
+
+    @property
+    def encoder_evolution(self) -> Evolution:
+        return self.encoder.evolution
+
+    @property
+    def batch_first(self) -> bool:
+        return self.decoder.batch_first
+
+    def evolution_owners(self) -> list[EvolutionModel]:
+        return [self.encoder, self.decoder]
+
+    def with_scheme(self, scheme: str | Scheme, *, encoder_scheme: str | Scheme | None = None,
+                    **options) -> EncoderDecoderModel:
+        """Another scheme, same parameters: a name applies to both fields (each on its own
+        layout), a Scheme value or string to the decoder only; ``encoder_scheme`` sets the
+        encoder's explicitly."""
+        new = shared_copy(self)
+        new.decoder = new.decoder.with_scheme(scheme, **options)
+        if encoder_scheme is not None:
+            new.encoder = new.encoder.with_scheme(encoder_scheme)
+        elif isinstance(scheme, str) and scheme.strip() in SCHEMES:
+            new.encoder = new.encoder.with_scheme(scheme, **options)
+        return new
+
+    def refine(self, k: int, *, encoder_k: int | None = None) -> EncoderDecoderModel:
+        """tau -> tau / k for the decoder and tau -> tau / encoder_k (default k) for the encoder."""
+        new = shared_copy(self)
+        new.encoder = new.encoder.refine(k if encoder_k is None else encoder_k)
+        new.decoder = new.decoder.refine(k)
+        return new
+
+    def memory(
+        self,
+        src: torch.Tensor,
+        src_mask: torch.Tensor | None = None,
+        src_key_padding_mask: torch.Tensor | None = None,
+        src_is_causal: bool | None = None,
+    ) -> torch.Tensor:
+        """M = P_enc(e(T_e)): the encoder evolution and its final norm (layout of src)."""
+        return self.encoder(src, src_mask, src_key_padding_mask, src_is_causal)
+
+    def initial_condition(
+        self,
+        src: torch.Tensor,
+        tgt: torch.Tensor,
+        src_mask: torch.Tensor | None = None,
+        tgt_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        src_key_padding_mask: torch.Tensor | None = None,
+        tgt_key_padding_mask: torch.Tensor | None = None,
+        memory_key_padding_mask: torch.Tensor | None = None,
+        src_is_causal: bool | None = None,
+        tgt_is_causal: bool | None = None,
+        memory_is_causal: bool = False,
+    ) -> tuple[torch.Tensor, Context]:
+        """The decoder field's u(0) = tgt and its context, whose memory M is the encoder
+        field's read-out (the encoder evolution runs here: the coupling is one-way)."""
+        if not isinstance(src, torch.Tensor) or not isinstance(tgt, torch.Tensor):
+            raise TypeError("src and tgt must be torch.Tensor")
+        if src.dim() != tgt.dim():
+            raise ValueError(f"src and tgt must both be batched or both unbatched, got shapes "
+                             f"{tuple(src.shape)} and {tuple(tgt.shape)}")
+        m = self.memory(src, src_mask, src_key_padding_mask, src_is_causal)
+        return self.decoder.initial_condition(tgt, m, tgt_mask, memory_mask,
+                                              tgt_key_padding_mask, memory_key_padding_mask,
+                                              tgt_is_causal, memory_is_causal)
+
+    def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
+        return self.decoder.read_out(u, context)
+
+    def forward(
+        self,
+        src: torch.Tensor,
+        tgt: torch.Tensor,
+        src_mask: torch.Tensor | None = None,
+        tgt_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        src_key_padding_mask: torch.Tensor | None = None,
+        tgt_key_padding_mask: torch.Tensor | None = None,
+        memory_key_padding_mask: torch.Tensor | None = None,
+        src_is_causal: bool | None = None,
+        tgt_is_causal: bool | None = None,
+        memory_is_causal: bool = False,
+    ) -> torch.Tensor:
+        return self.solve(src, tgt, src_mask, tgt_mask, memory_mask, src_key_padding_mask,
+                          tgt_key_padding_mask, memory_key_padding_mask, src_is_causal,
+                          tgt_is_causal, memory_is_causal)
+
+    def encoder_trajectory(
+        self,
+        src: torch.Tensor,
+        src_mask: torch.Tensor | None = None,
+        src_key_padding_mask: torch.Tensor | None = None,
+        src_is_causal: bool | None = None,
+    ) -> Trajectory:
+        """The encoder field e(t_i) (batch first, before the encoder's final norm)."""
+        return self.encoder.trajectory(src, src_mask, src_key_padding_mask, src_is_causal)
+
+
+def network_decoder(
+    d_model: int,
+    nhead: int,
+    dim_feedforward: int,
+    num_layers: int,
+    *,
+    norm_first: bool = False,
+    final_norm: bool = True,
+    batch_first: bool = True,
+    activation: str = "relu",
+    layer_norm_eps: float = 1e-5,
+    bias: bool = True,
+    dropout: float = 0.0,
+    device=None,
+    dtype=None,
+) -> CrossDecoder:
+    """A decoder field with random weights (post-LN or pre-LN), tau = 1."""
+    controls = decoder_controls(d_model, nhead, dim_feedforward, num_layers,
+                                activation=activation, layer_norm_eps=layer_norm_eps, bias=bias,
+                                dropout=dropout, device=device, dtype=dtype)
+    scheme = decoder_prenorm() if norm_first else decoder_lie()
+    norm = (LayerNormProjection(d_model, eps=layer_norm_eps, bias=bias, device=device,
+                                dtype=dtype) if final_norm else None)
+    return CrossDecoder(Evolution(controls, scheme, TimeGrid(num_layers, num_layers)),
+                        final_norm=norm, batch_first=batch_first, source={"kind": "decoder"})
+
+
+def encoder_decoder(
+    d_model: int = 512,
+    nhead: int = 8,
+    num_encoder_layers: int = 6,
+    num_decoder_layers: int = 6,
+    dim_feedforward: int = 2048,
+    *,
+    norm_first: bool = False,
+    batch_first: bool = True,
+    activation: str = "relu",
+    layer_norm_eps: float = 1e-5,
+    bias: bool = True,
+    dropout: float = 0.0,
+    device=None,
+    dtype=None,
+) -> EncoderDecoderModel:
+    """The pair with random weights, laid out like nn.Transformer (final norms on both)."""
+    kw = {"activation": activation, "layer_norm_eps": layer_norm_eps, "bias": bias,
+          "dropout": dropout, "device": device, "dtype": dtype}
+    enc = network_encoder(d_model, nhead, dim_feedforward, num_encoder_layers,
+                          norm_first=norm_first, final_norm=True, **kw)
+    if enc.final_norm is not None and not bias:
+        enc.final_norm = LayerNormProjection(d_model, eps=layer_norm_eps, bias=False,
+                                             device=device, dtype=dtype)
+    enc.batch_first = batch_first
+    dec = network_decoder(d_model, nhead, dim_feedforward, num_decoder_layers,
+                          norm_first=norm_first, batch_first=batch_first, **kw)
+    return EncoderDecoderModel(enc, dec, source={"kind": "transformer"})
