@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 import splitformer
-from splitformer.time.integrators import INTEGRATORS
 
 EVALS = {"euler": 1, "heun": 2, "rk2": 2, "rk4": 4}
 
@@ -28,11 +27,11 @@ def field_evaluations(scheme) -> dict[str, float]:
 
     def walk(stages):
         for st in stages:
-            if st.integrator == "parallel":
+            if st.kind == "parallel":
                 for b in st.branches:
                     walk(b)
-            elif st.integrator in INTEGRATORS:
-                for f in st.operator.split("+"):
+            elif st.kind == "field":
+                for f in st.fields():
                     counts[f] = counts.get(f, 0) + EVALS[st.integrator]
 
     walk(scheme.stages)
