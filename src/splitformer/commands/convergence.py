@@ -283,14 +283,14 @@ def _check(args: argparse.Namespace) -> dict[str, str]:
 def run(args: argparse.Namespace) -> int:
     options = _check(args)
     progress = Progress(enabled=not args.json)
-    progress(f"building model {args.model}")
     if args.model in CONFIGURATIONS:
+        progress(f"building model {args.model}")
         try:
             model, u0 = configuration(args.model, seed=args.seed)
-        except ImportError as e:
+        except ImportError as e:  # 'trained' needs scikit-learn
             progress.close()
             raise UsageError(f"argument --model: {args.model!r}: {e}") from None
-    else:
+    else:  # quick: checked before anything is shown
         model, u0 = _load_file(args.model, args.seed)
         _check_scheme(model, args, options, f"the model in {args.model!r}")
     if args.controls == "linear":

@@ -69,7 +69,7 @@ def format_table(rows: list[dict], width: int = WIDTH) -> list[str]:
         if r.get("reference", "-") != "-":
             text += wrap(r["reference"], "vs ", "   ")
         if r.get("reason"):
-            text += wrap(r["reason"], f"{r['status'].lower()}: ", "   ")
+            text += wrap(r["reason"], "skipped: " if r["status"] == "SKIP" else "reason: ", "   ")
         cells = [vals[i].ljust(w) for (_, vals), w in zip(cols, widths, strict=True)]
         lines.append("  ".join(cells) + "  " + text[0])
         lines += [" " * indent + t for t in text[1:]]
