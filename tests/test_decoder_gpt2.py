@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TOL
 
 import splitformer
+from splitformer.interop.activations import GPT2_ACTIVATIONS
 from splitformer.interop.hf_gpt2 import GPT2_WEIGHT_MAP, check_config, from_hf_model, weight_map
 from splitformer.models.causal import (
-    GPT2_ACTIVATIONS,
     CausalDecoderModel,
     CausalLM,
     causal_context,
     causal_decoder,
 )
 from splitformer.operators import Context
+from splitformer.verification.references import TOL, maxdiff, perturb_
 
 transformers = pytest.importorskip("transformers")  # conftest hides the torchvision stand-in
 
@@ -50,11 +50,7 @@ def make_gpt2(dtype=torch.float64, attn: str = "sdpa", *, lm: bool = False, seed
     config._attn_implementation = attn
     model = transformers.GPT2LMHeadModel(config) if lm else transformers.GPT2Model(config)
     model = model.to(dtype).eval()
-    g = torch.Generator().manual_seed(seed + 7)
-    with torch.no_grad():  # non-trivial norms and biases
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return model
+    return perturb_(model, seed=seed + 7)  # non-trivial norms and biases
 
 
 def batch(vocab: int = 61, b: int = 3, n: int = 10, seed: int = 1):
@@ -65,9 +61,6 @@ def batch(vocab: int = 61, b: int = 3, n: int = 10, seed: int = 1):
     mask[2, 6:] = 0  # right padding
     return ids, mask
 
-
-def maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).detach().abs().max())
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -260,7 +253,7 @@ def test_from_local_folder(tmp_path, lm):
     ref = make_gpt2(torch.float32, lm=lm)
     ref.save_pretrained(tmp_path)
     ours = splitformer.from_hf(str(tmp_path))
-    assert ours.source["hf_class"] == type(ref).__name__
+    assert ours.source.hf_class == type(ref).__name__
     ids, mask = batch()
     with torch.no_grad():
         a = ref(input_ids=ids, attention_mask=mask)
@@ -332,6 +325,7 @@ def test_contract():
 
 def test_weight_map_table():
     ref = make_gpt2(torch.float32, lm=True, n_layer=2)
-    names = {h for h, _, _ in weight_map(2, lm_head=True)}
+    names = {r.theirs for r in weight_map(2, lm_head=True) if not r.attr}
     assert names == set(ref.state_dict())
-    assert any(h.endswith("c_attn.weight^T") for h, _ in GPT2_WEIGHT_MAP)
+    assert any(r.theirs.endswith("c_attn.weight") and r.transform == "transpose"
+               for r in GPT2_WEIGHT_MAP)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TOL
 
 import splitformer
 from splitformer.interop.hf_bert import BERT_WEIGHT_MAP, from_hf_model, weight_map
 from splitformer.models.bert import BertEncoderModel, BertSequenceClassifier, bert_model
+from splitformer.verification.references import TOL, maxdiff
 
 transformers = pytest.importorskip("transformers")  # conftest hides the torchvision stand-in
 
@@ -65,9 +65,6 @@ def inputs(config, *, batch: int = 3, seq: int = 9, pad: bool = True, seed: int 
     return out
 
 
-def maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).detach().abs().max())
-
 
 # -- forward: last hidden state and pooled output -------------------------------------------
 
@@ -100,12 +97,13 @@ def test_train_mode_dropout_zero_and_gradients(attn, dtype):
     # the adjoint: every gradient maps like its weight
     params = dict(ours.named_parameters())
     d = ref.config.hidden_size
-    for hf_name, our_name, block in weight_map(ref.config.num_hidden_layers, pooler=True,
-                                               classifier=False):
-        g = params[our_name].grad
-        g = g if block is None else g[block * d:(block + 1) * d]
-        hf_grad = ref.get_parameter(hf_name).grad
-        assert maxdiff(hf_grad, g) <= 10 * TOL[dtype], hf_name
+    for row in weight_map(ref.config.num_hidden_layers, pooler=True, classifier=False):
+        if row.attr:
+            continue
+        g = params[row.ours].grad
+        g = g if row.block is None else g[row.block[0] * d:(row.block[0] + 1) * d]
+        hf_grad = ref.get_parameter(row.theirs).grad
+        assert maxdiff(hf_grad, g) <= 10 * TOL[dtype], row.theirs
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -254,9 +252,10 @@ def test_round_trip_state_dict(kind):
         assert ours.pooler is None and back.pooler is None
     # the weight map is a bijection onto both parameter sets
     cls = kind == "classifier"
-    table = weight_map(ref.config.num_hidden_layers, pooler=kind != "no-pooler", classifier=cls)
-    assert sorted(h for h, _, _ in table) == sorted(dict(ref.named_parameters()))
-    covered = {(s, blk) for _, s, blk in table}
+    table = [r for r in weight_map(ref.config.num_hidden_layers, pooler=kind != "no-pooler",
+                                   classifier=cls) if not r.attr]
+    assert sorted(r.theirs for r in table) == sorted(dict(ref.named_parameters()))
+    covered = {(r.ours, r.block) for r in table}
     assert {s for s, _ in covered} == set(dict(ours.named_parameters()))
     assert len(covered) == len(table)
 
@@ -287,7 +286,7 @@ def test_from_local_folder(tmp_path, classifier):
     ref.save_pretrained(tmp_path)
     ours = splitformer.from_hf(tmp_path)
     loaded_cls = "BertForSequenceClassification" if classifier else "BertModel"
-    assert ours.source["hf_class"] == loaded_cls
+    assert ours.source.hf_class == loaded_cls
     x = inputs(ref.config)
     with torch.no_grad():
         r, o = ref(**x), ours(**x)
@@ -346,7 +345,7 @@ def test_contract():
 
 
 def test_weight_map_table_mentions_every_layer_name():
-    names = {h for h, _ in BERT_WEIGHT_MAP}
+    names = {r.theirs for r in BERT_WEIGHT_MAP}
     ref = make_bert(torch.float32, classifier=True)
     for k in dict(ref.named_parameters()):
         k = k.removeprefix("bert.")

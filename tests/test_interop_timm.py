@@ -13,15 +13,13 @@ import sys
 
 import pytest
 import torch
-from conftest import TOL
-from conftest import assert_same_state as _same_state
-from conftest import maxdiff as _diff
 from torch import nn
 
 import splitformer
 from splitformer.interop.timm_vit import from_timm_model, to_timm_model
 from splitformer.models.vit import ViT, ViTOutput
 from splitformer.operators.scaling import DiagonalScaling, LayerScale
+from splitformer.verification.references import TOL, assert_same_state, maxdiff, perturb_
 
 try:
     import timm  # noqa: F401
@@ -57,11 +55,7 @@ CONFIGS = {
 def _timm(dtype, seed=0, **overrides):
     torch.manual_seed(seed)
     m = VisionTransformer(**{**SMALL, **overrides}).to(dtype).eval()
-    g = torch.Generator().manual_seed(seed + 2)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return m
+    return perturb_(m, seed=seed + 2)
 
 
 def _pixels(m, dtype, batch=3, seed=1):
@@ -84,9 +78,9 @@ def test_forward_eval_and_round_trip(name, dtype):
         pa, pb = ref.forward_head(fa, pre_logits=True), ours.forward_head(fb, pre_logits=True)
         out = ours.outputs(x)
     assert isinstance(b, torch.Tensor) and a.shape == b.shape
-    assert _diff(a, b) <= TOL[dtype]
-    assert _diff(fa, fb) <= TOL[dtype]
-    assert _diff(pa, pb) <= TOL[dtype]
+    assert maxdiff(a, b) <= TOL[dtype]
+    assert maxdiff(fa, fb) <= TOL[dtype]
+    assert maxdiff(pa, pb) <= TOL[dtype]
     assert isinstance(out, ViTOutput)
     assert torch.equal(out.last_hidden_state, fb)
     assert torch.equal(out.pooler_output, pb)
@@ -95,10 +89,10 @@ def test_forward_eval_and_round_trip(name, dtype):
     # round trip: the same class, the state dict to the bit, the same outputs
     back = splitformer.to_timm(ours)
     assert type(back) is VisionTransformer and back.training == ref.training
-    _same_state(back, ref)
+    assert_same_state(back, ref)
     with torch.no_grad():
         assert torch.equal(ref(x), back(x))
-    _same_state(from_timm_model(back), ours)
+    assert_same_state(from_timm_model(back), ours)
 
 
 @pytest.mark.parametrize("name", ["token", "layerscale_no_qkv_bias",
@@ -109,7 +103,7 @@ def test_forward_train_dropout0(name, dtype):
     assert ours.training
     x = _pixels(ref, dtype)
     a, b = ref(x), ours(x)
-    assert _diff(a, b) <= TOL[dtype]
+    assert maxdiff(a, b) <= TOL[dtype]
     b.sum().backward()
     assert all(p.grad is not None for p in ours.parameters())
 
@@ -125,9 +119,9 @@ def test_attention_masks(dtype):
     additive = torch.zeros(3, 1, n, n, dtype=dtype).masked_fill(~keep, float("-inf"))
     with torch.no_grad():
         for m in (keep, additive):
-            assert _diff(ref(x, attn_mask=m), ours(x, attn_mask=m)) <= TOL[dtype]
-            assert _diff(ref(x, attn_mask=m), ours(x, m)) <= TOL[dtype]
-        assert _diff(ref(x, is_causal=True), ours(x, is_causal=True)) <= TOL[dtype]
+            assert maxdiff(ref(x, attn_mask=m), ours(x, attn_mask=m)) <= TOL[dtype]
+            assert maxdiff(ref(x, attn_mask=m), ours(x, m)) <= TOL[dtype]
+        assert maxdiff(ref(x, is_causal=True), ours(x, is_causal=True)) <= TOL[dtype]
     with pytest.raises(ValueError, match="not both"):
         ours(x, keep, is_causal=True)
 
@@ -145,7 +139,7 @@ def test_trajectory_matches_blocks(dtype):
         traj = ours.trajectory(x)
     assert len(traj) == 4
     for s, t in zip(states, traj.states, strict=True):
-        assert _diff(s, t) <= TOL[dtype]
+        assert maxdiff(s, t) <= TOL[dtype]
 
 
 # -- LayerScale as a per-feature step --------------------------------------------------------
@@ -172,7 +166,7 @@ def test_layerscale_is_per_feature_step(dtype):
     one = Scheme((step,), name="one")
     with torch.no_grad():
         got = one.step(u, theta, tau)
-    assert _diff(got, u1) <= 10 * TOL[dtype]
+    assert maxdiff(got, u1) <= 10 * TOL[dtype]
     # gamma = 1 is the plain pre-LN scheme
     with torch.no_grad():
         for nm in ("ls1", "ls2"):
@@ -180,7 +174,7 @@ def test_layerscale_is_per_feature_step(dtype):
         x = _pixels(ref, dtype)
         a = ours(x)
         b = ours.with_scheme(prenorm())(x)  # the scheme value: no ls1, ls2
-    assert _diff(a, b) <= TOL[dtype]
+    assert maxdiff(a, b) <= TOL[dtype]
 
 
 # -- round trips (the per-configuration round trip is in test_forward_eval_and_round_trip) --
@@ -198,7 +192,7 @@ def test_round_trip_train_mode_and_dropouts():
     assert back.training
     assert back.blocks[0].attn.attn_drop.p == 0.2 and back.head_drop.p == 0.3
     assert back.pos_drop.p == 0.05 and back.blocks[1].mlp.drop2.p == 0.1
-    _same_state(back, ref)
+    assert_same_state(back, ref)
 
 
 def test_to_timm_needs_timm(monkeypatch):
@@ -291,8 +285,8 @@ def test_contract(dtype):
     assert len(traj) == 7 and traj.states.shape == (7, 3, 1 + 2 + 16, 32)
     assert ours.embedding.num_prefix_tokens == 3 and ours.embedding.grid_size == (4, 4)
     src = ours.source
-    assert src["timm_class"] == "VisionTransformer"
-    assert src["kwargs"]["reg_tokens"] == 2 and src["kwargs"]["init_values"] == 0.2
+    assert src.timm_class == "VisionTransformer"
+    assert src.kwargs["reg_tokens"] == 2 and src.kwargs["init_values"] == 0.2
 
 
 def test_verify_family():

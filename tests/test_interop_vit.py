@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TOL
-from conftest import assert_same_state as _same_state
-from conftest import maxdiff as _diff
 
 import splitformer
 from splitformer.interop.hf_vit import from_hf_model, to_hf_model
 from splitformer.models.vit import ViT, ViTOutput
+from splitformer.verification.references import TOL, assert_same_state, maxdiff, perturb_
 
 transformers = pytest.importorskip("transformers")  # conftest hides the torchvision stand-in
 
@@ -39,13 +37,6 @@ CONFIGS = {
 }
 
 
-def _perturb(model, seed: int = 2) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-
-
 def _hf(dtype, overrides=None, *, cls="ViTModel", pooler=True, attn="sdpa", num_labels=None,
         **model_kw):
     torch.manual_seed(0)
@@ -58,7 +49,7 @@ def _hf(dtype, overrides=None, *, cls="ViTModel", pooler=True, attn="sdpa", num_
     else:
         m = transformers.ViTForImageClassification(config)
     m = m.to(dtype).eval()
-    _perturb(m)
+    perturb_(m, seed=2)
     return m
 
 
@@ -83,9 +74,9 @@ def test_vit_model_eval(name, dtype):
         a, b = ref(x), ours(x)
     assert isinstance(b, ViTOutput)
     assert b.last_hidden_state.shape == a.last_hidden_state.shape
-    assert _diff(a.last_hidden_state, b.last_hidden_state) <= TOL[dtype]
+    assert maxdiff(a.last_hidden_state, b.last_hidden_state) <= TOL[dtype]
     if pooler:
-        assert _diff(a.pooler_output, b.pooler_output) <= TOL[dtype]
+        assert maxdiff(a.pooler_output, b.pooler_output) <= TOL[dtype]
     else:
         assert b.pooler_output is None and a.pooler_output is None
     assert b.logits is None
@@ -97,8 +88,8 @@ def test_vit_model_train_mode_dropout0(dtype):
     assert ours.training
     x = _pixels(ref, dtype)
     a, b = ref(x), ours(x)
-    assert _diff(a.last_hidden_state, b.last_hidden_state) <= TOL[dtype]
-    assert _diff(a.pooler_output, b.pooler_output) <= TOL[dtype]
+    assert maxdiff(a.last_hidden_state, b.last_hidden_state) <= TOL[dtype]
+    assert maxdiff(a.pooler_output, b.pooler_output) <= TOL[dtype]
     # gradients flow to the controls
     b.pooler_output.sum().backward()
     assert ours.evolution.controls[0]["attention"].qkv_weight.grad is not None
@@ -113,11 +104,11 @@ def test_classifier(num_labels, dtype):
     with torch.no_grad():
         a, b = ref(x), ours(x)
     assert b.logits.shape == a.logits.shape
-    assert _diff(a.logits, b.logits) <= TOL[dtype]
+    assert maxdiff(a.logits, b.logits) <= TOL[dtype]
     # the classifier reads the class-token point of the last hidden state
     with torch.no_grad():
         u = ref.vit(x).last_hidden_state
-    assert _diff(u, b.last_hidden_state) <= TOL[dtype]
+    assert maxdiff(u, b.last_hidden_state) <= TOL[dtype]
 
 
 def test_padding_mask(dtype):
@@ -132,8 +123,8 @@ def test_padding_mask(dtype):
         a = ref(x, attention_mask=mask)
         b = ours(x, attention_mask=mask)
         c = ours(x, attention_mask=mask.bool())
-    assert _diff(a.last_hidden_state, b.last_hidden_state) <= TOL[dtype]
-    assert _diff(a.pooler_output, b.pooler_output) <= TOL[dtype]
+    assert maxdiff(a.last_hidden_state, b.last_hidden_state) <= TOL[dtype]
+    assert maxdiff(a.pooler_output, b.pooler_output) <= TOL[dtype]
     assert torch.equal(b.last_hidden_state, c.last_hidden_state)
     # a prepared 4-D boolean mask (True = attend) is handed to the kernel as is
     full = mask.bool().view(3, 1, 1, n).expand(3, 1, n, n)
@@ -153,7 +144,7 @@ def test_interpolate_pos_encoding(dtype):
             a = ref(x, interpolate_pos_encoding=True)
             b = ours(x, interpolate_pos_encoding=True)
         assert a.last_hidden_state.shape == b.last_hidden_state.shape
-        assert _diff(a.last_hidden_state, b.last_hidden_state) <= TOL[dtype]
+        assert maxdiff(a.last_hidden_state, b.last_hidden_state) <= TOL[dtype]
         with pytest.raises(ValueError, match="doesn't match"):
             ours(x)
 
@@ -164,14 +155,14 @@ def test_eager_attention():
     ours = from_hf_model(ref)
     x = _pixels(ref, torch.float32)
     with torch.no_grad():
-        assert _diff(ref(x).last_hidden_state, ours(x).last_hidden_state) <= TOL[torch.float32]
+        assert maxdiff(ref(x).last_hidden_state, ours(x).last_hidden_state) <= TOL[torch.float32]
     ref64 = _hf(torch.float64, attn="eager")
     ours64 = from_hf_model(ref64)
     x64 = _pixels(ref64, torch.float64)
     with torch.no_grad():
-        err = _diff(ref64(x64).last_hidden_state, ours64(x64).last_hidden_state)
+        err = maxdiff(ref64(x64).last_hidden_state, ours64(x64).last_hidden_state)
         ref64.set_attn_implementation("sdpa")
-        err_sdpa = _diff(ref64(x64).last_hidden_state, ours64(x64).last_hidden_state)
+        err_sdpa = maxdiff(ref64(x64).last_hidden_state, ours64(x64).last_hidden_state)
     assert err <= 1e-5  # float32 accuracy only
     assert err_sdpa <= TOL[torch.float64]
 
@@ -182,7 +173,7 @@ def test_pixel_dtype_cast():
     x = _pixels(ref, torch.float32)
     with torch.no_grad():
         a, b = ref(x), ours(x)  # both cast the pixels to the parameters' dtype
-    assert _diff(a.last_hidden_state, b.last_hidden_state) <= TOL[torch.float64]
+    assert maxdiff(a.last_hidden_state, b.last_hidden_state) <= TOL[torch.float64]
 
 
 # -- round trips and checkpoints -----------------------------------------------------------
@@ -201,7 +192,7 @@ def test_round_trip(kind, dtype):
     assert type(back) is type(ref)
     assert back.config.to_dict() == ref.config.to_dict()
     assert back.training == ref.training
-    _same_state(back, ref)
+    assert_same_state(back, ref)
     x = _pixels(ref, dtype)
     with torch.no_grad():
         a, b = ref(x), back(x)
@@ -209,7 +200,7 @@ def test_round_trip(kind, dtype):
         if getattr(a, k, None) is not None:
             assert torch.equal(getattr(a, k), getattr(b, k))
     # and the splitformer side of a second pass is the same model
-    _same_state(from_hf_model(back), ours)
+    assert_same_state(from_hf_model(back), ours)
 
 
 def test_local_checkpoint_folder(tmp_path):
@@ -218,13 +209,13 @@ def test_local_checkpoint_folder(tmp_path):
         path = tmp_path / cls
         ref.save_pretrained(path)
         ours = splitformer.from_hf(str(path))
-        assert ours.source["hf_class"] == cls
+        assert ours.source.hf_class == cls
         x = _pixels(ref, torch.float32)
         with torch.no_grad():
             a, b = ref(x), ours(x)
-        assert _diff(a.last_hidden_state if cls == "ViTModel" else a.logits,
+        assert maxdiff(a.last_hidden_state if cls == "ViTModel" else a.logits,
                      b.last_hidden_state if cls == "ViTModel" else b.logits) <= 1e-5
-        _same_state(splitformer.to_hf(ours), ref)
+        assert_same_state(splitformer.to_hf(ours), ref)
 
 
 # -- unsupported options -------------------------------------------------------------------
@@ -255,7 +246,7 @@ def test_unsupported_options():
     with pytest.raises(ValueError, match="interpolation"):
         to_hf_model(ours.with_controls_in_time("linear"))
     # "lie" on the pre-LN layout is the prenorm scheme itself: it goes back
-    _same_state(to_hf_model(ours.with_scheme("lie")), to_hf_model(ours))
+    assert_same_state(to_hf_model(ours.with_scheme("lie")), to_hf_model(ours))
 
 
 # -- the contract of DESIGN.md -------------------------------------------------------------
@@ -277,7 +268,7 @@ def test_contract(dtype):
         lie = ours.with_scheme("lie")(x)
     assert len(traj) == 4 and traj.times.tolist() == [0.0, 1.0, 2.0, 3.0]
     for h, s in zip(hs, traj.states, strict=True):
-        assert _diff(h, s) <= TOL[dtype]
+        assert maxdiff(h, s) <= TOL[dtype]
     assert fine.evolution.tau == 0.5 and fine.evolution.num_steps == 6
     assert out2.last_hidden_state.shape == traj.final.shape
     assert torch.isfinite(out2.last_hidden_state).all()
@@ -286,7 +277,7 @@ def test_contract(dtype):
     assert torch.isfinite(lie.last_hidden_state).all()
     # the initial condition lives on 1 + 4 x 4 points of Omega_x
     assert ours.embedding.grid_size == (4, 4) and ours.embedding.num_tokens == 17
-    assert ours.source["hf_class"] == "ViTModel" and "config" in ours.source
+    assert ours.source.hf_class == "ViTModel" and ours.source.config["hidden_size"] == 32
 
 
 def test_verify_family():
@@ -305,6 +296,6 @@ def test_outputs_index_like_transformers():
         px = _pixels(hf, torch.float64)
         with torch.no_grad():
             ref, out = hf(px), ours(px)
-        assert _diff(out[0], ref[0]) <= 1e-10
+        assert maxdiff(out[0], ref[0]) <= 1e-10
         key = "logits" if cls != "ViTModel" else "last_hidden_state"
-        assert _diff(out[key], ref[key]) <= 1e-10
+        assert maxdiff(out[key], ref[key]) <= 1e-10

@@ -6,11 +6,10 @@ import random
 
 import pytest
 import torch
-from conftest import TOL
 from torch import nn
 
 import splitformer
-from splitformer.verification.references import perturb_
+from splitformer.verification.references import TOL, perturb_
 
 
 def _random_config(seed: int) -> dict:

@@ -2,16 +2,23 @@
 
 ``from_hf(model_or_local_dir)`` accepts a loaded ``transformers`` model or a local folder written
 by ``save_pretrained`` (loaded with ``local_files_only=True``: no network). The family maps live in
-``hf_bert``, ``hf_vit`` and ``hf_cvt``; each registers the class names it handles in ``FAMILIES``.
+``hf_bert``, ``hf_vit``, ``hf_cvt`` and ``hf_gpt2``; ``FAMILIES`` lists the class names each
+handles. Every family's ``from_hf_model`` is check -> config -> build -> copy: it reads a typed
+config (a subclass of ``HFSource``) from the model, builds the splitformer model from it, copies
+the weight table, and the model keeps the config as its ``source``; ``to_hf`` rebuilds the
+transformers model from that source.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["attn_implementation", "from_hf", "hf_config", "to_hf"]
+from .weights import source_field
+
+__all__ = ["HFSource", "attn_implementation", "from_hf", "hf_config", "to_hf"]
 
 # transformers class name -> module (relative to this package) with from_hf_model / to_hf_model
 FAMILIES: dict[str, str] = {
@@ -24,6 +31,16 @@ FAMILIES: dict[str, str] = {
     "GPT2Model": "hf_gpt2",
     "GPT2LMHeadModel": "hf_gpt2",
 }
+
+
+@dataclass(frozen=True, kw_only=True)
+class HFSource:
+    """What every converted transformers model records: the class (``hf_class``), the config
+    as ``config.to_dict()`` gives it, and the attention implementation (None: unset)."""
+
+    hf_class: str
+    config: dict[str, Any]
+    attn_implementation: str | None = None
 
 
 def _family(module_name: str):
@@ -61,12 +78,29 @@ def from_hf(model_or_local_dir: Any, **kwargs):
 
 def to_hf(model):
     """The transformers model with the same weights (the inverse map)."""
-    source = getattr(model, "source", {}) or {}
-    cls = source.get("hf_class")
+    cls = source_field(getattr(model, "source", None), "hf_class")
     if cls not in FAMILIES:
-        raise ValueError("to_hf(model) needs a model made by from_hf (model.source['hf_class'] "
-                         f"is {cls!r})")
+        raise ValueError("to_hf(model) needs a model made by from_hf (its source has "
+                         f"hf_class={cls!r})")
     return _family(FAMILIES[cls]).to_hf_model(model)
+
+
+def hf_source(model, classes: tuple[str, ...], expected: type) -> HFSource:
+    """``model.source`` as the family's typed config, after checking that it is one and that
+    its class is one of ``classes`` (ValueError naming hf_class otherwise)."""
+    source = getattr(model, "source", None)
+    cls = source_field(source, "hf_class")
+    if not isinstance(source, expected) or cls not in classes:
+        raise ValueError(f"to_hf needs a model made by from_hf: model.source must be a "
+                         f"{expected.__name__} with hf_class one of {list(classes)}, got "
+                         f"{type(source).__name__} with hf_class={cls!r}")
+    return source
+
+
+def no_options(kwargs: dict[str, Any], family: str) -> None:
+    """from_hf_model takes no options: TypeError naming the ones given."""
+    if kwargs:
+        raise TypeError(f"from_hf for {family} takes no options, got {sorted(kwargs)}")
 
 
 def attn_implementation(config: Any) -> str:
@@ -74,11 +108,11 @@ def attn_implementation(config: Any) -> str:
     return getattr(config, "_attn_implementation", None) or "eager"
 
 
-def hf_config(config_class: str, source: dict[str, Any]) -> Any:
-    """The transformers config recorded in ``model.source`` (class name, e.g. "BertConfig"),
-    with the attention implementation the source model used."""
+def hf_config(config_class: str, source: HFSource) -> Any:
+    """The transformers config recorded in ``source`` (class name, e.g. "BertConfig"), with the
+    attention implementation the source model used ("sdpa" when it recorded none)."""
     import transformers
 
-    config = getattr(transformers, config_class).from_dict(dict(source["config"]))
-    config._attn_implementation = source.get("attn_implementation") or "sdpa"
+    config = getattr(transformers, config_class).from_dict(dict(source.config))
+    config._attn_implementation = source.attn_implementation or "sdpa"
     return config

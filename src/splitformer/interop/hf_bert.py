@@ -18,87 +18,126 @@ f = P_S1(E_w + E_t + E_p), L steps of the post-LN Lie scheme with tau = 1 and th
     pooler.dense                                 -> pooler                (read-out)
     classifier                                   -> classifier            (read-out)
 
-The head coordinate is laid out identically on both sides (the rows of W_Q are grouped by head
-as (H, d_h)), so the map is a plain copy. ``transformers`` is imported only by ``to_hf_model``.
+plus the attribute rows: every LayerNorm's eps and every dropout rate, as the modules hold
+them (they may differ from the config). The head coordinate is laid out identically on both
+sides (the rows of W_Q are grouped by head as (H, d_h)), so the map is a plain copy.
+``from_hf_model`` is check -> config (``bert_config``: a ``HFBertConfig``, kept as the model's
+``source``) -> build -> copy; ``to_hf_model`` rebuilds from the source and copies back.
+``transformers`` is imported only by ``to_hf_model``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..models.bert import BERT_ACTIVATIONS, BertEncoderModel, BertSequenceClassifier, bert_model
+from ..models.bert import BertEncoderModel, BertSequenceClassifier, bert_model
 from ..time.schemes import lie
-from .hf import attn_implementation, hf_config
-from .weights import check_softmax, network_scheme
-from .weights import copy_weight as _copy
+from .activations import BERT_ACTIVATIONS
+from .hf import HFSource, attn_implementation, hf_config, hf_source, no_options
+from .weights import Row, check_covered, check_softmax, copy_table, network_scheme, prefixed
 
-__all__ = ["BERT_WEIGHT_MAP", "check_config", "from_hf_model", "to_hf_model", "weight_map"]
+__all__ = ["BERT_WEIGHT_MAP", "HFBertConfig", "bert_config", "build", "check_config",
+           "from_hf_model", "to_hf_model", "weight_map"]
 
 HF_CLASSES = ("BertModel", "BertForSequenceClassification")
 
-# (transformers name, splitformer name, row block of the packed qkv or None) for one layer
-_LAYER_MAP: tuple[tuple[str, str, int | None], ...] = (
-    ("attention.self.query.weight", "attention.qkv_weight", 0),
-    ("attention.self.query.bias", "attention.qkv_bias", 0),
-    ("attention.self.key.weight", "attention.qkv_weight", 1),
-    ("attention.self.key.bias", "attention.qkv_bias", 1),
-    ("attention.self.value.weight", "attention.qkv_weight", 2),
-    ("attention.self.value.bias", "attention.qkv_bias", 2),
-    ("attention.output.dense.weight", "attention.out_weight", None),
-    ("attention.output.dense.bias", "attention.out_bias", None),
-    ("attention.output.LayerNorm.weight", "norm1.weight", None),
-    ("attention.output.LayerNorm.bias", "norm1.bias", None),
-    ("intermediate.dense.weight", "ffn.stages.0.weight", None),
-    ("intermediate.dense.bias", "ffn.stages.0.bias", None),
-    ("output.dense.weight", "ffn.stages.1.weight", None),
-    ("output.dense.bias", "ffn.stages.1.bias", None),
-    ("output.LayerNorm.weight", "norm2.weight", None),
-    ("output.LayerNorm.bias", "norm2.bias", None),
+# one layer: transformers name <-> the name in theta^n
+_LAYER_ROWS: tuple[Row, ...] = (
+    Row("attention.self.query.weight", "attention.qkv_weight", block=(0, 3)),
+    Row("attention.self.query.bias", "attention.qkv_bias", block=(0, 3)),
+    Row("attention.self.key.weight", "attention.qkv_weight", block=(1, 3)),
+    Row("attention.self.key.bias", "attention.qkv_bias", block=(1, 3)),
+    Row("attention.self.value.weight", "attention.qkv_weight", block=(2, 3)),
+    Row("attention.self.value.bias", "attention.qkv_bias", block=(2, 3)),
+    Row("attention.output.dense.weight", "attention.out_weight"),
+    Row("attention.output.dense.bias", "attention.out_bias"),
+    Row("attention.output.LayerNorm.weight", "norm1.weight"),
+    Row("attention.output.LayerNorm.bias", "norm1.bias"),
+    Row("intermediate.dense.weight", "ffn.stages.0.weight"),
+    Row("intermediate.dense.bias", "ffn.stages.0.bias"),
+    Row("output.dense.weight", "ffn.stages.1.weight"),
+    Row("output.dense.bias", "ffn.stages.1.bias"),
+    Row("output.LayerNorm.weight", "norm2.weight"),
+    Row("output.LayerNorm.bias", "norm2.bias"),
+    Row("attention.self.dropout.p", "attention.attn_dropout", attr=True),
+    Row("attention.output.dropout.p", "attention.out_dropout.p", attr=True),
+    Row("output.dropout.p", "ffn.out_dropout.p", attr=True),
+    Row("attention.output.LayerNorm.eps", "norm1.eps", attr=True),
+    Row("output.LayerNorm.eps", "norm2.eps", attr=True),
 )
 
-_EMBEDDING_MAP: tuple[tuple[str, str, int | None], ...] = (
-    ("embeddings.word_embeddings.weight", "embedding.word.weight", None),
-    ("embeddings.position_embeddings.weight", "embedding.position.weight", None),
-    ("embeddings.token_type_embeddings.weight", "embedding.token_type.weight", None),
-    ("embeddings.LayerNorm.weight", "embedding.norm.weight", None),
-    ("embeddings.LayerNorm.bias", "embedding.norm.bias", None),
+_EMBEDDING_ROWS: tuple[Row, ...] = (
+    Row("embeddings.word_embeddings.weight", "embedding.word.weight"),
+    Row("embeddings.position_embeddings.weight", "embedding.position.weight"),
+    Row("embeddings.token_type_embeddings.weight", "embedding.token_type.weight"),
+    Row("embeddings.LayerNorm.weight", "embedding.norm.weight"),
+    Row("embeddings.LayerNorm.bias", "embedding.norm.bias"),
+    Row("embeddings.LayerNorm.eps", "embedding.norm.eps", attr=True),
+    Row("embeddings.dropout.p", "embedding.dropout.p", attr=True),
 )
 
-_POOLER_MAP = (("pooler.dense.weight", "pooler.weight", None),
-               ("pooler.dense.bias", "pooler.bias", None))
-_CLASSIFIER_MAP = (("classifier.weight", "classifier.weight", None),
-                   ("classifier.bias", "classifier.bias", None))
+_POOLER_ROWS = (Row("pooler.dense.weight", "pooler.weight"),
+                Row("pooler.dense.bias", "pooler.bias"))
+_CLASSIFIER_ROWS = (Row("classifier.weight", "classifier.weight"),
+                    Row("classifier.bias", "classifier.bias"),
+                    Row("dropout.p", "classifier.dropout.p", attr=True))
 
 # the whole table, with n for the layer index (docs and tests read it)
-BERT_WEIGHT_MAP: tuple[tuple[str, str], ...] = (
-    *((h, s) for h, s, _ in _EMBEDDING_MAP),
-    *((f"encoder.layer.n.{h}",
-       f"evolution.controls.sets.n.{s}" + ("" if b is None else f"[{b}d:{b + 1}d]"))
-      for h, s, b in _LAYER_MAP),
-    *((h, s) for h, s, _ in _POOLER_MAP),
-    *((h, s) for h, s, _ in _CLASSIFIER_MAP),
+BERT_WEIGHT_MAP: tuple[Row, ...] = (
+    *_EMBEDDING_ROWS,
+    *prefixed(_LAYER_ROWS, "encoder.layer.n.", "evolution.controls.sets.n."),
+    *_POOLER_ROWS,
+    *_CLASSIFIER_ROWS,
 )
 
 # non-persistent in transformers 5 (older versions saved them): rebuilt, never copied
 _DEFAULT_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 
 
-def weight_map(num_layers: int, *, pooler: bool, classifier: bool
-               ) -> list[tuple[str, str, int | None]]:
-    """Every (transformers name, splitformer name, qkv row block) of one model."""
+@dataclass(frozen=True, kw_only=True)
+class HFBertConfig(HFSource):
+    """A transformers BERT as splitformer reads it: ``BertConfig``'s fields that fix the
+    operators (``hidden_act`` is transformers' name), and what the modules say beyond the
+    config (the pooler, the classifier's width, the padding index)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    hidden_act: str
+    hidden_dropout_prob: float
+    attention_probs_dropout_prob: float
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    pad_token_id: int | None
+    add_pooling_layer: bool
+    num_labels: int | None = None  # None: BertModel
+    classifier_dropout: float | None = None
+    problem_type: str | None = None
+
+    @property
+    def classifier(self) -> bool:
+        return self.hf_class == "BertForSequenceClassification"
+
+
+def weight_map(num_layers: int, *, pooler: bool, classifier: bool) -> list[Row]:
+    """Every row (tensors and attributes) of one model, transformers' names from its root."""
     prefix = "bert." if classifier else ""
-    out = [(prefix + h, s, b) for h, s, b in _EMBEDDING_MAP]
+    rows = prefixed(_EMBEDDING_ROWS, prefix, "")
     for n in range(num_layers):
-        out += [(f"{prefix}encoder.layer.{n}.{h}", f"evolution.controls.sets.{n}.{s}", b)
-                for h, s, b in _LAYER_MAP]
+        rows += prefixed(_LAYER_ROWS, f"{prefix}encoder.layer.{n}.",
+                         f"evolution.controls.sets.{n}.")
     if pooler:
-        out += [(prefix + h, s, b) for h, s, b in _POOLER_MAP]
+        rows += prefixed(_POOLER_ROWS, prefix, "")
     if classifier:
-        out += list(_CLASSIFIER_MAP)
-    return out
+        rows += list(_CLASSIFIER_ROWS)
+    return rows
 
 
 def check_config(config: Any) -> None:
@@ -128,16 +167,6 @@ def check_config(config: Any) -> None:
         raise ValueError(f"problem_type={problem!r} is not supported")
 
 
-def _parameters(model: nn.Module) -> dict[str, torch.Tensor]:
-    return dict(model.named_parameters())
-
-
-def _target(tensor: torch.Tensor, block: int | None, d: int) -> torch.Tensor:
-    return tensor if block is None else tensor[block * d:(block + 1) * d]
-
-
-
-
 def _check_buffers(state: dict[str, torch.Tensor], prefix: str) -> None:
     """Persistent position_ids / token_type_ids (older checkpoints) must hold their defaults."""
     for name in _DEFAULT_BUFFERS:
@@ -152,11 +181,9 @@ def _check_buffers(state: dict[str, torch.Tensor], prefix: str) -> None:
                              "default position or token type is not supported")
 
 
-def from_hf_model(model: nn.Module, **kwargs: Any) -> BertEncoderModel:
-    """The splitformer model with the same outputs as a transformers BertModel /
-    BertForSequenceClassification (a pure weight map; the source module is never called)."""
-    if kwargs:
-        raise TypeError(f"from_hf for BERT takes no options, got {sorted(kwargs)}")
+def bert_config(model: nn.Module) -> HFBertConfig:
+    """Check a transformers BertModel / BertForSequenceClassification (ValueError naming the
+    first unsupported option or weight) and read its typed config."""
     cls = type(model).__name__
     if cls not in HF_CLASSES:
         raise TypeError(f"expected one of {HF_CLASSES}, got {cls}")
@@ -164,19 +191,19 @@ def from_hf_model(model: nn.Module, **kwargs: Any) -> BertEncoderModel:
     bert = model.bert if classifier else model
     config = model.config
     check_config(config)
-    attn_impl = attn_implementation(config)
-    has_pooler = bert.pooler is not None
-    p = next(model.parameters())
-    source = {
-        "hf_class": cls,
-        "config": config.to_dict(),
-        "add_pooling_layer": has_pooler,
-        "attn_implementation": attn_impl,
-    }
-    ours = bert_model(
+    prefix = "bert." if classifier else ""
+    state = model.state_dict()
+    _check_buffers(state, prefix)
+    rows = weight_map(len(bert.encoder.layer), pooler=bert.pooler is not None,
+                      classifier=classifier)
+    check_covered(state, rows, "BERT", ignore=lambda k: k.removeprefix(prefix) in _DEFAULT_BUFFERS)
+    return HFBertConfig(
+        hf_class=cls,
+        config=config.to_dict(),
+        attn_implementation=attn_implementation(config),
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_hidden_layers,
+        num_hidden_layers=len(bert.encoder.layer),
         num_attention_heads=config.num_attention_heads,
         intermediate_size=config.intermediate_size,
         hidden_act=config.hidden_act,
@@ -186,44 +213,49 @@ def from_hf_model(model: nn.Module, **kwargs: Any) -> BertEncoderModel:
         type_vocab_size=config.type_vocab_size,
         layer_norm_eps=float(config.layer_norm_eps),
         pad_token_id=bert.embeddings.word_embeddings.padding_idx,
-        add_pooling_layer=has_pooler,
+        add_pooling_layer=bert.pooler is not None,
         num_labels=model.classifier.out_features if classifier else None,
         classifier_dropout=float(model.dropout.p) if classifier else None,
         problem_type=getattr(config, "problem_type", None),
-        additive_mask=attn_impl == "eager",
-        source=source,
-        device=p.device,
-        dtype=p.dtype,
     )
-    # dropout probabilities as the modules hold them (they may differ from the config)
-    emb = bert.embeddings
-    ours.embedding.dropout.p = float(emb.dropout.p)
-    for theta, layer in zip(ours.evolution.controls, bert.encoder.layer, strict=True):
-        theta["attention"].attn_dropout = float(layer.attention.self.dropout.p)
-        theta["attention"].out_dropout.p = float(layer.attention.output.dropout.p)
-        theta["ffn"].out_dropout.p = float(layer.output.dropout.p)
-        for ours_norm, theirs in (("norm1", layer.attention.output.LayerNorm),
-                                  ("norm2", layer.output.LayerNorm)):
-            theta[ours_norm].eps = float(theirs.eps)
-    ours.embedding.norm.eps = float(emb.LayerNorm.eps)
 
-    state = model.state_dict()
-    prefix = "bert." if classifier else ""
-    _check_buffers(state, prefix)
-    table = weight_map(len(bert.encoder.layer), pooler=has_pooler, classifier=classifier)
-    mapped = {h for h, _, _ in table}
-    extra = [k for k in state if k not in mapped
-             and k.removeprefix(prefix) not in _DEFAULT_BUFFERS]
-    if extra:
-        raise ValueError(f"the model has weights the BERT map does not know: {extra[:5]}")
-    params = _parameters(ours)
-    d = config.hidden_size
-    for hf_name, our_name, block in table:
-        _copy(_target(params[our_name], block, d), state[hf_name], hf_name)
-    covered = {s for _, s, _ in table}
-    missing = [k for k in params if k not in covered]
-    if missing:  # pragma: no cover - a bug in the table
-        raise RuntimeError(f"parameters left unmapped: {missing}")
+
+def build(config: HFBertConfig, *, device=None, dtype=None) -> BertEncoderModel:
+    """The splitformer BERT of ``config`` with random weights; ``source`` = ``config``."""
+    return bert_model(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        hidden_act=config.hidden_act,
+        hidden_dropout_prob=config.hidden_dropout_prob,
+        attention_probs_dropout_prob=config.attention_probs_dropout_prob,
+        max_position_embeddings=config.max_position_embeddings,
+        type_vocab_size=config.type_vocab_size,
+        layer_norm_eps=config.layer_norm_eps,
+        pad_token_id=config.pad_token_id,
+        add_pooling_layer=config.add_pooling_layer,
+        num_labels=config.num_labels,
+        classifier_dropout=config.classifier_dropout,
+        problem_type=config.problem_type,
+        additive_mask=config.attn_implementation == "eager",
+        source=config,
+        device=device,
+        dtype=dtype,
+    )
+
+
+def from_hf_model(model: nn.Module, **kwargs: Any) -> BertEncoderModel:
+    """The splitformer model with the same outputs as a transformers BertModel /
+    BertForSequenceClassification (a pure weight map; the source module is never called)."""
+    no_options(kwargs, "BERT")
+    config = bert_config(model)
+    p = next(model.parameters())
+    ours = build(config, device=p.device, dtype=p.dtype)
+    rows = weight_map(config.num_hidden_layers, pooler=config.add_pooling_layer,
+                      classifier=config.classifier)
+    copy_table(rows, theirs=model, ours=ours, into="ours")
     ours.train(model.training)
     return ours
 
@@ -234,41 +266,22 @@ def to_hf_model(model: BertEncoderModel) -> nn.Module:
 
     if not isinstance(model, BertEncoderModel):
         raise TypeError(f"to_hf for BERT expects a BertEncoderModel, got {type(model).__name__}")
-    source = model.source
-    cls = source.get("hf_class")
-    if cls not in HF_CLASSES:
-        raise ValueError(f"model.source['hf_class'] must be one of {HF_CLASSES}, got {cls!r}")
+    source = hf_source(model, HF_CLASSES, HFBertConfig)
     evo = model.evolution
     network_scheme(evo, {"lie": lie()}, "to_hf")
     check_softmax(evo, "to_hf")
-    classifier = cls == "BertForSequenceClassification"
-    if classifier != isinstance(model, BertSequenceClassifier):
-        raise ValueError(f"model.source['hf_class']={cls!r} does not match {type(model).__name__}")
+    if source.classifier != isinstance(model, BertSequenceClassifier):
+        raise ValueError(f"model.source.hf_class={source.hf_class!r} does not match "
+                         f"{type(model).__name__}")
     config = hf_config("BertConfig", source)
-    p = next(model.parameters())
     add_pooling = model.pooler is not None
-    if classifier:
+    if source.classifier:
         out = transformers.BertForSequenceClassification(config)
     else:
         out = transformers.BertModel(config, add_pooling_layer=add_pooling)
+    p = next(model.parameters())
     out = out.to(device=p.device, dtype=p.dtype)
-    bert = out.bert if classifier else out
-    state = out.state_dict()
-    params = _parameters(model)
-    d = model.embedding.dim
-    table = weight_map(len(evo.controls), pooler=add_pooling, classifier=classifier)
-    for hf_name, our_name, block in table:
-        _copy(state[hf_name], _target(params[our_name], block, d), our_name)
-    # dropout probabilities and eps as the splitformer modules hold them
-    bert.embeddings.dropout.p = model.embedding.dropout.p
-    bert.embeddings.LayerNorm.eps = model.embedding.norm.eps
-    for theta, layer in zip(evo.controls, bert.encoder.layer, strict=True):
-        layer.attention.self.dropout.p = theta["attention"].attn_dropout
-        layer.attention.output.dropout.p = theta["attention"].out_dropout.p
-        layer.output.dropout.p = theta["ffn"].out_dropout.p
-        layer.attention.output.LayerNorm.eps = theta["norm1"].eps
-        layer.output.LayerNorm.eps = theta["norm2"].eps
-    if classifier:
-        out.dropout.p = model.classifier.dropout.p
+    rows = weight_map(len(evo.controls), pooler=add_pooling, classifier=source.classifier)
+    copy_table(rows, theirs=out, ours=model, into="theirs")
     out.train(model.training)
     return out

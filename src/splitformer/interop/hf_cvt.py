@@ -21,23 +21,29 @@ and X one of query/key/value -> q/k/v:
     L.intermediate.dense / L.output.dense            theta^n["ffn"].stages[0] / .stages[1]
     layernorm / classifier  (classification only)    final_norm / classifier
 
-Dropout rates, stochastic-depth rates and the eps of every LayerNorm / BatchNorm are read from
-the modules (CvT ignores ``config.layer_norm_eps``: its LayerNorms keep torch's default 1e-5).
+Dropout rates, stochastic-depth rates and the eps of every LayerNorm / BatchNorm (and the
+BatchNorm momentum) are attribute rows of the same table, read from the modules (CvT ignores
+``config.layer_norm_eps``: its LayerNorms keep torch's default 1e-5). ``to_hf`` rebuilds the
+model from the source config, which fixes those values: it checks them instead of writing them.
 BatchNorm keeps its running statistics as controls: in eval mode it is the per-feature affine
 map they define, in train mode it uses batch statistics and updates them, as Hugging Face does.
+``from_hf_model`` is check -> config (``cvt_config``: a ``HFCvtConfig``, kept as the model's
+``source``) -> build -> copy.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..models.cvt import ConvolutionalVisionTransformer, CvtStageSpec, build_cvt, cvt_scheme
-from .weights import copy_weight, network_scheme
+from .hf import HFSource, hf_source
+from .weights import Row, check_covered, copy_table, lookup, network_scheme
 
-__all__ = ["from_hf_model", "to_hf_model", "weight_table"]
+__all__ = ["HFCvtConfig", "build", "check_config", "cvt_config", "from_hf_model", "to_hf_model",
+           "weight_table"]
 
 _CLASSES = ("CvtModel", "CvtForImageClassification")
 _PER_STAGE = (
@@ -45,6 +51,18 @@ _PER_STAGE = (
     "mlp_ratio", "attention_drop_rate", "drop_rate", "drop_path_rate", "qkv_bias", "cls_token",
     "qkv_projection_method", "kernel_qkv", "padding_kv", "stride_kv", "padding_q", "stride_q",
 )
+_BN = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HFCvtConfig(HFSource):
+    """A transformers CvT as splitformer reads it: one ``CvtStageSpec`` per stage (sizes,
+    strides, rates and eps as the modules hold them), the classifier's width (None: CvtModel,
+    0: no classifier) and the head LayerNorm's eps."""
+
+    stages: tuple[CvtStageSpec, ...]
+    num_labels: int | None = None
+    head_norm_eps: float = 1e-5
 
 
 def check_config(config: Any) -> None:
@@ -99,102 +117,49 @@ def _check_modules(base: nn.Module) -> None:
             raise ValueError(f"{name}: GELU(approximate={mod.approximate!r}) is not supported")
 
 
-def _drop_prob(mod: nn.Module) -> float:
-    return float(getattr(mod, "drop_prob", 0.0))
+def _spec(config: Any, s: int, hf_stage: nn.Module) -> CvtStageSpec:
+    """Stage s's spec; rates and eps from layer 0 (the table copies every layer's own)."""
+    emb = hf_stage.embedding.convolution_embeddings
+    layers = list(hf_stage.layers)
+    if not layers:
+        raise ValueError(f"depth[{s}]=0 is not supported (a stage needs layers)")
+    l0 = layers[0]
+    bn = l0.attention.attention.convolution_projection_query.convolution_projection
+    eps = float(l0.layernorm_before.eps)
+    for n, layer in enumerate(layers):
+        for what in ("layernorm_before", "layernorm_after"):
+            if getattr(layer, what).eps != eps:
+                raise ValueError(f"stages.{s}.layers.{n}.{what}.eps={getattr(layer, what).eps} "
+                                 "differs from layer 0's: a stage's layers must share it")
+    return CvtStageSpec(
+        in_channels=emb.projection.in_channels,
+        dim=config.embed_dim[s],
+        num_heads=config.num_heads[s],
+        depth=len(layers),
+        patch_size=tuple(emb.projection.kernel_size),
+        patch_stride=tuple(emb.projection.stride),
+        patch_padding=tuple(emb.projection.padding),
+        mlp_ratio=config.mlp_ratio[s],
+        kernel_size=config.kernel_qkv[s],
+        stride_q=config.stride_q[s],
+        padding_q=config.padding_q[s],
+        stride_kv=config.stride_kv[s],
+        padding_kv=config.padding_kv[s],
+        qkv_bias=bool(config.qkv_bias[s]),
+        cls_token=bool(config.cls_token[s]),
+        drop_rate=float(l0.attention.output.dropout.p),
+        attention_drop_rate=float(l0.attention.attention.dropout.p),
+        drop_path=[float(getattr(layer.drop_path, "drop_prob", 0.0)) for layer in layers],
+        layer_norm_eps=eps,
+        embed_norm_eps=float(emb.normalization.eps),
+        batch_norm_eps=float(bn.normalization.eps),
+        batch_norm_momentum=bn.normalization.momentum,
+    )
 
 
-def _specs(config: Any, base: nn.Module) -> list[CvtStageSpec]:
-    specs = []
-    for s, hf_stage in enumerate(base.encoder.stages):
-        emb = hf_stage.embedding.convolution_embeddings
-        layers = list(hf_stage.layers)
-        if not layers:
-            raise ValueError(f"depth[{s}]=0 is not supported (a stage needs layers)")
-        l0 = layers[0]
-        bn = l0.attention.attention.convolution_projection_query.convolution_projection
-        specs.append(CvtStageSpec(
-            in_channels=emb.projection.in_channels,
-            dim=config.embed_dim[s],
-            num_heads=config.num_heads[s],
-            depth=len(layers),
-            patch_size=tuple(emb.projection.kernel_size),
-            patch_stride=tuple(emb.projection.stride),
-            patch_padding=tuple(emb.projection.padding),
-            mlp_ratio=config.mlp_ratio[s],
-            kernel_size=config.kernel_qkv[s],
-            stride_q=config.stride_q[s],
-            padding_q=config.padding_q[s],
-            stride_kv=config.stride_kv[s],
-            padding_kv=config.padding_kv[s],
-            qkv_bias=bool(config.qkv_bias[s]),
-            cls_token=bool(config.cls_token[s]),
-            drop_rate=float(l0.attention.output.dropout.p),
-            attention_drop_rate=float(l0.attention.attention.dropout.p),
-            drop_path=[_drop_prob(layer.drop_path) for layer in layers],
-            layer_norm_eps=float(l0.layernorm_before.eps),
-            embed_norm_eps=float(emb.normalization.eps),
-            batch_norm_eps=float(bn.normalization.eps),
-            batch_norm_momentum=bn.normalization.momentum,
-        ))
-        for n, layer in enumerate(layers):
-            for mod, what in ((layer.layernorm_before, "layernorm_before"),
-                              (layer.layernorm_after, "layernorm_after")):
-                if mod.eps != specs[-1].layer_norm_eps:
-                    raise ValueError(f"stages.{s}.layers.{n}.{what}.eps={mod.eps} differs from "
-                                     "layer 0's: a stage's layers must share it")
-    return specs
-
-
-def weight_table(model: ConvolutionalVisionTransformer) -> list[tuple[str, torch.Tensor]]:
-    """(Hugging Face state-dict key, splitformer tensor) for every weight and buffer."""
-    cls_model = model.with_head
-    root = "cvt.encoder" if cls_model else "encoder"
-    out: list[tuple[str, torch.Tensor]] = []
-
-    def add(key: str, t: torch.Tensor | None) -> None:
-        if t is not None:
-            out.append((key, t))
-
-    for s, stage in enumerate(model.stages):
-        sp = f"{root}.stages.{s}"
-        add(f"{sp}.cls_token", stage.cls_token)
-        e = f"{sp}.embedding.convolution_embeddings"
-        add(f"{e}.projection.weight", stage.embedding.weight)
-        add(f"{e}.projection.bias", stage.embedding.bias)
-        add(f"{e}.normalization.weight", stage.embedding.norm.weight)
-        add(f"{e}.normalization.bias", stage.embedding.norm.bias)
-        for n, theta in enumerate(stage.evolution.controls):
-            lp = f"{sp}.layers.{n}"
-            att = theta["attention"]
-            pp = f"{lp}.attention.attention"
-            for hf_name, proj in (("query", att.q), ("key", att.k), ("value", att.v)):
-                c = f"{pp}.convolution_projection_{hf_name}.convolution_projection"
-                add(f"{c}.convolution.weight", proj.conv.weight)
-                for b in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"):
-                    add(f"{c}.normalization.{b}", getattr(proj.norm, b))
-                add(f"{pp}.projection_{hf_name}.weight", proj.weight)
-                add(f"{pp}.projection_{hf_name}.bias", proj.bias)
-            add(f"{lp}.attention.output.dense.weight", att.out_weight)
-            add(f"{lp}.attention.output.dense.bias", att.out_bias)
-            ffn = theta["ffn"]
-            add(f"{lp}.intermediate.dense.weight", ffn.stages[0].weight)
-            add(f"{lp}.intermediate.dense.bias", ffn.stages[0].bias)
-            add(f"{lp}.output.dense.weight", ffn.stages[1].weight)
-            add(f"{lp}.output.dense.bias", ffn.stages[1].bias)
-            for hf_name, ours in (("layernorm_before", "norm1"), ("layernorm_after", "norm2")):
-                add(f"{lp}.{hf_name}.weight", theta[ours].weight)
-                add(f"{lp}.{hf_name}.bias", theta[ours].bias)
-    if cls_model:
-        add("layernorm.weight", model.final_norm.weight)
-        add("layernorm.bias", model.final_norm.bias)
-        if model.classifier is not None:
-            add("classifier.weight", model.classifier.weight)
-            add("classifier.bias", model.classifier.bias)
-    return out
-
-
-def from_hf_model(model: nn.Module) -> ConvolutionalVisionTransformer:
-    """The splitformer CvT with the same weights, buffers and outputs as ``model``."""
+def cvt_config(model: nn.Module) -> HFCvtConfig:
+    """Check a transformers CvtModel / CvtForImageClassification (ValueError naming the first
+    unsupported option or module) and read its typed config."""
     name = type(model).__name__
     if name not in _CLASSES:
         raise TypeError(f"expected one of {_CLASSES}, got {name}")
@@ -203,58 +168,106 @@ def from_hf_model(model: nn.Module) -> ConvolutionalVisionTransformer:
     head = name == "CvtForImageClassification"
     base = model.cvt if head else model
     _check_modules(model)
-    specs = _specs(config, base)
-    p = next(model.parameters())
-    num_labels = None
-    head_eps = 1e-5
+    num_labels = head_eps = None
     if head:
-        num_labels = model.classifier.out_features if isinstance(model.classifier,
-                                                                 nn.Linear) else 0
+        num_labels = (model.classifier.out_features
+                      if isinstance(model.classifier, nn.Linear) else 0)
         head_eps = float(model.layernorm.eps)
-    ours = build_cvt(
-        specs, num_labels=num_labels, head_norm_eps=head_eps,
-        source={"hf_class": name, "config": config.to_dict()}, device=p.device, dtype=p.dtype,
+    return HFCvtConfig(
+        hf_class=name,
+        config=config.to_dict(),
+        stages=tuple(_spec(config, s, st) for s, st in enumerate(base.encoder.stages)),
+        num_labels=num_labels,
+        head_norm_eps=1e-5 if head_eps is None else head_eps,
     )
-    theirs = model.state_dict()
-    table = weight_table(ours)
-    keys = {k for k, _ in table}
-    unmapped = sorted(set(theirs) - keys)
-    if unmapped:
-        raise ValueError(f"{name} has weights the CvT map does not know: {unmapped[:5]}")
-    missing = sorted(keys - set(theirs))
+
+
+def _layer_rows(lp: str, ours: str, theta: nn.ModuleDict) -> list[Row]:
+    """The rows of one layer: Hugging Face prefix ``lp``, ours ``ours`` (theta^n)."""
+    att, pp = theta["attention"], f"{lp}.attention.attention"
+    rows = []
+    for hf_name, x in (("query", "q"), ("key", "k"), ("value", "v")):
+        c = f"{pp}.convolution_projection_{hf_name}.convolution_projection"
+        o = f"{ours}.attention.{x}"
+        rows += [Row(f"{c}.convolution.weight", f"{o}.conv.weight")]
+        rows += [Row(f"{c}.normalization.{b}", f"{o}.norm.{b}") for b in _BN]
+        rows += [Row(f"{pp}.projection_{hf_name}.weight", f"{o}.weight")]
+        if getattr(att, x).bias is not None:
+            rows += [Row(f"{pp}.projection_{hf_name}.bias", f"{o}.bias")]
+        rows += [Row(f"{c}.normalization.eps", f"{o}.norm.eps", attr=True,
+                     option="batch_norm_eps"),
+                 Row(f"{c}.normalization.momentum", f"{o}.norm.momentum", attr=True,
+                     option="batch_norm_momentum")]
+    pairs = (("attention.output.dense.weight", "attention.out_weight"),
+             ("attention.output.dense.bias", "attention.out_bias"),
+             ("intermediate.dense.weight", "ffn.stages.0.weight"),
+             ("intermediate.dense.bias", "ffn.stages.0.bias"),
+             ("output.dense.weight", "ffn.stages.1.weight"),
+             ("output.dense.bias", "ffn.stages.1.bias"),
+             ("layernorm_before.weight", "norm1.weight"), ("layernorm_before.bias", "norm1.bias"),
+             ("layernorm_after.weight", "norm2.weight"), ("layernorm_after.bias", "norm2.bias"))
+    rows += [Row(f"{lp}.{t}", f"{ours}.{o}") for t, o in pairs]
+    attrs = (("layernorm_before.eps", "norm1.eps", "layer_norm_eps"),
+             ("layernorm_after.eps", "norm2.eps", "layer_norm_eps"),
+             ("attention.attention.dropout.p", "attention.attn_dropout", "attention_drop_rate"),
+             ("attention.output.dropout.p", "attention.out_dropout.p", "drop_rate"),
+             ("output.dropout.p", "ffn.out_dropout.p", "drop_rate"))
+    rows += [Row(f"{lp}.{t}", f"{ours}.{o}", attr=True, option=opt) for t, o, opt in attrs]
+    rows += [Row(f"{lp}.drop_path.drop_prob", f"{ours}.drop_path.p", attr=True, absent=0.0,
+                 option="drop_path_rate")]
+    return rows
+
+
+def weight_table(model: ConvolutionalVisionTransformer) -> list[Row]:
+    """Every row of ``model``: each weight and buffer (Hugging Face state-dict key <-> our
+    path) and each eps, momentum and rate (attribute rows)."""
+    root = "cvt.encoder" if model.with_head else "encoder"
+    rows: list[Row] = []
+    for s, stage in enumerate(model.stages):
+        sp, ss = f"{root}.stages.{s}", f"stages.{s}"
+        if stage.cls_token is not None:
+            rows.append(Row(f"{sp}.cls_token", f"{ss}.cls_token"))
+        e = f"{sp}.embedding.convolution_embeddings"
+        rows += [Row(f"{e}.projection.weight", f"{ss}.embedding.weight"),
+                 Row(f"{e}.projection.bias", f"{ss}.embedding.bias"),
+                 Row(f"{e}.normalization.weight", f"{ss}.embedding.norm.weight"),
+                 Row(f"{e}.normalization.bias", f"{ss}.embedding.norm.bias"),
+                 Row(f"{e}.normalization.eps", f"{ss}.embedding.norm.eps", attr=True,
+                     option="embed_norm_eps"),
+                 Row(f"{sp}.embedding.dropout.p", f"{ss}.embedding.dropout.p", attr=True,
+                     option="drop_rate")]
+        for n, theta in enumerate(stage.evolution.controls):
+            rows += _layer_rows(f"{sp}.layers.{n}", f"{ss}.evolution.controls.sets.{n}", theta)
+    if model.with_head:
+        rows += [Row("layernorm.weight", "final_norm.weight"),
+                 Row("layernorm.bias", "final_norm.bias"),
+                 Row("layernorm.eps", "final_norm.eps", attr=True)]
+        if model.classifier is not None:
+            rows += [Row("classifier.weight", "classifier.weight"),
+                     Row("classifier.bias", "classifier.bias")]
+    return rows
+
+
+def build(config: HFCvtConfig, *, device=None, dtype=None) -> ConvolutionalVisionTransformer:
+    """The splitformer CvT of ``config`` with random weights; ``source`` = ``config``."""
+    return build_cvt(config.stages, num_labels=config.num_labels,
+                     head_norm_eps=config.head_norm_eps, source=config, device=device,
+                     dtype=dtype)
+
+
+def from_hf_model(model: nn.Module) -> ConvolutionalVisionTransformer:
+    """The splitformer CvT with the same weights, buffers and outputs as ``model``."""
+    config = cvt_config(model)
+    p = next(model.parameters())
+    ours = build(config, device=p.device, dtype=p.dtype)
+    rows = weight_table(ours)
+    check_covered(model.state_dict(), rows, "CvT")
+    missing = sorted(r.theirs for r in rows if not r.attr and lookup(model, r.theirs) is None)
     if missing:
-        raise ValueError(f"{name} lacks weights its config implies: {missing[:5]}")
-    for key, t in table:
-        copy_weight(t, theirs[key], key)
+        raise ValueError(f"{config.hf_class} lacks weights its config implies: {missing[:5]}")
+    copy_table(rows, theirs=model, ours=ours, into="ours")
     ours.train(model.training)
     return ours
-
-
-def _check_same(ours: ConvolutionalVisionTransformer, hf: nn.Module) -> None:
-    """The rebuilt Hugging Face model must compute what ``ours`` computes (eps, rates)."""
-    base = hf.cvt if ours.with_head else hf
-    spec_hf = _specs(hf.config, base)
-    for s, (stage, spec) in enumerate(zip(ours.stages, spec_hf, strict=True)):
-        theta = stage.evolution.controls[0]
-        att = theta["attention"]
-        mine = {
-            "layer_norm_eps": theta["norm1"].eps,
-            "embed_norm_eps": stage.embedding.norm.eps,
-            "batch_norm_eps": att.q.norm.eps,
-            "batch_norm_momentum": att.q.norm.momentum,
-            "drop_rate": att.out_dropout.p,
-            "attention_drop_rate": att.attn_dropout,
-            "drop_path": [th["drop_path"].p for th in stage.evolution.controls],
-        }
-        for key, val in mine.items():
-            if getattr(spec, key) != val:
-                raise ValueError(
-                    f"stage {s}: {key}={val!r} but model.source['config'] gives "
-                    f"{getattr(spec, key)!r}; edit the source config to match before to_hf"
-                )
-    if ours.with_head and float(hf.layernorm.eps) != ours.final_norm.eps:
-        raise ValueError(f"final_norm.eps={ours.final_norm.eps} differs from the source's "
-                         f"{hf.layernorm.eps}")
 
 
 def _check_network(model: ConvolutionalVisionTransformer) -> None:
@@ -269,27 +282,25 @@ def to_hf_model(model: ConvolutionalVisionTransformer) -> nn.Module:
     """The transformers model with the same weights and buffers (the inverse map).
 
     The Hugging Face model computes the network: every stage at tau = 1 under the scheme it came
-    with (``cvt_scheme``); anything else (``refine``, ``with_scheme``) is refused.
+    with (``cvt_scheme``); anything else (``refine``, ``with_scheme``) is refused. It is built
+    from the source config, which fixes every eps and rate: they must agree with the model's.
     """
     try:
         import transformers
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("to_hf needs `transformers` (pip install splitformer[hf])") from e
-    source = getattr(model, "source", None) or {}
-    name = source.get("hf_class")
-    if name not in _CLASSES or "config" not in source:
-        raise ValueError(f"to_hf needs a CvT made by from_hf (source['hf_class'] is {name!r})")
+    source = hf_source(model, _CLASSES, HFCvtConfig)
     _check_network(model)
-    config = transformers.CvtConfig.from_dict(dict(source["config"]))
+    config = transformers.CvtConfig.from_dict(dict(source.config))
     check_config(config)
-    hf = getattr(transformers, name)(config)
+    hf = getattr(transformers, source.hf_class)(config)
     p = next(model.parameters())
     hf.to(device=p.device, dtype=p.dtype)
-    _check_same(model, hf)
-    state = {k: t.detach().clone() for k, t in weight_table(model)}
+    rows = weight_table(model)
     try:
-        hf.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        raise ValueError(f"the model does not fit its source config: {e}") from e
+        check_covered(hf.state_dict(), rows, "CvT")
+    except ValueError as e:
+        raise ValueError(f"the model does not fit its source config: {e}") from None
+    copy_table(rows, theirs=hf, ours=model, into="theirs", attributes="check")
     hf.train(model.training)
     return hf

@@ -1,6 +1,6 @@
 """Hugging Face GPT-2 <-> splitformer: an exact weight map, both ways.
 
-``GPT2Model`` is the causal (decoder-only) evolution of ``splitformer.models.decoder``: the
+``GPT2Model`` is the causal (decoder-only) evolution of ``splitformer.models.causal``: the
 initial condition f = E_w + E_p, L explicit Euler steps (tau = 1) of the pre-LN scheme with the
 causal (Volterra) kernel, the read-out ``ln_f``; ``GPT2LMHeadModel`` adds the LM read-out
 against the tied token embedding. Weight map, layer n -> theta^n (``GPT2_WEIGHT_MAP``; the
@@ -19,6 +19,8 @@ prefix ``transformer.`` is added for the LM model). GPT-2 stores its feature int
     ln_f                       -> final_norm                                (read-out)
     lm_head.weight             -> lm_head.weight          (the same parameter as wte when tied)
 
+plus the attribute rows (every LayerNorm's eps, every dropout rate, as the modules hold them).
+
 Options. ``activation_function``: the functions of ``GPT2_ACTIVATIONS`` ("gelu_new" is the
 tanh-approximate GELU); others are rejected. The score scale of step n is
 1/sqrt(d_h) (``scale_attn_weights``, else 1) divided by n + 1 when
@@ -27,78 +29,99 @@ tanh-approximate GELU); others are rejected. The score scale of step n is
 it is accepted with the sdpa path, where it has no effect, and rejected with eager.
 ``add_cross_attention`` (GPT-2 as the decoder of a pair) is rejected; the pair of this library is
 ``EncoderDecoderModel``. Attention implementations "eager" (additive finfo.min mask) and "sdpa"
-(boolean mask) are reproduced, masks included. ``transformers`` is imported only by
-``to_hf_model``.
+(boolean mask) are reproduced, masks included. ``from_hf_model`` is check -> config
+(``gpt2_config``: a ``HFGPT2Config``, kept as the model's ``source``) -> build -> copy.
+``transformers`` is imported only by ``to_hf_model``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
-from ..models.decoder import GPT2_ACTIVATIONS, CausalDecoderModel, CausalLM, causal_decoder
+from ..models.causal import CausalDecoderModel, CausalLM, causal_decoder
 from ..time.schemes import prenorm
-from .hf import attn_implementation, hf_config
-from .weights import check_softmax, network_scheme
-from .weights import copy_weight as _copy
+from .activations import GPT2_ACTIVATIONS
+from .hf import HFSource, attn_implementation, hf_config, hf_source, no_options
+from .weights import Row, check_covered, check_softmax, copy_table, network_scheme, prefixed
 
-__all__ = ["GPT2_WEIGHT_MAP", "attention_scales", "check_config", "from_hf_model",
-           "to_hf_model", "weight_map"]
+__all__ = ["GPT2_WEIGHT_MAP", "HFGPT2Config", "attention_scales", "build", "check_config",
+           "from_hf_model", "gpt2_config", "to_hf_model", "weight_map"]
 
 HF_CLASSES = ("GPT2Model", "GPT2LMHeadModel")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 
-# (transformers name, splitformer name, transpose) for one layer
-_LAYER_MAP: tuple[tuple[str, str, bool], ...] = (
-    ("ln_1.weight", "norm1.weight", False),
-    ("ln_1.bias", "norm1.bias", False),
-    ("attn.c_attn.weight", "attention.qkv_weight", True),
-    ("attn.c_attn.bias", "attention.qkv_bias", False),
-    ("attn.c_proj.weight", "attention.out_weight", True),
-    ("attn.c_proj.bias", "attention.out_bias", False),
-    ("ln_2.weight", "norm2.weight", False),
-    ("ln_2.bias", "norm2.bias", False),
-    ("mlp.c_fc.weight", "ffn.stages.0.weight", True),
-    ("mlp.c_fc.bias", "ffn.stages.0.bias", False),
-    ("mlp.c_proj.weight", "ffn.stages.1.weight", True),
-    ("mlp.c_proj.bias", "ffn.stages.1.bias", False),
+_LAYER_ROWS: tuple[Row, ...] = (
+    Row("ln_1.weight", "norm1.weight"),
+    Row("ln_1.bias", "norm1.bias"),
+    Row("attn.c_attn.weight", "attention.qkv_weight", transform="transpose"),
+    Row("attn.c_attn.bias", "attention.qkv_bias"),
+    Row("attn.c_proj.weight", "attention.out_weight", transform="transpose"),
+    Row("attn.c_proj.bias", "attention.out_bias"),
+    Row("ln_2.weight", "norm2.weight"),
+    Row("ln_2.bias", "norm2.bias"),
+    Row("mlp.c_fc.weight", "ffn.stages.0.weight", transform="transpose"),
+    Row("mlp.c_fc.bias", "ffn.stages.0.bias"),
+    Row("mlp.c_proj.weight", "ffn.stages.1.weight", transform="transpose"),
+    Row("mlp.c_proj.bias", "ffn.stages.1.bias"),
+    Row("ln_1.eps", "norm1.eps", attr=True),
+    Row("ln_2.eps", "norm2.eps", attr=True),
+    Row("attn.attn_dropout.p", "attention.attn_dropout", attr=True),
+    Row("attn.resid_dropout.p", "attention.out_dropout.p", attr=True),
+    Row("mlp.dropout.p", "ffn.out_dropout.p", attr=True),
 )
-_EMBEDDING_MAP: tuple[tuple[str, str, bool], ...] = (
-    ("wte.weight", "embedding.word.weight", False),
-    ("wpe.weight", "embedding.position.weight", False),
+_EMBEDDING_ROWS: tuple[Row, ...] = (
+    Row("wte.weight", "embedding.word.weight"),
+    Row("wpe.weight", "embedding.position.weight"),
+    Row("drop.p", "embedding.dropout.p", attr=True),
 )
-_FINAL_MAP: tuple[tuple[str, str, bool], ...] = (
-    ("ln_f.weight", "final_norm.weight", False),
-    ("ln_f.bias", "final_norm.bias", False),
+_FINAL_ROWS: tuple[Row, ...] = (
+    Row("ln_f.weight", "final_norm.weight"),
+    Row("ln_f.bias", "final_norm.bias"),
+    Row("ln_f.eps", "final_norm.eps", attr=True),
 )
-_HEAD_MAP: tuple[tuple[str, str, bool], ...] = (("lm_head.weight", "lm_head.weight", False),)
+_HEAD_ROWS: tuple[Row, ...] = (Row("lm_head.weight", "lm_head.weight"),)
 
-# the whole table, with n for the layer index (docs and tests read it); "^T" marks a transpose
-GPT2_WEIGHT_MAP: tuple[tuple[str, str], ...] = (
-    *((h, s) for h, s, _ in _EMBEDDING_MAP),
-    *((f"h.n.{h}" + ("^T" if t else ""), f"evolution.controls.sets.n.{s}")
-      for h, s, t in _LAYER_MAP),
-    *((h, s) for h, s, _ in _FINAL_MAP),
-    *((h, s) for h, s, _ in _HEAD_MAP),
+# the whole table, with n for the layer index (docs and tests read it)
+GPT2_WEIGHT_MAP: tuple[Row, ...] = (
+    *_EMBEDDING_ROWS,
+    *prefixed(_LAYER_ROWS, "h.n.", "evolution.controls.sets.n."),
+    *_FINAL_ROWS,
+    *_HEAD_ROWS,
 )
 
 
-def weight_map(num_layers: int, *, lm_head: bool) -> list[tuple[str, str, bool]]:
-    """Every (transformers name, splitformer name, transpose) of one model."""
+@dataclass(frozen=True, kw_only=True)
+class HFGPT2Config(HFSource):
+    """A transformers GPT-2 as splitformer reads it: sizes (from the modules), the activation
+    (splitformer's name), eps, the score scale of every step, the LM head and its tying."""
+
+    vocab_size: int
+    max_positions: int
+    n_embd: int
+    n_head: int
+    n_layer: int
+    ffn_dim: int | None
+    activation: str
+    layer_norm_epsilon: float
+    attention_scales: tuple[float | None, ...]
+    lm_head: bool
+    tie_word_embeddings: bool
+    use_cache: bool = True
+
+
+def weight_map(num_layers: int, *, lm_head: bool) -> list[Row]:
+    """Every row (tensors and attributes) of one model, transformers' names from its root."""
     prefix = "transformer." if lm_head else ""
-    out = [(prefix + h, s, t) for h, s, t in _EMBEDDING_MAP]
+    rows = prefixed(_EMBEDDING_ROWS, prefix, "")
     for n in range(num_layers):
-        out += [(f"{prefix}h.{n}.{h}", f"evolution.controls.sets.{n}.{s}", t)
-                for h, s, t in _LAYER_MAP]
-    out += [(prefix + h, s, t) for h, s, t in _FINAL_MAP]
+        rows += prefixed(_LAYER_ROWS, f"{prefix}h.{n}.", f"evolution.controls.sets.{n}.")
+    rows += prefixed(_FINAL_ROWS, prefix, "")
     if lm_head:
-        out += list(_HEAD_MAP)
-    return out
-
-
-def _attn_impl(config: Any) -> str:
-    return attn_implementation(config)
+        rows += list(_HEAD_ROWS)
+    return rows
 
 
 def check_config(config: Any) -> None:
@@ -113,7 +136,7 @@ def check_config(config: Any) -> None:
     if not isinstance(act, str) or act not in GPT2_ACTIVATIONS:
         raise ValueError(f"activation_function={act!r} is not supported; supported: "
                          f"{sorted(GPT2_ACTIVATIONS)} ('gelu_new' is the tanh-approximate GELU)")
-    impl = _attn_impl(config)
+    impl = attn_implementation(config)
     if impl not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"attn_implementation={impl!r} is not supported; supported: "
                          f"{ATTN_IMPLEMENTATIONS}")
@@ -143,13 +166,18 @@ def attention_scales(config: Any) -> list[float | None]:
     return scales
 
 
+def _check_scales(gpt: nn.Module, scales: list[float | None], head_dim: int) -> None:
+    for n, block in enumerate(gpt.h):  # transformers' own value, where it keeps one
+        theirs = getattr(block.attn, "scaling", None)
+        ours = scales[n] if scales[n] is not None else head_dim ** -0.5
+        if theirs is not None and float(theirs) != ours:  # pragma: no cover - version drift
+            raise ValueError(f"layer {n}: attention scaling {theirs} differs from the config's "
+                             f"{ours}")
 
 
-def from_hf_model(model: nn.Module, **kwargs: Any) -> CausalDecoderModel:
-    """The splitformer model with the same outputs as a transformers GPT2Model /
-    GPT2LMHeadModel (a pure weight map; the source module is never called)."""
-    if kwargs:
-        raise TypeError(f"from_hf for GPT-2 takes no options, got {sorted(kwargs)}")
+def gpt2_config(model: nn.Module) -> HFGPT2Config:
+    """Check a transformers GPT2Model / GPT2LMHeadModel (ValueError naming the first
+    unsupported option or weight) and read its typed config."""
     cls = type(model).__name__
     if cls not in HF_CLASSES:
         raise TypeError(f"expected one of {HF_CLASSES}, got {cls}")
@@ -157,69 +185,62 @@ def from_hf_model(model: nn.Module, **kwargs: Any) -> CausalDecoderModel:
     gpt = model.transformer if lm else model
     config = model.config
     check_config(config)
-    impl = _attn_impl(config)
-    tied = bool(lm and model.lm_head.weight is gpt.wte.weight)
-    p = next(model.parameters())
-    source = {"hf_class": cls, "config": config.to_dict(), "attn_implementation": impl,
-              "tie_word_embeddings": tied}
     scales = attention_scales(config)
-    for n, block in enumerate(gpt.h):  # transformers' own value, where it keeps one
-        theirs = getattr(block.attn, "scaling", None)
-        ours = scales[n] if scales[n] is not None else (config.n_embd // config.n_head) ** -0.5
-        if theirs is not None and float(theirs) != ours:  # pragma: no cover - version drift
-            raise ValueError(f"layer {n}: attention scaling {theirs} differs from the config's "
-                             f"{ours}")
-    first = gpt.h[0] if len(gpt.h) else None
-    ours = causal_decoder(
+    _check_scales(gpt, scales, config.n_embd // config.n_head)
+    check_covered(model.state_dict(), weight_map(len(gpt.h), lm_head=lm), "GPT-2")
+    return HFGPT2Config(
+        hf_class=cls,
+        config=config.to_dict(),
+        attn_implementation=attn_implementation(config),
         vocab_size=gpt.wte.num_embeddings,
         max_positions=gpt.wpe.num_embeddings,
+        n_embd=config.n_embd,
+        n_head=config.n_head,
+        n_layer=len(gpt.h),
+        ffn_dim=gpt.h[0].mlp.c_fc.nf if len(gpt.h) else None,
+        activation=GPT2_ACTIVATIONS[config.activation_function],
+        layer_norm_epsilon=float(config.layer_norm_epsilon),
+        attention_scales=tuple(scales),
+        lm_head=lm,
+        tie_word_embeddings=bool(lm and model.lm_head.weight is gpt.wte.weight),
+        use_cache=bool(getattr(config, "use_cache", True)),
+    )
+
+
+def build(config: HFGPT2Config, *, device=None, dtype=None) -> CausalDecoderModel:
+    """The splitformer causal evolution of ``config`` with random weights; ``source`` =
+    ``config``. Dropout rates and eps come with the weight table."""
+    return causal_decoder(
+        vocab_size=config.vocab_size,
+        max_positions=config.max_positions,
         dim=config.n_embd,
         num_heads=config.n_head,
-        num_layers=len(gpt.h),
-        ffn_dim=first.mlp.c_fc.nf if first is not None else None,
-        activation=GPT2_ACTIVATIONS[config.activation_function],
-        layer_norm_eps=float(config.layer_norm_epsilon),
-        embd_dropout=float(gpt.drop.p),
-        attention_scales=scales,
-        lm_head=lm,
-        tie_word_embeddings=tied,
-        additive_mask=impl == "eager",
-        use_cache=bool(getattr(config, "use_cache", True)),
-        source=source,
-        device=p.device,
-        dtype=p.dtype,
+        num_layers=config.n_layer,
+        ffn_dim=config.ffn_dim,
+        activation=config.activation,
+        layer_norm_eps=config.layer_norm_epsilon,
+        attention_scales=list(config.attention_scales),
+        lm_head=config.lm_head,
+        tie_word_embeddings=config.tie_word_embeddings,
+        additive_mask=config.attn_implementation == "eager",
+        use_cache=config.use_cache,
+        source=config,
+        device=device,
+        dtype=dtype,
     )
-    # dropout probabilities and eps as the modules hold them (they may differ from the config)
-    for theta, block in zip(ours.evolution.controls, gpt.h, strict=True):
-        theta["attention"].attn_dropout = float(block.attn.attn_dropout.p)
-        theta["attention"].out_dropout.p = float(block.attn.resid_dropout.p)
-        theta["ffn"].out_dropout.p = float(block.mlp.dropout.p)
-        theta["norm1"].eps = float(block.ln_1.eps)
-        theta["norm2"].eps = float(block.ln_2.eps)
-    ours.final_norm.eps = float(gpt.ln_f.eps)
 
-    state = model.state_dict()
-    table = weight_map(len(gpt.h), lm_head=lm)
-    mapped = {h for h, _, _ in table}
-    extra = [k for k in state if k not in mapped]
-    if extra:
-        raise ValueError(f"the model has weights the GPT-2 map does not know: {extra[:5]}")
-    params = dict(ours.named_parameters(remove_duplicate=False))
-    for hf_name, our_name, transpose in table:
-        src = state[hf_name]
-        _copy(params[our_name], src.t() if transpose else src, hf_name)
-    covered = {s for _, s, _ in table}
-    missing = [k for k in params if k not in covered]
-    if missing:  # pragma: no cover - a bug in the table
-        raise RuntimeError(f"parameters left unmapped: {missing}")
+
+def from_hf_model(model: nn.Module, **kwargs: Any) -> CausalDecoderModel:
+    """The splitformer model with the same outputs as a transformers GPT2Model /
+    GPT2LMHeadModel (a pure weight map; the source module is never called)."""
+    no_options(kwargs, "GPT-2")
+    config = gpt2_config(model)
+    p = next(model.parameters())
+    ours = build(config, device=p.device, dtype=p.dtype)
+    copy_table(weight_map(config.n_layer, lm_head=config.lm_head), theirs=model, ours=ours,
+               into="ours")
     ours.train(model.training)
     return ours
-
-
-def _hf_config(source: dict[str, Any]):
-    config = hf_config("GPT2Config", source)
-    config.tie_word_embeddings = bool(source.get("tie_word_embeddings", True))
-    return config
 
 
 def to_hf_model(model: CausalDecoderModel) -> nn.Module:
@@ -229,35 +250,21 @@ def to_hf_model(model: CausalDecoderModel) -> nn.Module:
     if not isinstance(model, CausalDecoderModel):
         raise TypeError(f"to_hf for GPT-2 expects a CausalDecoderModel, got "
                         f"{type(model).__name__}")
-    source = model.source
-    cls = source.get("hf_class")
-    if cls not in HF_CLASSES:
-        raise ValueError(f"model.source['hf_class'] must be one of {HF_CLASSES}, got {cls!r}")
-    lm = cls == "GPT2LMHeadModel"
-    if lm != isinstance(model, CausalLM):
-        raise ValueError(f"model.source['hf_class']={cls!r} does not match {type(model).__name__}")
+    source = hf_source(model, HF_CLASSES, HFGPT2Config)
+    if source.lm_head != isinstance(model, CausalLM):
+        raise ValueError(f"model.source.hf_class={source.hf_class!r} does not match "
+                         f"{type(model).__name__}")
     evo = model.evolution
     network_scheme(evo, {"prenorm": prenorm()}, "to_hf")
-    config = _hf_config(source)
-    if lm and model.tied != config.tie_word_embeddings:
-        raise ValueError("lm_head tying differs from source['tie_word_embeddings']")
+    config = hf_config("GPT2Config", source)
+    config.tie_word_embeddings = source.tie_word_embeddings
+    if source.lm_head and model.tied != config.tie_word_embeddings:
+        raise ValueError("lm_head tying differs from source.tie_word_embeddings")
     check_softmax(evo, "to_hf", scales=attention_scales(config))
     p = next(model.parameters())
-    out = transformers.GPT2LMHeadModel(config) if lm else transformers.GPT2Model(config)
+    out = transformers.GPT2LMHeadModel(config) if source.lm_head else transformers.GPT2Model(config)
     out = out.to(device=p.device, dtype=p.dtype)
-    gpt = out.transformer if lm else out
-    state = out.state_dict()
-    params = dict(model.named_parameters(remove_duplicate=False))
-    for hf_name, our_name, transpose in weight_map(len(evo.controls), lm_head=lm):
-        src = params[our_name]
-        _copy(state[hf_name], src.t() if transpose else src, our_name)
-    gpt.drop.p = model.embedding.dropout.p
-    gpt.ln_f.eps = model.final_norm.eps
-    for theta, block in zip(evo.controls, gpt.h, strict=True):
-        block.attn.attn_dropout.p = theta["attention"].attn_dropout
-        block.attn.resid_dropout.p = theta["attention"].out_dropout.p
-        block.mlp.dropout.p = theta["ffn"].out_dropout.p
-        block.ln_1.eps = theta["norm1"].eps
-        block.ln_2.eps = theta["norm2"].eps
+    copy_table(weight_map(len(evo.controls), lm_head=source.lm_head), theirs=out, ours=model,
+               into="theirs")
     out.train(model.training)
     return out

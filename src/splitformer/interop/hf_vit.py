@@ -6,7 +6,8 @@ class token, position embeddings, dropout), the pre-LN scheme (explicit Euler fo
 u_t = A(P1 u) + G(P2 u), split in two) with T = L, tau = 1, and the read-out (final LayerNorm,
 then the pooler dense + tanh on the class token, or the classifier on the class token).
 
-Weight map (HF name -> splitformer name; layer n -> theta^n = evolution.controls.sets[n]):
+Weight map (HF name -> splitformer name; layer n -> theta^n = evolution.controls.sets[n]; the
+prefix ``vit.`` is added for the classifier model):
 
     embeddings.patch_embeddings.projection.weight/bias -> embedding.patch.weight/bias
     embeddings.cls_token                               -> embedding.class_token
@@ -21,6 +22,11 @@ Weight map (HF name -> splitformer name; layer n -> theta^n = evolution.controls
     pooler.dense.weight/bias                           -> pooler.dense.weight/bias
     classifier.weight/bias                             -> head.weight/bias
 
+plus the attribute rows: every LayerNorm's eps, the embedding, attention and output dropout
+rates (HF's one ``layers.n.dropout`` acts on both A's and G's output). ``from_hf_model`` is
+check -> config (``vit_config``: a ``HFViTConfig``, kept as the model's ``source``) -> build ->
+copy.
+
 HF's eager attention computes the softmax in float32 even for a float64 model; its float64
 outputs are therefore only float32-accurate. Compare float64 against the sdpa path
 (``attn_implementation="sdpa"``, the default), which is exact to rounding.
@@ -28,38 +34,96 @@ outputs are therefore only float32-accurate. Compare float64 against the sdpa pa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from ..models.vit import ViT, build_vit, vit_scheme
-from .hf import hf_config
-from .weights import check_softmax, network_scheme
-from .weights import copy_weight as _copy
+from .activations import VIT_ACTIVATIONS
+from .hf import HFSource, hf_config, hf_source, no_options
+from .weights import Row, check_softmax, copy_table, network_scheme, prefixed
 
-__all__ = ["from_hf_model", "to_hf_model"]
+__all__ = ["HFViTConfig", "build", "from_hf_model", "to_hf_model", "vit_config", "weight_map"]
 
 HF_CLASSES = ("ViTModel", "ViTForImageClassification")
 
-# transformers hidden_act / pooler_act -> splitformer Activation
-_ACTS = {
-    "gelu": "gelu",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_new": "gelu_tanh",  # the same tanh formula written out; equal up to rounding
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-    "tanh": "tanh",
-    "linear": "identity",
-}
+_EMBEDDING_ROWS: tuple[Row, ...] = (
+    Row("embeddings.patch_embeddings.projection.weight", "embedding.patch.weight"),
+    Row("embeddings.patch_embeddings.projection.bias", "embedding.patch.bias"),
+    Row("embeddings.cls_token", "embedding.class_token"),
+    Row("embeddings.position_embeddings", "embedding.position"),
+    Row("embeddings.dropout.p", "embedding.dropout.p", attr=True),
+)
+_LAYER_ROWS: tuple[Row, ...] = (
+    *(Row(f"attention.{nm}_proj.{w}", f"attention.qkv_{w}", block=(i, 3))
+      for i, nm in enumerate("qkv") for w in ("weight", "bias")),
+    Row("attention.o_proj.weight", "attention.out_weight"),
+    Row("attention.o_proj.bias", "attention.out_bias"),
+    Row("layernorm_before.weight", "norm1.weight"),
+    Row("layernorm_before.bias", "norm1.bias"),
+    Row("layernorm_after.weight", "norm2.weight"),
+    Row("layernorm_after.bias", "norm2.bias"),
+    Row("mlp.fc1.weight", "ffn.stages.0.weight"),
+    Row("mlp.fc1.bias", "ffn.stages.0.bias"),
+    Row("mlp.fc2.weight", "ffn.stages.1.weight"),
+    Row("mlp.fc2.bias", "ffn.stages.1.bias"),
+    Row("layernorm_before.eps", "norm1.eps", attr=True),
+    Row("layernorm_after.eps", "norm2.eps", attr=True),
+    Row("attention.attention_dropout", "attention.attn_dropout", attr=True),
+    Row("dropout.p", "attention.out_dropout.p", attr=True, option="hidden_dropout_prob"),
+    Row("dropout.p", "ffn.out_dropout.p", attr=True, option="hidden_dropout_prob"),
+)
+_FINAL_ROWS: tuple[Row, ...] = (
+    Row("layernorm.weight", "final_norm.weight"),
+    Row("layernorm.bias", "final_norm.bias"),
+    Row("layernorm.eps", "final_norm.eps", attr=True),
+)
+_POOLER_ROWS = (Row("pooler.dense.weight", "pooler.dense.weight"),
+                Row("pooler.dense.bias", "pooler.dense.bias"))
+_CLASSIFIER_ROWS = (Row("classifier.weight", "head.weight"), Row("classifier.bias", "head.bias"))
 
 
+@dataclass(frozen=True, kw_only=True)
+class HFViTConfig(HFSource):
+    """A transformers ViT as splitformer reads it (sizes from the modules, activations as
+    splitformer's names); ``num_classes`` None: no classifier, 0: an identity one."""
+
+    image_size: tuple[int, int]
+    patch_size: tuple[int, int]
+    in_chans: int
+    dim: int
+    depth: int
+    num_heads: int
+    hidden_dim: int
+    qkv_bias: bool
+    patch_bias: bool
+    activation: str
+    norm_eps: float
+    add_pooling_layer: bool
+    pooler: tuple[int, str] | None = None
+    num_classes: int | None = None
+
+
+def weight_map(config: HFViTConfig) -> list[Row]:
+    """Every row (tensors and attributes) of one model, transformers' names from its root."""
+    prefix = "vit." if config.hf_class == "ViTForImageClassification" else ""
+    rows = prefixed(_EMBEDDING_ROWS, prefix, "")
+    for n in range(config.depth):
+        rows += prefixed(_LAYER_ROWS, f"{prefix}layers.{n}.", f"evolution.controls.sets.{n}.")
+    rows += prefixed(_FINAL_ROWS, prefix, "")
+    if config.pooler is not None:
+        rows += prefixed(_POOLER_ROWS, prefix, "")
+    if config.num_classes:
+        rows += list(_CLASSIFIER_ROWS)
+    return rows
 
 
 def _act(name: Any, option: str) -> str:
-    if not isinstance(name, str) or name not in _ACTS:
-        raise ValueError(f"{option}={name!r} is not supported; supported: {sorted(_ACTS)}")
-    return _ACTS[name]
+    if not isinstance(name, str) or name not in VIT_ACTIVATIONS:
+        raise ValueError(f"{option}={name!r} is not supported; supported: "
+                         f"{sorted(VIT_ACTIVATIONS)}")
+    return VIT_ACTIVATIONS[name]
 
 
 def _parts(model) -> tuple[Any, nn.Module | None]:
@@ -71,7 +135,7 @@ def _parts(model) -> tuple[Any, nn.Module | None]:
     raise TypeError(f"from_hf_model supports {list(HF_CLASSES)}, got {name}")
 
 
-def _check(vit, config) -> None:
+def _check(vit, classifier, config) -> None:
     emb = vit.embeddings
     if getattr(emb, "mask_token", None) is not None:
         raise ValueError("use_mask_token=True is not supported (the masked-image-modeling mask "
@@ -88,45 +152,26 @@ def _check(vit, config) -> None:
             ln = getattr(layer, nm)
             if not isinstance(ln, nn.LayerNorm) or not ln.elementwise_affine or ln.bias is None:
                 raise ValueError(f"layers.{i}.{nm} must be an affine nn.LayerNorm with bias")
-    if emb.patch_embeddings.projection.padding != (0, 0) or \
-            emb.patch_embeddings.projection.stride != emb.patch_embeddings.projection.kernel_size:
+    proj = emb.patch_embeddings.projection
+    if proj.padding != (0, 0) or proj.stride != proj.kernel_size:
         raise ValueError("the patch embedding must be a Conv2d with stride = kernel, no padding")
+    if classifier is not None and not isinstance(classifier, (nn.Linear, nn.Identity)):
+        raise ValueError(f"classifier={type(classifier).__name__} is not supported")
 
 
-def from_hf_model(model, **kwargs) -> ViT:
-    """A splitformer ViT with the same outputs as a transformers ViTModel / ViTForImage-
-    Classification: ``out.last_hidden_state``, ``out.pooler_output`` (ViTModel with pooler),
-    ``out.logits`` (ViTForImageClassification)."""
-    if kwargs:
-        raise TypeError(f"from_hf_model(ViT) takes no options, got {sorted(kwargs)}")
+def vit_config(model: nn.Module) -> HFViTConfig:
+    """Check a transformers ViTModel / ViTForImageClassification (ValueError naming the first
+    unsupported option) and read its typed config."""
     vit, classifier = _parts(model)
     config = model.config
-    _check(vit, config)
-    emb = vit.embeddings
-    proj = emb.patch_embeddings.projection
-    p = proj.weight
-    kw = {"device": p.device, "dtype": p.dtype}
-    layer0 = vit.layers[0]
-    pooler = vit.pooler
-    if pooler is not None:
-        pooler_spec: tuple[int, str] | None = (pooler.dense.out_features,
-                                               _act(config.pooler_act, "pooler_act"))
-    else:
-        pooler_spec = None
-    num_classes = None
-    if classifier is not None:
-        num_classes = classifier.out_features if isinstance(classifier, nn.Linear) else 0
-        if not isinstance(classifier, (nn.Linear, nn.Identity)):
-            raise ValueError(f"classifier={type(classifier).__name__} is not supported")
-    hf_class = type(model).__name__
-    source = {
-        "hf_class": hf_class,
-        "config": config.to_dict(),
-        "add_pooling_layer": pooler is not None,
-        "attn_implementation": getattr(config, "_attn_implementation", None),
-    }
-    out = build_vit(
-        image_size=emb.patch_embeddings.image_size,
+    _check(vit, classifier, config)
+    proj = vit.embeddings.patch_embeddings.projection
+    layer0, pooler = vit.layers[0], vit.pooler
+    return HFViTConfig(
+        hf_class=type(model).__name__,
+        config=config.to_dict(),
+        attn_implementation=getattr(config, "_attn_implementation", None),
+        image_size=tuple(vit.embeddings.patch_embeddings.image_size),
         patch_size=tuple(proj.kernel_size),
         in_chans=proj.in_channels,
         dim=config.hidden_size,
@@ -134,83 +179,59 @@ def from_hf_model(model, **kwargs) -> ViT:
         num_heads=layer0.attention.num_attention_heads,
         hidden_dim=layer0.mlp.fc1.out_features,
         qkv_bias=layer0.attention.q_proj.bias is not None,
-        proj_bias=True,
         patch_bias=proj.bias is not None,
         activation=_act(config.hidden_act, "hidden_act"),
-        norm_eps=layer0.layernorm_before.eps,
+        norm_eps=float(layer0.layernorm_before.eps),
+        add_pooling_layer=pooler is not None,
+        pooler=(None if pooler is None
+                else (pooler.dense.out_features, _act(config.pooler_act, "pooler_act"))),
+        num_classes=(None if classifier is None
+                     else classifier.out_features if isinstance(classifier, nn.Linear) else 0),
+    )
+
+
+def build(config: HFViTConfig, *, device=None, dtype=None) -> ViT:
+    """The splitformer ViT of ``config`` with random weights; ``source`` = ``config``. Eps
+    and dropout rates come with the weight table."""
+    return build_vit(
+        image_size=config.image_size,
+        patch_size=config.patch_size,
+        in_chans=config.in_chans,
+        dim=config.dim,
+        depth=config.depth,
+        num_heads=config.num_heads,
+        hidden_dim=config.hidden_dim,
+        qkv_bias=config.qkv_bias,
+        proj_bias=True,
+        patch_bias=config.patch_bias,
+        activation=config.activation,
+        norm_eps=config.norm_eps,
         class_token=True,
         position=True,
         position_prefix=True,
         final_norm=True,
-        pool="token" if (pooler is not None or classifier is not None) else None,
-        pooler=pooler_spec,
-        num_classes=num_classes,
-        embed_dropout=emb.dropout.p,
-        attn_dropout=float(layer0.attention.attention_dropout),
-        out_dropout=layer0.dropout.p,
+        pool="token" if (config.pooler is not None or config.num_classes is not None) else None,
+        pooler=config.pooler,
+        num_classes=config.num_classes,
         ffn_dropout=0.0,
-        output_format="hf",
-        source=source,
-        **kw,
+        read_out="hf",
+        source=config,
+        device=device,
+        dtype=dtype,
     )
-    for n, layer in enumerate(vit.layers):
-        for nm in ("layernorm_before", "layernorm_after"):
-            if getattr(layer, nm).eps != layer0.layernorm_before.eps:
-                raise ValueError(f"layers.{n}.{nm}.eps differs from layer 0: layers must share it")
-    for name, theirs, ours in _weight_pairs(out, vit, classifier):
-        _copy(ours, theirs, name)
-    out.final_norm.eps = float(vit.layernorm.eps)
+
+
+def from_hf_model(model, **kwargs) -> ViT:
+    """A splitformer ViT with the same outputs as a transformers ViTModel / ViTForImage-
+    Classification: ``out.last_hidden_state``, ``out.pooler_output`` (ViTModel with pooler),
+    ``out.logits`` (ViTForImageClassification)."""
+    no_options(kwargs, "ViT")
+    config = vit_config(model)
+    p = next(model.parameters())
+    out = build(config, device=p.device, dtype=p.dtype)
+    copy_table(weight_map(config), theirs=model, ours=out, into="ours")
     out.train(model.training)
     return out
-
-
-def _weight_pairs(model: ViT, vit: nn.Module, classifier: nn.Module | None):
-    """(HF name, HF tensor, our tensor) for every weight: one table for both directions.
-
-    HF's separate W_Q, W_K, W_V are row blocks (views) of our packed qkv_weight.
-    """
-    e, emb = model.embedding, vit.embeddings
-    proj = emb.patch_embeddings.projection
-    pairs = [
-        ("embeddings.patch_embeddings.projection.weight", proj.weight, e.patch.weight),
-        ("embeddings.patch_embeddings.projection.bias", proj.bias, e.patch.bias),
-        ("embeddings.cls_token", emb.cls_token, e.class_token),
-        ("embeddings.position_embeddings", emb.position_embeddings, e.position),
-    ]
-    d = model.dim
-    for n, (theta, layer) in enumerate(zip(model.evolution.controls, vit.layers, strict=True)):
-        pre = f"layers.{n}."
-        a, ha = theta["attention"], layer.attention
-        for i, nm in enumerate(("q_proj", "k_proj", "v_proj")):
-            rows = slice(i * d, (i + 1) * d)
-            lin = getattr(ha, nm)
-            pairs += [(pre + f"attention.{nm}.weight", lin.weight, a.qkv_weight[rows]),
-                      (pre + f"attention.{nm}.bias", lin.bias,
-                       None if a.qkv_bias is None else a.qkv_bias[rows])]
-        pairs += [(pre + "attention.o_proj.weight", ha.o_proj.weight, a.out_weight),
-                  (pre + "attention.o_proj.bias", ha.o_proj.bias, a.out_bias)]
-        for mine, theirs in (("norm1", "layernorm_before"), ("norm2", "layernorm_after")):
-            pairs += [(pre + theirs + ".weight", getattr(layer, theirs).weight,
-                       theta[mine].weight),
-                      (pre + theirs + ".bias", getattr(layer, theirs).bias, theta[mine].bias)]
-        for stage, nm in zip(theta["ffn"].stages, ("fc1", "fc2"), strict=True):
-            lin = getattr(layer.mlp, nm)
-            pairs += [(pre + f"mlp.{nm}.weight", lin.weight, stage.weight),
-                      (pre + f"mlp.{nm}.bias", lin.bias, stage.bias)]
-    pairs += [("layernorm.weight", vit.layernorm.weight, model.final_norm.weight),
-              ("layernorm.bias", vit.layernorm.bias, model.final_norm.bias)]
-    if vit.pooler is not None:
-        if model.pooler is None:
-            raise ValueError("the HF model has a pooler (add_pooling_layer) but this model has "
-                             "none")
-        pairs += [("pooler.dense.weight", vit.pooler.dense.weight, model.pooler.dense.weight),
-                  ("pooler.dense.bias", vit.pooler.dense.bias, model.pooler.dense.bias)]
-    if isinstance(classifier, nn.Linear):
-        if not hasattr(model.head, "weight"):
-            raise ValueError("the HF config has a classifier but the model's head is not linear")
-        pairs += [("classifier.weight", classifier.weight, model.head.weight),
-                  ("classifier.bias", classifier.bias, model.head.bias)]
-    return pairs
 
 
 def to_hf_model(model: ViT):
@@ -221,27 +242,20 @@ def to_hf_model(model: ViT):
         raise ImportError("to_hf(model) needs `transformers` (pip install splitformer[hf])") from e
     if not isinstance(model, ViT):
         raise TypeError(f"to_hf_model expects a splitformer ViT, got {type(model).__name__}")
-    src = model.source
-    hf_class = src.get("hf_class")
-    if hf_class not in HF_CLASSES:
-        raise ValueError(f"model.source['hf_class'] must be one of {list(HF_CLASSES)}, got "
-                         f"{hf_class!r}")
+    source = hf_source(model, HF_CLASSES, HFViTConfig)
     evo = model.evolution
     network_scheme(evo, {"prenorm": vit_scheme(False)}, "to_hf")
     check_softmax(evo, "to_hf")
-    config = hf_config("ViTConfig", src)
+    config = hf_config("ViTConfig", source)
     if config.num_hidden_layers != len(evo.controls):
         raise ValueError(f"config.num_hidden_layers={config.num_hidden_layers} differs from the "
                          f"number of control sets {len(evo.controls)}")
-    if hf_class == "ViTModel":
-        hf = transformers.ViTModel(config, add_pooling_layer=bool(src.get("add_pooling_layer")))
-        vit, classifier = hf, None
+    if source.hf_class == "ViTModel":
+        hf = transformers.ViTModel(config, add_pooling_layer=source.add_pooling_layer)
     else:
         hf = transformers.ViTForImageClassification(config)
-        vit, classifier = hf.vit, hf.classifier
     p = model.embedding.patch.weight
     hf = hf.to(device=p.device, dtype=p.dtype)
-    for name, theirs, ours in _weight_pairs(model, vit, classifier):
-        _copy(theirs, ours, name)
+    copy_table(weight_map(source), theirs=hf, ours=model, into="theirs")
     hf.train(model.training)
     return hf

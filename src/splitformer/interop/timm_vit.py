@@ -42,26 +42,91 @@ scale_attn_norm, scale_mlp_norm, gated attention, attn_layer other than Attentio
 other than Block, mlp_layer other than Mlp, embed_norm_layer, embed_layer other than PatchEmbed,
 norm layers other than affine LayerNorm with bias, activations other than GELU (erf or tanh),
 ReLU, SiLU, Tanh, and subclasses of VisionTransformer (distilled, ...).
+
+``from_timm_model`` is check -> config (``timm_config``: a ``TimmViTConfig``, kept as the
+model's ``source``) -> build -> copy; dropout rates and eps are attribute rows of the weight
+table, copied both ways.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from ..models.vit import ViT, build_vit, vit_scheme
-from .weights import check_softmax, copy_table, network_scheme
+from .weights import Row, check_softmax, copy_table, network_scheme, prefixed
 
-__all__ = ["from_timm_model", "to_timm_model"]
+__all__ = ["TimmViTConfig", "build", "from_timm_model", "timm_config", "to_timm_model",
+           "weight_map"]
 
 _POOLS = ("", "token", "avg", "max", "avgmax")
+_ACTIVATIONS = {"GELUTanh": "gelu_tanh", "ReLU": "relu", "SiLU": "silu", "Tanh": "tanh"}
 
 
+@dataclass(frozen=True, kw_only=True)
+class TimmViTConfig:
+    """A timm VisionTransformer as splitformer reads it: the constructor arguments that rebuild
+    it (``kwargs``), the norm and activation classes (module and name, imported only by
+    ``to_timm``) with the one norm eps, and what fixes our operators beyond ``kwargs``."""
+
+    timm_class: str = "VisionTransformer"
+    kwargs: dict[str, Any]
+    norm_eps: float
+    norm_layer: dict[str, str] | None
+    act_layer: dict[str, Any]
+    activation: str
+    hidden_dim: int
+    patch_bias: bool
+    final_norm: bool  # ``norm`` is a LayerNorm (kwargs' final_norm also holds with fc_norm)
 
 
+_LAYER_ROWS: tuple[Row, ...] = (
+    Row("attn.qkv.weight", "attention.qkv_weight"), Row("attn.qkv.bias", "attention.qkv_bias"),
+    Row("attn.proj.weight", "attention.out_weight"), Row("attn.proj.bias", "attention.out_bias"),
+    Row("norm1.weight", "norm1.weight"), Row("norm1.bias", "norm1.bias"),
+    Row("norm2.weight", "norm2.weight"), Row("norm2.bias", "norm2.bias"),
+    Row("mlp.fc1.weight", "ffn.stages.0.weight"), Row("mlp.fc1.bias", "ffn.stages.0.bias"),
+    Row("mlp.fc2.weight", "ffn.stages.1.weight"), Row("mlp.fc2.bias", "ffn.stages.1.bias"),
+    Row("norm1.eps", "norm1.eps", attr=True), Row("norm2.eps", "norm2.eps", attr=True),
+    Row("attn.attn_drop.p", "attention.attn_dropout", attr=True, absent=0.0),
+    Row("attn.proj_drop.p", "attention.out_dropout.p", attr=True, absent=0.0),
+    Row("mlp.drop1.p", "ffn.dropout.p", attr=True, absent=0.0),
+    Row("mlp.drop2.p", "ffn.out_dropout.p", attr=True, absent=0.0),
+)
+_LAYER_SCALE_ROWS = (Row("ls1.gamma", "ls1.gamma"), Row("ls2.gamma", "ls2.gamma"))
+
+
+def weight_map(model: ViT) -> list[Row]:
+    """Every row (tensors and attributes) of ``model``: one table for both directions."""
+    rows = [Row("patch_embed.proj.weight", "embedding.patch.weight"),
+            Row("patch_embed.proj.bias", "embedding.patch.bias"),
+            Row("cls_token", "embedding.class_token"),
+            Row("reg_token", "embedding.register_tokens"),
+            Row("pos_embed", "embedding.position"),
+            Row("pos_drop.p", "embedding.dropout.p", attr=True, absent=0.0),
+            Row("head_drop.p", "head_dropout.p", attr=True, absent=0.0)]
+    if model.embedding.pre_norm is not None:
+        rows += [Row("norm_pre.weight", "embedding.pre_norm.weight"),
+                 Row("norm_pre.bias", "embedding.pre_norm.bias"),
+                 Row("norm_pre.eps", "embedding.pre_norm.eps", attr=True)]
+    for n, theta in enumerate(model.evolution.controls):
+        table = _LAYER_ROWS + (_LAYER_SCALE_ROWS if "ls1" in theta else ())
+        rows += prefixed(table, f"blocks.{n}.", f"evolution.controls.sets.{n}.")
+    for timm_name, name in (("norm", "final_norm"), ("fc_norm", "fc_norm")):
+        if getattr(model, name) is not None:
+            rows += [Row(f"{timm_name}.weight", f"{name}.weight"),
+                     Row(f"{timm_name}.bias", f"{name}.bias"),
+                     Row(f"{timm_name}.eps", f"{name}.eps", attr=True)]
+    if hasattr(model.head, "weight"):  # a linear classifier (not Identity, not None)
+        rows += [Row("head.weight", "head.weight"), Row("head.bias", "head.bias")]
+    return rows
+
+
+# -- check ------------------------------------------------------------------------------------
 def _name(m: Any) -> str:
     return type(m).__name__
 
@@ -79,11 +144,10 @@ def _activation(act: nn.Module) -> str:
     if name == "GELU":
         approx = getattr(act, "approximate", "none")
         return "gelu" if approx == "none" else "gelu_tanh"
-    table = {"GELUTanh": "gelu_tanh", "ReLU": "relu", "SiLU": "silu", "Tanh": "tanh"}
-    if name not in table:
+    if name not in _ACTIVATIONS:
         raise ValueError(f"act_layer={name} is not supported; supported: GELU, GELUTanh, ReLU, "
                          "SiLU, Tanh")
-    return table[name]
+    return _ACTIVATIONS[name]
 
 
 def _norm(m: Any, where: str) -> float | None:
@@ -99,13 +163,13 @@ def _norm(m: Any, where: str) -> float | None:
     return float(m.eps)
 
 
+def _dropout_p(m: Any) -> float:
+    return float(m.p) if isinstance(m, nn.Dropout) else 0.0
+
+
 def _block_rates(blk: nn.Module) -> tuple[float, ...]:
     return (_dropout_p(blk.attn.attn_drop), _dropout_p(blk.attn.proj_drop),
             _dropout_p(blk.mlp.drop1), _dropout_p(blk.mlp.drop2))
-
-
-def _dropout_p(m: Any) -> float:
-    return float(m.p) if isinstance(m, nn.Dropout) else 0.0
 
 
 def _check_block(i: int, blk: nn.Module, dim: int) -> None:
@@ -145,14 +209,8 @@ def _check_block(i: int, blk: nn.Module, dim: int) -> None:
             raise ValueError(f"{where}.{nm}={_name(ls)} is not supported (only LayerScale)")
 
 
-def from_timm_model(model: nn.Module, **kwargs) -> ViT:
-    """A splitformer ViT whose forward returns what timm's ``model(x)`` returns.
-
-    ``forward_features(x)``, ``forward_head(u, pre_logits)`` and ``outputs(x)`` (a ViTOutput
-    with last_hidden_state, pooler_output, logits) are there too.
-    """
-    if kwargs:
-        raise TypeError(f"from_timm_model takes no options, got {sorted(kwargs)}")
+def _check_model(model: nn.Module) -> None:
+    """The options outside the blocks: class, patch embedding, pooling, patch dropout, head."""
     if _name(model) != "VisionTransformer":
         raise TypeError(f"from_timm supports timm VisionTransformer (not subclasses), got "
                         f"{_name(model)}")
@@ -175,24 +233,41 @@ def from_timm_model(model: nn.Module, **kwargs) -> ViT:
     if getattr(model, "attn_pool", None) is not None:
         raise ValueError(f"global_pool={model.global_pool!r} (attention pooling) is not "
                          "supported")
-    pool = model.global_pool
-    if pool not in _POOLS:
-        raise ValueError(f"global_pool={pool!r} is not supported; supported: {_POOLS}")
+    if model.global_pool not in _POOLS:
+        raise ValueError(f"global_pool={model.global_pool!r} is not supported; supported: "
+                         f"{_POOLS}")
     if not _is_identity(model.patch_drop):
         raise ValueError("patch_drop_rate > 0 is not supported")
-    dim = model.embed_dim
-    blocks = list(model.blocks)
-    if not blocks:
+    if not isinstance(model.head, (nn.Linear, nn.Identity)):
+        raise ValueError(f"head={_name(model.head)} is not supported (Linear or Identity)")
+    if not len(model.blocks):
         raise ValueError("depth=0: a VisionTransformer without blocks has no evolution")
-    for i, blk in enumerate(blocks):
-        _check_block(i, blk, dim)
+
+
+def _check_blocks_agree(blocks: list[nn.Module]) -> None:
+    """What to_timm rebuilds from one constructor argument must be the same in every block."""
     b0 = blocks[0]
     act = _activation(b0.mlp.act)
+    ls = not _is_identity(b0.ls1)
     for i, blk in enumerate(blocks):
         if _name(blk.mlp.act) != _name(b0.mlp.act) or _activation(blk.mlp.act) != act:
             raise ValueError(f"blocks.{i}: act_layer differs from blocks.0")
-    # norms: one eps for all of them
-    eps_values = {}
+        if (not _is_identity(blk.ls1)) != ls or (not _is_identity(blk.ls2)) != ls:
+            raise ValueError("init_values: LayerScale must be on ls1 and ls2 of every block or "
+                             "none")
+        if _name(blk.norm1) != _name(b0.norm1):
+            raise ValueError("norm_layer must be the same in every block")
+        if blk.mlp.fc1.out_features != b0.mlp.fc1.out_features:
+            raise ValueError("mlp hidden width must be the same in every block")
+    rates = {_block_rates(b) for b in blocks}
+    if len(rates) > 1:  # to_timm rebuilds every block from one set of rates
+        raise ValueError(f"attn_drop_rate / proj_drop_rate must be the same in every block, got "
+                         f"{sorted(rates)}")
+
+
+def _norms(model: nn.Module, blocks: list[nn.Module]) -> tuple[float, dict[str, str] | None]:
+    """The one eps of every LayerNorm and the norm class (ValueError if they differ)."""
+    eps_values: dict[str, float] = {}
     norm_class = None
     named = [("norm_pre", model.norm_pre), ("norm", model.norm), ("fc_norm", model.fc_norm)]
     for i, blk in enumerate(blocks):
@@ -204,55 +279,33 @@ def from_timm_model(model: nn.Module, **kwargs) -> ViT:
             norm_class = norm_class or _class_ref(m)
     if len(set(eps_values.values())) > 1:
         raise ValueError(f"norm_layer eps must be the same everywhere, got {eps_values}")
-    if any(_name(b.norm1) != _name(b0.norm1) for b in blocks):
-        raise ValueError("norm_layer must be the same in every block")
-    eps = eps_values["blocks.0.norm1"]
-    ls = not _is_identity(b0.ls1)
-    if any((not _is_identity(b.ls1)) != ls or (not _is_identity(b.ls2)) != ls for b in blocks):
-        raise ValueError("init_values: LayerScale must be on ls1 and ls2 of every block or none")
-    has_pre = not _is_identity(model.norm_pre)
-    has_norm = not _is_identity(model.norm)
+    return eps_values["blocks.0.norm1"], norm_class
+
+
+# -- config, build, copy ------------------------------------------------------------------------
+def _kwargs(model: nn.Module, b0: nn.Module, mlp_ratio: float) -> dict[str, Any]:
+    """The VisionTransformer constructor arguments that rebuild ``model``."""
+    pe = model.patch_embed
     has_fc = not _is_identity(model.fc_norm)
-    head = model.head
-    if not isinstance(head, (nn.Linear, nn.Identity)):
-        raise ValueError(f"head={_name(head)} is not supported (Linear or Identity)")
-    num_classes = head.out_features if isinstance(head, nn.Linear) else 0
-    hidden = b0.mlp.fc1.out_features
-    mlp_ratio = hidden / dim
-    if int(dim * mlp_ratio) != hidden:
-        raise ValueError(f"mlp hidden width {hidden} is not int(embed_dim * mlp_ratio) for any "
-                         "float mlp_ratio: cannot record it")
-    if any(b.mlp.fc1.out_features != hidden for b in blocks):
-        raise ValueError("mlp hidden width must be the same in every block")
-    rates = {_block_rates(b) for b in blocks}
-    if len(rates) > 1:  # to_timm rebuilds every block from one set of rates
-        raise ValueError(f"attn_drop_rate / proj_drop_rate must be the same in every block, got "
-                         f"{sorted(rates)}")
-    has_cls = model.cls_token is not None
-    reg = int(model.num_reg_tokens)
-    pos = model.pos_embed is not None
-    init_values = float(b0.ls1.init_values) if ls else None
-    p = proj.weight
-    kw = {"device": p.device, "dtype": p.dtype}
-    timm_kwargs = {
+    return {
         "img_size": tuple(pe.img_size),
         "patch_size": tuple(pe.patch_size),
-        "in_chans": proj.in_channels,
-        "num_classes": num_classes,
-        "global_pool": pool,
-        "embed_dim": dim,
-        "depth": len(blocks),
+        "in_chans": pe.proj.in_channels,
+        "num_classes": model.head.out_features if isinstance(model.head, nn.Linear) else 0,
+        "global_pool": model.global_pool,
+        "embed_dim": model.embed_dim,
+        "depth": len(model.blocks),
         "num_heads": b0.attn.num_heads,
         "mlp_ratio": mlp_ratio,
         "qkv_bias": b0.attn.qkv.bias is not None,
         "proj_bias": b0.attn.proj.bias is not None,
-        "init_values": init_values,
-        "class_token": has_cls,
-        "pos_embed": "learn" if pos else "none",
+        "init_values": None if _is_identity(b0.ls1) else float(b0.ls1.init_values),
+        "class_token": model.cls_token is not None,
+        "pos_embed": "none" if model.pos_embed is None else "learn",
         "no_embed_class": bool(model.no_embed_class),
-        "reg_tokens": reg,
-        "pre_norm": has_pre,
-        "final_norm": has_norm or has_fc,
+        "reg_tokens": int(model.num_reg_tokens),
+        "pre_norm": not _is_identity(model.norm_pre),
+        "final_norm": not _is_identity(model.norm) or has_fc,
         "fc_norm": has_fc,
         "pool_include_prefix": bool(getattr(model, "pool_include_prefix", False)),
         "drop_rate": _dropout_p(model.head_drop),
@@ -260,88 +313,108 @@ def from_timm_model(model: nn.Module, **kwargs) -> ViT:
         "proj_drop_rate": _dropout_p(b0.attn.proj_drop),
         "attn_drop_rate": _dropout_p(b0.attn.attn_drop),
     }
-    source = {
-        "timm_class": "VisionTransformer",
-        "kwargs": timm_kwargs,
-        "norm_eps": eps,
-        "norm_layer": norm_class,
-        "act_layer": {**_class_ref(b0.mlp.act),
-                      "approximate": getattr(b0.mlp.act, "approximate", None)},
-    }
-    out = build_vit(
-        image_size=tuple(pe.img_size),
-        patch_size=tuple(proj.kernel_size),
-        in_chans=proj.in_channels,
-        dim=dim,
-        depth=len(blocks),
-        num_heads=b0.attn.num_heads,
-        hidden_dim=hidden,
-        qkv_bias=b0.attn.qkv.bias is not None,
-        proj_bias=b0.attn.proj.bias is not None,
-        patch_bias=proj.bias is not None,
-        activation=act,
+
+
+def timm_config(model: nn.Module) -> TimmViTConfig:
+    """Check a timm VisionTransformer (ValueError naming the first unsupported option) and
+    read its typed config."""
+    _check_model(model)
+    blocks = list(model.blocks)
+    for i, blk in enumerate(blocks):
+        _check_block(i, blk, model.embed_dim)
+    _check_blocks_agree(blocks)
+    eps, norm_class = _norms(model, blocks)
+    b0 = blocks[0]
+    hidden = b0.mlp.fc1.out_features
+    mlp_ratio = hidden / model.embed_dim
+    if int(model.embed_dim * mlp_ratio) != hidden:
+        raise ValueError(f"mlp hidden width {hidden} is not int(embed_dim * mlp_ratio) for any "
+                         "float mlp_ratio: cannot record it")
+    return TimmViTConfig(
+        kwargs=_kwargs(model, b0, mlp_ratio),
         norm_eps=eps,
-        layer_scale=1.0 if ls else None,
-        class_token=has_cls,
-        reg_tokens=reg,
-        position=pos,
-        position_prefix=not model.no_embed_class,
-        pre_norm=has_pre,
-        final_norm=has_norm,
-        pool=pool,
-        pool_include_prefix=timm_kwargs["pool_include_prefix"],
-        fc_norm=has_fc,
-        num_classes=num_classes,
-        embed_dropout=_dropout_p(model.pos_drop),
-        attn_dropout=_dropout_p(b0.attn.attn_drop),
-        out_dropout=_dropout_p(b0.attn.proj_drop),
-        ffn_dropout=_dropout_p(b0.mlp.drop1),
-        head_dropout=_dropout_p(model.head_drop),
-        output_format="timm",
-        source=source,
-        **kw,
+        norm_layer=norm_class,
+        act_layer={**_class_ref(b0.mlp.act),
+                   "approximate": getattr(b0.mlp.act, "approximate", None)},
+        activation=_activation(b0.mlp.act),
+        hidden_dim=hidden,
+        patch_bias=model.patch_embed.proj.bias is not None,
+        final_norm=not _is_identity(model.norm),
     )
-    copy_table(out, model, _weight_table(out))
+
+
+def build(config: TimmViTConfig, *, device=None, dtype=None) -> ViT:
+    """The splitformer ViT (timm's read-out) of ``config`` with random weights; ``source`` =
+    ``config``. Dropout rates and eps come with the weight table."""
+    kw = config.kwargs
+    return build_vit(
+        image_size=kw["img_size"],
+        patch_size=kw["patch_size"],
+        in_chans=kw["in_chans"],
+        dim=kw["embed_dim"],
+        depth=kw["depth"],
+        num_heads=kw["num_heads"],
+        hidden_dim=config.hidden_dim,
+        qkv_bias=kw["qkv_bias"],
+        proj_bias=kw["proj_bias"],
+        patch_bias=config.patch_bias,
+        activation=config.activation,
+        norm_eps=config.norm_eps,
+        layer_scale=None if kw["init_values"] is None else 1.0,
+        class_token=kw["class_token"],
+        reg_tokens=kw["reg_tokens"],
+        position=kw["pos_embed"] != "none",
+        position_prefix=not kw["no_embed_class"],
+        pre_norm=kw["pre_norm"],
+        final_norm=config.final_norm,
+        pool=kw["global_pool"],
+        pool_include_prefix=kw["pool_include_prefix"],
+        fc_norm=kw["fc_norm"],
+        num_classes=kw["num_classes"],
+        read_out="timm",
+        source=config,
+        device=device,
+        dtype=dtype,
+    )
+
+
+def from_timm_model(model: nn.Module, **kwargs) -> ViT:
+    """A splitformer ViT whose forward returns what timm's ``model(x)`` returns.
+
+    ``forward_features(x)``, ``forward_head(u, pre_logits)`` and ``outputs(x)`` (a ViTOutput
+    with last_hidden_state, pooler_output, logits) are there too.
+    """
+    if kwargs:
+        raise TypeError(f"from_timm_model takes no options, got {sorted(kwargs)}")
+    config = timm_config(model)
+    p = model.patch_embed.proj.weight
+    out = build(config, device=p.device, dtype=p.dtype)
+    copy_table(weight_map(out), theirs=model, ours=out, into="ours")
     out.train(model.training)
     return out
-
-
-def _weight_table(model: ViT) -> list[tuple[str, str]]:
-    """(timm name, our name) for every weight the model has: one table for both directions."""
-    table = [("patch_embed.proj.weight", "embedding.patch.weight"),
-             ("patch_embed.proj.bias", "embedding.patch.bias"),
-             ("cls_token", "embedding.class_token"),
-             ("reg_token", "embedding.register_tokens"),
-             ("pos_embed", "embedding.position")]
-    if model.embedding.pre_norm is not None:
-        table += [("norm_pre.weight", "embedding.pre_norm.weight"),
-                  ("norm_pre.bias", "embedding.pre_norm.bias")]
-    for n, theta in enumerate(model.evolution.controls):
-        blk, ours = f"blocks.{n}.", f"evolution.controls.sets.{n}."
-        table += [(blk + t, ours + o) for t, o in (
-            ("attn.qkv.weight", "attention.qkv_weight"), ("attn.qkv.bias", "attention.qkv_bias"),
-            ("attn.proj.weight", "attention.out_weight"), ("attn.proj.bias", "attention.out_bias"),
-            ("norm1.weight", "norm1.weight"), ("norm1.bias", "norm1.bias"),
-            ("norm2.weight", "norm2.weight"), ("norm2.bias", "norm2.bias"),
-            ("mlp.fc1.weight", "ffn.stages.0.weight"), ("mlp.fc1.bias", "ffn.stages.0.bias"),
-            ("mlp.fc2.weight", "ffn.stages.1.weight"), ("mlp.fc2.bias", "ffn.stages.1.bias"),
-        )]
-        if "ls1" in theta:
-            table += [(blk + "ls1.gamma", ours + "ls1.gamma"),
-                      (blk + "ls2.gamma", ours + "ls2.gamma")]
-    for timm_name, name in (("norm", "final_norm"), ("fc_norm", "fc_norm")):
-        if getattr(model, name) is not None:
-            table += [(f"{timm_name}.weight", f"{name}.weight"),
-                      (f"{timm_name}.bias", f"{name}.bias")]
-    if hasattr(model.head, "weight"):  # a linear classifier (not Identity, not None)
-        table += [("head.weight", "head.weight"), ("head.bias", "head.bias")]
-    return table
 
 
 def _resolve_class(ref: dict[str, str] | None):
     if not ref:
         return None
     return getattr(importlib.import_module(ref["module"]), ref["name"])
+
+
+def _timm_kwargs(config: TimmViTConfig) -> dict[str, Any]:
+    """The constructor arguments, with the norm and activation classes resolved."""
+    kwargs = dict(config.kwargs)
+    norm_cls = _resolve_class(config.norm_layer)
+    if norm_cls is not None:
+        kwargs["norm_layer"] = functools.partial(norm_cls, eps=config.norm_eps)
+    act = config.act_layer or {}
+    act_cls = _resolve_class(act)
+    if act_cls is not None:
+        if act.get("approximate") is not None and act["name"] == "GELU" and \
+                act["module"].startswith("torch."):
+            kwargs["act_layer"] = functools.partial(act_cls, approximate=act["approximate"])
+        else:
+            kwargs["act_layer"] = act_cls
+    return kwargs
 
 
 def to_timm_model(model: ViT) -> nn.Module:
@@ -355,33 +428,20 @@ def to_timm_model(model: ViT) -> nn.Module:
         ) from e
     if not isinstance(model, ViT):
         raise TypeError(f"to_timm_model expects a splitformer ViT, got {type(model).__name__}")
-    src = model.source
-    if src.get("timm_class") != "VisionTransformer":
-        raise ValueError("to_timm(model) needs a model made by from_timm (model.source"
-                         f"['timm_class'] is {src.get('timm_class')!r})")
+    config = model.source
+    if not isinstance(config, TimmViTConfig) or config.timm_class != "VisionTransformer":
+        raise ValueError("to_timm(model) needs a model made by from_timm (model.source is a "
+                         f"{type(config).__name__}, not a TimmViTConfig)")
     evo = model.evolution
-    kwargs = dict(src["kwargs"])
-    ls = kwargs.get("init_values") is not None
-    want = vit_scheme(ls)
+    want = vit_scheme(config.kwargs.get("init_values") is not None)
     network_scheme(evo, {want.name: want}, "to_timm")
     check_softmax(evo, "to_timm")
-    if len(evo.controls) != kwargs["depth"]:
-        raise ValueError(f"source depth={kwargs['depth']} differs from the number of control "
-                         f"sets {len(evo.controls)}")
-    norm_cls = _resolve_class(src.get("norm_layer"))
-    if norm_cls is not None:
-        kwargs["norm_layer"] = functools.partial(norm_cls, eps=src["norm_eps"])
-    act = src.get("act_layer") or {}
-    act_cls = _resolve_class(act)
-    if act_cls is not None:
-        if act.get("approximate") is not None and act["name"] == "GELU" and \
-                act["module"].startswith("torch."):
-            kwargs["act_layer"] = functools.partial(act_cls, approximate=act["approximate"])
-        else:
-            kwargs["act_layer"] = act_cls
+    if len(evo.controls) != config.kwargs["depth"]:
+        raise ValueError(f"source depth={config.kwargs['depth']} differs from the number of "
+                         f"control sets {len(evo.controls)}")
     p = model.embedding.patch.weight
-    tm = VisionTransformer(**kwargs, weight_init="skip", device=p.device, dtype=p.dtype)
-    copy_table(tm, model, _weight_table(model), reverse=True)
+    tm = VisionTransformer(**_timm_kwargs(config), weight_init="skip", device=p.device,
+                           dtype=p.dtype)
+    copy_table(weight_map(model), theirs=tm, ours=model, into="theirs")
     tm.train(model.training)
     return tm
-

@@ -6,20 +6,31 @@ nn.TransformerEncoderLayer with norm_first=False (post-LN) is one step of the Li
 
 and with norm_first=True (pre-LN) one explicit Euler step of u_t = A(P1 u) + G(P2 u), split in
 two (docs/math.md 3.2). nn.TransformerEncoder with L layers is T = L, tau = 1; its final ``norm`` is
-the read-out. Weight map (layer n -> theta^n):
+the read-out. Weight map (layer n -> theta^n, ``ENCODER_LAYER_MAP``):
 
     self_attn.in_proj_weight/bias  -> attention.qkv_weight/bias   (rows W_Q, W_K, W_V)
     self_attn.out_proj.weight/bias -> attention.out_weight/bias   (W_O)
     norm1 / norm2                  -> norm1 / norm2               (LayerNormProjection)
     linear1 / linear2              -> ffn.stages[0] / ffn.stages[1]
 
-The paper's literal form (``form="paper"``, scalar LayerNorm gains and eps = 0, ReLU) maps
-linear_j.weight = E + W_j, where E is the rectangular identity: the (I + W_j) relabelling.
+and the attribute rows: the dropout rates (self_attn.dropout, dropout1, dropout, dropout2) and
+the eps of norm1, norm2. The paper's literal form (``form="paper"``, scalar LayerNorm gains and
+eps = 0, ReLU; ``PAPER_LAYER_MAP``) maps linear_j.weight = E + W_j, where E is the rectangular
+identity: the (I + W_j) relabelling.
+
+``from_torch`` is check -> config -> build -> copy: ``torch_config`` checks the module and reads
+a ``TorchConfig``, ``build_encoder`` builds the splitformer model from it (which keeps the config
+as its ``source``), ``copy_table`` copies the weight table. ``to_torch`` reads the config back
+from the model (``torch_target``), builds the torch.nn module and copies the same table the
+other way. A module whose class overrides torch.nn's forward (or the methods it calls) or that
+carries hooks is refused: the map reproduces torch.nn's equations, not custom code.
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
+from typing import Any
+
 import torch.nn.functional as F
 from torch import nn
 
@@ -27,29 +38,156 @@ from ..models.encoder import Encoder, encoder_controls, paper_controls
 from ..operators import LayerNormProjection
 from ..time import Evolution, TimeGrid
 from ..time.schemes import lie, paper_lie, prenorm
-from .weights import check_softmax, copy_table, network_scheme
-from .weights import copy_weight as _copy
+from .weights import Row, check_softmax, copy_table, network_scheme, prefixed, source_field
 
-__all__ = ["ENCODER_LAYER_MAP", "from_torch", "to_torch"]
+__all__ = ["ENCODER_LAYER_MAP", "PAPER_LAYER_MAP", "TorchConfig", "build_encoder",
+           "check_plain", "from_torch", "to_torch", "torch_config", "torch_target", "weight_map"]
 
+FORMS = ("network", "paper")
+
+# self-attention of an encoder or decoder layer (both directions)
+ATTENTION_ROWS: tuple[Row, ...] = (
+    Row("self_attn.in_proj_weight", "attention.qkv_weight"),
+    Row("self_attn.in_proj_bias", "attention.qkv_bias"),
+    Row("self_attn.out_proj.weight", "attention.out_weight"),
+    Row("self_attn.out_proj.bias", "attention.out_bias"),
+    Row("self_attn.dropout", "attention.attn_dropout", attr=True),
+    Row("dropout1.p", "attention.out_dropout.p", attr=True),
+)
+# the feed-forward field and the norms of an encoder layer
+_FFN_NORM_ROWS: tuple[Row, ...] = (
+    Row("linear1.weight", "ffn.stages.0.weight"),
+    Row("linear1.bias", "ffn.stages.0.bias"),
+    Row("linear2.weight", "ffn.stages.1.weight"),
+    Row("linear2.bias", "ffn.stages.1.bias"),
+    Row("norm1.weight", "norm1.weight"),
+    Row("norm1.bias", "norm1.bias"),
+    Row("norm2.weight", "norm2.weight"),
+    Row("norm2.bias", "norm2.bias"),
+    Row("dropout.p", "ffn.dropout.p", attr=True),
+    Row("dropout2.p", "ffn.out_dropout.p", attr=True),
+    Row("norm1.eps", "norm1.eps", attr=True),
+    Row("norm2.eps", "norm2.eps", attr=True),
+)
 # nn.TransformerEncoderLayer name -> the name in theta^n (the network form; both directions)
-ENCODER_LAYER_MAP: tuple[tuple[str, str], ...] = (
-    ("self_attn.in_proj_weight", "attention.qkv_weight"),
-    ("self_attn.in_proj_bias", "attention.qkv_bias"),
-    ("self_attn.out_proj.weight", "attention.out_weight"),
-    ("self_attn.out_proj.bias", "attention.out_bias"),
-    ("linear1.weight", "ffn.stages.0.weight"),
-    ("linear1.bias", "ffn.stages.0.bias"),
-    ("linear2.weight", "ffn.stages.1.weight"),
-    ("linear2.bias", "ffn.stages.1.bias"),
-    ("norm1.weight", "norm1.weight"),
-    ("norm1.bias", "norm1.bias"),
-    ("norm2.weight", "norm2.weight"),
-    ("norm2.bias", "norm2.bias"),
+ENCODER_LAYER_MAP: tuple[Row, ...] = ATTENTION_ROWS + _FFN_NORM_ROWS
+# the paper's literal form: scalar s2, s1 = LayerNorm gain, bias; linear_j.weight = E + W_j
+PAPER_LAYER_MAP: tuple[Row, ...] = ATTENTION_ROWS + (
+    Row("norm1.weight", "norm1.s2", transform="scalar"),
+    Row("norm1.bias", "norm1.s1", transform="scalar"),
+    Row("norm2.weight", "norm2.s2", transform="scalar"),
+    Row("norm2.bias", "norm2.s1", transform="scalar"),
+    Row("linear1.weight", "ffn1.weight", transform="plus_identity"),
+    Row("linear1.bias", "ffn1.bias"),
+    Row("linear2.weight", "ffn2.weight", transform="plus_identity"),
+    Row("linear2.bias", "ffn2.bias"),
+)
+# a final LayerNorm (the read-out) of an encoder or decoder
+NORM_ROWS: tuple[Row, ...] = (
+    Row("norm.weight", "final_norm.weight"),
+    Row("norm.bias", "final_norm.bias"),
+    Row("norm.eps", "final_norm.eps", attr=True),
 )
 
+# torch.nn activation <-> splitformer Activation name
+_TORCH_ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 
-def _activation_name(layer: nn.TransformerEncoderLayer) -> str:
+
+@dataclass(frozen=True, kw_only=True)
+class TorchConfig:
+    """A torch.nn encoder or decoder (``kind``: "layer", "encoder", "decoder_layer",
+    "decoder") as splitformer reads it: the constructor arguments its layers share, the number
+    of layers, the final norm, the form of the map, and the TransformerEncoder switches that
+    ``to_torch`` restores. ``activation`` is splitformer's name (relu, gelu, gelu_tanh)."""
+
+    kind: str
+    d_model: int
+    nhead: int
+    dim_feedforward: int
+    num_layers: int
+    activation: str
+    layer_norm_eps: float
+    bias: bool
+    norm_first: bool
+    batch_first: bool
+    final_norm: bool = False
+    final_norm_bias: bool = True
+    form: str = "network"
+    enable_nested_tensor: bool = True
+    mask_check: bool = True
+
+
+def weight_map(config: TorchConfig, layer_rows: tuple[Row, ...] | None = None) -> list[Row]:
+    """Every row of the module ``config`` describes: layer n's table (``layer_rows``, by
+    default the encoder's of the config's form) under ``layers.n`` / theta^n, then the final
+    norm's."""
+    if layer_rows is None:
+        layer_rows = PAPER_LAYER_MAP if config.form == "paper" else ENCODER_LAYER_MAP
+    if config.kind in ("layer", "decoder_layer"):
+        return prefixed(layer_rows, "", "evolution.controls.sets.0.")
+    rows = []
+    for n in range(config.num_layers):
+        rows += prefixed(layer_rows, f"layers.{n}.", f"evolution.controls.sets.{n}.")
+    return rows + (list(NORM_ROWS) if config.final_norm else [])
+
+
+# -- check ------------------------------------------------------------------------------------
+_HOOKS = {
+    "_forward_pre_hooks": "forward pre-hook",
+    "_forward_hooks": "forward hook",
+    "_backward_pre_hooks": "backward pre-hook",
+    "_backward_hooks": "backward hook",
+    "_state_dict_pre_hooks": "state-dict pre-hook",
+    "_state_dict_hooks": "state-dict hook",
+    "_load_state_dict_pre_hooks": "load-state-dict pre-hook",
+    "_load_state_dict_post_hooks": "load-state-dict post-hook",
+}
+# methods a subclass may override without changing what the module computes
+_HARMLESS = frozenset({"__init__", "__setstate__", "__repr__", "extra_repr", "reset_parameters",
+                       "_reset_parameters", "generate_square_subsequent_mask"})
+_CALLS = frozenset({"forward", "__call__", "_call_impl", "_wrapped_call_impl", "__getattr__"})
+
+
+def _is_torch(cls: type) -> bool:
+    return cls.__module__.split(".")[0] == "torch"
+
+
+def _overridden(mod: nn.Module) -> tuple[type, list[str]]:
+    """(the torch.nn class ``mod`` derives from, the methods of it its own classes redefine)."""
+    mro = type(mod).__mro__
+    own = [c for c in mro if c is not object and not _is_torch(c)]
+    base = next(c for c in mro if _is_torch(c))
+    if not own:
+        return base, []
+    guarded = set(_CALLS)
+    for c in mro:
+        if _is_torch(c) and c is not nn.Module:
+            guarded |= {k for k, v in vars(c).items() if callable(v) and k not in _HARMLESS}
+    return base, sorted({k for c in own for k in vars(c) if k in guarded})
+
+
+def check_plain(module: nn.Module, target: str = "from_torch") -> None:
+    """Refuse (ValueError) a module tree that the weight map would silently change: a subclass
+    of a torch.nn class that redefines ``forward`` or a method it calls (``_sa_block``,
+    ``_ff_block``, ...), or any registered hook (forward, pre-forward, backward, state-dict)."""
+    for path, mod in module.named_modules():
+        where = path or "the module"
+        base, names = _overridden(mod)
+        if names:
+            raise ValueError(f"{target} cannot convert {where} of class {type(mod).__name__}: it "
+                             f"overrides {', '.join(names)} of {base.__module__}.{base.__name__}"
+                             " (the map reproduces torch.nn's computation, not a custom one)")
+        for attr, label in _HOOKS.items():
+            hooks = getattr(mod, attr, None)
+            if hooks:
+                raise ValueError(f"{target} cannot carry the {label}s registered on {where} "
+                                 f"({type(mod).__name__}, {len(hooks)}): splitformer never calls "
+                                 "the torch.nn module, so they would be dropped; remove them "
+                                 "first")
+
+
+def activation_name(layer: nn.Module) -> str:
+    """splitformer's name of a torch.nn layer's activation (relu, gelu, gelu_tanh)."""
     act = layer.activation
     if act is F.relu or isinstance(act, nn.ReLU):
         return "relu"
@@ -63,22 +201,27 @@ def _activation_name(layer: nn.TransformerEncoderLayer) -> str:
     )
 
 
-
-
-def _layer_config(layer: nn.TransformerEncoderLayer) -> dict:
-    if not isinstance(layer, nn.TransformerEncoderLayer):
-        raise TypeError(
-            f"expected nn.TransformerEncoderLayer, got {type(layer).__name__}"
-        )
-    attn = layer.self_attn
+def check_attention(attn: nn.MultiheadAttention, what: str) -> None:
+    """The map handles MultiheadAttention with packed in_proj and no extra keys."""
     if not attn._qkv_same_embed_dim:
-        raise ValueError("self_attn with kdim/vdim != embed_dim is not supported")
+        raise ValueError(f"{what} with kdim/vdim != embed_dim is not supported")
     if attn.bias_k is not None or attn.add_zero_attn:
-        raise ValueError("self_attn with add_bias_kv or add_zero_attn is not supported")
-    for nm in ("norm1", "norm2"):
+        raise ValueError(f"{what} with add_bias_kv or add_zero_attn is not supported")
+
+
+def check_norms(layer: nn.Module, names: tuple[str, ...]) -> None:
+    for nm in names:
         norm = getattr(layer, nm)
         if not isinstance(norm, nn.LayerNorm) or not norm.elementwise_affine:
             raise ValueError(f"{nm}={norm!r}: must be nn.LayerNorm with elementwise_affine=True")
+
+
+def _layer_fields(layer: nn.Module) -> dict[str, Any]:
+    if not isinstance(layer, nn.TransformerEncoderLayer):
+        raise TypeError(f"expected nn.TransformerEncoderLayer, got {type(layer).__name__}")
+    attn = layer.self_attn
+    check_attention(attn, "self_attn")
+    check_norms(layer, ("norm1", "norm2"))
     biases = {
         "self_attn.in_proj_bias": attn.in_proj_bias is not None,
         "self_attn.out_proj.bias": attn.out_proj.bias is not None,
@@ -91,236 +234,232 @@ def _layer_config(layer: nn.TransformerEncoderLayer) -> dict:
         missing = [k for k, v in biases.items() if not v]
         raise ValueError(f"biases must be all present or all absent (bias=True/False); "
                          f"missing: {missing}")
+    return layer_fields(layer, attn)
+
+
+def layer_fields(layer: nn.Module, attn: nn.MultiheadAttention) -> dict[str, Any]:
+    """The constructor arguments of a torch.nn encoder or decoder layer (and its dtype and
+    device, which every layer must share too)."""
     p = next(layer.parameters())
     return {
         "d_model": attn.embed_dim,
         "nhead": attn.num_heads,
         "dim_feedforward": layer.linear1.out_features,
-        "activation": _activation_name(layer),
-        "layer_norm_eps": layer.norm1.eps,
+        "activation": activation_name(layer),
+        "layer_norm_eps": float(layer.norm1.eps),
         "bias": layer.linear1.bias is not None,
         "norm_first": bool(layer.norm_first),
         "batch_first": bool(attn.batch_first),
-        "dropout": float(layer.dropout.p),
-        "attn_dropout": float(attn.dropout),
-        "out_dropout1": float(layer.dropout1.p),
-        "out_dropout2": float(layer.dropout2.p),
         "dtype": p.dtype,
         "device": p.device,
     }
 
 
-def _fill_theta(theta: nn.ModuleDict, layer: nn.TransformerEncoderLayer, cfg: dict) -> None:
-    copy_table(theta, layer, ENCODER_LAYER_MAP)
-    theta["attention"].attn_dropout = cfg["attn_dropout"]
-    theta["attention"].out_dropout.p = cfg["out_dropout1"]
-    for nm in ("norm1", "norm2"):
-        theta[nm].eps = getattr(layer, nm).eps  # eps is not in the state dict
-    theta["ffn"].dropout.p = cfg["dropout"]
-    theta["ffn"].out_dropout.p = cfg["out_dropout2"]
+def shared_fields(fields: list[dict[str, Any]], what: str = "layer") -> dict[str, Any]:
+    """Layer 0's fields, after checking that every layer agrees on all but ``layer_norm_eps``
+    (each layer's eps is copied on its own)."""
+    first = fields[0]
+    for i, f in enumerate(fields[1:], start=1):
+        diff = [k for k in first if k != "layer_norm_eps" and f[k] != first[k]]
+        if diff:
+            raise ValueError(f"{what} {i} differs from layer 0 in {diff}: layers must share them")
+    return {k: v for k, v in first.items() if k not in ("dtype", "device")}
 
 
-def _layers_of(module: nn.Module) -> tuple[list[nn.TransformerEncoderLayer], dict]:
+def check_final_norm(norm: nn.Module | None) -> None:
+    if norm is not None and (not isinstance(norm, nn.LayerNorm) or not norm.elementwise_affine):
+        raise ValueError(f"norm={norm!r}: only nn.LayerNorm with elementwise_affine=True")
+
+
+def _check_paper(config: TorchConfig, layers: list[nn.Module]) -> None:
+    if config.norm_first:
+        raise ValueError("form='paper' needs norm_first=False (the paper's scheme is post-LN)")
+    if config.activation != "relu":
+        raise ValueError("form='paper' needs activation='relu' (the projection onto S2)")
+    if not config.bias:
+        raise ValueError("form='paper' needs bias=True (s1 is the LayerNorm bias)")
+    for layer in layers:
+        for nm in ("norm1", "norm2"):
+            ln = getattr(layer, nm)
+            if float(ln.weight.detach().reshape(-1)[0]) < 0:
+                raise ValueError(f"form='paper' needs {nm}.weight (s2) >= 0: S1's standard "
+                                 "deviation is nonnegative")
+            if ln.eps != 0:
+                raise ValueError(f"form='paper' needs {nm}.eps == 0 (layer_norm_eps=0), got "
+                                 f"{ln.eps}")
+    if config.final_norm:
+        raise ValueError("form='paper' takes no final norm")
+
+
+def torch_config(module: nn.Module, *, form: str = "network") -> TorchConfig:
+    """Check an nn.TransformerEncoder(Layer) (ValueError / TypeError naming what the map does
+    not support) and read its ``TorchConfig``."""
+    if form not in FORMS:
+        raise ValueError(f"form must be 'network' or 'paper', got {form!r}")
     if isinstance(module, nn.TransformerEncoderLayer):
-        return [module], {"kind": "layer"}
-    if isinstance(module, nn.TransformerEncoder):
+        layers, switches = [module], {"kind": "layer"}
+    elif isinstance(module, nn.TransformerEncoder):
         layers = list(module.layers)
         if not layers:
             raise ValueError("nn.TransformerEncoder has no layers")
-        return layers, {
-            "kind": "encoder",
-            "enable_nested_tensor": bool(module.enable_nested_tensor),
-            "mask_check": bool(getattr(module, "mask_check", True)),
-        }
-    raise TypeError(
-        "from_torch(module) expects nn.TransformerEncoder or nn.TransformerEncoderLayer, got "
-        f"{type(module).__name__}"
-    )
+        switches = {"kind": "encoder", "enable_nested_tensor": bool(module.enable_nested_tensor),
+                    "mask_check": bool(getattr(module, "mask_check", True))}
+    else:
+        raise TypeError("from_torch(module) expects nn.TransformerEncoder or "
+                        f"nn.TransformerEncoderLayer, got {type(module).__name__}")
+    check_plain(module)
+    fields = shared_fields([_layer_fields(layer) for layer in layers])
+    norm = getattr(module, "norm", None)
+    check_final_norm(norm)
+    config = TorchConfig(num_layers=len(layers), final_norm=norm is not None,
+                         final_norm_bias=norm is None or norm.bias is not None, form=form,
+                         **fields, **switches)
+    if form == "paper":
+        _check_paper(config, layers)
+    return config
 
 
+# -- build --------------------------------------------------------------------------------------
+def final_norm(config: TorchConfig, **kw: Any) -> LayerNormProjection | None:
+    """Our read-out LayerNorm of ``config`` (None without one); eps comes with the table."""
+    if not config.final_norm:
+        return None
+    return LayerNormProjection(config.d_model, bias=config.final_norm_bias, **kw)
+
+
+def build_encoder(config: TorchConfig, *, device=None, dtype=None) -> Encoder:
+    """The splitformer Encoder of ``config`` with random weights: the Lie scheme (post-LN), the
+    pre-norm scheme (pre-LN) or the paper's; ``source`` = ``config``."""
+    kw = {"device": device, "dtype": dtype}
+    d, h, ff, L = config.d_model, config.nhead, config.dim_feedforward, config.num_layers
+    if config.form == "paper":
+        controls = paper_controls(d, h, [d, ff, d], L, **kw)
+        scheme = paper_lie(2)
+    else:
+        controls = encoder_controls(d, h, ff, L, activation=config.activation,
+                                    layer_norm_eps=config.layer_norm_eps, bias=config.bias, **kw)
+        scheme = prenorm() if config.norm_first else lie()
+    evo = Evolution(controls, scheme, TimeGrid(L, L))
+    return Encoder(evo, final_norm=final_norm(config, **kw), batch_first=config.batch_first,
+                   source=config)
+
+
+def torch_activation(name: str) -> str | nn.Module:
+    """The ``activation`` argument of a torch.nn layer for splitformer's ``name``."""
+    if name in ("relu", "gelu"):
+        return name
+    if name == "gelu_tanh":
+        return nn.GELU(approximate="tanh")
+    raise ValueError(f"to_torch supports the activations relu, gelu and gelu_tanh, got {name!r}")
+
+
+def build_torch(config: TorchConfig, *, device=None, dtype=None) -> nn.Module:
+    """The torch.nn encoder (or layer) of ``config``, random weights, dropout 0 (the rates come
+    with the table)."""
+    layer = nn.TransformerEncoderLayer(
+        config.d_model, config.nhead, config.dim_feedforward, dropout=0.0,
+        activation=torch_activation(config.activation), layer_norm_eps=config.layer_norm_eps,
+        batch_first=config.batch_first, norm_first=config.norm_first, bias=config.bias,
+        device=device, dtype=dtype)
+    if config.kind == "layer":
+        return layer
+    norm = None
+    if config.final_norm:
+        norm = nn.LayerNorm(config.d_model, bias=config.final_norm_bias, device=device,
+                            dtype=dtype)
+    return nn.TransformerEncoder(layer, config.num_layers, norm=norm,
+                                 enable_nested_tensor=config.enable_nested_tensor,
+                                 mask_check=config.mask_check)
+
+
+# -- the two maps -------------------------------------------------------------------------------
 def from_torch(module: nn.Module, *, form: str = "network") -> Encoder:
-    """Map an nn.TransformerEncoder(Layer) onto controls and a scheme.
+    """Map an nn.TransformerEncoder(Layer) onto controls and a scheme (nn.Transformer and the
+    decoder classes go to ``torch_transformer.from_torch_transformer``).
 
     form="network": post-LN -> the Lie scheme with the FFN as a vector field; pre-LN -> the
     pre-norm scheme. form="paper": the paper's literal scheme (post-LN, ReLU, scalar LayerNorm
     gains and biases, eps = 0 are required; weights become the W_j of the (I + W_j) form).
     """
-    if form not in ("network", "paper"):
+    if form not in FORMS:
         raise ValueError(f"form must be 'network' or 'paper', got {form!r}")
     if isinstance(module, (nn.Transformer, nn.TransformerDecoder, nn.TransformerDecoderLayer)):
         from .torch_transformer import from_torch_transformer
 
+        if form != "network":
+            raise ValueError(f"form={form!r} is for encoders: {type(module).__name__} has only "
+                             "the network form")
         return from_torch_transformer(module)
-    layers, source = _layers_of(module)
-    cfgs = [_layer_config(layer) for layer in layers]
-    cfg = cfgs[0]
-    keys = ("d_model", "nhead", "dim_feedforward", "activation", "norm_first", "batch_first",
-            "bias", "dtype", "device")
-    for i, c in enumerate(cfgs[1:], start=1):
-        diff = [k for k in keys if c[k] != cfg[k]]
-        if diff:
-            raise ValueError(f"layer {i} differs from layer 0 in {diff}: layers must share them")
-    source.update(batch_first=cfg["batch_first"], norm_first=cfg["norm_first"])
-    kw = {"device": cfg["device"], "dtype": cfg["dtype"]}
-    L = len(layers)
-    final_norm = None
-    norm = getattr(module, "norm", None)
-    if norm is not None:
-        if not isinstance(norm, nn.LayerNorm) or not norm.elementwise_affine:
-            raise ValueError(f"norm={norm!r}: only nn.LayerNorm with elementwise_affine=True")
-        final_norm = LayerNormProjection(cfg["d_model"], eps=norm.eps,
-                                         bias=norm.bias is not None, **kw)
-        _copy(final_norm.weight, norm.weight, "norm.weight")
-        _copy(final_norm.bias, norm.bias, "norm.bias")
-
-    if form == "paper":
-        return _from_torch_paper(layers, cfgs, source, final_norm)
-
-    controls = encoder_controls(
-        cfg["d_model"], cfg["nhead"], cfg["dim_feedforward"], L, activation=cfg["activation"],
-        layer_norm_eps=cfg["layer_norm_eps"], bias=cfg["bias"], **kw,
-    )
-    for theta, layer, c in zip(controls, layers, cfgs, strict=True):
-        _fill_theta(theta, layer, c)
-    scheme = prenorm() if cfg["norm_first"] else lie()
-    evo = Evolution(controls, scheme, TimeGrid(L, L))
-    model = Encoder(evo, final_norm=final_norm, batch_first=cfg["batch_first"], source=source)
+    config = torch_config(module, form=form)
+    p = next(module.parameters())
+    model = build_encoder(config, device=p.device, dtype=p.dtype)
+    copy_table(weight_map(config), theirs=module, ours=model, into="ours")
     model.train(module.training)
     return model
 
 
-def _scalar(t: torch.Tensor, what: str) -> float:
-    if not torch.all(t == t.reshape(-1)[0]):
-        raise ValueError(f"form='paper' needs a scalar {what} (all entries equal)")
-    return float(t.reshape(-1)[0])
+def num_ffn_stages(theta: nn.ModuleDict) -> int:
+    """J of a control set: the stages of its FeedForward, or its ffn1..ffnJ (paper form)."""
+    if "ffn" in theta:
+        return theta["ffn"].num_stages
+    return sum(1 for k in theta.keys() if k.startswith("ffn") and k[3:].isdigit())
 
 
-def _from_torch_paper(layers, cfgs, source, final_norm) -> Encoder:
-    cfg = cfgs[0]
-    if cfg["norm_first"]:
-        raise ValueError("form='paper' needs norm_first=False (the paper's scheme is post-LN)")
-    if cfg["activation"] != "relu":
-        raise ValueError("form='paper' needs activation='relu' (the projection onto S2)")
-    if not cfg["bias"]:
-        raise ValueError("form='paper' needs bias=True (s1 is the LayerNorm bias)")
-    for layer in layers:
-        for nm in ("norm1", "norm2"):
-            if float(getattr(layer, nm).weight.detach().reshape(-1)[0]) < 0:
-                raise ValueError(f"form='paper' needs {nm}.weight (s2) >= 0: S1's standard "
-                                 "deviation is nonnegative")
-            if getattr(layer, nm).eps != 0:
-                raise ValueError(f"form='paper' needs {nm}.eps == 0 (layer_norm_eps=0), got "
-                                 f"{getattr(layer, nm).eps}")
-    if final_norm is not None:
-        raise ValueError("form='paper' takes no final norm")
-    d, ff, L = cfg["d_model"], cfg["dim_feedforward"], len(layers)
-    controls = paper_controls(d, cfg["nhead"], [d, ff, d], L, device=cfg["device"],
-                              dtype=cfg["dtype"])
-    for theta, layer, c in zip(controls, layers, cfgs, strict=True):
-        sa, a = layer.self_attn, theta["attention"]
-        _copy(a.qkv_weight, sa.in_proj_weight, "self_attn.in_proj_weight")
-        _copy(a.qkv_bias, sa.in_proj_bias, "self_attn.in_proj_bias")
-        _copy(a.out_weight, sa.out_proj.weight, "self_attn.out_proj.weight")
-        _copy(a.out_bias, sa.out_proj.bias, "self_attn.out_proj.bias")
-        a.attn_dropout = c["attn_dropout"]
-        for nm in ("norm1", "norm2"):
-            ln = getattr(layer, nm)
-            with torch.no_grad():
-                theta[nm].s2.fill_(_scalar(ln.weight, f"{nm}.weight (s2)"))
-                theta[nm].s1.fill_(_scalar(ln.bias, f"{nm}.bias (s1)"))
-        for j, lin in ((1, layer.linear1), (2, layer.linear2)):
-            st = theta[f"ffn{j}"]
-            _copy(st.weight, lin.weight - st.identity_matrix(), f"linear{j}.weight - E")
-            _copy(st.bias, lin.bias, f"linear{j}.bias")
-    evo = Evolution(controls, paper_lie(2), TimeGrid(L, L))
-    source = dict(source, form="paper")
-    model = Encoder(evo, final_norm=None, batch_first=cfg["batch_first"], source=source)
-    model.train(layers[0].training)
-    return model
+def check_two_stages(theta: nn.ModuleDict, where: str = "") -> None:
+    """torch.nn's layers have J = 2 feed-forward stages (linear1, linear2)."""
+    j = num_ffn_stages(theta)
+    if j != 2:
+        at = f" in {where}" if where else ""
+        raise ValueError(f"to_torch needs J = 2 feed-forward stages (linear1, linear2 of a "
+                         f"torch.nn layer){at}, got J = {j}")
+
+
+def torch_target(model: Encoder) -> TorchConfig:
+    """The ``TorchConfig`` of the torch.nn module that holds ``model``: read from its operators,
+    its scheme and its source (ValueError if it is not a network torch.nn can hold)."""
+    evo = model.evolution
+    theta0 = evo.controls[0]
+    check_two_stages(theta0)
+    name = network_scheme(evo, {"lie": lie(), "prenorm": prenorm(), "paper": paper_lie(2)},
+                          "to_torch")
+    check_softmax(evo, "to_torch")
+    a0 = theta0["attention"]
+    if name == "paper":
+        ff, act, eps, bias = theta0["ffn1"].out_dim, "relu", 0.0, True
+    else:
+        ff, act = theta0["ffn"].widths[1], theta0["ffn"].activation.name
+        torch_activation(act)
+        eps, bias = theta0["norm1"].eps, theta0["norm1"].bias is not None
+    src, L = model.source, len(evo.controls)
+    layer = source_field(src, "kind") == "layer" and L == 1 and model.final_norm is None
+    return TorchConfig(
+        kind="layer" if layer else "encoder", d_model=a0.dim, nhead=a0.num_heads,
+        dim_feedforward=ff, num_layers=L, activation=act, layer_norm_eps=eps, bias=bias,
+        norm_first=name == "prenorm", batch_first=model.batch_first,
+        final_norm=model.final_norm is not None,
+        final_norm_bias=model.final_norm is None or model.final_norm.bias is not None,
+        form="paper" if name == "paper" else "network",
+        enable_nested_tensor=source_field(src, "enable_nested_tensor", True),
+        mask_check=source_field(src, "mask_check", True))
 
 
 def to_torch(model: Encoder) -> nn.Module:
-    """The nn.TransformerEncoder (or Layer) with the same weights: the inverse map."""
-    if getattr(model, "source", {}).get("kind") in ("transformer", "decoder", "decoder_layer"):
+    """The nn.TransformerEncoder (or Layer) with the same weights: the inverse map (decoders and
+    pairs go to ``torch_transformer.to_torch_transformer``)."""
+    from ..models.seq2seq import CrossDecoder, EncoderDecoderModel
+
+    kind = source_field(getattr(model, "source", None), "kind")
+    if kind in ("transformer", "decoder", "decoder_layer") or \
+            isinstance(model, (CrossDecoder, EncoderDecoderModel)):
         from .torch_transformer import to_torch_transformer
 
         return to_torch_transformer(model)
     if not isinstance(model, Encoder):
         raise TypeError(f"to_torch(model) expects a splitformer Encoder, got "
                         f"{type(model).__name__}")
-    evo = model.evolution
-    name = network_scheme(evo, {"lie": lie(), "prenorm": prenorm(), "paper": paper_lie(2)},
-                          "to_torch")
-    check_softmax(evo, "to_torch")
-    paper = name == "paper"
-    theta0 = evo.controls[0]
-    a0 = theta0["attention"]
-    p = a0.qkv_weight
-    if paper:
-        if "ffn3" in theta0:
-            raise ValueError("to_torch needs J = 2 feed-forward stages for the paper form")
-        ff = theta0["ffn1"].out_dim
-        act, eps, bias = "relu", 0.0, True
-        dropout = 0.0
-    else:
-        ffn = theta0["ffn"]
-        if ffn.num_stages != 2:
-            raise ValueError(f"to_torch needs J = 2 feed-forward stages, got {ffn.num_stages}")
-        ff = ffn.widths[1]
-        act = {"relu": "relu", "gelu": "gelu"}.get(ffn.activation.name)
-        if ffn.activation.name == "gelu_tanh":
-            act = nn.GELU(approximate="tanh")
-        if act is None:
-            raise ValueError(f"to_torch supports relu, gelu and gelu_tanh, got "
-                             f"{ffn.activation.name!r}")
-        eps, bias = theta0["norm1"].eps, theta0["norm1"].bias is not None
-        dropout = ffn.dropout.p
-    batch_first = model.batch_first
-    layers = []
-    for theta in evo.controls:
-        layer = nn.TransformerEncoderLayer(
-            a0.dim, a0.num_heads, ff, dropout=dropout, activation=act, layer_norm_eps=eps,
-            batch_first=batch_first, norm_first=(name == "prenorm"), bias=bias,
-            device=p.device, dtype=p.dtype,
-        )
-        a = theta["attention"]
-        copy_table(layer, theta, ENCODER_LAYER_MAP[:4], reverse=True)  # the attention weights
-        layer.self_attn.dropout = a.attn_dropout
-        layer.dropout1.p = a.out_dropout.p
-        if paper:
-            for nm in ("norm1", "norm2"):
-                with torch.no_grad():
-                    getattr(layer, nm).weight.fill_(float(theta[nm].s2))
-                    getattr(layer, nm).bias.fill_(float(theta[nm].s1))
-            for j, lin in ((1, layer.linear1), (2, layer.linear2)):
-                st = theta[f"ffn{j}"]
-                _copy(lin.weight, st.weight + st.identity_matrix(), f"ffn{j}.weight + E")
-                _copy(lin.bias, st.bias, f"ffn{j}.bias")
-        else:
-            copy_table(layer, theta, ENCODER_LAYER_MAP[4:], reverse=True)
-            for nm in ("norm1", "norm2"):
-                getattr(layer, nm).eps = theta[nm].eps  # eps is not in the state dict
-            ffn = theta["ffn"]
-            layer.dropout.p = ffn.dropout.p
-            layer.dropout2.p = ffn.out_dropout.p
-        layers.append(layer)
-    src = model.source
-    if src.get("kind") == "layer" and len(layers) == 1 and model.final_norm is None:
-        out: nn.Module = layers[0]
-    else:
-        norm = None
-        if model.final_norm is not None:
-            fn = model.final_norm
-            norm = nn.LayerNorm(a0.dim, eps=fn.eps, bias=fn.bias is not None, device=p.device,
-                                dtype=p.dtype)
-            _copy(norm.weight, fn.weight, "final_norm.weight")
-            _copy(norm.bias, fn.bias, "final_norm.bias")
-        out = nn.TransformerEncoder(
-            layers[0], len(layers), norm=norm,
-            enable_nested_tensor=src.get("enable_nested_tensor", True),
-            mask_check=src.get("mask_check", True),
-        )
-        for i, layer in enumerate(layers):
-            out.layers[i] = layer
+    config = torch_target(model)
+    p = model.evolution.controls[0]["attention"].qkv_weight
+    out = build_torch(config, device=p.device, dtype=p.dtype)
+    copy_table(weight_map(config), theirs=out, ours=model, into="theirs")
     out.train(model.training)
     return out

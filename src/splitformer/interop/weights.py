@@ -1,10 +1,119 @@
-"""The one primitive of every weight map: copy a source tensor into a control, checked."""
+"""The weight tables of every interop map, and the one routine that copies them both ways.
+
+A table is a sequence of ``Row``s, each pairing their dotted name with ours (attribute paths
+from the two model roots, e.g. ``encoder.layer.0.output.dense.weight`` and
+``evolution.controls.sets.0.ffn.stages.1.weight``). A row is either
+
+* a tensor row: a parameter or buffer, copied after checking that both sides have it (or
+  neither) and that the shapes agree; optionally into a row block of a packed tensor of ours
+  (``block``: transformers' separate W_Q, W_K, W_V are blocks of our ``qkv_weight``) or through
+  a named ``transform`` (GPT-2's Conv1D weights are W^T, the paper form stores E + W_j, a
+  scalar s2 is a LayerNorm gain with all entries equal); or
+* an attribute row (``attr=True``): a value that is not in the state dict but changes what the
+  model computes (a LayerNorm's eps, a dropout rate), assigned as is.
+
+``copy_table(rows, theirs=..., ours=..., into="ours")`` is the forward map and
+``into="theirs"`` the inverse: the same rows drive both directions.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
 import torch
 
-__all__ = ["check_softmax", "copy_table", "copy_weight", "network_scheme"]
+__all__ = [
+    "TRANSFORMS",
+    "Row",
+    "check_covered",
+    "check_softmax",
+    "copy_table",
+    "copy_weight",
+    "lookup",
+    "network_scheme",
+    "prefixed",
+    "source_field",
+]
+
+_MISSING = object()
+
+
+def _transpose(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    return src.t()
+
+
+def _minus_identity(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    return src - torch.eye(*src.shape, dtype=src.dtype, device=src.device)
+
+
+def _plus_identity(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    return src + torch.eye(*src.shape, dtype=src.dtype, device=src.device)
+
+
+def _to_scalar(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    first = src.reshape(-1)[0]
+    if not torch.all(src == first):
+        raise ValueError("needs a scalar (all entries equal)")
+    return first.reshape(dst.shape)
+
+
+def _from_scalar(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    return src.reshape(()).expand(dst.shape)
+
+
+# name -> (their value -> our value, our value -> their value); each takes (src, dst)
+TRANSFORMS: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], ...]] = {
+    "transpose": (_transpose, _transpose),  # theirs = ours^T (GPT-2's Conv1D)
+    "plus_identity": (_minus_identity, _plus_identity),  # theirs = E + ours (the paper's W_j)
+    "scalar": (_to_scalar, _from_scalar),  # theirs = ours at every entry (the paper's s1, s2)
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a weight table: ``theirs`` (a path from the foreign model) <-> ``ours``.
+
+    ``attr``: a plain attribute (eps, a dropout rate), not a tensor. ``block=(i, k)``: ``ours``
+    is the i-th of k equal row blocks of the tensor at that path. ``transform``: a name of
+    ``TRANSFORMS``. ``absent``: for an attribute row, the value an attribute missing on their
+    side stands for (0.0 where a library puts ``nn.Identity`` for a zero rate); None: it must
+    exist. ``option``: the configuration option the value comes from, named in messages.
+    """
+
+    theirs: str
+    ours: str
+    attr: bool = False
+    block: tuple[int, int] | None = None
+    transform: str | None = None
+    absent: float | None = None
+    option: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.transform is not None and self.transform not in TRANSFORMS:
+            raise ValueError(f"transform must be one of {sorted(TRANSFORMS)}, got "
+                             f"{self.transform!r}")
+        if self.attr and (self.block is not None or self.transform is not None):
+            raise ValueError(f"attribute row {self.theirs!r}: block and transform are for "
+                             "tensors")
+
+
+def prefixed(rows: Iterable[Row], theirs: str, ours: str) -> list[Row]:
+    """``rows`` with ``theirs`` and ``ours`` put in front of the two names (a layer's table
+    placed in the whole model)."""
+    return [replace(r, theirs=theirs + r.theirs, ours=ours + r.ours) for r in rows]
+
+
+def lookup(root: Any, path: str, default: Any = None) -> Any:
+    """The object at the dotted attribute path ``path`` from ``root`` (``default`` if a part
+    is missing)."""
+    obj = root
+    for part in path.split("."):
+        obj = getattr(obj, part, _MISSING)
+        if obj is _MISSING:
+            return default
+    return obj
 
 
 def copy_weight(dst: torch.Tensor | None, src: torch.Tensor | None, what: str) -> None:
@@ -23,23 +132,108 @@ def copy_weight(dst: torch.Tensor | None, src: torch.Tensor | None, what: str) -
         dst.copy_(src)
 
 
-def _get(module, name: str):
-    obj = module
-    for part in name.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
+def _block(t: torch.Tensor | None, block: tuple[int, int] | None) -> torch.Tensor | None:
+    if t is None or block is None:
+        return t
+    i, k = block
+    size = t.shape[0] // k
+    return t[i * size:(i + 1) * size]
 
 
-def copy_table(dst_root, src_root, table, *, reverse: bool = False) -> None:
-    """Copy every (foreign name, our name) pair of ``table``: foreign -> ours, or ours ->
-    foreign with ``reverse``. Names are dotted attribute paths from the two roots."""
-    for theirs, ours in table:
-        if reverse:
-            copy_weight(_get(dst_root, theirs), _get(src_root, ours), ours)
+def _copy_tensor(row: Row, theirs: Any, ours: Any, into: str) -> None:
+    t = lookup(theirs, row.theirs)
+    o = _block(lookup(ours, row.ours), row.block)
+    src, dst, what = (t, o, row.theirs) if into == "ours" else (o, t, row.ours)
+    if row.transform is not None and src is not None and dst is not None:
+        fn = TRANSFORMS[row.transform][0 if into == "ours" else 1]
+        try:
+            with torch.no_grad():
+                src = fn(src.detach(), dst)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+    copy_weight(dst, src, what)
+
+
+def _plain(value: Any) -> Any:
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _set(root: Any, path: str, value: Any) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(lookup(root, parent) if parent else root, name, value)
+
+
+def _copy_attr(row: Row, theirs: Any, ours: Any, into: str, check: bool,
+               written: dict[str, tuple[Any, str]]) -> None:
+    t = lookup(theirs, row.theirs, _MISSING)
+    o = lookup(ours, row.ours, _MISSING)
+    if o is _MISSING:
+        raise ValueError(f"{row.ours}: no such attribute on our side (the table does not fit "
+                         "the model)")
+    if t is _MISSING:
+        if row.absent is None:
+            raise ValueError(f"{row.theirs}: no such attribute on their side")
+        if into == "ours":
+            t = row.absent
+        elif o == row.absent:
+            return
         else:
-            copy_weight(_get(dst_root, ours), _get(src_root, theirs), theirs)
+            raise ValueError(f"{row.ours}={o!r} has no place in the target ({row.theirs} is "
+                             f"absent there, which stands for {row.absent!r})")
+    if into == "ours":
+        _set(ours, row.ours, _plain(t))
+        return
+    label = f" ({row.option})" if row.option else ""
+    if check:
+        if t != o:
+            raise ValueError(f"{row.ours}={o!r} but the model rebuilt from model.source has "
+                             f"{row.theirs}={t!r}{label}; edit the source config to match")
+        return
+    if row.theirs in written and written[row.theirs][0] != o:
+        val, other = written[row.theirs]
+        raise ValueError(f"{other}={val!r} and {row.ours}={o!r} both map to {row.theirs}"
+                         f"{label}, which holds one value: they must agree")
+    written[row.theirs] = (o, row.ours)
+    _set(theirs, row.theirs, _plain(o))
+
+
+def copy_table(rows: Iterable[Row], *, theirs: Any, ours: Any, into: str,
+               attributes: str = "copy") -> None:
+    """Copy every row of ``rows`` between the two models.
+
+    ``into="ours"``: their tensors and attributes are written into ours (the forward map);
+    ``into="theirs"``: ours into theirs (the inverse map). ``attributes="check"`` (with
+    ``into="theirs"``) compares the attribute rows instead of writing them, raising ValueError
+    on a difference: for a target rebuilt from a config that fixes those values.
+    """
+    if into not in ("ours", "theirs"):
+        raise ValueError(f"into must be 'ours' or 'theirs', got {into!r}")
+    if attributes not in ("copy", "check"):
+        raise ValueError(f"attributes must be 'copy' or 'check', got {attributes!r}")
+    written: dict[str, tuple[Any, str]] = {}
+    for row in rows:
+        if row.attr:
+            _copy_attr(row, theirs, ours, into, attributes == "check", written)
+        else:
+            _copy_tensor(row, theirs, ours, into)
+
+
+def check_covered(keys: Iterable[str], rows: Iterable[Row], what: str,
+                  ignore: Callable[[str], bool] = lambda key: False) -> None:
+    """Raise ValueError naming the state-dict ``keys`` of a foreign model that no tensor row
+    maps (and ``ignore`` does not excuse): a weight the map would drop."""
+    mapped = {r.theirs for r in rows if not r.attr}
+    extra = [k for k in keys if k not in mapped and not ignore(k)]
+    if extra:
+        raise ValueError(f"the model has weights the {what} map does not know: {extra[:5]}")
+
+
+def source_field(source: Any, name: str, default: Any = None) -> Any:
+    """Field ``name`` of a model's ``source``: a typed config (an attribute) or a dict (a key,
+    as the models' own builders record it)."""
+    if isinstance(source, Mapping):
+        return source.get(name, default)
+    return getattr(source, name, default)
 
 
 def network_scheme(evolution, schemes: dict, target: str, where: str = "") -> str:
@@ -64,8 +258,8 @@ def network_scheme(evolution, schemes: dict, target: str, where: str = "") -> st
                      f"[{evolution.scheme}]")
 
 
-def check_softmax(evolution, target: str, names=("attention", "cross_attention"),
-                  scales=None) -> None:
+def check_softmax(evolution, target: str, names: Sequence[str] = ("attention", "cross_attention"),
+                  scales: Sequence[float | None] | None = None) -> None:
     """Every attention operator of ``evolution`` uses the softmax kernel with the scale the
     target computes (``scales[n]`` for step n, default None = 1/sqrt(d_h))."""
     from ..operators.kernels import SoftmaxKernel

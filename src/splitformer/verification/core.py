@@ -10,7 +10,7 @@ from ..models.encoder import paper_encoder
 from ..operators import FeedForward, NonlocalAttention, ProjectionS2, SphereProjection
 from ..operators.projections import LayerNormProjection
 from . import register
-from .references import perturb_, post_ln_reference
+from .references import maxdiff, perturb_, post_ln_reference
 
 D, H, FF, B, N = 32, 4, 48, 3, 9
 
@@ -21,10 +21,6 @@ def _gen(seed: int = 0) -> torch.Generator:
 
 def _x(dtype, seed=1, shape=(B, N, D)):
     return torch.randn(*shape, generator=_gen(seed), dtype=dtype)
-
-
-def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a - b).abs().max().item()
 
 
 def _distinct_layers(enc: nn.TransformerEncoder) -> nn.TransformerEncoder:
@@ -48,7 +44,7 @@ def lie_step(dtype):
     layer = _encoder_layer(dtype)
     x = _x(dtype)
     with torch.no_grad():
-        return _maxdiff(from_torch(layer)(x), layer(x))
+        return maxdiff(from_torch(layer)(x), layer(x))
 
 
 @register("core", "N_t = 6 Lie steps on [0, 6]", "nn.TransformerEncoder, 6 layers")
@@ -60,7 +56,7 @@ def six_steps(dtype):
     kpm[0, -3:] = True
     with torch.no_grad():
         ref = enc(x, src_key_padding_mask=kpm)
-        return _maxdiff(from_torch(enc)(x, src_key_padding_mask=kpm), ref)
+        return maxdiff(from_torch(enc)(x, src_key_padding_mask=kpm), ref)
 
 
 @register("core", "projection in the vector field: u + tau A(P u)", "norm_first=True (pre-LN)")
@@ -70,7 +66,7 @@ def prenorm_step(dtype):
                                                  enable_nested_tensor=False)).eval()
     x = _x(dtype)
     with torch.no_grad():
-        return _maxdiff(from_torch(enc)(x), enc(x))
+        return maxdiff(from_torch(enc)(x), enc(x))
 
 
 @register("core", "J = 2 feature integrals", "standard FFN linear2(relu(linear1(x)))")
@@ -83,7 +79,7 @@ def ffn(dtype):
             st.weight.copy_(lin.weight)
             st.bias.copy_(lin.bias)
         x = _x(dtype)
-        return _maxdiff(g(x), lin2(torch.relu(lin1(x))))
+        return maxdiff(g(x), lin2(torch.relu(lin1(x))))
 
 
 @register("core", "projection onto S1(s1, s2) (eps = 0)", "nn.LayerNorm, scalar gain/bias")
@@ -94,7 +90,7 @@ def projection_s1(dtype):
         ln.weight.fill_(1.7)
         ln.bias.fill_(0.3)
         x = _x(dtype)
-        return _maxdiff(p(x), ln(x))
+        return maxdiff(p(x), ln(x))
 
 
 @register("core", "ghost-point projection + affine map", "nn.LayerNorm(eps > 0, gamma, beta)")
@@ -108,13 +104,13 @@ def layernorm_reading(dtype):
     p.load_state_dict(ln.state_dict())
     with torch.no_grad():
         x = _x(dtype)
-        return _maxdiff(p.affine(p.ghost_projection(x)), ln(x))
+        return maxdiff(p.affine(p.ghost_projection(x)), ln(x))
 
 
 @register("core", "projection onto S2 = {u >= 0}", "nn.ReLU")
 def projection_s2(dtype):
     x = _x(dtype)
-    return _maxdiff(ProjectionS2()(x), nn.ReLU()(x))
+    return maxdiff(ProjectionS2()(x), nn.ReLU()(x))
 
 
 @register("core", "head integral sum_h (g_h V_h) W_O,h", "nn.MultiheadAttention")
@@ -129,7 +125,7 @@ def head_integral(dtype):
         a.out_bias.copy_(mha.out_proj.bias)
         x = _x(dtype)
         ref = mha(x, x, x, need_weights=False)[0]
-        return max(_maxdiff(a.head_sum(x), ref), _maxdiff(a(x), ref))
+        return max(maxdiff(a.head_sum(x), ref), maxdiff(a(x), ref))
 
 
 @register("core", "paper's literal Lie scheme, M = 4 + J substeps: (I + W_j), s1, s2, eps = 0, "
@@ -149,4 +145,4 @@ def paper_literal(dtype):
     enc = post_ln_reference(model.evolution.controls, dtype)
     x = _x(dtype)
     with torch.no_grad():
-        return _maxdiff(model(x), enc(x))
+        return maxdiff(model(x), enc(x))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from . import SkipCheck, register
+from . import register
+from .references import maxdiff, require_transformers
 
 _SMALL = {
     "vocab_size": 97,
@@ -22,19 +23,11 @@ _SMALL = {
 }
 
 
-def _transformers():
-    try:
-        import transformers
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise SkipCheck("transformers is not installed") from e
-    return transformers
-
-
 def _pair(dtype: torch.dtype, *, classifier: bool = False, attn: str = "sdpa", **overrides):
     """(transformers model, splitformer model, inputs) in eval mode, on a padded batch."""
     from ..interop.hf_bert import from_hf_model
 
-    tr = _transformers()
+    tr = require_transformers()
     torch.manual_seed(0)
     config = tr.BertConfig(**{**_SMALL, **overrides})
     config._attn_implementation = attn
@@ -55,16 +48,12 @@ def _pair(dtype: torch.dtype, *, classifier: bool = False, attn: str = "sdpa", *
     return ref, ours, inputs
 
 
-def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max())
-
-
 @register("bert", "BERT encoder = post-LN Lie scheme (GELU, eps 1e-12)",
           "transformers BertModel last_hidden_state (sdpa, padding mask)")
 def check_last_hidden_state(dtype: torch.dtype) -> float:
     ref, ours, inputs = _pair(dtype)
     with torch.no_grad():
-        return _diff(ref(**inputs).last_hidden_state, ours(**inputs).last_hidden_state)
+        return maxdiff(ref(**inputs).last_hidden_state, ours(**inputs).last_hidden_state)
 
 
 @register("bert", "BERT encoder, ReLU FFN, additive finfo.min mask",
@@ -72,7 +61,7 @@ def check_last_hidden_state(dtype: torch.dtype) -> float:
 def check_relu_eager(dtype: torch.dtype) -> float:
     ref, ours, inputs = _pair(dtype, attn="eager", hidden_act="relu")
     with torch.no_grad():
-        return _diff(ref(**inputs).last_hidden_state, ours(**inputs).last_hidden_state)
+        return maxdiff(ref(**inputs).last_hidden_state, ours(**inputs).last_hidden_state)
 
 
 @register("bert", "trajectory u(t_n), n = 0..L (u(0) = LN of the embeddings)",
@@ -84,7 +73,7 @@ def check_hidden_states(dtype: torch.dtype) -> float:
         traj = ours.trajectory(**inputs)
     if len(hs) != len(traj):
         return float("inf")
-    return max(_diff(a, b) for a, b in zip(hs, traj.states, strict=True))
+    return max(maxdiff(a, b) for a, b in zip(hs, traj.states, strict=True))
 
 
 @register("bert", "pooler = tanh(W u(x_0, T) + b) read-out",
@@ -92,7 +81,7 @@ def check_hidden_states(dtype: torch.dtype) -> float:
 def check_pooler(dtype: torch.dtype) -> float:
     ref, ours, inputs = _pair(dtype)
     with torch.no_grad():
-        return _diff(ref(**inputs).pooler_output, ours(**inputs).pooler_output)
+        return maxdiff(ref(**inputs).pooler_output, ours(**inputs).pooler_output)
 
 
 @register("bert", "classifier = linear read-out of the pooled state",
@@ -100,4 +89,4 @@ def check_pooler(dtype: torch.dtype) -> float:
 def check_classifier(dtype: torch.dtype) -> float:
     ref, ours, inputs = _pair(dtype, classifier=True)
     with torch.no_grad():
-        return _diff(ref(**inputs).logits, ours(**inputs).logits)
+        return maxdiff(ref(**inputs).logits, ours(**inputs).logits)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from . import SkipCheck, register
+from .references import maxdiff, require_transformers
 
 FAMILY = "cvt"
 
@@ -33,14 +34,6 @@ SMALL_CONFIG: dict[str, Any] = {
     "cls_token": [False, False, True],
     "num_labels": 5,
 }
-
-
-def _transformers():
-    try:
-        import transformers
-    except ImportError as e:
-        raise SkipCheck("transformers is not installed") from e
-    return transformers
 
 
 def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
@@ -68,7 +61,7 @@ def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 
 def random_cvt(cls_name: str, dtype: torch.dtype, seed: int = 0, **overrides: Any):
     """A random-weight transformers CvT (``CvtModel`` / ``CvtForImageClassification``)."""
-    transformers = _transformers()
+    transformers = require_transformers()
     cfg = {**SMALL_CONFIG, **overrides}
     try:
         cls, config_cls = getattr(transformers, cls_name), transformers.CvtConfig
@@ -85,7 +78,7 @@ def _pixels(dtype: torch.dtype, shape=(2, 3, 32, 24), seed: int = 1) -> torch.Te
 
 
 def _max(*pairs) -> float:
-    return max(float((a - b).abs().max()) for a, b in pairs)
+    return max(maxdiff(a, b) for a, b in pairs)
 
 
 @register(FAMILY, "3 grid levels: R_s + pre-LN evolution, conv Q/K/V + BN(eval), K/V stride 2",

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from . import SkipCheck, register
+from . import register
+from .references import maxdiff, perturb_, require_transformers
 
 _SMALL = {
     "vocab_size": 67,
@@ -27,27 +28,16 @@ _SMALL = {
 }
 
 
-def _transformers():
-    try:
-        import transformers
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise SkipCheck("transformers is not installed") from e
-    return transformers
-
-
 def _pair(dtype: torch.dtype, *, lm: bool = False, attn: str = "sdpa", **overrides):
     """(transformers model, splitformer model, inputs) in eval mode, on a padded batch."""
     from ..interop.hf_gpt2 import from_hf_model
 
-    tr = _transformers()
+    tr = require_transformers()
     torch.manual_seed(0)
     config = tr.GPT2Config(**{**_SMALL, **overrides})
     config._attn_implementation = attn
     ref = (tr.GPT2LMHeadModel(config) if lm else tr.GPT2Model(config)).to(dtype).eval()
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    perturb_(ref, seed=2)
     ours = from_hf_model(ref)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, config.vocab_size, (3, 11), generator=g)
@@ -57,16 +47,12 @@ def _pair(dtype: torch.dtype, *, lm: bool = False, attn: str = "sdpa", **overrid
     return ref, ours, {"input_ids": ids, "attention_mask": mask}
 
 
-def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max())
-
-
 @register("gpt2", "causal (Volterra) kernel, pre-LN Euler steps, read-out ln_f",
           "transformers GPT2Model last_hidden_state (sdpa, padding mask)")
 def check_last_hidden_state(dtype: torch.dtype) -> float:
     ref, ours, inputs = _pair(dtype)
     with torch.no_grad():
-        return _diff(ref(**inputs).last_hidden_state, ours(**inputs).last_hidden_state)
+        return maxdiff(ref(**inputs).last_hidden_state, ours(**inputs).last_hidden_state)
 
 
 @register("gpt2", "causal kernel with additive finfo.min support",
@@ -74,7 +60,7 @@ def check_last_hidden_state(dtype: torch.dtype) -> float:
 def check_eager(dtype: torch.dtype) -> float:
     ref, ours, inputs = _pair(dtype, attn="eager")
     with torch.no_grad():
-        return _diff(ref(**inputs).last_hidden_state, ours(**inputs).last_hidden_state)
+        return maxdiff(ref(**inputs).last_hidden_state, ours(**inputs).last_hidden_state)
 
 
 @register("gpt2", "trajectory u(t_n), n = 0..L-1, and P_f(u(T))",
@@ -86,7 +72,7 @@ def check_hidden_states(dtype: torch.dtype) -> float:
         mine = ours(**inputs, output_hidden_states=True).hidden_states
     if len(hs) != len(mine):
         return float("inf")
-    return max(_diff(a, b) for a, b in zip(hs, mine, strict=True))
+    return max(maxdiff(a, b) for a, b in zip(hs, mine, strict=True))
 
 
 @register("gpt2", "LM read-out <P_f u(T), E_w> (tied embedding)",
@@ -94,7 +80,7 @@ def check_hidden_states(dtype: torch.dtype) -> float:
 def check_logits(dtype: torch.dtype) -> float:
     ref, ours, inputs = _pair(dtype, lm=True)
     with torch.no_grad():
-        return _diff(ref(**inputs).logits, ours(**inputs).logits)
+        return maxdiff(ref(**inputs).logits, ours(**inputs).logits)
 
 
 @register("gpt2", "kernel scale 1/(sqrt(d_h) (n+1)), ReLU field",
@@ -103,4 +89,4 @@ def check_scales(dtype: torch.dtype) -> float:
     ref, ours, inputs = _pair(dtype, scale_attn_by_inverse_layer_idx=True,
                               activation_function="relu")
     with torch.no_grad():
-        return _diff(ref(**inputs).last_hidden_state, ours(**inputs).last_hidden_state)
+        return maxdiff(ref(**inputs).last_hidden_state, ours(**inputs).last_hidden_state)

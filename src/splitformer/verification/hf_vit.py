@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from . import SkipCheck, register
+from . import register
+from .references import maxdiff, perturb_, require_transformers
 
 _SMALL = {
     "hidden_size": 32,
@@ -23,25 +24,10 @@ _SMALL = {
 }
 
 
-def _transformers():
-    try:
-        import transformers
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise SkipCheck("transformers is not installed") from e
-    return transformers
-
-
-def _perturb(model, seed: int = 2) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-
-
 def _pair(dtype: torch.dtype, *, classifier: bool = False, attn: str = "sdpa", **overrides):
     from ..interop.hf_vit import from_hf_model
 
-    tr = _transformers()
+    tr = require_transformers()
     torch.manual_seed(0)
     config = tr.ViTConfig(**{**_SMALL, **overrides})
     config._attn_implementation = attn
@@ -51,15 +37,11 @@ def _pair(dtype: torch.dtype, *, classifier: bool = False, attn: str = "sdpa", *
     else:
         ref = tr.ViTModel(config)
     ref = ref.to(dtype).eval()
-    _perturb(ref)
+    perturb_(ref, seed=2)
     ours = from_hf_model(ref)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, config.num_channels, 32, 32, generator=g, dtype=dtype)
     return ref, ours, x
-
-
-def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max())
 
 
 @register("vit", "pre-LN ViT = Euler for u_t = A(P1 u) + G(P2 u) on the 2-D patch grid",
@@ -68,8 +50,8 @@ def check_vit_model(dtype: torch.dtype) -> float:
     ref, ours, x = _pair(dtype)
     with torch.no_grad():
         a, b = ref(x), ours(x)
-    return max(_diff(a.last_hidden_state, b.last_hidden_state),
-               _diff(a.pooler_output, b.pooler_output))
+    return max(maxdiff(a.last_hidden_state, b.last_hidden_state),
+               maxdiff(a.pooler_output, b.pooler_output))
 
 
 @register("vit", "read-out: classifier on the class-token point",
@@ -77,7 +59,7 @@ def check_vit_model(dtype: torch.dtype) -> float:
 def check_vit_classifier(dtype: torch.dtype) -> float:
     ref, ours, x = _pair(dtype, classifier=True, qkv_bias=False, hidden_act="relu")
     with torch.no_grad():
-        return _diff(ref(x).logits, ours(x).logits)
+        return maxdiff(ref(x).logits, ours(x).logits)
 
 
 @register("vit", "trajectory u(t_n), n = 0..L (u(0) = f on the patch grid)",
@@ -87,4 +69,4 @@ def check_vit_trajectory(dtype: torch.dtype) -> float:
     with torch.no_grad():
         hs = ref(x, output_hidden_states=True).hidden_states
         traj = ours.trajectory(x)
-    return max(_diff(h, s) for h, s in zip(hs, traj.states, strict=True))
+    return max(maxdiff(h, s) for h, s in zip(hs, traj.states, strict=True))

@@ -1,14 +1,48 @@
-"""Building reference modules for checks and tests: random perturbations and a torch.nn
-post-LN encoder assembled from splitformer controls (the independent side of a comparison)."""
+"""The one home of what checks and tests share: building reference modules (random
+perturbations, a torch.nn post-LN encoder assembled from splitformer controls: the independent
+side of a comparison), importing the reference library, and comparing (max abs difference,
+bitwise state dicts, the tolerances).
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..operators import SphereProjection
+from . import TOLERANCES, SkipCheck
 
-__all__ = ["perturb_", "post_ln_reference"]
+__all__ = ["TOL", "assert_same_state", "maxdiff", "perturb_", "post_ln_reference",
+           "require_transformers"]
+
+# float64 / float32 tolerances of every comparison (the ones ``splitformer verify`` uses)
+TOL = TOLERANCES
+
+
+def require_transformers() -> Any:
+    """The ``transformers`` module; ``SkipCheck`` when it is not installed (a verify row then
+    says SKIP)."""
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise SkipCheck("transformers is not installed") from e
+    return transformers
+
+
+def maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| as a float."""
+    return float((a - b).detach().abs().max())
+
+
+def assert_same_state(a: nn.Module, b: nn.Module) -> None:
+    """Same state-dict keys in the same order, same dtypes, bitwise equal values."""
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for k in sa:
+        assert sa[k].dtype == sb[k].dtype, k
+        assert torch.equal(sa[k], sb[k]), k
 
 
 def perturb_(module: nn.Module, seed: int = 2, scale: float = 0.2) -> nn.Module:

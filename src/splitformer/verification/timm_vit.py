@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import SkipCheck, register
+from .references import maxdiff, perturb_
 
 
 def _vision_transformer():
@@ -33,10 +34,7 @@ def _pair(dtype: torch.dtype, **overrides):
     kw = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 3, "num_heads": 4,
           "num_classes": 5, **overrides}
     ref = vt(**kw).to(dtype).eval()
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    perturb_(ref, seed=2)
     ours = from_timm_model(ref)
     x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1), dtype=dtype)
     return ref, ours, x
@@ -45,8 +43,8 @@ def _pair(dtype: torch.dtype, **overrides):
 def _both(dtype: torch.dtype, **overrides) -> float:
     ref, ours, x = _pair(dtype, **overrides)
     with torch.no_grad():
-        return max(float((ref(x) - ours(x)).abs().max()),
-                   float((ref.forward_features(x) - ours.forward_features(x)).abs().max()))
+        return max(maxdiff(ref(x), ours(x)),
+                   maxdiff(ref.forward_features(x), ours.forward_features(x)))
 
 
 @register("timm", "pre-LN ViT (class token, token pooling) = prenorm scheme",

@@ -13,13 +13,9 @@ import torch
 from torch import nn
 
 from . import register
-from .references import perturb_
+from .references import maxdiff, perturb_
 
 D, H, FF, B, S, T = 32, 4, 48, 3, 9, 7
-
-
-def _perturb(module: nn.Module, seed: int = 2) -> nn.Module:
-    return perturb_(module, seed).eval()
 
 
 def _inputs(dtype: torch.dtype):
@@ -34,14 +30,10 @@ def _inputs(dtype: torch.dtype):
     return src, tgt, src_kpm, tgt_kpm, causal
 
 
-def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max())
-
-
 def _transformer(dtype: torch.dtype, **kw) -> nn.Transformer:
     torch.manual_seed(0)
-    return _perturb(nn.Transformer(D, H, 2, 3, FF, dropout=0.0, batch_first=True, dtype=dtype,
-                                   **kw))
+    return perturb_(nn.Transformer(D, H, 2, 3, FF, dropout=0.0, batch_first=True, dtype=dtype,
+                                   **kw)).eval()
 
 
 @register("transformer", "encoder field -> memory -> decoder field (post-LN Lie, 3 fields)",
@@ -54,7 +46,7 @@ def check_pair_post_ln(dtype: torch.dtype) -> float:
     kw = {"tgt_mask": causal, "src_key_padding_mask": skpm, "tgt_key_padding_mask": tkpm,
           "memory_key_padding_mask": skpm}
     with torch.no_grad():
-        return _diff(ref(src, tgt, **kw), from_torch(ref)(src, tgt, **kw))
+        return maxdiff(ref(src, tgt, **kw), from_torch(ref)(src, tgt, **kw))
 
 
 @register("transformer", "the pair with projections inside the fields (pre-LN), GELU",
@@ -66,7 +58,7 @@ def check_pair_pre_ln(dtype: torch.dtype) -> float:
     src, tgt, skpm, tkpm, causal = _inputs(dtype)
     kw = {"tgt_mask": causal, "src_key_padding_mask": skpm, "memory_key_padding_mask": skpm}
     with torch.no_grad():
-        return _diff(ref(src, tgt, **kw), from_torch(ref)(src, tgt, **kw))
+        return maxdiff(ref(src, tgt, **kw), from_torch(ref)(src, tgt, **kw))
 
 
 @register("transformer", "decoder field with a fixed memory M (cross-attention kernel)",
@@ -76,14 +68,14 @@ def check_decoder(dtype: torch.dtype) -> float:
 
     torch.manual_seed(0)
     layer = nn.TransformerDecoderLayer(D, H, FF, dropout=0.0, batch_first=True, dtype=dtype)
-    ref = _perturb(nn.TransformerDecoder(layer, 3, norm=nn.LayerNorm(D, dtype=dtype)))
+    ref = perturb_(nn.TransformerDecoder(layer, 3, norm=nn.LayerNorm(D, dtype=dtype))).eval()
     src, tgt, skpm, tkpm, causal = _inputs(dtype)
     g = torch.Generator().manual_seed(3)
     memory_mask = torch.rand(T, S, generator=g) < 0.3
     memory_mask[:, 0] = False  # every query keeps a key
     kw = {"tgt_mask": causal, "memory_mask": memory_mask, "tgt_key_padding_mask": tkpm}
     with torch.no_grad():
-        return _diff(ref(tgt, src, **kw), from_torch(ref)(tgt, src, **kw))
+        return maxdiff(ref(tgt, src, **kw), from_torch(ref)(tgt, src, **kw))
 
 
 @register("transformer", "one decoder step (tau = 1), sequence-first layout",
@@ -92,9 +84,9 @@ def check_layer(dtype: torch.dtype) -> float:
     from ..interop.torch_nn import from_torch
 
     torch.manual_seed(0)
-    ref = _perturb(nn.TransformerDecoderLayer(D, H, FF, dropout=0.0, dtype=dtype))
+    ref = perturb_(nn.TransformerDecoderLayer(D, H, FF, dropout=0.0, dtype=dtype)).eval()
     src, tgt, skpm, _, causal = _inputs(dtype)
     src, tgt = src.transpose(0, 1), tgt.transpose(0, 1)
     kw = {"tgt_mask": causal, "memory_key_padding_mask": skpm, "tgt_is_causal": True}
     with torch.no_grad():
-        return _diff(ref(tgt, src, **kw), from_torch(ref)(tgt, src, **kw))
+        return maxdiff(ref(tgt, src, **kw), from_torch(ref)(tgt, src, **kw))
