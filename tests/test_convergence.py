@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -105,3 +106,22 @@ def test_issue_bars_with_the_default_cli_run(capsys):
     strang = json.loads(capsys.readouterr().out)
     assert 0.9 <= lie["order"] <= 1.1
     assert 1.8 <= strang["order"] <= 2.2
+
+
+def test_api_options_default_to_the_schemes_own_and_strings_are_schemes(smooth):
+    """convergence(scheme=name) is model.with_scheme(name): Strang is Heun unless told; a scheme
+    string or Scheme is taken as written (integrator/form are options of names only)."""
+    model, u0, u_ref = smooth
+    kw = dict(ks=(2, 3), ref_k=8, u_ref=u_ref)
+    r = convergence(model, u0, scheme="strang", **kw)
+    assert (r.integrator, r.form) == ("heun", "raw")
+    assert r.errors == convergence(model, u0, scheme="strang", integrator="heun", **kw).errors
+    text = convergence(model, u0, scheme="attention norm1:project ffn norm2:project", **kw)
+    assert text.errors == convergence(model, u0, scheme="lie", **kw).errors
+    assert text.integrator is None and text.form is None
+    with pytest.raises(ValueError, match="options of the named schemes"):
+        convergence(model, u0, scheme="attention norm1:project ffn norm2:project",
+                    integrator="heun", **kw)
+    with pytest.raises(ValueError, match="ks must be distinct"):
+        convergence(model, u0, ks=(2, 2), ref_k=8)
+    assert math.isnan(fit_order([0.5, 0.5], [0.1, 0.1]))  # one tau twice: no slope
