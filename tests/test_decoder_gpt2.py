@@ -238,6 +238,24 @@ def test_round_trip_state_dict(kind):
     assert list(s1) == list(s2) and all(torch.equal(s1[k], s2[k]) for k in s1)
 
 
+def test_attention_mask_of_another_shape_is_refused():
+    """A 2-D mask must be (batch, seq). transformers' GPT2Model views any mask of fewer than 4
+    dimensions as (batch, -1), so a transposed mask with batch * seq entries is silently read
+    as other rows (shown below); BertModel fails on it. We refuse it, naming the shape."""
+    ref = make_gpt2(torch.float64)
+    ours = splitformer.from_hf(ref)
+    ids, mask = batch(b=3, n=10)
+    with torch.no_grad():
+        right = ref(input_ids=ids, attention_mask=mask)[0]
+        wrong = ref(input_ids=ids, attention_mask=mask.t().contiguous())[0]
+        assert not torch.equal(right, wrong)
+        assert maxdiff(ours(input_ids=ids, attention_mask=mask)[0], right) <= TOL[torch.float64]
+    for bad in (mask.t().contiguous(), mask.reshape(-1), mask.reshape(1, -1)):
+        with pytest.raises(ValueError,
+                           match=r"attention_mask must have shape \(batch, seq\) = \(3, 10\)"):
+            ours(input_ids=ids, attention_mask=bad)
+
+
 def test_to_hf_needs_the_network_form():
     ours = splitformer.from_hf(make_gpt2(torch.float32))
     with pytest.raises(ValueError, match="tau = 1"):

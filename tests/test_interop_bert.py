@@ -152,6 +152,24 @@ def test_padding_semantics_match_transformers(dtype):
             assert maxdiff(r.last_hidden_state, o.last_hidden_state) <= TOL[dtype]
 
 
+@pytest.mark.parametrize("shape", ["transposed", "flat", "one-row"])
+def test_attention_mask_of_another_shape_is_refused_as_transformers_does(shape):
+    """A 2-D mask must be (batch, seq): one with batch * seq entries in another shape is not
+    reshaped (transformers' BertModel fails on it too); 2-D (batch, seq) and 4-D masks are
+    what both accept (test_padding_semantics_match_transformers)."""
+    ref = make_bert(torch.float64)
+    ours = from_hf_model(ref)
+    x = inputs(ref.config, batch=3, seq=9)
+    mask = x["attention_mask"]
+    bad = {"transposed": mask.t().contiguous(), "flat": mask.reshape(-1),
+           "one-row": mask.reshape(1, -1)}[shape]
+    with torch.no_grad(), pytest.raises((RuntimeError, IndexError)):
+        ref(**{**x, "attention_mask": bad})
+    with pytest.raises(ValueError,
+                       match=r"attention_mask must have shape \(batch, seq\) = \(3, 9\)"):
+        ours(**{**x, "attention_mask": bad})
+
+
 def test_embedding_inputs(dtype):
     """position_ids, token_type_ids omitted, inputs_embeds: as BertModel takes them."""
     ref = make_bert(dtype)

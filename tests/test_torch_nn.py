@@ -241,3 +241,113 @@ def test_per_layer_eps_survives_the_round_trip(dtype):
         assert (ours(x) - enc(x)).abs().max() <= TOL[dtype]
         assert (back(x) - enc(x)).abs().max() <= TOL[dtype]
     assert back.layers[1].norm1.eps == 0.1 and back.layers[1].norm2.eps == 0.5
+
+
+# -- what the map cannot carry is refused, not dropped ------------------------------------------
+
+class _CustomForwardLayer(nn.TransformerEncoderLayer):
+    def forward(self, src, *args, **kwargs):
+        return 2 * super().forward(src, *args, **kwargs)
+
+
+class _CustomBlockLayer(nn.TransformerEncoderLayer):
+    def _ff_block(self, x):
+        return torch.zeros_like(x)
+
+
+class _CustomDecoderLayer(nn.TransformerDecoderLayer):
+    def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal=False):
+        return torch.zeros_like(x)
+
+
+class _CustomNorm(nn.LayerNorm):
+    def forward(self, x):
+        return x
+
+
+class _RenamedLayer(nn.TransformerEncoderLayer):
+    """A subclass that only adds an attribute: torch.nn computes exactly what its base does."""
+
+    tag = "mine"
+
+
+def _layer(cls=nn.TransformerEncoderLayer, **kw):
+    torch.manual_seed(0)
+    return cls(8, 2, 16, dropout=0.0, batch_first=True, dtype=torch.float64, **kw).eval()
+
+
+@pytest.mark.parametrize("make, names", [
+    (lambda: _layer(_CustomForwardLayer), "_CustomForwardLayer.*overrides forward"),
+    (lambda: nn.TransformerEncoder(_layer(_CustomBlockLayer), 2, enable_nested_tensor=False),
+     "_CustomBlockLayer.*overrides _ff_block"),
+    (lambda: nn.TransformerDecoder(_CustomDecoderLayer(8, 2, 16, batch_first=True), 2),
+     "_CustomDecoderLayer.*overrides _mha_block"),
+], ids=["forward", "_ff_block", "decoder-_mha_block"])
+def test_subclasses_that_change_forward_are_refused(make, names):
+    module = make()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    if isinstance(module, nn.TransformerEncoderLayer):  # torch.nn runs the subclass's code
+        with torch.no_grad():
+            assert not torch.equal(module(x), nn.TransformerEncoderLayer.forward(module, x))
+    with pytest.raises(ValueError, match=names):
+        splitformer.from_torch(module)
+
+
+def test_a_submodule_subclass_that_changes_forward_is_refused():
+    layer = _layer()
+    layer.norm1 = _CustomNorm(8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="norm1 of class _CustomNorm: it overrides forward"):
+        splitformer.from_torch(layer)
+
+
+def test_a_subclass_that_keeps_forward_is_converted(dtype):
+    layer = _RenamedLayer(8, 2, 16, dropout=0.0, batch_first=True, dtype=dtype).eval()
+    perturb_(layer)
+    x = torch.randn(2, 5, 8, dtype=dtype)
+    with torch.no_grad():
+        assert (splitformer.from_torch(layer)(x) - layer(x)).abs().max() <= TOL[dtype]
+
+
+@pytest.mark.parametrize("where, register, label", [
+    ("", lambda m: m.register_forward_hook(lambda mod, args, out: 2 * out), "forward hook"),
+    ("", lambda m: m.register_forward_pre_hook(lambda mod, args: (2 * args[0],)),
+     "forward pre-hook"),
+    ("layers.1.linear1", lambda m: m.register_forward_hook(lambda mod, args, out: out + 1),
+     "forward hook"),
+    ("layers.0.norm2", lambda m: m.register_full_backward_hook(lambda mod, gi, go: gi),
+     "backward hook"),
+    ("layers.0", lambda m: m.register_state_dict_post_hook(lambda mod, sd, prefix, meta: None),
+     "state-dict hook"),
+], ids=["forward", "pre-forward", "submodule-forward", "backward", "state-dict"])
+def test_hooks_are_refused(where, register, label):
+    enc = nn.TransformerEncoder(_layer(), 2, enable_nested_tensor=False).eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        before = enc(x)
+    register(enc.get_submodule(where))
+    if "forward" in label:  # the hook changes what torch.nn computes
+        with torch.no_grad():
+            assert not torch.equal(enc(x), before)
+    with pytest.raises(ValueError, match=f"{label}s registered on {where or 'the module'}"):
+        splitformer.from_torch(enc)
+
+
+def test_hooks_on_a_transformer_are_refused():
+    t = nn.Transformer(8, 2, 1, 1, 16, dropout=0.0, batch_first=True)
+    t.decoder.layers[0].multihead_attn.register_forward_hook(lambda mod, args, out: out)
+    with pytest.raises(ValueError, match="forward hooks registered on "
+                                         "decoder.layers.0.multihead_attn"):
+        splitformer.from_torch(t)
+
+
+def test_to_torch_names_the_number_of_ffn_stages():
+    model = splitformer.paper_encoder(8, 2, 16, 2, num_ffn_stages=3)
+    with pytest.raises(ValueError, match=r"to_torch needs J = 2 feed-forward stages .*got J = 3"):
+        splitformer.to_torch(model)
+    from splitformer.models.encoder import Encoder, encoder_controls
+    from splitformer.time import Evolution, TimeGrid, lie
+
+    controls = encoder_controls(8, 2, 16, 2, ffn_widths=[8, 16, 12, 10, 8])
+    model = Encoder(Evolution(controls, lie(), TimeGrid(2, 2)))
+    with pytest.raises(ValueError, match=r"J = 2 feed-forward stages .*got J = 4"):
+        splitformer.to_torch(model)

@@ -132,7 +132,9 @@ def padding_support(attention_mask, batch: int, seq: int, device: torch.device
     """A transformers-style attention_mask (B, N), 1 = keep, 0 = pad, as a kernel support.
 
     Returns (support, prepared): (None, False) when nothing is padded, ((B, 1, 1, N) bool,
-    False) for a padding mask, and (the mask as given, True) for a prepared 4-D mask.
+    False) for a padding mask, and (the mask as given, True) for a prepared 4-D mask. Any
+    other shape is refused, naming the expected one: a mask with B * N entries in another
+    shape (transposed, flattened) is not reshaped (transformers' BertModel fails on it).
     """
     if attention_mask is None:
         return None, False
@@ -141,10 +143,10 @@ def padding_support(attention_mask, batch: int, seq: int, device: torch.device
                         f"{type(attention_mask).__name__}")
     if attention_mask.dim() == 4:
         return attention_mask.to(device), True
-    if attention_mask.numel() != batch * seq or attention_mask.dim() > 2:
+    if tuple(attention_mask.shape) != (batch, seq):
         raise ValueError(f"attention_mask must have shape (batch, seq) = ({batch}, {seq}) or "
                          f"be a prepared 4-D mask, got {tuple(attention_mask.shape)}")
-    keep = attention_mask.reshape(batch, seq).to(device=device, dtype=torch.bool)
+    keep = attention_mask.to(device=device, dtype=torch.bool)
     if bool(keep.all()):  # one sync per forward; lets the kernel take its unmasked path
         return None, False
     return keep[:, None, None, :], False
