@@ -1,4 +1,6 @@
-"""Test set-up. The torchvision workaround for timm lives here, never in the library."""
+"""Test set-up: the torchvision workaround for timm (here, never in the library), offline
+Hugging Face, one torch thread per worker, the dtype fixture. Helpers that tests share live in
+``splitformer.verification.references`` (maxdiff, assert_same_state, TOL, perturb_)."""
 
 from __future__ import annotations
 
@@ -37,23 +39,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # threads only contend)
 torch.set_num_threads(1)
 
-TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
-
-
 @pytest.fixture(params=[torch.float64, torch.float32], ids=["f64", "f32"])
 def dtype(request):
     return request.param
-
-
-def maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| as a float."""
-    return float((a - b).detach().abs().max())
-
-
-def assert_same_state(a: torch.nn.Module, b: torch.nn.Module) -> None:
-    """Same state-dict keys in the same order, same dtypes, bitwise equal values."""
-    sa, sb = a.state_dict(), b.state_dict()
-    assert list(sa) == list(sb)
-    for k in sa:
-        assert sa[k].dtype == sb[k].dtype, k
-        assert torch.equal(sa[k], sb[k]), k

@@ -1,7 +1,7 @@
 """Hugging Face CvT <-> splitformer: exact weight map, both ways (docs/math.md 3.7).
 
 Reference: the installed transformers (CvtModel, CvtForImageClassification) with every weight and
-BatchNorm statistic drawn at random. Tolerances: float64 1e-10, float32 1e-5 (conftest.TOL).
+BatchNorm statistic drawn at random. Tolerances: float64 1e-10, float32 1e-5 (references.TOL).
 Eval mode (BatchNorm = per-feature affine map of its running statistics) and train mode (BatchNorm
 on batch statistics, running statistics updated; dropout 0; stochastic depth compared under an
 equal seed).

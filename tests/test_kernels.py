@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TOL
 from torch import nn
 
 import splitformer
@@ -21,6 +20,7 @@ from splitformer.operators.kernels import (
     alibi_slopes,
     set_kernel,
 )
+from splitformer.verification.references import TOL
 
 
 def _qkv(dtype, b=2, h=3, n=6, d=4, seed=0):

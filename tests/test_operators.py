@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TOL
 from torch import nn
 
 from splitformer.operators import (
@@ -20,6 +19,7 @@ from splitformer.operators import (
     ProjectionS2,
     SphereProjection,
 )
+from splitformer.verification.references import TOL
 
 
 def _random_points_of_s1(n_points: int, n: int, s1: float, s2: float, dtype) -> torch.Tensor:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TOL
 from torch import nn
 
 import splitformer
 from splitformer.time import paper_lie
-from splitformer.verification.references import perturb_, post_ln_reference
+from splitformer.verification.references import TOL, perturb_, post_ln_reference
 
 
 @pytest.mark.parametrize("d,h,ff,L", [(16, 4, 16, 6), (16, 2, 40, 3), (12, 3, 7, 2)])

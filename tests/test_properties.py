@@ -16,13 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from conftest import assert_same_state
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 import splitformer
-from splitformer.verification.references import perturb_
+from splitformer.verification.references import assert_same_state, perturb_
 
 SETTINGS = settings(max_examples=30, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
