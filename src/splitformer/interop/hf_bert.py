@@ -228,7 +228,7 @@ def build(config: HFBertConfig, *, device=None, dtype=None) -> BertEncoderModel:
         num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=config.num_attention_heads,
         intermediate_size=config.intermediate_size,
-        hidden_act=config.hidden_act,
+        activation=BERT_ACTIVATIONS[config.hidden_act],
         hidden_dropout_prob=config.hidden_dropout_prob,
         attention_probs_dropout_prob=config.attention_probs_dropout_prob,
         max_position_embeddings=config.max_position_embeddings,

@@ -44,31 +44,12 @@ from .masks import causal_support, finfo_additive, padding_support
 from .outputs import ModelOutput
 
 __all__ = [
-    "GPT2_ACTIVATIONS",
     "CausalDecoderModel",
     "CausalDecoderOutput",
     "CausalLM",
     "causal_context",
     "causal_decoder",
 ]
-
-# transformers' activation_function -> splitformer Activation name; only the maps that are the
-# same function (to round-off): gelu_new / gelu_pytorch_tanh / gelu_python_tanh are all
-# 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), "gelu" and "gelu_python" the exact erf form.
-GPT2_ACTIVATIONS: dict[str, str] = {
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_python_tanh": "gelu_tanh",
-    "gelu": "gelu",
-    "gelu_python": "gelu",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-    "tanh": "tanh",
-    "leaky_relu": "leaky_relu",
-    "linear": "identity",
-}
-
 
 @dataclass
 class CausalDecoderOutput(ModelOutput):
