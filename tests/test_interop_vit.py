@@ -299,3 +299,20 @@ def test_outputs_index_like_transformers():
         assert maxdiff(out[0], ref[0]) <= 1e-10
         key = "logits" if cls != "ViTModel" else "last_hidden_state"
         assert maxdiff(out[key], ref[key]) <= 1e-10
+
+
+def test_dropout_rates_travel_both_ways_per_layer():
+    """Rates are attribute rows of the weight table: read per layer from the modules, written
+    back by to_hf; HF's one ``layers.n.dropout`` must hold A's and G's output rate alike."""
+    ref = _hf(torch.float32, {"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.2})
+    ref.layers[1].dropout.p = 0.3  # a rate the config does not say
+    ours = from_hf_model(ref)
+    theta = ours.evolution.controls[1]
+    assert theta["attention"].out_dropout.p == 0.3 and theta["ffn"].out_dropout.p == 0.3
+    assert ours.evolution.controls[0]["attention"].attn_dropout == 0.2
+    back = to_hf_model(ours)
+    assert back.layers[1].dropout.p == 0.3 and back.layers[0].dropout.p == 0.1
+    assert back.layers[0].attention.attention_dropout == 0.2
+    theta["ffn"].out_dropout.p = 0.5
+    with pytest.raises(ValueError, match="both map to layers.1.dropout.p"):
+        to_hf_model(ours)

@@ -308,6 +308,24 @@ def test_a_subclass_that_keeps_forward_is_converted(dtype):
         assert (splitformer.from_torch(layer)(x) - layer(x)).abs().max() <= TOL[dtype]
 
 
+def test_parametrized_weights_are_read_by_value(dtype):
+    """A parametrization (torch.nn.utils.parametrize, weight_norm) is not a hook that is
+    dropped: the map copies the weight it computes."""
+    from torch.nn.utils import parametrize
+    from torch.nn.utils.parametrizations import weight_norm
+
+    class Doubled(nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    layer = perturb_(_layer().to(dtype))
+    parametrize.register_parametrization(layer.linear1, "weight", Doubled())
+    weight_norm(layer.linear2)
+    x = torch.randn(2, 5, 8, dtype=dtype)
+    with torch.no_grad():
+        assert (splitformer.from_torch(layer)(x) - layer(x)).abs().max() <= TOL[dtype]
+
+
 @pytest.mark.parametrize("where, register, label", [
     ("", lambda m: m.register_forward_hook(lambda mod, args, out: 2 * out), "forward hook"),
     ("", lambda m: m.register_forward_pre_hook(lambda mod, args: (2 * args[0],)),

@@ -139,9 +139,7 @@ _HOOKS = {
     "_backward_hooks": "backward hook",
     "_state_dict_pre_hooks": "state-dict pre-hook",
     "_state_dict_hooks": "state-dict hook",
-    "_load_state_dict_pre_hooks": "load-state-dict pre-hook",
-    "_load_state_dict_post_hooks": "load-state-dict post-hook",
-}
+}  # load-state-dict hooks only act when loading into the torch.nn module: not refused
 # methods a subclass may override without changing what the module computes
 _HARMLESS = frozenset({"__init__", "__setstate__", "__repr__", "extra_repr", "reset_parameters",
                        "_reset_parameters", "generate_square_subsequent_mask"})
@@ -153,11 +151,15 @@ def _is_torch(cls: type) -> bool:
 
 
 def _overridden(mod: nn.Module) -> tuple[type, list[str]]:
-    """(the torch.nn class ``mod`` derives from, the methods of it its own classes redefine)."""
+    """(the torch.nn class ``mod`` derives from, the methods of it its own classes redefine).
+
+    A direct subclass of nn.Module is no torch.nn layer: where the map would use one, the
+    structural checks refuse it by type.
+    """
     mro = type(mod).__mro__
     own = [c for c in mro if c is not object and not _is_torch(c)]
     base = next(c for c in mro if _is_torch(c))
-    if not own:
+    if not own or base is nn.Module:
         return base, []
     guarded = set(_CALLS)
     for c in mro:
@@ -169,8 +171,15 @@ def _overridden(mod: nn.Module) -> tuple[type, list[str]]:
 def check_plain(module: nn.Module, target: str = "from_torch") -> None:
     """Refuse (ValueError) a module tree that the weight map would silently change: a subclass
     of a torch.nn class that redefines ``forward`` or a method it calls (``_sa_block``,
-    ``_ff_block``, ...), or any registered hook (forward, pre-forward, backward, state-dict)."""
+    ``_ff_block``, ...), or any registered hook that changes what it computes or saves (forward,
+    pre-forward, backward, state-dict).
+
+    Parametrizations (``torch.nn.utils.parametrize``) are accepted: the map reads the weight
+    they compute, by value.
+    """
     for path, mod in module.named_modules():
+        if "parametrizations" in path.split("."):
+            continue
         where = path or "the module"
         base, names = _overridden(mod)
         if names:
