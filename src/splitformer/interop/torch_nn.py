@@ -89,9 +89,6 @@ NORM_ROWS: tuple[Row, ...] = (
     Row("norm.eps", "final_norm.eps", attr=True),
 )
 
-# torch.nn activation <-> splitformer Activation name
-_TORCH_ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
-
 
 @dataclass(frozen=True, kw_only=True)
 class TorchConfig:
@@ -219,6 +216,7 @@ def check_attention(attn: nn.MultiheadAttention, what: str) -> None:
 
 
 def check_norms(layer: nn.Module, names: tuple[str, ...]) -> None:
+    """The layer's norms ``names`` are affine nn.LayerNorms (the projections P_i)."""
     for nm in names:
         norm = getattr(layer, nm)
         if not isinstance(norm, nn.LayerNorm) or not norm.elementwise_affine:
@@ -276,6 +274,7 @@ def shared_fields(fields: list[dict[str, Any]], what: str = "layer") -> dict[str
 
 
 def check_final_norm(norm: nn.Module | None) -> None:
+    """A final norm (the read-out) is absent or an affine nn.LayerNorm."""
     if norm is not None and (not isinstance(norm, nn.LayerNorm) or not norm.elementwise_affine):
         raise ValueError(f"norm={norm!r}: only nn.LayerNorm with elementwise_affine=True")
 

@@ -208,8 +208,9 @@ def copy_table(rows: Iterable[Row], *, theirs: Any, ours: Any, into: str,
     """
     if into not in ("ours", "theirs"):
         raise ValueError(f"into must be 'ours' or 'theirs', got {into!r}")
-    if attributes not in ("copy", "check"):
-        raise ValueError(f"attributes must be 'copy' or 'check', got {attributes!r}")
+    if attributes not in ("copy", "check") or (attributes == "check" and into != "theirs"):
+        raise ValueError(f"attributes must be 'copy' or (with into='theirs') 'check', got "
+                         f"{attributes!r}")
     written: dict[str, tuple[Any, str]] = {}
     for row in rows:
         if row.attr:
