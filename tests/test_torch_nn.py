@@ -260,6 +260,16 @@ class _CustomDecoderLayer(nn.TransformerDecoderLayer):
         return torch.zeros_like(x)
 
 
+class _CustomEncoder(nn.TransformerEncoder):
+    def forward(self, src, *args, **kwargs):
+        return super().forward(src, *args, **kwargs).flip(1)
+
+
+class _CustomTransformer(nn.Transformer):
+    def forward(self, src, tgt, *args, **kwargs):
+        return super().forward(src, tgt, *args, **kwargs) + 1
+
+
 class _CustomNorm(nn.LayerNorm):
     def forward(self, x):
         return x
@@ -282,7 +292,11 @@ def _layer(cls=nn.TransformerEncoderLayer, **kw):
      "_CustomBlockLayer.*overrides _ff_block"),
     (lambda: nn.TransformerDecoder(_CustomDecoderLayer(8, 2, 16, batch_first=True), 2),
      "_CustomDecoderLayer.*overrides _mha_block"),
-], ids=["forward", "_ff_block", "decoder-_mha_block"])
+    (lambda: _CustomEncoder(_layer(), 2, enable_nested_tensor=False),
+     "the module of class _CustomEncoder.*overrides forward"),
+    (lambda: _CustomTransformer(8, 2, 1, 1, 16, batch_first=True),
+     "the module of class _CustomTransformer.*overrides forward"),
+], ids=["forward", "_ff_block", "decoder-_mha_block", "encoder-forward", "transformer-forward"])
 def test_subclasses_that_change_forward_are_refused(make, names):
     module = make()
     x = torch.randn(2, 5, 8, dtype=torch.float64)
