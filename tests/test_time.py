@@ -154,3 +154,38 @@ def test_named_schemes_keep_the_field_order():
     m = _model()
     back = m.with_scheme("strang").with_scheme("lie")
     assert back.evolution.scheme.stages == lie().stages
+
+
+def test_saveat_keeps_what_it_asks_for():
+    """SaveAt is the one way to say what a trajectory keeps: every grid point, chosen times,
+    every substep; u(T) always. A substep record is the state after that stage, and the last
+    substep of step i is u(t_{i+1}) (checked against a torch.nn layer applied by hand)."""
+    from splitformer.time import SaveAt
+
+    torch.manual_seed(3)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True,
+                                       dtype=torch.float64)
+    enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    m = splitformer.from_torch(enc).eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    fine = m.refine(2)
+    with torch.no_grad():
+        every = fine.trajectory(x)
+        some = fine.trajectory(x, saveat=SaveAt(ts=(0.0, 1.5, 2.0)))
+        subs = m.trajectory(x, saveat=SaveAt(steps=True, substeps=True))
+        first = enc.layers[0]
+        a = first.norm1(x + first.self_attn(x, x, x)[0])
+    assert every.times.tolist() == [0.0, 0.5, 1.0, 1.5, 2.0]
+    assert some.times.tolist() == [0.0, 1.5, 2.0] and torch.equal(some.states[1], every.states[3])
+    assert torch.equal(some.final, every.final)
+    with torch.no_grad():
+        assert torch.equal(subs.final, m(x))
+    assert [(s.step, s.stage) for s in subs.substeps] == [(i, j) for i in range(2)
+                                                          for j in range(4)]
+    assert subs.substeps[1].label == "norm1:project"
+    assert (subs.substeps[1].state - a).abs().max() < 1e-12  # u after attention + P1, layer 1
+    assert torch.equal(subs.substeps[3].state, subs.states[1])
+    with pytest.raises(ValueError, match="not a grid point"):
+        fine.trajectory(x, saveat=SaveAt(ts=(0.25,)))
+    with pytest.raises(TypeError, match="saveat must be a SaveAt"):
+        m.evolution(x, None, "steps")

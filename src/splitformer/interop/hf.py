@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .weights import source_field
+from .weights import check_no_hooks, source_field
 
 __all__ = ["HFSource", "attn_implementation", "from_hf", "hf_config", "to_hf"]
 
@@ -73,6 +73,7 @@ def from_hf(model_or_local_dir: Any, **kwargs):
     name = type(model).__name__
     if name not in FAMILIES:
         raise TypeError(f"from_hf supports {sorted(FAMILIES)}, got {name}")
+    check_no_hooks(model, "from_hf")
     return _family(FAMILIES[name]).from_hf_model(model, **kwargs)
 
 

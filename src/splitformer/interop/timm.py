@@ -8,7 +8,10 @@ __all__ = ["from_timm", "to_timm"]
 def from_timm(model, **kwargs):
     """A splitformer model with the same outputs as a timm VisionTransformer."""
     from .timm_vit import from_timm_model
+    from .weights import check_no_hooks
 
+    if hasattr(model, "named_modules"):
+        check_no_hooks(model, "from_timm")
     return from_timm_model(model, **kwargs)
 
 

@@ -38,7 +38,15 @@ from ..models.encoder import Encoder, encoder_controls, paper_controls
 from ..operators import LayerNormProjection
 from ..time import Evolution, TimeGrid
 from ..time.schemes import lie, paper_lie, prenorm
-from .weights import Row, check_softmax, copy_table, network_scheme, prefixed, source_field
+from .weights import (
+    Row,
+    check_no_hooks,
+    check_softmax,
+    copy_table,
+    network_scheme,
+    prefixed,
+    source_field,
+)
 
 __all__ = ["ENCODER_LAYER_MAP", "PAPER_LAYER_MAP", "TorchConfig", "build_encoder",
            "check_plain", "from_torch", "to_torch", "torch_config", "torch_target", "weight_map"]
@@ -129,14 +137,6 @@ def weight_map(config: TorchConfig, layer_rows: tuple[Row, ...] | None = None) -
 
 
 # -- check ------------------------------------------------------------------------------------
-_HOOKS = {
-    "_forward_pre_hooks": "forward pre-hook",
-    "_forward_hooks": "forward hook",
-    "_backward_pre_hooks": "backward pre-hook",
-    "_backward_hooks": "backward hook",
-    "_state_dict_pre_hooks": "state-dict pre-hook",
-    "_state_dict_hooks": "state-dict hook",
-}  # load-state-dict hooks only act when loading into the torch.nn module: not refused
 # methods a subclass may override without changing what the module computes
 _HARMLESS = frozenset({"__init__", "__setstate__", "__repr__", "extra_repr", "reset_parameters",
                        "_reset_parameters", "generate_square_subsequent_mask"})
@@ -183,13 +183,7 @@ def check_plain(module: nn.Module, target: str = "from_torch") -> None:
             raise ValueError(f"{target} cannot convert {where} of class {type(mod).__name__}: it "
                              f"overrides {', '.join(names)} of {base.__module__}.{base.__name__}"
                              " (the map reproduces torch.nn's computation, not a custom one)")
-        for attr, label in _HOOKS.items():
-            hooks = getattr(mod, attr, None)
-            if hooks:
-                raise ValueError(f"{target} cannot carry the {label}s registered on {where} "
-                                 f"({type(mod).__name__}, {len(hooks)}): splitformer never calls "
-                                 "the torch.nn module, so they would be dropped; remove them "
-                                 "first")
+    check_no_hooks(module, target)
 
 
 def activation_name(layer: nn.Module) -> str:
@@ -203,7 +197,7 @@ def activation_name(layer: nn.Module) -> str:
         return "gelu_tanh"
     raise ValueError(
         f"activation={act!r} is not supported for conversion: use 'relu' or 'gelu' "
-        "(F.relu, F.gelu, nn.ReLU(), nn.GELU())"
+        "(F.relu, F.gelu, nn.ReLU(), nn.GELU(), nn.GELU(approximate='tanh'))"
     )
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "TRANSFORMS",
     "Row",
     "check_covered",
+    "check_no_hooks",
     "check_softmax",
     "copy_table",
     "copy_weight",
@@ -275,3 +276,30 @@ def check_softmax(evolution, target: str, names: Sequence[str] = ("attention", "
                 raise ValueError(f"{target} needs the softmax kernel with scale "
                                  f"{'1/sqrt(d_h)' if want is None else want} in step {n} "
                                  f"{name}, got {k!r} with scale {getattr(k, 'scale', None)}")
+
+
+_HOOKS = {
+    "_forward_pre_hooks": "forward pre-hook",
+    "_forward_hooks": "forward hook",
+    "_backward_pre_hooks": "backward pre-hook",
+    "_backward_hooks": "backward hook",
+    "_state_dict_pre_hooks": "state-dict pre-hook",
+    "_state_dict_hooks": "state-dict hook",
+}  # load-state-dict hooks only act when loading into the foreign module: not refused
+
+
+def check_no_hooks(module: Any, target: str) -> None:
+    """Refuse (ValueError) a foreign module tree with registered hooks that change what it
+    computes or saves: splitformer never calls the foreign module, so they would be dropped.
+    ``target`` ("from_torch", "from_hf", "from_timm") names the map in the error."""
+    for path, mod in module.named_modules():
+        if "parametrizations" in path.split("."):
+            continue
+        for attr, label in _HOOKS.items():
+            hooks = getattr(mod, attr, None)
+            if hooks:
+                raise ValueError(f"{target} cannot carry the {label}s registered on "
+                                 f"{path or 'the module'} ({type(mod).__name__}, {len(hooks)}): "
+                                 "splitformer never calls the source module, so they would be "
+                                 "dropped; remove them first")
+
