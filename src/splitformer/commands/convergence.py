@@ -30,7 +30,7 @@ from ..analysis.convergence import (
 )
 from ..time.integrators import INTEGRATORS
 from ..time.schemes import FORMS, resolve, scheme_names
-from . import UsageError
+from . import UsageError, positive_int
 from .progress import Progress
 
 HELP = "measure the order of convergence in tau of a scheme (a table, --json, --plot)"
@@ -108,14 +108,6 @@ def _ks_arg(text: str) -> tuple[int, ...]:
     return ks
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _plot_formats() -> list[str]:
@@ -169,7 +161,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ks", default="1-6", type=_ks_arg,
                    help="k values, tau = 2^-k, increasing, each below --ref-k: 'a-b' or "
                         "'a,b,c' (default: 1-6)")
-    p.add_argument("--ref-k", type=_positive_int, default=10,
+    p.add_argument("--ref-k", type=positive_int, default=10,
                    help="reference at tau = 2^-ref_k (default: 10)")
     p.add_argument("--reference", default="auto", choices=list(REFERENCES),
                    help="auto: the projected ODE when every field projects onto one set, else "

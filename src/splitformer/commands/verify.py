@@ -11,27 +11,20 @@ import warnings
 import torch
 
 from ..verification import TOLERANCES, families, run_checks
+from . import positive_int
 from .progress import Progress
 
 HELP = "measure the paper's correspondence table against torch.nn (and HF / timm families)"
 WIDTH = 100  # every line of the table fits this many columns
 
 
-def _threads(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--family", action="append", choices=families(), default=None,
                    help="only these families (repeatable); default: all")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--threads", type=_threads, default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads, a positive integer (default: torch's)")
 
 

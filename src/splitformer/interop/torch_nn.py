@@ -48,8 +48,9 @@ from .weights import (
     source_field,
 )
 
-__all__ = ["ENCODER_LAYER_MAP", "PAPER_LAYER_MAP", "TorchConfig", "build_encoder",
-           "check_plain", "from_torch", "to_torch", "torch_config", "torch_target", "weight_map"]
+__all__ = ["ENCODER_LAYER_MAP", "PAPER_LAYER_MAP", "TorchConfig", "build_encoder", "build_torch",
+           "build_torch_stack", "check_plain", "from_torch", "to_torch", "torch_config",
+           "torch_target", "weight_map"]
 
 FORMS = ("network", "paper")
 
@@ -358,20 +359,28 @@ def torch_activation(name: str) -> str | nn.Module:
 def build_torch(config: TorchConfig, *, device=None, dtype=None) -> nn.Module:
     """The torch.nn encoder (or layer) of ``config``, random weights, dropout 0 (the rates come
     with the table)."""
-    layer = nn.TransformerEncoderLayer(
+    return build_torch_stack(config, nn.TransformerEncoderLayer, nn.TransformerEncoder, "layer",
+                             device=device, dtype=dtype,
+                             enable_nested_tensor=config.enable_nested_tensor,
+                             mask_check=config.mask_check)
+
+
+def build_torch_stack(config: TorchConfig, layer_cls: type[nn.Module], stack_cls: type[nn.Module],
+                      single: str, *, device=None, dtype=None, **stack_options) -> nn.Module:
+    """A torch.nn layer of ``layer_cls`` (when ``config.kind == single``) or a ``stack_cls`` of
+    ``config.num_layers`` of them with the optional final norm; random weights, dropout 0."""
+    layer = layer_cls(
         config.d_model, config.nhead, config.dim_feedforward, dropout=0.0,
         activation=torch_activation(config.activation), layer_norm_eps=config.layer_norm_eps,
         batch_first=config.batch_first, norm_first=config.norm_first, bias=config.bias,
         device=device, dtype=dtype)
-    if config.kind == "layer":
+    if config.kind == single:
         return layer
     norm = None
     if config.final_norm:
         norm = nn.LayerNorm(config.d_model, bias=config.final_norm_bias, device=device,
                             dtype=dtype)
-    return nn.TransformerEncoder(layer, config.num_layers, norm=norm,
-                                 enable_nested_tensor=config.enable_nested_tensor,
-                                 mask_check=config.mask_check)
+    return stack_cls(layer, config.num_layers, norm=norm, **stack_options)
 
 
 # -- the two maps -------------------------------------------------------------------------------

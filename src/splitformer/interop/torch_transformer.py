@@ -49,6 +49,7 @@ from .torch_nn import (
     TorchConfig,
     build_encoder,
     build_torch,
+    build_torch_stack,
     check_attention,
     check_final_norm,
     check_norms,
@@ -225,18 +226,8 @@ def decoder_target(model: CrossDecoder) -> TorchConfig:
 def build_torch_decoder(config: TorchConfig, *, device=None, dtype=None) -> nn.Module:
     """The nn.TransformerDecoder (or Layer) of ``config``, random weights, dropout 0 (the rates
     come with the table)."""
-    layer = nn.TransformerDecoderLayer(
-        config.d_model, config.nhead, config.dim_feedforward, dropout=0.0,
-        activation=torch_activation(config.activation), layer_norm_eps=config.layer_norm_eps,
-        batch_first=config.batch_first, norm_first=config.norm_first, bias=config.bias,
-        device=device, dtype=dtype)
-    if config.kind == "decoder_layer":
-        return layer
-    norm = None
-    if config.final_norm:
-        norm = nn.LayerNorm(config.d_model, bias=config.final_norm_bias, device=device,
-                            dtype=dtype)
-    return nn.TransformerDecoder(layer, config.num_layers, norm=norm)
+    return build_torch_stack(config, nn.TransformerDecoderLayer, nn.TransformerDecoder,
+                             "decoder_layer", device=device, dtype=dtype)
 
 
 def weight_map(model: CrossDecoder | EncoderDecoderModel) -> list[Row]:

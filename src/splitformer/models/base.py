@@ -24,7 +24,7 @@ from torch import nn
 from ..operators.base import Context
 from ..time import Evolution, SaveAt, Scheme, Trajectory
 
-__all__ = ["EvolutionModel", "keep_source", "shared_copy"]
+__all__ = ["EvolutionModel", "TorchLayoutReadOut", "keep_source", "shared_copy"]
 
 
 def keep_source(source: Any) -> Any:
@@ -124,3 +124,20 @@ class EvolutionModel(nn.Module):
         for owner in self.evolution_owners():
             owner.evolution.validate = on
         return self
+
+
+class TorchLayoutReadOut:
+    """The read-out of the torch.nn families (encoder, decoder): the final norm (identity when
+    ``final_norm`` is None), then the output in the layout the input came in (``batch_first``;
+    ``context.extra["unbatched"]``, set by ``initial_condition``)."""
+
+    final_norm: nn.Module | None
+    batch_first: bool
+
+    def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
+        if self.final_norm is not None:
+            u = self.final_norm(u)
+        if context.extra.get("unbatched"):
+            return u.squeeze(0)
+        return u if self.batch_first else u.transpose(0, 1)
+

@@ -29,7 +29,7 @@ from ..operators.base import Context
 from ..operators.kernels import SoftmaxKernel
 from ..time import Controls, Evolution, TimeGrid
 from ..time.schemes import lie, paper_lie, prenorm
-from .base import EvolutionModel, keep_source
+from .base import EvolutionModel, TorchLayoutReadOut, keep_source
 from .blocks import block_controls
 from .masks import build_context, check_src
 
@@ -98,7 +98,7 @@ def paper_controls(
                           norm=lambda n: SphereProjection(d_model, **kw), ffn=None, extra=extra)
 
 
-class Encoder(EvolutionModel):
+class Encoder(TorchLayoutReadOut, EvolutionModel):
     """An encoder as an evolution: forward(src, mask, src_key_padding_mask, is_causal).
 
     ``source`` records the torch.nn layout this model came from (``"encoder"`` or ``"layer"``,
@@ -156,14 +156,6 @@ class Encoder(EvolutionModel):
         )
         ctx.extra["unbatched"] = unbatched
         return u0, ctx
-
-    def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
-        """The final norm (identity when None), in the layout src came in."""
-        if self.final_norm is not None:
-            u = self.final_norm(u)
-        if context.extra.get("unbatched"):
-            return u.squeeze(0)
-        return u if self.batch_first else u.transpose(0, 1)
 
     def forward(
         self,

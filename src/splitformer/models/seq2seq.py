@@ -43,7 +43,7 @@ from torch import nn
 from ..operators import Context, CrossAttention, FeedForward, LayerNormProjection, NonlocalAttention
 from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
 from ..time.schemes import SCHEMES, Field, lie, pre_norm_layout, prenorm
-from .base import EvolutionModel, keep_source, shared_copy
+from .base import EvolutionModel, TorchLayoutReadOut, keep_source, shared_copy
 from .blocks import block_controls
 from .encoder import Encoder, network_encoder
 from .masks import attention_support, causal_support, check_src, merge_supports
@@ -109,7 +109,7 @@ def _is_decoder_scheme(scheme: Scheme) -> bool:
     return "cross_attention" in scheme.operators()
 
 
-class CrossDecoder(EvolutionModel):
+class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
     """The decoder field coupled to a memory M: forward(tgt, memory, tgt_mask, memory_mask,
     tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal, memory_is_causal), the
     arguments of nn.TransformerDecoder (and nn.TransformerDecoderLayer), same tensor back.
@@ -213,14 +213,6 @@ class CrossDecoder(EvolutionModel):
         ctx = Context(attn_mask=self_support, is_causal=causal,
                       extra={"memory": m, "memory_mask": cross, "unbatched": unbatched})
         return u0, ctx
-
-    def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
-        """The final norm (identity when None), in the layout tgt came in."""
-        if self.final_norm is not None:
-            u = self.final_norm(u)
-        if context.extra.get("unbatched"):
-            return u.squeeze(0)
-        return u if self.batch_first else u.transpose(0, 1)
 
     def forward(
         self,
