@@ -45,3 +45,37 @@ def test_from_timm_refuses_hooks():
         splitformer.from_timm(m)
     x = torch.randn(1, 3, 8, 8)
     assert m(x).shape == (1, 3)  # the timm model itself is untouched
+
+
+def test_global_hooks_are_refused():
+    from torch import nn
+    from torch.nn.modules.module import register_module_forward_hook
+
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    handle = register_module_forward_hook(lambda mod, i, o: o)
+    try:
+        with pytest.raises(ValueError, match="from_torch cannot carry global forward hooks"):
+            splitformer.from_torch(layer)
+    finally:
+        handle.remove()
+    splitformer.from_torch(layer)
+
+
+@pytest.mark.parametrize("source", ["hf_vit", "timm"])
+def test_weights_the_map_does_not_know_are_refused(source):
+    """A parameter added to the source model would be dropped: refused, naming it."""
+    if source == "hf_vit":
+        config = transformers.ViTConfig(image_size=8, patch_size=4, hidden_size=16,
+                                        num_hidden_layers=2, num_attention_heads=2,
+                                        intermediate_size=24)
+        m = transformers.ViTModel(config).eval()
+        convert, block = splitformer.from_hf, m.layers[0]
+    else:
+        timm = pytest.importorskip("timm")
+        m = timm.models.vision_transformer.VisionTransformer(
+            img_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2, num_classes=3).eval()
+        convert, block = splitformer.from_timm, m.blocks[0]
+    convert(m)
+    block.extra = torch.nn.Parameter(torch.ones(3))
+    with pytest.raises(ValueError, match=r"does not know: \[.*extra"):
+        convert(m)

@@ -42,7 +42,7 @@ from torch import nn
 from ..models.vit import ViT, build_vit, vit_scheme
 from .activations import VIT_ACTIVATIONS
 from .hf import HFSource, hf_config, hf_source, no_options
-from .weights import Row, check_softmax, copy_table, network_scheme, prefixed
+from .weights import Row, check_covered, check_softmax, copy_table, network_scheme, prefixed
 
 __all__ = ["HFViTConfig", "build", "from_hf_model", "to_hf_model", "vit_config", "weight_map"]
 
@@ -229,7 +229,9 @@ def from_hf_model(model, **kwargs) -> ViT:
     config = vit_config(model)
     p = next(model.parameters())
     out = build(config, device=p.device, dtype=p.dtype)
-    copy_table(weight_map(config), theirs=model, ours=out, into="ours")
+    rows = weight_map(config)
+    check_covered(model.state_dict(), rows, "ViT")
+    copy_table(rows, theirs=model, ours=out, into="ours")
     out.train(model.training)
     return out
 

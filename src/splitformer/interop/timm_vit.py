@@ -58,7 +58,7 @@ from typing import Any
 from torch import nn
 
 from ..models.vit import ViT, build_vit, vit_scheme
-from .weights import Row, check_softmax, copy_table, network_scheme, prefixed
+from .weights import Row, check_covered, check_softmax, copy_table, network_scheme, prefixed
 
 __all__ = ["TimmViTConfig", "build", "from_timm_model", "timm_config", "to_timm_model",
            "weight_map"]
@@ -389,7 +389,9 @@ def from_timm_model(model: nn.Module, **kwargs) -> ViT:
     config = timm_config(model)
     p = model.patch_embed.proj.weight
     out = build(config, device=p.device, dtype=p.dtype)
-    copy_table(weight_map(out), theirs=model, ours=out, into="ours")
+    rows = weight_map(out)
+    check_covered(model.state_dict(), rows, "timm VisionTransformer")
+    copy_table(rows, theirs=model, ours=out, into="ours")
     out.train(model.training)
     return out
 

@@ -292,6 +292,13 @@ def check_no_hooks(module: Any, target: str) -> None:
     """Refuse (ValueError) a foreign module tree with registered hooks that change what it
     computes or saves: splitformer never calls the foreign module, so they would be dropped.
     ``target`` ("from_torch", "from_hf", "from_timm") names the map in the error."""
+    from torch.nn.modules import module as torch_module
+
+    for attr, label in _HOOKS.items():  # global hooks (register_module_forward_hook, ...)
+        if getattr(torch_module, f"_global{attr}", None):
+            raise ValueError(f"{target} cannot carry global {label}s (registered for every "
+                             "module with torch.nn.modules.module.register_module_*): "
+                             "splitformer never calls the source module; remove them first")
     for path, mod in module.named_modules():
         if "parametrizations" in path.split("."):
             continue
