@@ -24,7 +24,8 @@ from torch import nn
 from ..operators.base import Context
 from ..time import Evolution, SaveAt, Scheme, Trajectory
 
-__all__ = ["EvolutionModel", "TorchLayoutReadOut", "keep_source", "shared_copy"]
+__all__ = ["EvolutionModel", "TorchLayoutReadOut", "keep_source", "keep_steps", "path_states",
+           "shared_copy"]
 
 
 def keep_source(source: Any) -> Any:
@@ -63,20 +64,22 @@ class EvolutionModel(nn.Module):
 
     # -- the spine ----------------------------------------------------------------------------
     def solve(self, *inputs: Any, **kwargs: Any) -> Any:
-        """read_out(evolution(initial_condition(inputs)))."""
+        """read_out(evolution(initial_condition(inputs))).
+
+        When the initial condition asks for states along the path (``context.extra["saveat"]``,
+        a ``SaveAt``: e.g. ``output_hidden_states``), the evolution keeps them and the read-out
+        finds the ``Trajectory`` in ``context.extra["trajectory"]``.
+        """
         u0, ctx = self.initial_condition(*inputs, **kwargs)
-        return self.read_out(self.evolution(u0, ctx), ctx)
+        saveat = ctx.extra.get("saveat")
+        if saveat is None:
+            return self.read_out(self.evolution(u0, ctx), ctx)
+        traj = self.evolution(u0, ctx, saveat)
+        ctx.extra["trajectory"] = traj
+        return self.read_out(traj.final, ctx)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         return self.solve(*inputs, **kwargs)
-
-    def evolve(self, u0: torch.Tensor, context: Context, *, steps: bool = False
-               ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """u(T), and u(t_0), ..., u(t_N) when ``steps`` (hidden states); else None."""
-        if not steps:
-            return self.evolution(u0, context), None
-        traj = self.evolution(u0, context, SaveAt(steps=True))
-        return traj.final, traj.state_list
 
     def trajectory(self, *inputs: Any, saveat: SaveAt | None = None, **kwargs: Any
                    ) -> Trajectory:
@@ -84,6 +87,7 @@ class EvolutionModel(nn.Module):
         (default ``SaveAt(steps=True)``: u(t_i) at every grid point); the inputs are those of
         ``forward``."""
         u0, ctx = self.initial_condition(*inputs, **kwargs)
+        ctx.extra.pop("saveat", None)
         return self.evolution(u0, ctx, saveat if saveat is not None else SaveAt(steps=True))
 
     # -- copies sharing parameters -------------------------------------------------------------
@@ -121,6 +125,8 @@ class EvolutionModel(nn.Module):
     def validating(self, on: bool = True):
         """Opt-in validation mode (in place): raise at the first substep that produces a NaN
         or an inf."""
+        if not isinstance(on, bool):
+            raise TypeError(f"validating(on) takes a bool, got {on!r}")
         for owner in self.evolution_owners():
             owner.evolution.validate = on
         return self
@@ -140,4 +146,17 @@ class TorchLayoutReadOut:
         if context.extra.get("unbatched"):
             return u.squeeze(0)
         return u if self.batch_first else u.transpose(0, 1)
+
+
+def path_states(context: Context) -> tuple[torch.Tensor, ...] | None:
+    """The states the evolution kept for the read-out (``solve`` with a ``saveat``), or None."""
+    traj = context.extra.get("trajectory")
+    return traj.state_list if traj is not None else None
+
+
+def keep_steps(context: Context, on: bool) -> Context:
+    """Ask ``solve`` to keep u(t_i) at every grid point (hidden states) when ``on``."""
+    if on:
+        context.extra["saveat"] = SaveAt(steps=True)
+    return context
 

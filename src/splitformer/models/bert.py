@@ -42,7 +42,7 @@ from torch import nn
 from ..operators.base import Context
 from ..time import Evolution, TimeGrid
 from ..time.schemes import lie
-from .base import EvolutionModel, keep_source
+from .base import EvolutionModel, keep_source, keep_steps, path_states
 from .embeddings import TokenEmbedding
 from .encoder import encoder_controls
 from .masks import finfo_additive, padding_support
@@ -163,26 +163,24 @@ class BertEncoderModel(EvolutionModel):
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        *,
+        output_hidden_states: bool = False,
     ) -> tuple[torch.Tensor, Context]:
-        """u(0) = f and the context (kernel support) of the evolution."""
+        """u(0) = f and the context: the kernel's support, and for the read-out the labels and
+        whether to keep the hidden states."""
         u0 = self.embedding(input_ids, token_type_ids, position_ids, inputs_embeds)
         b, n, _ = u0.shape
         mask = self.attention_support(attention_mask, b, n, u0.dtype, u0.device)
-        return u0, Context(attn_mask=mask)
+        return u0, keep_steps(Context(attn_mask=mask, extra={"labels": labels}),
+                              output_hidden_states)
 
     def read_out(self, u: torch.Tensor, context: Context) -> BertEncoderOutput:
-        """last_hidden_state = u(T), pooler_output = R(u(T)) (None without a pooler)."""
+        """last_hidden_state = u(T), pooler_output = R(u(T)) (None without a pooler), and the
+        hidden states u(t_0), ..., u(t_N) when kept."""
         pooled = self.pooler(u) if self.pooler is not None else None
-        return BertEncoderOutput(last_hidden_state=u, pooler_output=pooled)
-
-    def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                output_hidden_states: bool) -> BertEncoderOutput:
-        u0, ctx = self.initial_condition(input_ids, attention_mask, token_type_ids, position_ids,
-                                         inputs_embeds)
-        u, states = self.evolve(u0, ctx, steps=output_hidden_states)
-        out = BertEncoderModel.read_out(self, u, ctx)
-        out.hidden_states = states
-        return out
+        return BertEncoderOutput(last_hidden_state=u, pooler_output=pooled,
+                                 hidden_states=path_states(context))
 
     def forward(
         self,
@@ -194,8 +192,8 @@ class BertEncoderModel(EvolutionModel):
         *,
         output_hidden_states: bool = False,
     ) -> BertEncoderOutput:
-        return self._encode(input_ids, attention_mask, token_type_ids, position_ids,
-                            inputs_embeds, output_hidden_states)
+        return self.solve(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                          output_hidden_states=output_hidden_states)
 
 
 class BertSequenceClassifier(BertEncoderModel):
@@ -258,9 +256,14 @@ class BertSequenceClassifier(BertEncoderModel):
         *,
         output_hidden_states: bool = False,
     ) -> BertClassifierOutput:
-        enc = self._encode(input_ids, attention_mask, token_type_ids, position_ids,
-                           inputs_embeds, output_hidden_states)
+        return self.solve(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                          labels, output_hidden_states=output_hidden_states)
+
+    def read_out(self, u: torch.Tensor, context: Context) -> BertClassifierOutput:
+        """logits = W_C R(u(T)) + b_C, and the loss when labels were given."""
+        enc = super().read_out(u, context)
         logits = self.classifier(enc.pooler_output)
+        labels = context.extra.get("labels")
         loss = self.loss(logits, labels) if labels is not None else None
         return BertClassifierOutput(
             loss=loss, logits=logits, hidden_states=enc.hidden_states,

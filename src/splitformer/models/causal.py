@@ -37,7 +37,7 @@ from torch import nn
 from ..operators import Context, LayerNormProjection
 from ..time import Evolution, TimeGrid
 from ..time.schemes import prenorm
-from .base import EvolutionModel, keep_source
+from .base import EvolutionModel, keep_source, keep_steps, path_states
 from .embeddings import TokenEmbedding
 from .encoder import encoder_controls
 from .masks import causal_support, finfo_additive, padding_support
@@ -169,27 +169,28 @@ class CausalDecoderModel(EvolutionModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        labels: torch.Tensor | None = None,
+        *,
+        output_hidden_states: bool = False,
+        logits_to_keep: int | torch.Tensor = 0,
     ) -> tuple[torch.Tensor, Context]:
-        """u(0) = f and the causal context (the support of the Volterra kernel)."""
+        """u(0) = f and the causal context (the support of the Volterra kernel); for the
+        read-out, the labels, the logits to keep and whether to keep the hidden states."""
         u0 = self.embedding(input_ids, token_type_ids, position_ids, inputs_embeds)
         b, n, _ = u0.shape
         cache = self.use_cache if use_cache is None else bool(use_cache)
         ctx = causal_context(attention_mask, position_ids, batch=b, seq=n, dtype=u0.dtype,
                              device=u0.device, additive=self.additive_mask, packed=not cache)
-        return u0, ctx
+        ctx.extra.update(labels=labels, logits_to_keep=logits_to_keep)
+        return u0, keep_steps(ctx, output_hidden_states)
 
-    def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
-        """P_f(u(T)): the final norm (identity when None)."""
-        return self.final_norm(u) if self.final_norm is not None else u
-
-    def _run(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-             use_cache, output_hidden_states: bool):
-        u0, ctx = self.initial_condition(input_ids, attention_mask, token_type_ids, position_ids,
-                                         inputs_embeds, use_cache)
-        u, states = self.evolve(u0, ctx, steps=output_hidden_states)
-        out = CausalDecoderModel.read_out(self, u, ctx)
+    def read_out(self, u: torch.Tensor, context: Context) -> CausalDecoderOutput:
+        """last_hidden_state = P_f(u(T)) (the final norm; identity when None) and, when kept,
+        transformers' hidden states (u(t_0), ..., u(t_{N-1}), P_f(u(T)))."""
+        out = self.final_norm(u) if self.final_norm is not None else u
+        states = path_states(context)
         hidden = (*states[:-1], out) if states is not None else None
-        return out, hidden
+        return CausalDecoderOutput(last_hidden_state=out, hidden_states=hidden)
 
     def forward(
         self,
@@ -202,9 +203,8 @@ class CausalDecoderModel(EvolutionModel):
         *,
         output_hidden_states: bool = False,
     ) -> CausalDecoderOutput:
-        out, hidden = self._run(input_ids, attention_mask, token_type_ids, position_ids,
-                                inputs_embeds, use_cache, output_hidden_states)
-        return CausalDecoderOutput(last_hidden_state=out, hidden_states=hidden)
+        return self.solve(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                          use_cache, output_hidden_states=output_hidden_states)
 
 
 class CausalLM(CausalDecoderModel):
@@ -263,13 +263,20 @@ class CausalLM(CausalDecoderModel):
         logits_to_keep: int | torch.Tensor = 0,
         output_hidden_states: bool = False,
     ) -> CausalDecoderOutput:
-        out, hidden = self._run(input_ids, attention_mask, token_type_ids, position_ids,
-                                inputs_embeds, use_cache, output_hidden_states)
-        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(out[:, keep, :])
-        loss = self.lm_loss(logits, labels) if labels is not None else None
-        return CausalDecoderOutput(last_hidden_state=out, logits=logits, loss=loss,
-                                   hidden_states=hidden)
+        return self.solve(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                          use_cache, labels, output_hidden_states=output_hidden_states,
+                          logits_to_keep=logits_to_keep)
+
+    def read_out(self, u: torch.Tensor, context: Context) -> CausalDecoderOutput:
+        """logits(x, v) = <P_f u(x, ., T), W(v, .)> on the kept positions, and the next-token
+        loss when labels were given."""
+        out = super().read_out(u, context)
+        keep = context.extra.get("logits_to_keep", 0)
+        keep = slice(-keep, None) if isinstance(keep, int) else keep
+        out.logits = self.lm_head(out.last_hidden_state[:, keep, :])
+        labels = context.extra.get("labels")
+        out.loss = self.lm_loss(out.logits, labels) if labels is not None else None
+        return out
 
 
 def causal_decoder(

@@ -389,26 +389,44 @@ class ConvolutionalVisionTransformer(EvolutionModel):
         pooled = self.final_norm(tokens).mean(dim=1)
         return pooled if self.classifier is None else self.classifier(pooled)
 
-    def forward(self, pixel_values: torch.Tensor, output_hidden_states: bool = False) -> CvtOutput:
+    def initial_condition(self, pixel_values: torch.Tensor, output_hidden_states: bool = False
+                          ) -> tuple[torch.Tensor, Context]:
+        """u(0) of the last stage: the stages before it run as the restriction chain (each
+        stage's output grid is the next one's input), then the last stage's initial condition.
+        The earlier stages' output grids ride in the context for the hidden states."""
         self._check_pixels(pixel_values)
-        grid, cls = pixel_values, None
-        hidden = []
-        for stage in self.stages:
-            grid, cls = stage(grid)
+        grid, hidden = pixel_values, []
+        for stage in self.stages[:-1]:
+            grid, _ = stage(grid)
             hidden.append(grid)
-        logits = self.classify(grid, cls) if self.with_head else None
-        return CvtOutput(logits=logits, last_hidden_state=grid, cls_token_value=cls,
-                         hidden_states=tuple(hidden) if output_hidden_states else None)
+        u0, ctx = self.stages[-1].initial_condition(grid)
+        ctx.extra.update(hidden=hidden if output_hidden_states else None)
+        return u0, ctx
 
-    def trajectory(self, pixel_values: torch.Tensor, stage: int = -1) -> Trajectory:
+    def read_out(self, u: torch.Tensor, context: Context) -> CvtOutput:
+        """The last stage's grid and class token, the logits with a head, and every stage's
+        output grid when asked for."""
+        grid, cls = self.stages[-1].read_out(u, context)
+        logits = self.classify(grid, cls) if self.with_head else None
+        hidden = context.extra.get("hidden")
+        return CvtOutput(logits=logits, last_hidden_state=grid, cls_token_value=cls,
+                         hidden_states=(*hidden, grid) if hidden is not None else None)
+
+    def forward(self, pixel_values: torch.Tensor, output_hidden_states: bool = False) -> CvtOutput:
+        return self.solve(pixel_values, output_hidden_states)
+
+    def trajectory(self, pixel_values: torch.Tensor, stage: int = -1, *,
+                   saveat: SaveAt | None = None) -> Trajectory:
         """The Trajectory of one stage's evolution (default: the last, i.e. ``.evolution``);
-        the stages before it are run as in forward."""
+        the stages before it are run as in forward. ``saveat`` as in every model."""
+        if stage in (-1, len(self.stages) - 1):
+            return super().trajectory(pixel_values, saveat=saveat)
         self._check_pixels(pixel_values)
         idx = range(len(self.stages))[stage]
         grid = pixel_values
         for s in self.stages[:idx]:
             grid, _ = s(grid)
-        return self.stages[idx].trajectory(grid)
+        return self.stages[idx].trajectory(grid, saveat=saveat)
 
     def trajectories(self, pixel_values: torch.Tensor) -> list[Trajectory]:
         """One Trajectory per stage (local times; add ``stage_offsets[s]`` for global depth)."""

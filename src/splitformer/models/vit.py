@@ -362,8 +362,6 @@ class ViT(EvolutionModel):
     dtype are converted, as transformers does.
     """
 
-    hf_mask = True  # a 2-D attention_mask is a padding mask over the tokens
-
     def __init__(
         self,
         embedding: ImageEmbedding,
@@ -403,12 +401,10 @@ class ViT(EvolutionModel):
 
     # -- initial condition and kernel support ----------------------------------------------
     def _pixels(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Pixel values in the parameters' dtype (converted, as transformers' ViTModel does)."""
         dt = self.embedding.patch.weight.dtype
         if isinstance(pixel_values, torch.Tensor) and pixel_values.dtype != dt:
-            if self.hf_mask:
-                return pixel_values.to(dt)  # as transformers' ViTModel does
-            raise TypeError(f"pixel_values has dtype {pixel_values.dtype} but the model's "
-                            f"parameters are {dt}; convert one of them")
+            return pixel_values.to(dt)
         return pixel_values
 
     def context(self, attention_mask: torch.Tensor | None, is_causal: bool, u0: torch.Tensor
@@ -423,11 +419,16 @@ class ViT(EvolutionModel):
             raise ValueError("pass an attention mask or is_causal=True, not both")
         b, n, _ = u0.shape
         m = attention_mask.to(u0.device)
-        if self.hf_mask and m.dim() == 2:
+        if m.dim() == 2:  # a padding mask over the tokens (1 / True = attend)
             if tuple(m.shape) != (b, n):
                 raise ValueError(f"attention_mask must have shape (batch, tokens) = ({b}, {n}) "
                                  f"(tokens include the class token), got {tuple(m.shape)}")
             return Context(attn_mask=m.bool().view(b, 1, 1, n))
+        return self._prepared_mask(m, u0)
+
+    @staticmethod
+    def _prepared_mask(m: torch.Tensor, u0: torch.Tensor) -> Context:
+        """A mask in scaled_dot_product_attention's convention, used as given."""
         if m.dtype != torch.bool and m.dtype != u0.dtype:
             raise TypeError(f"attention_mask must be bool or {u0.dtype}, got {m.dtype}")
         return Context(attn_mask=m)
@@ -532,7 +533,20 @@ class TimmViT(ViT):
     pixel values must have the parameters' dtype (timm does not convert).
     """
 
-    hf_mask = False
+    def _pixels(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Pixel values must have the parameters' dtype (timm does not convert)."""
+        dt = self.embedding.patch.weight.dtype
+        if isinstance(pixel_values, torch.Tensor) and pixel_values.dtype != dt:
+            raise TypeError(f"pixel_values has dtype {pixel_values.dtype} but the model's "
+                            f"parameters are {dt}; convert one of them")
+        return pixel_values
+
+    def context(self, attention_mask: torch.Tensor | None, is_causal: bool, u0: torch.Tensor
+                ) -> Context:
+        """timm hands any mask to scaled_dot_product_attention as is."""
+        if attention_mask is None or is_causal or not isinstance(attention_mask, torch.Tensor):
+            return super().context(attention_mask, is_causal, u0)
+        return self._prepared_mask(attention_mask.to(u0.device), u0)
 
     def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
         return self.forward_head(self.features(u))
