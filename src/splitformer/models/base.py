@@ -95,24 +95,25 @@ class EvolutionModel(nn.Module):
         """The modules whose ``evolution`` attribute the copies below replace."""
         return [self]
 
-    def _map_evolutions(self, fn: Callable[[Evolution], Evolution]):
+    def _map_evolutions(self, fn: Callable[[Evolution, int], Evolution]):
+        """A shared copy whose i-th evolution (``evolution_owners()[i]``) is fn(evolution, i)."""
         new = shared_copy(self)
-        for owner in new.evolution_owners():
-            owner.evolution = fn(owner.evolution)
+        for i, owner in enumerate(new.evolution_owners()):
+            owner.evolution = fn(owner.evolution, i)
         return new
 
     def with_scheme(self, scheme: str | Scheme, **options):
         """The same model (shared parameters) under another splitting scheme; a name is built
         on the network's layout (see ``Evolution.with_scheme``), options: integrator, form."""
-        return self._map_evolutions(lambda e: e.with_scheme(scheme, **options))
+        return self._map_evolutions(lambda e, i: e.with_scheme(scheme, **options))
 
     def refine(self, k: int):
         """The same model (shared parameters) with tau -> tau / k and N_t -> k N_t."""
-        return self._map_evolutions(lambda e: e.refine(k))
+        return self._map_evolutions(lambda e, i: e.refine(k))
 
     def with_controls_in_time(self, interpolation: str):
         """"constant" (the network) or "linear" (smooth in t) controls, shared parameters."""
-        return self._map_evolutions(lambda e: e.with_controls_in_time(interpolation))
+        return self._map_evolutions(lambda e, i: e.with_controls_in_time(interpolation))
 
     def with_kernel(self, kernel, **kwargs):
         """The same model (shared parameters) with ``kernel`` in every attention operator

@@ -58,6 +58,9 @@ __all__ = [
     "bert_model",
 ]
 
+PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
+
+
 @dataclass
 class BertEncoderOutput(ModelOutput):
     """u(T), the pooled read-out and, when asked, u(t_i) at every grid point."""
@@ -218,6 +221,8 @@ class BertSequenceClassifier(BertEncoderModel):
         super().__init__(embedding, evolution, pooler=pooler, additive_mask=additive_mask,
                          source=source)
         self.classifier = classifier
+        if problem_type not in PROBLEM_TYPES:
+            raise ValueError(f"problem_type must be one of {PROBLEM_TYPES}, got {problem_type!r}")
         self.problem_type = problem_type
 
     @property
@@ -242,8 +247,7 @@ class BertSequenceClassifier(BertEncoderModel):
             return F.cross_entropy(logits.view(-1, n), labels.view(-1))
         if kind == "multi_label_classification":
             return F.binary_cross_entropy_with_logits(logits, labels)
-        raise ValueError(f"problem_type={kind!r} is not one of 'regression', "
-                         "'single_label_classification', 'multi_label_classification'")
+        raise AssertionError(kind)  # PROBLEM_TYPES is checked when the model is built
 
     def forward(
         self,
@@ -300,6 +304,17 @@ def bert_model(
     ``num_labels`` given: a ``BertSequenceClassifier`` (pooler required); otherwise a
     ``BertEncoderModel``. ``classifier_dropout`` None means ``hidden_dropout_prob``, as in BERT.
     """
+    for name, value in (("vocab_size", vocab_size), ("max_position_embeddings",
+                        max_position_embeddings), ("type_vocab_size", type_vocab_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if pad_token_id is not None and not 0 <= pad_token_id < vocab_size:
+        raise ValueError(f"pad_token_id must be None or in [0, vocab_size={vocab_size}), got "
+                         f"{pad_token_id!r}")
+    if num_labels is not None and (isinstance(num_labels, bool) or not isinstance(
+            num_labels, int) or num_labels < 1):
+        raise ValueError(f"num_labels must be None (no classifier) or an int >= 1, got "
+                         f"{num_labels!r}")
     kw = {"device": device, "dtype": dtype}
     embedding = TokenEmbedding(
         vocab_size, max_position_embeddings, hidden_size, type_vocab_size=type_vocab_size,

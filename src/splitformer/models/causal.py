@@ -306,6 +306,9 @@ def causal_decoder(
     ``attention_scales[n]`` is the score scale of step n (None: 1/sqrt(d_h)); GPT-2's
     ``scale_attn_weights`` / ``scale_attn_by_inverse_layer_idx`` give 1 or 1/(sqrt(d_h)(n+1)).
     """
+    for name, value in (("vocab_size", vocab_size), ("max_positions", max_positions)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     kw = {"device": device, "dtype": dtype}
     ff = ffn_dim if ffn_dim is not None else 4 * dim
     controls = encoder_controls(

@@ -54,7 +54,7 @@ from ..operators import Context, FeatureIntegral, FeedForward, LayerNormProjecti
 from ..operators.convolution import ConvolutionalAttention, pair
 from ..time import Controls, Evolution, SaveAt, Scheme, Stage, TimeGrid, Trajectory
 from ..time.schemes import Field, prenorm
-from .base import EvolutionModel, keep_source, shared_copy
+from .base import EvolutionModel, keep_source
 from .blocks import block_controls
 from .outputs import ModelOutput
 
@@ -361,10 +361,7 @@ class ConvolutionalVisionTransformer(EvolutionModel):
         """Same parameters under another scheme: one for every stage, or a list, one per stage.
         Names are built on each stage's layout; options: integrator, form."""
         schemes = _per_stage(scheme, len(self.stages))
-        new = shared_copy(self)
-        for stage, sch in zip(new.stages, schemes, strict=True):
-            stage.evolution = stage.evolution.with_scheme(sch, **options)
-        return new
+        return self._map_evolutions(lambda e, i: e.with_scheme(schemes[i], **options))
 
     # -- running -----------------------------------------------------------------------------
     def _check_pixels(self, pixel_values: torch.Tensor) -> None:

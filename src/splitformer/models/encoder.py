@@ -12,6 +12,7 @@ R is the identity or a final LayerNorm (pre-LN networks end with one). Building 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -181,8 +182,9 @@ def paper_encoder(
 ) -> Encoder:
     """The paper's literal model (docs/math.md section 2): M = 4 + J substeps per step, weights in
     the (I + W_j) form, scalar s1, s2 with eps = 0, relaxation 1/2. Random weights."""
-    if num_ffn_stages < 1:
-        raise ValueError(f"num_ffn_stages must be >= 1, got {num_ffn_stages!r}")
+    J = num_ffn_stages
+    if isinstance(J, bool) or not isinstance(J, int) or J < 1:
+        raise ValueError(f"num_ffn_stages must be an int >= 1 (J, the FFN stages), got {J!r}")
     widths = [d_model] + [dim_feedforward] * (num_ffn_stages - 1) + [d_model]
     controls = paper_controls(d_model, nhead, widths, num_layers, device=device, dtype=dtype)
     evo = Evolution(controls, paper_lie(num_ffn_stages), TimeGrid(num_layers, num_layers))
@@ -199,7 +201,14 @@ def network_encoder(
     final_norm: bool = False,
     **kwargs,
 ) -> Encoder:
-    """A network-form encoder with random weights (post-LN Lie scheme or pre-LN)."""
+    """A network-form encoder with random weights (post-LN Lie scheme or pre-LN); ``kwargs``
+    are those of ``encoder_controls`` (activation, layer_norm_eps, bias, dropout rates, ...)."""
+    known = set(inspect.signature(encoder_controls).parameters) - {
+        "d_model", "nhead", "dim_feedforward", "num_layers"}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(f"network_encoder got unknown arguments {unknown}; it takes "
+                        f"norm_first, final_norm and {sorted(known)}")
     controls = encoder_controls(d_model, nhead, dim_feedforward, num_layers, **kwargs)
     scheme = prenorm() if norm_first else lie()
     norm = None

@@ -19,14 +19,13 @@ integrals of M. One nn.TransformerDecoderLayer is one step of the Lie scheme on 
 and the decoder's final norm is the read-out. The coupling is one-way (M does not depend on u):
 the pair is a triangular system, solved field after field.
 
-Schemes. ``CausalDecoderModel.with_scheme`` / ``refine`` act on its single evolution (any named
-scheme is rebuilt on the pre-LN layout). For the decoder with memory, a named scheme is built on
-the decoder's three-field layout ("prenorm" switches to the pre-LN decoder layout); every
-decoder scheme must contain the ``cross_attention`` stage (a check, since dropping it would
-silently decouple the pair). ``EncoderDecoderModel.with_scheme(name)`` applies a named scheme to
-both fields (each on its own layout); a Scheme value or string applies to the decoder only, and
-``encoder_scheme=`` sets the encoder's. ``refine(k)`` refines both time grids (tau -> tau / k
-for the encoder and the decoder; ``encoder_k`` sets the encoder's factor separately).
+Schemes. For the decoder with memory, a named scheme is built on the decoder's three-field
+layout ("prenorm" moves the projections inside the fields); every decoder scheme must contain
+the ``cross_attention`` stage (a check, since dropping it would silently decouple the pair).
+``EncoderDecoderModel.with_scheme(name)`` applies a named scheme to both fields (each on its own
+layout); a Scheme value or string applies to the decoder only, and ``encoder_scheme=`` sets the
+encoder's. ``refine(k)`` refines both time grids (tau -> tau / k for the encoder and the
+decoder; ``encoder_k`` sets the encoder's factor separately).
 
 Nothing here imports ``transformers`` or wraps torch.nn: the weight map is in
 ``splitformer.interop.torch_transformer``.
@@ -182,6 +181,10 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
     ) -> tuple[torch.Tensor, Context]:
         """u(0) = tgt (batch first) and the context: the supports, the memory field M, and
         ``extra["unbatched"]`` for the read-out."""
+        for name, flag in (("tgt_is_causal", tgt_is_causal), ("memory_is_causal",
+                                                                memory_is_causal)):
+            if flag is not None and not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool or None, got {flag!r}")
         unbatched = isinstance(tgt, torch.Tensor) and tgt.dim() == 2
         u0 = self._batch_first(tgt, "tgt", unbatched)
         m = self._batch_first(memory, "memory", unbatched)
@@ -292,10 +295,8 @@ class EncoderDecoderModel(EvolutionModel):
 
     def refine(self, k: int, *, encoder_k: int | None = None) -> EncoderDecoderModel:
         """tau -> tau / k for the decoder and tau -> tau / encoder_k (default k) for the encoder."""
-        new = shared_copy(self)
-        new.encoder = new.encoder.refine(k if encoder_k is None else encoder_k)
-        new.decoder = new.decoder.refine(k)
-        return new
+        ks = (k if encoder_k is None else encoder_k, k)  # evolution_owners: encoder, decoder
+        return self._map_evolutions(lambda e, i: e.refine(ks[i]))
 
     def memory(
         self,

@@ -45,6 +45,7 @@ num_classes = 0). Both have ``outputs(...)``, ``forward_features(...)``, ``forwa
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -175,6 +176,11 @@ class ImageEmbedding(nn.Module):
         self.patch = PatchEmbedding(in_chans, dim, patch_size, bias=patch_bias, **kw)
         ph, pw = self.patch.patch_size
         self.grid_size = (self.image_size[0] // ph, self.image_size[1] // pw)
+        if self.image_size[0] % ph or self.image_size[1] % pw:
+            warnings.warn(f"image_size={self.image_size} is not a multiple of patch_size="
+                          f"{(ph, pw)}: the last {self.image_size[0] % ph} rows and "
+                          f"{self.image_size[1] % pw} columns of pixels are outside every patch "
+                          "(as in transformers and timm)", stacklevel=2)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.dim = dim
         self.class_token = nn.Parameter(torch.zeros(1, 1, dim, **kw)) if class_token else None
@@ -594,6 +600,10 @@ def build_vit(
     tensor). ``pooler=(out_dim, activation)`` adds HF's pooler; ``num_classes=None`` means no
     classifier, 0 an identity classifier, k > 0 a k-class feature integral.
     """
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(
+            num_classes, int) or num_classes < 0):
+        raise ValueError(f"num_classes must be None (no head), 0 (identity head) or an int > 0, "
+                         f"got {num_classes!r}")
     kw = {"device": device, "dtype": dtype}
     embedding = ImageEmbedding(
         image_size, patch_size, in_chans, dim, patch_bias=patch_bias, class_token=class_token,

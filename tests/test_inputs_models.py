@@ -1,0 +1,46 @@
+"""Bad input to the model builders and forward arguments: a clear error naming the argument,
+raised when the model is built (never at forward time, never a raw torch error)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import splitformer
+from splitformer.models import build_vit, causal_decoder, encoder_decoder, network_encoder
+from splitformer.models.bert import bert_model
+
+SMALL_BERT = {"vocab_size": 31, "hidden_size": 16, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "intermediate_size": 24, "max_position_embeddings": 12}
+SMALL_VIT = {"image_size": 8, "patch_size": 4, "dim": 16, "depth": 1, "num_heads": 2,
+             "hidden_dim": 24}
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda: splitformer.paper_encoder(8, 2, 16, 1, num_ffn_stages=2.5), "num_ffn_stages"),
+    (lambda: splitformer.paper_encoder(8, 2, 16, 1, num_ffn_stages=None), "num_ffn_stages"),
+    (lambda: network_encoder(8, 2, 16, 1, bogus=1), r"unknown arguments \['bogus'\]"),
+    (lambda: bert_model(**SMALL_BERT, num_labels=0), "num_labels"),
+    (lambda: bert_model(**SMALL_BERT, num_labels=2, problem_type="bogus"), "problem_type"),
+    (lambda: bert_model(**{**SMALL_BERT, "vocab_size": 0}), "vocab_size"),
+    (lambda: bert_model(**SMALL_BERT, pad_token_id=100), "pad_token_id"),
+    (lambda: build_vit(**SMALL_VIT, num_classes=-1), "num_classes"),
+    (lambda: causal_decoder(0, 12, 16, 2, 1), "vocab_size"),
+])
+def test_builders_refuse_bad_arguments(build, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        build()
+
+
+def test_image_size_not_a_multiple_of_the_patch_warns():
+    with pytest.warns(UserWarning, match="not a multiple of patch_size"):
+        build_vit(**{**SMALL_VIT, "image_size": 10})
+
+
+def test_causal_flags_and_validation_switch_must_be_bools():
+    pair = encoder_decoder(16, 2, 1, 1, 24)
+    src, tgt = torch.randn(2, 5, 16), torch.randn(2, 4, 16)
+    with pytest.raises(TypeError, match="tgt_is_causal must be a bool"):
+        pair(src, tgt, tgt_is_causal="y")
+    with pytest.raises(TypeError, match="validating"):
+        pair.validating("no")
