@@ -338,7 +338,7 @@ def test_callable_activation_and_extra_kwargs():
         from_hf_model(ref, form="paper")
 
 
-# -- the contract of DESIGN.md ----------------------------------------------------------------
+# -- the model contract (docs/architecture.md) ---------------------------------------------
 
 def test_contract():
     ref = make_bert(torch.float64, num_hidden_layers=3)

@@ -260,7 +260,7 @@ def test_unsupported_layers():
         ours(torch.randn(1, 3, 48, 48))
 
 
-# -- the contract of DESIGN.md -------------------------------------------------------------
+# -- the model contract (docs/architecture.md) ---------------------------------------------
 
 def test_contract(dtype):
     ref = _timm(dtype, init_values=0.2, depth=3, reg_tokens=2)

@@ -249,7 +249,7 @@ def test_unsupported_options():
     assert_same_state(to_hf_model(ours.with_scheme("lie")), to_hf_model(ours))
 
 
-# -- the contract of DESIGN.md -------------------------------------------------------------
+# -- the model contract (docs/architecture.md) ---------------------------------------------
 
 def test_contract(dtype):
     ref = _hf(dtype, {"num_hidden_layers": 3})
