@@ -78,7 +78,14 @@ def from_hf(model_or_local_dir: Any, **kwargs):
 
 
 def to_hf(model):
-    """The transformers model with the same weights (the inverse map)."""
+    """The transformers model with the same weights (the inverse map). TypeError when
+    ``model`` is not a splitformer model, ValueError when it was not made by ``from_hf``."""
+    from ..models.base import EvolutionModel
+
+    if not isinstance(model, EvolutionModel):
+        raise TypeError(f"to_hf(model) expects a splitformer model made by from_hf (BERT, ViT, "
+                        f"CvT or GPT-2: BertEncoderModel, ViT, ConvolutionalVisionTransformer, "
+                        f"CausalDecoderModel), got {type(model).__name__}")
     cls = source_field(getattr(model, "source", None), "hf_class")
     if cls not in FAMILIES:
         raise ValueError("to_hf(model) needs a model made by from_hf (its source has "

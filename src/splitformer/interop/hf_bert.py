@@ -19,8 +19,10 @@ f = P_S1(E_w + E_t + E_p), L steps of the post-LN Lie scheme with tau = 1 and th
     classifier                                   -> classifier            (read-out)
 
 plus the attribute rows: every LayerNorm's eps and every dropout rate, as the modules hold
-them (they may differ from the config). The head coordinate is laid out identically on both
-sides (the rows of W_Q are grouped by head as (H, d_h)), so the map is a plain copy.
+them (they may differ from the config; ``to_hf`` then refuses, naming the layer and the config
+option, since the rebuilt model's config could not represent them). The head coordinate is
+laid out identically on both sides (the rows of W_Q are grouped by head as (H, d_h)), so the
+map is a plain copy.
 ``from_hf_model`` is check -> config (``bert_config``: a ``HFBertConfig``, kept as the model's
 ``source``) -> build -> copy; ``to_hf_model`` rebuilds from the source and copies back.
 ``transformers`` is imported only by ``to_hf_model``.
@@ -63,11 +65,13 @@ _LAYER_ROWS: tuple[Row, ...] = (
     Row("output.dense.bias", "ffn.stages.1.bias"),
     Row("output.LayerNorm.weight", "norm2.weight"),
     Row("output.LayerNorm.bias", "norm2.bias"),
-    Row("attention.self.dropout.p", "attention.attn_dropout", attr=True),
-    Row("attention.output.dropout.p", "attention.out_dropout.p", attr=True),
-    Row("output.dropout.p", "ffn.out_dropout.p", attr=True),
-    Row("attention.output.LayerNorm.eps", "norm1.eps", attr=True),
-    Row("output.LayerNorm.eps", "norm2.eps", attr=True),
+    Row("attention.self.dropout.p", "attention.attn_dropout", attr=True,
+        option="attention_probs_dropout_prob"),
+    Row("attention.output.dropout.p", "attention.out_dropout.p", attr=True,
+        option="hidden_dropout_prob"),
+    Row("output.dropout.p", "ffn.out_dropout.p", attr=True, option="hidden_dropout_prob"),
+    Row("attention.output.LayerNorm.eps", "norm1.eps", attr=True, option="layer_norm_eps"),
+    Row("output.LayerNorm.eps", "norm2.eps", attr=True, option="layer_norm_eps"),
 )
 
 _EMBEDDING_ROWS: tuple[Row, ...] = (
@@ -76,15 +80,16 @@ _EMBEDDING_ROWS: tuple[Row, ...] = (
     Row("embeddings.token_type_embeddings.weight", "embedding.token_type.weight"),
     Row("embeddings.LayerNorm.weight", "embedding.norm.weight"),
     Row("embeddings.LayerNorm.bias", "embedding.norm.bias"),
-    Row("embeddings.LayerNorm.eps", "embedding.norm.eps", attr=True),
-    Row("embeddings.dropout.p", "embedding.dropout.p", attr=True),
+    Row("embeddings.LayerNorm.eps", "embedding.norm.eps", attr=True, option="layer_norm_eps"),
+    Row("embeddings.dropout.p", "embedding.dropout.p", attr=True, option="hidden_dropout_prob"),
 )
 
 _POOLER_ROWS = (Row("pooler.dense.weight", "pooler.weight"),
                 Row("pooler.dense.bias", "pooler.bias"))
 _CLASSIFIER_ROWS = (Row("classifier.weight", "classifier.weight"),
                     Row("classifier.bias", "classifier.bias"),
-                    Row("dropout.p", "classifier.dropout.p", attr=True))
+                    Row("dropout.p", "classifier.dropout.p", attr=True,
+                        option="classifier_dropout"))
 
 # the whole table, with n for the layer index (docs and tests read it)
 BERT_WEIGHT_MAP: tuple[Row, ...] = (
@@ -261,7 +266,11 @@ def from_hf_model(model: nn.Module, **kwargs: Any) -> BertEncoderModel:
 
 
 def to_hf_model(model: BertEncoderModel) -> nn.Module:
-    """The transformers model with the same weights: the inverse of ``from_hf_model``."""
+    """The transformers model with the same weights: the inverse of ``from_hf_model``.
+
+    It is built from the source config, which fixes every eps and dropout rate: each layer's
+    must equal it (ValueError naming the layer and the option), so that the model and its
+    config agree (save_pretrained / from_pretrained keep what to_hf returns)."""
     import transformers
 
     if not isinstance(model, BertEncoderModel):
@@ -282,6 +291,6 @@ def to_hf_model(model: BertEncoderModel) -> nn.Module:
     p = next(model.parameters())
     out = out.to(device=p.device, dtype=p.dtype)
     rows = weight_map(len(evo.controls), pooler=add_pooling, classifier=source.classifier)
-    copy_table(rows, theirs=out, ours=model, into="theirs")
+    copy_table(rows, theirs=out, ours=model, into="theirs", attributes="check")
     out.train(model.training)
     return out

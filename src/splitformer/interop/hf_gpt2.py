@@ -19,7 +19,9 @@ prefix ``transformer.`` is added for the LM model). GPT-2 stores its feature int
     ln_f                       -> final_norm                                (read-out)
     lm_head.weight             -> lm_head.weight          (the same parameter as wte when tied)
 
-plus the attribute rows (every LayerNorm's eps, every dropout rate, as the modules hold them).
+plus the attribute rows (every LayerNorm's eps, every dropout rate, as the modules hold them;
+``to_hf`` checks them against the source config, which holds one value each, and refuses a
+layer that differs, naming the option).
 
 Options. ``activation_function``: the functions of ``GPT2_ACTIVATIONS`` ("gelu_new" is the
 tanh-approximate GELU); others are rejected. The score scale of step n is
@@ -66,21 +68,21 @@ _LAYER_ROWS: tuple[Row, ...] = (
     Row("mlp.c_fc.bias", "ffn.stages.0.bias"),
     Row("mlp.c_proj.weight", "ffn.stages.1.weight", transform="transpose"),
     Row("mlp.c_proj.bias", "ffn.stages.1.bias"),
-    Row("ln_1.eps", "norm1.eps", attr=True),
-    Row("ln_2.eps", "norm2.eps", attr=True),
-    Row("attn.attn_dropout.p", "attention.attn_dropout", attr=True),
-    Row("attn.resid_dropout.p", "attention.out_dropout.p", attr=True),
-    Row("mlp.dropout.p", "ffn.out_dropout.p", attr=True),
+    Row("ln_1.eps", "norm1.eps", attr=True, option="layer_norm_epsilon"),
+    Row("ln_2.eps", "norm2.eps", attr=True, option="layer_norm_epsilon"),
+    Row("attn.attn_dropout.p", "attention.attn_dropout", attr=True, option="attn_pdrop"),
+    Row("attn.resid_dropout.p", "attention.out_dropout.p", attr=True, option="resid_pdrop"),
+    Row("mlp.dropout.p", "ffn.out_dropout.p", attr=True, option="resid_pdrop"),
 )
 _EMBEDDING_ROWS: tuple[Row, ...] = (
     Row("wte.weight", "embedding.word.weight"),
     Row("wpe.weight", "embedding.position.weight"),
-    Row("drop.p", "embedding.dropout.p", attr=True),
+    Row("drop.p", "embedding.dropout.p", attr=True, option="embd_pdrop"),
 )
 _FINAL_ROWS: tuple[Row, ...] = (
     Row("ln_f.weight", "final_norm.weight"),
     Row("ln_f.bias", "final_norm.bias"),
-    Row("ln_f.eps", "final_norm.eps", attr=True),
+    Row("ln_f.eps", "final_norm.eps", attr=True, option="layer_norm_epsilon"),
 )
 _HEAD_ROWS: tuple[Row, ...] = (Row("lm_head.weight", "lm_head.weight"),)
 
@@ -244,7 +246,10 @@ def from_hf_model(model: nn.Module, **kwargs: Any) -> CausalDecoderModel:
 
 
 def to_hf_model(model: CausalDecoderModel) -> nn.Module:
-    """The transformers model with the same weights: the inverse of ``from_hf_model``."""
+    """The transformers model with the same weights: the inverse of ``from_hf_model``.
+
+    Built from the source config, which fixes every eps and dropout rate: each layer's must
+    equal it (ValueError naming the layer and the option)."""
     import transformers
 
     if not isinstance(model, CausalDecoderModel):
@@ -265,6 +270,6 @@ def to_hf_model(model: CausalDecoderModel) -> nn.Module:
     out = transformers.GPT2LMHeadModel(config) if source.lm_head else transformers.GPT2Model(config)
     out = out.to(device=p.device, dtype=p.dtype)
     copy_table(weight_map(len(evo.controls), lm_head=source.lm_head), theirs=out, ours=model,
-               into="theirs")
+               into="theirs", attributes="check")
     out.train(model.training)
     return out

@@ -23,7 +23,9 @@ prefix ``vit.`` is added for the classifier model):
     classifier.weight/bias                             -> head.weight/bias
 
 plus the attribute rows: every LayerNorm's eps, the embedding, attention and output dropout
-rates (HF's one ``layers.n.dropout`` acts on both A's and G's output). ``from_hf_model`` is
+rates (HF's one ``layers.n.dropout`` acts on both A's and G's output). ``to_hf`` rebuilds the
+model from the source config, which holds one value of each: it checks every layer's against
+it and refuses a difference, naming the layer and the option. ``from_hf_model`` is
 check -> config (``vit_config``: a ``HFViTConfig``, kept as the model's ``source``) -> build ->
 copy.
 
@@ -53,7 +55,7 @@ _EMBEDDING_ROWS: tuple[Row, ...] = (
     Row("embeddings.patch_embeddings.projection.bias", "embedding.patch.bias"),
     Row("embeddings.cls_token", "embedding.class_token"),
     Row("embeddings.position_embeddings", "embedding.position"),
-    Row("embeddings.dropout.p", "embedding.dropout.p", attr=True),
+    Row("embeddings.dropout.p", "embedding.dropout.p", attr=True, option="hidden_dropout_prob"),
 )
 _LAYER_ROWS: tuple[Row, ...] = (
     *(Row(f"attention.{nm}_proj.{w}", f"attention.qkv_{w}", block=(i, 3))
@@ -68,16 +70,17 @@ _LAYER_ROWS: tuple[Row, ...] = (
     Row("mlp.fc1.bias", "ffn.stages.0.bias"),
     Row("mlp.fc2.weight", "ffn.stages.1.weight"),
     Row("mlp.fc2.bias", "ffn.stages.1.bias"),
-    Row("layernorm_before.eps", "norm1.eps", attr=True),
-    Row("layernorm_after.eps", "norm2.eps", attr=True),
-    Row("attention.attention_dropout", "attention.attn_dropout", attr=True),
+    Row("layernorm_before.eps", "norm1.eps", attr=True, option="layer_norm_eps"),
+    Row("layernorm_after.eps", "norm2.eps", attr=True, option="layer_norm_eps"),
+    Row("attention.attention_dropout", "attention.attn_dropout", attr=True,
+        option="attention_probs_dropout_prob"),
     Row("dropout.p", "attention.out_dropout.p", attr=True, option="hidden_dropout_prob"),
     Row("dropout.p", "ffn.out_dropout.p", attr=True, option="hidden_dropout_prob"),
 )
 _FINAL_ROWS: tuple[Row, ...] = (
     Row("layernorm.weight", "final_norm.weight"),
     Row("layernorm.bias", "final_norm.bias"),
-    Row("layernorm.eps", "final_norm.eps", attr=True),
+    Row("layernorm.eps", "final_norm.eps", attr=True, option="layer_norm_eps"),
 )
 _POOLER_ROWS = (Row("pooler.dense.weight", "pooler.dense.weight"),
                 Row("pooler.dense.bias", "pooler.dense.bias"))
@@ -237,7 +240,8 @@ def from_hf_model(model, **kwargs) -> ViT:
 
 
 def to_hf_model(model: ViT):
-    """The transformers model (class and config recorded in ``model.source``), same weights."""
+    """The transformers model (class and config recorded in ``model.source``), same weights;
+    every eps and rate must equal the config's (ValueError naming the layer and option)."""
     try:
         import transformers
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -258,6 +262,6 @@ def to_hf_model(model: ViT):
         hf = transformers.ViTForImageClassification(config)
     p = model.embedding.patch.weight
     hf = hf.to(device=p.device, dtype=p.dtype)
-    copy_table(weight_map(source), theirs=hf, ours=model, into="theirs")
+    copy_table(weight_map(source), theirs=hf, ours=model, into="theirs", attributes="check")
     hf.train(model.training)
     return hf

@@ -28,6 +28,7 @@ carries hooks is refused: the map reproduces torch.nn's equations, not custom co
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,11 +49,16 @@ from .weights import (
     source_field,
 )
 
-__all__ = ["ENCODER_LAYER_MAP", "PAPER_LAYER_MAP", "TorchConfig", "build_encoder", "build_torch",
-           "build_torch_stack", "check_plain", "from_torch", "to_torch", "torch_config",
-           "torch_target", "weight_map"]
+__all__ = ["ACCEPTED", "ENCODER_LAYER_MAP", "PAPER_LAYER_MAP", "TorchConfig", "build_encoder",
+           "build_torch", "build_torch_stack", "check_dropouts", "check_plain", "check_uniform",
+           "from_torch", "to_torch", "torch_config", "torch_target", "weight_map"]
 
 FORMS = ("network", "paper")
+# every torch.nn class from_torch converts (to_torch returns the same classes)
+ACCEPTED = (nn.Transformer, nn.TransformerDecoder, nn.TransformerDecoderLayer,
+            nn.TransformerEncoder, nn.TransformerEncoderLayer)
+_ACCEPTED_NAMES = ", ".join(f"nn.{c.__name__}" for c in ACCEPTED[:-1]) + \
+    f" or nn.{ACCEPTED[-1].__name__}"
 
 # self-attention of an encoder or decoder layer (both directions)
 ATTENTION_ROWS: tuple[Row, ...] = (
@@ -148,6 +154,16 @@ def _is_torch(cls: type) -> bool:
     return cls.__module__.split(".")[0] == "torch"
 
 
+def _guarded(mro: tuple[type, ...]) -> set[str]:
+    """The methods whose redefinition changes what a torch.nn module computes: the call path
+    and every method of its torch.nn classes but the harmless ones."""
+    guarded = set(_CALLS)
+    for c in mro:
+        if _is_torch(c) and c is not nn.Module:
+            guarded |= {k for k, v in vars(c).items() if callable(v) and k not in _HARMLESS}
+    return guarded
+
+
 def _overridden(mod: nn.Module) -> tuple[type, list[str]]:
     """(the torch.nn class ``mod`` derives from, the methods of it its own classes redefine).
 
@@ -159,18 +175,40 @@ def _overridden(mod: nn.Module) -> tuple[type, list[str]]:
     base = next(c for c in mro if _is_torch(c))
     if not own or base is nn.Module:
         return base, []
-    guarded = set(_CALLS)
-    for c in mro:
-        if _is_torch(c) and c is not nn.Module:
-            guarded |= {k for k, v in vars(c).items() if callable(v) and k not in _HARMLESS}
+    guarded = _guarded(mro)
     return base, sorted({k for c in own for k in vars(c) if k in guarded})
+
+
+def _patched(mod: nn.Module) -> list[str]:
+    """The methods of ``mod``'s class replaced on the instance itself (``layer.forward = f``,
+    ``layer._sa_block = f``): they change what it computes as a subclass would."""
+    if _is_torch(type(mod)) and type(mod) is nn.Module:
+        return []
+    guarded = _guarded(type(mod).__mro__)
+    return sorted(k for k in vars(mod) if k in guarded)
+
+
+def check_uniform(module: nn.Module, target: str = "from_torch") -> None:
+    """Refuse (ValueError, naming the parameter) a module whose parameters do not share one
+    dtype and one device: torch.nn itself fails on such a module, and the map would cast."""
+    params = list(module.named_parameters())
+    for attr in ("dtype", "device"):
+        values = Counter(getattr(p, attr) for _, p in params)
+        if len(values) > 1:
+            common = values.most_common(1)[0][0]
+            name, p = next((n, p) for n, p in params if getattr(p, attr) != common)
+            raise ValueError(f"{target} cannot convert a module with mixed parameter {attr}s: "
+                             f"{name} has {attr} {getattr(p, attr)} while the rest has {common} "
+                             f"(torch.nn itself fails on it); convert the whole module first "
+                             f"(module.to({attr}))")
 
 
 def check_plain(module: nn.Module, target: str = "from_torch") -> None:
     """Refuse (ValueError) a module tree that the weight map would silently change: a subclass
     of a torch.nn class that redefines ``forward`` or a method it calls (``_sa_block``,
-    ``_ff_block``, ...), or any registered hook that changes what it computes or saves (forward,
-    pre-forward, backward, state-dict).
+    ``_ff_block``, ...), the same methods replaced on an instance (``layer.forward = f``), any
+    registered hook that changes what it computes or saves (forward, pre-forward, backward,
+    state-dict), or parameters of mixed dtypes or devices (``check_uniform``).
 
     Parametrizations (``torch.nn.utils.parametrize``) are accepted: the map reads the weight
     they compute, by value.
@@ -184,7 +222,14 @@ def check_plain(module: nn.Module, target: str = "from_torch") -> None:
             raise ValueError(f"{target} cannot convert {where} of class {type(mod).__name__}: it "
                              f"overrides {', '.join(names)} of {base.__module__}.{base.__name__}"
                              " (the map reproduces torch.nn's computation, not a custom one)")
+        patched = _patched(mod)
+        if patched:
+            raise ValueError(f"{target} cannot convert {where} ({type(mod).__name__}): "
+                             f"{', '.join(patched)} is replaced on the instance (an attribute "
+                             "set on the module, e.g. layer.forward = f); the map reproduces "
+                             "torch.nn's computation, not a custom one: delete the attribute")
     check_no_hooks(module, target)
+    check_uniform(module, target)
 
 
 def activation_name(layer: nn.Module) -> str:
@@ -210,6 +255,16 @@ def check_attention(attn: nn.MultiheadAttention, what: str) -> None:
         raise ValueError(f"{what} with add_bias_kv or add_zero_attn is not supported")
 
 
+def check_dropouts(layer: nn.Module, names: tuple[str, ...], prefix: str = "") -> None:
+    """The layer's dropouts ``names`` are nn.Dropout (their rate ``p`` is an attribute row);
+    ``prefix`` is the layer's path in the module, named in the error."""
+    for nm in names:
+        d = getattr(layer, nm, None)
+        if not isinstance(d, nn.Dropout):
+            raise ValueError(f"{prefix}{nm} must be nn.Dropout (the map reads its rate p), got "
+                             f"{type(d).__name__}")
+
+
 def check_norms(layer: nn.Module, names: tuple[str, ...]) -> None:
     """The layer's norms ``names`` are affine nn.LayerNorms (the projections P_i)."""
     for nm in names:
@@ -218,12 +273,13 @@ def check_norms(layer: nn.Module, names: tuple[str, ...]) -> None:
             raise ValueError(f"{nm}={norm!r}: must be nn.LayerNorm with elementwise_affine=True")
 
 
-def _layer_fields(layer: nn.Module) -> dict[str, Any]:
+def _layer_fields(layer: nn.Module, prefix: str = "") -> dict[str, Any]:
     if not isinstance(layer, nn.TransformerEncoderLayer):
         raise TypeError(f"expected nn.TransformerEncoderLayer, got {type(layer).__name__}")
     attn = layer.self_attn
     check_attention(attn, "self_attn")
     check_norms(layer, ("norm1", "norm2"))
+    check_dropouts(layer, ("dropout", "dropout1", "dropout2"), prefix)
     biases = {
         "self_attn.in_proj_bias": attn.in_proj_bias is not None,
         "self_attn.out_proj.bias": attn.out_proj.bias is not None,
@@ -308,10 +364,12 @@ def torch_config(module: nn.Module, *, form: str = "network") -> TorchConfig:
         switches = {"kind": "encoder", "enable_nested_tensor": bool(module.enable_nested_tensor),
                     "mask_check": bool(getattr(module, "mask_check", True))}
     else:
-        raise TypeError("from_torch(module) expects nn.TransformerEncoder or "
+        raise TypeError("torch_config(module) expects nn.TransformerEncoder or "
                         f"nn.TransformerEncoderLayer, got {type(module).__name__}")
     check_plain(module)
-    fields = shared_fields([_layer_fields(layer) for layer in layers])
+    single = switches["kind"] == "layer"
+    fields = shared_fields([_layer_fields(layer, "" if single else f"layers.{i}.")
+                            for i, layer in enumerate(layers)])
     norm = getattr(module, "norm", None)
     check_final_norm(norm)
     config = TorchConfig(num_layers=len(layers), final_norm=norm is not None,
@@ -394,6 +452,9 @@ def from_torch(module: nn.Module, *, form: str = "network") -> Encoder:
     """
     if form not in FORMS:
         raise ValueError(f"form must be 'network' or 'paper', got {form!r}")
+    if not isinstance(module, ACCEPTED):
+        raise TypeError(f"from_torch(module) expects {_ACCEPTED_NAMES}, got "
+                        f"{type(module).__name__}")
     if isinstance(module, (nn.Transformer, nn.TransformerDecoder, nn.TransformerDecoderLayer)):
         from .torch_transformer import from_torch_transformer
 
@@ -466,8 +527,9 @@ def to_torch(model: Encoder) -> nn.Module:
 
         return to_torch_transformer(model)
     if not isinstance(model, Encoder):
-        raise TypeError(f"to_torch(model) expects a splitformer Encoder, got "
-                        f"{type(model).__name__}")
+        raise TypeError(f"to_torch(model) expects a splitformer Encoder, CrossDecoder or "
+                        f"EncoderDecoderModel (as from_torch makes them from {_ACCEPTED_NAMES}), "
+                        f"got {type(model).__name__}")
     config = torch_target(model)
     p = model.evolution.controls[0]["attention"].qkv_weight
     out = build_torch(config, device=p.device, dtype=p.dtype)

@@ -51,6 +51,7 @@ from .torch_nn import (
     build_torch,
     build_torch_stack,
     check_attention,
+    check_dropouts,
     check_final_norm,
     check_norms,
     check_plain,
@@ -110,7 +111,7 @@ def _rows(encoder: TorchConfig | None, decoder: TorchConfig) -> list[Row]:
 
 
 # -- torch.nn -> splitformer --------------------------------------------------------------------
-def _decoder_layer_fields(layer: nn.Module) -> dict[str, Any]:
+def _decoder_layer_fields(layer: nn.Module, prefix: str = "") -> dict[str, Any]:
     if not isinstance(layer, nn.TransformerDecoderLayer):
         raise TypeError(f"expected nn.TransformerDecoderLayer, got {type(layer).__name__}")
     sa, ca = layer.self_attn, layer.multihead_attn
@@ -121,6 +122,7 @@ def _decoder_layer_fields(layer: nn.Module) -> dict[str, Any]:
     if bool(sa.batch_first) != bool(ca.batch_first):
         raise ValueError("self_attn and multihead_attn must share batch_first")
     check_norms(layer, ("norm1", "norm2", "norm3"))
+    check_dropouts(layer, ("dropout", "dropout1", "dropout2", "dropout3"), prefix)
     return layer_fields(layer, sa)
 
 
@@ -134,7 +136,9 @@ def decoder_config(module: nn.Module) -> TorchConfig:
     if not layers:
         raise ValueError("nn.TransformerDecoder has no layers")
     check_plain(module)
-    fields = shared_fields([_decoder_layer_fields(layer) for layer in layers], "decoder layer")
+    single = kind == "decoder_layer"
+    fields = shared_fields([_decoder_layer_fields(layer, "" if single else f"layers.{i}.")
+                            for i, layer in enumerate(layers)], "decoder layer")
     check_final_norm(norm)
     return TorchConfig(kind=kind, num_layers=len(layers), final_norm=norm is not None,
                        final_norm_bias=norm is None or norm.bias is not None, **fields)
@@ -262,8 +266,8 @@ def to_torch_transformer(model: CrossDecoder | EncoderDecoderModel) -> nn.Module
         out = build_torch_decoder(config, device=a.qkv_weight.device, dtype=a.qkv_weight.dtype)
         rows = _rows(None, config)
     else:
-        raise TypeError(f"to_torch_transformer expects a CrossDecoder or EncoderDecoderModel, "
-                        f"got {type(model).__name__}")
+        raise TypeError(f"to_torch(model) expects a splitformer Encoder, CrossDecoder or "
+                        f"EncoderDecoderModel, got {type(model).__name__}")
     copy_table(rows, theirs=out, ours=model, into="theirs")
     out.train(model.training)
     return out

@@ -13,11 +13,15 @@ from the two model roots, e.g. ``encoder.layer.0.output.dense.weight`` and
   model computes (a LayerNorm's eps, a dropout rate), assigned as is.
 
 ``copy_table(rows, theirs=..., ours=..., into="ours")`` is the forward map and
-``into="theirs"`` the inverse: the same rows drive both directions.
+``into="theirs"`` the inverse: the same rows drive both directions. Every ``to_hf`` rebuilds the
+transformers model from its source config, which fixes every eps and rate: it copies the
+tensors and checks the attribute rows (``attributes="check"``), refusing, with the layer and
+the config option, a value the config cannot represent.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -164,6 +168,29 @@ def _set(root: Any, path: str, value: Any) -> None:
     setattr(lookup(root, parent) if parent else root, name, value)
 
 
+# the attribute an attribute row reads -> the module class that holds it
+_HOLDERS = {"p": "nn.Dropout", "eps": "a normalisation layer (nn.LayerNorm, nn.BatchNorm2d)",
+            "momentum": "nn.BatchNorm2d", "drop_prob": "a stochastic-depth module"}
+
+
+def _where(path: str) -> str:
+    """'layer n: ' (or 'stage s, layer n: ') when ``path`` lies in a control set theta^n."""
+    m = re.search(r"(?:stages\.(\d+)\.)?.*?sets\.(\d+)\.", path)
+    if not m:
+        return ""
+    stage = f"stage {m[1]}, " if m[1] is not None else ""
+    return f"{stage}layer {m[2]}: "
+
+
+def _missing_on_their_side(row: Row, theirs: Any) -> ValueError:
+    parent, _, name = row.theirs.rpartition(".")
+    holder = lookup(theirs, parent, _MISSING) if parent else theirs
+    if parent and holder is not _MISSING and name in _HOLDERS:
+        return ValueError(f"{parent} must be {_HOLDERS[name]} (the map reads its .{name}), got "
+                          f"{type(holder).__name__}")
+    return ValueError(f"{row.theirs}: no such attribute on their side")
+
+
 def _copy_attr(row: Row, theirs: Any, ours: Any, into: str, check: bool,
                written: dict[str, tuple[Any, str]]) -> None:
     t = lookup(theirs, row.theirs, _MISSING)
@@ -173,7 +200,7 @@ def _copy_attr(row: Row, theirs: Any, ours: Any, into: str, check: bool,
                          "the model)")
     if t is _MISSING:
         if row.absent is None:
-            raise ValueError(f"{row.theirs}: no such attribute on their side")
+            raise _missing_on_their_side(row, theirs)
         if into == "ours":
             t = row.absent
         elif o == row.absent:
@@ -187,8 +214,12 @@ def _copy_attr(row: Row, theirs: Any, ours: Any, into: str, check: bool,
     label = f" ({row.option})" if row.option else ""
     if check:
         if t != o:
-            raise ValueError(f"{row.ours}={o!r} but the model rebuilt from model.source has "
-                             f"{row.theirs}={t!r}{label}; edit the source config to match")
+            option = f"config option {row.option}" if row.option else "the source config"
+            raise ValueError(
+                f"{_where(row.ours)}{row.ours}={o!r} differs from {option}: the model rebuilt "
+                f"from model.source has {row.theirs}={t!r}, and its config holds one value for "
+                "every layer, so save_pretrained / from_pretrained would lose this one; set it "
+                f"back, or edit model.source's config to match")
         return
     if row.theirs in written and written[row.theirs][0] != o:
         val, other = written[row.theirs]

@@ -21,6 +21,7 @@ coordinate; ``out_weight`` is W_O (N_y, N_y), its columns grouped by head.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Context, Operator
-from .kernels import Kernel, SoftmaxKernel, kernel_class
+from .kernels import Kernel, SoftmaxKernel, kernel_class, warn_about_instance
 
 __all__ = ["AttentionOperator", "CrossAttention", "NonlocalAttention"]
 
@@ -66,6 +67,10 @@ class AttentionOperator(Operator):
         self.head_dim = dim // num_heads
         self.kernel: Kernel = kernel if kernel is not None else SoftmaxKernel()
         self.scale: float | None = getattr(self.kernel, "scale", None)
+        if isinstance(attn_dropout, bool) or not isinstance(attn_dropout, numbers.Real) or not (
+                0.0 <= attn_dropout < 1.0):
+            raise ValueError(f"attn_dropout must be a number in [0, 1) (the dropout rate of the "
+                             f"kernel g), got {attn_dropout!r}")
         self.attn_dropout = float(attn_dropout)
 
     # -- the kernel ------------------------------------------------------------------------
@@ -127,8 +132,12 @@ class AttentionOperator(Operator):
 
     def set_kernel(self, kernel: Kernel | str, **options: Any) -> Kernel:
         """Check and install ``kernel`` (a name with ``options``, or an instance used as given;
-        see ``kernel_for``); returns the kernel installed."""
+        see ``kernel_for``); returns the kernel installed. An instance warns as in
+        ``kernels.set_kernel`` (causality probe, a replaced non-default scale)."""
         new = self.kernel_for(kernel, **options)
+        if isinstance(kernel, Kernel):
+            warn_about_instance(kernel, [(type(self).__name__, self)],
+                                f"{type(self).__name__}.set_kernel")
         self.install_kernel(new)
         return new
 

@@ -43,14 +43,25 @@ class Context:
 
     attn_mask: additive float mask or boolean mask in the convention of
         ``scaled_dot_product_attention`` (True = x' is in the support of the kernel at x),
-        broadcastable to (B, H, N_x, N_x'); None for full support.
-    is_causal: the kernel is supported on x' <= x (a Volterra operator).
-    extra: free-form values for user-written operators (e.g. a memory field).
+        broadcastable to (B, H, N_x, N_x'); None for full support (TypeError otherwise).
+    is_causal: a bool: the kernel is supported on x' <= x (a Volterra operator).
+    extra: a dict of free-form values for user-written operators (e.g. a memory field).
     """
 
     attn_mask: torch.Tensor | None = None
     is_causal: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.attn_mask is not None and not isinstance(self.attn_mask, torch.Tensor):
+            raise TypeError(f"Context.attn_mask must be None or a torch.Tensor (a mask in "
+                            f"scaled_dot_product_attention's convention), got "
+                            f"{type(self.attn_mask).__name__}")
+        if not isinstance(self.is_causal, bool):
+            raise TypeError(f"Context.is_causal must be a bool (True: the kernel is supported on "
+                            f"x' <= x), got {type(self.is_causal).__name__} {self.is_causal!r}")
+        if not isinstance(self.extra, dict):
+            raise TypeError(f"Context.extra must be a dict, got {type(self.extra).__name__}")
 
 
 class Operator(nn.Module):

@@ -29,6 +29,8 @@ puts one into every attention operator of a model (``AttentionOperator.set_kerne
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -49,8 +51,27 @@ __all__ = [
     "SinkhornKernel",
     "SoftmaxKernel",
     "alibi_slopes",
+    "check_scale",
+    "probe_causality",
     "set_kernel",
+    "warn_about_instance",
 ]
+
+
+def check_scale(scale: Any, owner: str) -> float | None:
+    """A score scale s: None (1/sqrt(d_h)) or a finite real number > 0, returned as a float.
+
+    s <= 0 or NaN turns the softmax of <Q, K> s into a constant or NaN (torch's sdpa returns NaN
+    for s <= 0 with a causal support on CPU): refused, naming ``owner``."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"{owner}: scale must be None (1/sqrt(d_h)) or a finite number > 0, got "
+                        f"{type(scale).__name__} {scale!r}")
+    if not (math.isfinite(float(scale)) and scale > 0):
+        raise ValueError(f"{owner}: scale must be None (1/sqrt(d_h)) or a finite number > 0, got "
+                         f"{scale!r}")
+    return float(scale)
 
 
 class Kernel(nn.Module):
@@ -101,7 +122,7 @@ class SoftmaxKernel(Kernel):
 
     def __init__(self, scale: float | None = None) -> None:
         super().__init__()
-        self.scale = scale
+        self.scale = check_scale(scale, "SoftmaxKernel")
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}"
@@ -227,7 +248,7 @@ class SinkhornKernel(Kernel):
         if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
             raise ValueError(f"iterations must be an int >= 1, got {iterations!r}")
         self.iterations = iterations
-        self.scale = scale
+        self.scale = check_scale(scale, "SinkhornKernel")
 
     def extra_repr(self) -> str:
         return f"iterations={self.iterations}, scale={self.scale}"
@@ -282,7 +303,7 @@ class GaussianKernel(Kernel):
 
     def __init__(self, scale: float | None = None) -> None:
         super().__init__()
-        self.scale = scale
+        self.scale = check_scale(scale, "GaussianKernel")
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}"
@@ -313,7 +334,11 @@ class LinearKernel(Kernel):
 
     def __init__(self, eps: float = 1e-12) -> None:
         super().__init__()
-        self.eps = eps
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (
+                math.isfinite(float(eps)) and eps > 0):
+            raise ValueError(f"LinearKernel: eps must be a finite number > 0 (the floor of the "
+                             f"normaliser), got {eps!r}")
+        self.eps = float(eps)
 
     @staticmethod
     def feature_map(x: torch.Tensor) -> torch.Tensor:
@@ -371,8 +396,10 @@ class ALiBiKernel(Kernel):
     def __init__(self, num_heads: int, causal: bool = False, scale: float | None = None,
                  slopes: torch.Tensor | None = None) -> None:
         super().__init__()
+        if not isinstance(causal, bool):
+            raise TypeError(f"ALiBiKernel: causal must be a bool, got {type(causal).__name__}")
         self.causal = causal
-        self.scale = scale
+        self.scale = check_scale(scale, "ALiBiKernel")
         self.register_buffer("slopes", alibi_slopes(num_heads) if slopes is None
                              else torch.as_tensor(slopes, dtype=torch.float32), persistent=False)
         if self.slopes.shape != (num_heads,):
@@ -425,7 +452,7 @@ class RotaryKernel(Kernel):
             raise ValueError(f"head_dim must be even for rotary positions, got {head_dim}")
         self.head_dim = head_dim
         self.base = base
-        self.scale = scale
+        self.scale = check_scale(scale, "RotaryKernel")
 
     @classmethod
     def for_operator(cls, op: AttentionOperator, **options: Any) -> RotaryKernel:
@@ -476,11 +503,113 @@ KERNEL_NAMES: frozenset[str] = frozenset(KERNELS)
 
 
 def kernel_class(name: str) -> type[Kernel]:
-    """The registered kernel class of ``name``; ValueError listing the names otherwise."""
-    if not isinstance(name, str) or name not in KERNELS:
+    """The registered kernel class of ``name`` (surrounding whitespace ignored, as for scheme
+    names); ValueError listing the names otherwise."""
+    if not isinstance(name, str) or name.strip() not in KERNELS:
         raise ValueError(f"kernel must be a Kernel or one of {sorted(KERNEL_NAMES)}, "
                          f"got {name!r}")
-    return KERNELS[name]
+    return KERNELS[name.strip()]
+
+
+_PROBE_TOKENS, _PROBE_PAST = 6, 3  # the probe's sequence length and the tokens it keeps
+
+
+def probe_causality(kernel: Kernel, num_heads: int = 2, head_dim: int = 4) -> float | None:
+    """How much ``kernel`` lets the future leak into the past under ``is_causal=True``.
+
+    Runs the kernel (eval mode, no dropout, no gradient) on random Q, K, V of shape
+    (1, num_heads, 6, head_dim) in float64 on the CPU (or, if that fails, in the dtype and on
+    the device of the kernel's own parameters), then again with Q, K, V changed at the tokens
+    x >= 3 only, and returns max |out(x) - out'(x)| over the past tokens x < 3, relative to
+    max |out|: 0 for a Volterra (causal) kernel. None if the kernel cannot run on such input.
+    The random draws use a private generator: the global RNG is untouched.
+    """
+    candidates = [(torch.float64, torch.device("cpu"))]
+    for t in (*kernel.parameters(), *kernel.buffers()):
+        if t.is_floating_point() and (t.dtype, t.device) not in candidates:
+            candidates.append((t.dtype, t.device))
+            break
+    was_training = kernel.training
+    kernel.eval()
+    try:
+        for dtype, device in candidates:
+            gen = torch.Generator().manual_seed(0)
+            shape = (1, num_heads, _PROBE_TOKENS, head_dim)
+            qkv = [torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(3)]
+            new = [t.clone() for t in qkv]
+            for t in new:
+                t[..., _PROBE_PAST:, :] = 3.0 * torch.randn(
+                    t[..., _PROBE_PAST:, :].shape, generator=gen, dtype=torch.float64) + 1.0
+            try:
+                with torch.no_grad():
+                    a, b = (kernel(*(t.to(dtype=dtype, device=device) for t in x),
+                                   attn_mask=None, is_causal=True, dropout_p=0.0)
+                            for x in (qkv, new))
+            except Exception:  # noqa: BLE001 - any failure: try the kernel's own dtype
+                continue
+            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                    and a.shape == b.shape and a.dim() >= 2
+                    and a.shape[-2] == _PROBE_TOKENS):
+                return None
+            a, b = a.double().cpu(), b.double().cpu()
+            past = (a[..., :_PROBE_PAST, :] - b[..., :_PROBE_PAST, :]).abs().max()
+            return float(past / a.abs().max().clamp_min(1e-300))
+        return None
+    finally:
+        kernel.train(was_training)
+
+
+def _is_builtin(kernel: Kernel) -> bool:
+    return type(kernel) in KERNELS.values()
+
+
+def warn_about_instance(kernel: Kernel, targets: list[tuple[str, AttentionOperator]],
+                        caller: str) -> None:
+    """The warnings for a ``Kernel`` instance installed as given into the operators ``targets``
+    (path, operator), before it is installed:
+
+    * a kernel whose class is not a built-in one (``KERNELS``) is probed once
+      (``probe_causality``): if its past output moves when only the future changes
+      (relative change > 1e-6, or float32-level 1e-4 for a kernel run in a lower precision), it
+      ignores ``is_causal`` and would break the causality of a causal model;
+    * a kernel with a score scale whose scale differs from an operator's own non-default scale
+      (GPT-2's scale by layer, CvT's dim^-1/2) changes that operator's output: each such
+      operator is named with both scales.
+    """
+    name = type(kernel).__qualname__
+    if targets and not _is_builtin(kernel):
+        op = targets[0][1]
+        leak = probe_causality(kernel, op.num_heads, op.head_dim)
+        if leak is None:
+            warnings.warn(f"{caller}: could not probe {name} for causality (it does not run on "
+                          f"random (1, {op.num_heads}, {_PROBE_TOKENS}, {op.head_dim}) Q, K, V "
+                          "with is_causal=True); whether it keeps a causal support is unchecked",
+                          UserWarning, stacklevel=3)
+        elif leak > 1e-6:
+            warnings.warn(f"{caller}: {name} ignores is_causal: with is_causal=True its output "
+                          f"at the past tokens changed (relative {leak:.3g}) when only the "
+                          "future tokens changed, so in a causal model (GPT-2, a decoder) token "
+                          "x would see x' > x; make its forward honour is_causal",
+                          UserWarning, stacklevel=3)
+    if not getattr(kernel, "takes_scale", False):
+        return
+    changed = []
+    for path, op in targets:
+        if op.has_default_scale():
+            continue
+        d = op.head_dim ** -0.5
+        old = op.score_scale()
+        old = d if old is None else old
+        new = d if kernel.scale is None else kernel.scale
+        if not math.isclose(old, new, rel_tol=1e-12):
+            changed.append(f"{path}: {old!r} -> {new!r}")
+    if changed:
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        given = "None (1/sqrt(d_h))" if kernel.scale is None else repr(kernel.scale)
+        warnings.warn(f"{caller}: the {name} instance has score scale {given}, which "
+                      f"replaces the operators' own scales ({'; '.join(changed[:5])}{more}): "
+                      "the output changes; pass the kernel by name to keep each operator's "
+                      "scale", UserWarning, stacklevel=3)
 
 
 def set_kernel(model: nn.Module, kernel: Kernel | str, **options: Any) -> nn.Module:
@@ -500,7 +629,9 @@ def set_kernel(model: nn.Module, kernel: Kernel | str, **options: Any) -> nn.Mod
 
     Every operator is checked before any is changed (all or nothing). ValueError, naming the
     model's class, the kernel and the operator, when a name is unknown, the model has no
-    attention operator, or an operator cannot take the kernel.
+    attention operator, or an operator cannot take the kernel. A Kernel instance of a class
+    that is not built in is probed for causality, and an instance whose scale replaces an
+    operator's own non-default scale is named: both warn (``warn_about_instance``).
     """
     from .attention import AttentionOperator
 
@@ -527,6 +658,8 @@ def set_kernel(model: nn.Module, kernel: Kernel | str, **options: Any) -> nn.Mod
         except ValueError as e:
             raise ValueError(f"set_kernel({type(model).__name__}, {label}): {path} "
                              f"({type(op).__name__}): {e}") from e
+    if isinstance(kernel, Kernel):
+        warn_about_instance(kernel, ops, f"set_kernel({type(model).__name__}, {label})")
     for op, k in plans:
         op.install_kernel(k)
     return model

@@ -18,6 +18,9 @@ part of the controls theta^n: piecewise constant in t like every other weight.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 from torch import nn
 
@@ -42,6 +45,10 @@ class DiagonalScaling(Operator):
         super().__init__()
         if not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if isinstance(init_value, bool) or not isinstance(init_value, numbers.Real) or \
+                not math.isfinite(float(init_value)):
+            raise ValueError(f"init_value must be a finite number (gamma's initial value), got "
+                             f"{init_value!r}")
         self.dim = dim
         self.gamma = nn.Parameter(torch.full((dim,), float(init_value), device=device,
                                              dtype=dtype))

@@ -28,7 +28,10 @@ __all__ = ["Controls"]
 
 
 class Controls(nn.Module):
-    """theta^1..theta^L, each a mapping operator name -> operator (piecewise constant in t)."""
+    """theta^1..theta^L, each a mapping operator name -> operator (piecewise constant in t).
+
+    ``interpolation``: "constant" or "linear" (surrounding whitespace is ignored).
+    """
 
     def __init__(
         self,
@@ -36,6 +39,8 @@ class Controls(nn.Module):
         interpolation: str = "constant",
     ) -> None:
         super().__init__()
+        if isinstance(interpolation, str):
+            interpolation = interpolation.strip()  # names are read like scheme names
         if interpolation not in ("constant", "linear"):
             raise ValueError(f"interpolation must be 'constant' or 'linear', got "
                              f"{interpolation!r}")

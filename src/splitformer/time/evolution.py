@@ -9,6 +9,13 @@ discretisation of the same equation).
 An evolution keeps the *layout* of the network it came from (its fields, with the operators
 around them and the projections after them: ``time.schemes.Field``). Named schemes are always
 rebuilt on that layout, whatever scheme the evolution runs now.
+
+Building an evolution whose scheme leaves a field operator of the controls unused (an operator
+of kind "field", e.g. the FFN under "attention norm1:project") warns, naming those operators:
+the evolution then integrates an equation without those terms. Unused projections and maps are
+not reported (a network may hold one it does not apply, e.g. a stochastic depth of rate 0).
+``validate`` (a bool) turns on validation mode: NonFiniteError at the first substep that
+produces a NaN or an inf.
 """
 
 from __future__ import annotations
@@ -38,11 +45,29 @@ def _layout(scheme: Scheme) -> Layout | None:
         return None
 
 
+def _warn_unused_fields(scheme: Scheme, controls: Controls) -> None:
+    """Warn when the scheme applies none of some field operators of the controls."""
+    used = set(scheme.operators())
+    unused: list[str] = []
+    for theta in controls:
+        for name, op in theta.items():
+            if getattr(op, "kind", None) == "field" and name not in used and name not in unused:
+                unused.append(name)
+    if unused:
+        warnings.warn(
+            f"scheme {scheme.name!r} [{scheme}] leaves the field operators {unused} of the "
+            "controls unused: the evolution drops those terms of the equation; name them in "
+            "the scheme if they belong to it",
+            UserWarning, stacklevel=3,
+        )
+
+
 class Evolution(nn.Module):
     """Runs ``scheme`` over ``grid`` with ``controls``; forward(u0) returns u(T).
 
     ``layout``: the fields of the network (default: read off the scheme, when it has one); a
-    scheme name is built on it, here and in ``with_scheme``.
+    scheme name is built on it, here and in ``with_scheme``. ``validate``: a bool, validation
+    mode (settable later: ``evolution.validate = True``; anything but a bool is refused).
     """
 
     def __init__(
@@ -61,6 +86,7 @@ class Evolution(nn.Module):
         self.scheme = resolve(scheme, layout)
         for theta in controls:
             self.scheme.check_controls(theta)
+        _warn_unused_fields(self.scheme, controls)
         self.layout = tuple(layout) if layout is not None else _layout(self.scheme)
         self.grid = grid if grid is not None else TimeGrid(controls.T, len(controls))
         if not isinstance(self.grid, TimeGrid):
@@ -68,6 +94,18 @@ class Evolution(nn.Module):
         if abs(self.grid.T - controls.T) > 1e-12:
             raise ValueError(f"grid.T={self.grid.T} must equal the controls' T={controls.T}")
         self.validate = validate
+
+    @property
+    def validate(self) -> bool:
+        """Validation mode: raise NonFiniteError at the first substep with a NaN or an inf."""
+        return self.__dict__.get("_validate", False)
+
+    @validate.setter
+    def validate(self, on: bool) -> None:
+        if not isinstance(on, bool):
+            raise TypeError(f"Evolution.validate must be a bool (validation mode on or off), "
+                            f"got {type(on).__name__} {on!r}")
+        self.__dict__["_validate"] = on
 
     # -- the contract of DESIGN.md ---------------------------------------------------------
     @property

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -11,16 +13,24 @@ __all__ = ["TimeGrid"]
 
 @dataclass(frozen=True)
 class TimeGrid:
-    """A uniform grid on [0, T] with N_t steps. The network with L layers is T = L, N_t = L."""
+    """A uniform grid on [0, T] with N_t steps. The network with L layers is T = L, N_t = L.
+
+    T: a finite real number > 0 (stored as a float); num_steps: an int >= 1 (not a bool).
+    """
 
     T: float
     num_steps: int
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.num_steps, int) and self.num_steps >= 1):
+        if not _is_int(self.num_steps) or self.num_steps < 1:
             raise ValueError(f"num_steps must be an int >= 1, got {self.num_steps!r}")
-        if not self.T > 0:
-            raise ValueError(f"T must be > 0, got {self.T!r}")
+        T = self.T
+        if isinstance(T, bool) or not isinstance(T, numbers.Real):
+            raise TypeError(f"T must be a real number > 0 (the final time), got "
+                            f"{type(T).__name__} {T!r}")
+        if not (math.isfinite(float(T)) and T > 0):
+            raise ValueError(f"T must be a finite number > 0 (the final time), got {T!r}")
+        object.__setattr__(self, "T", float(T))
 
     @property
     def tau(self) -> float:
@@ -37,6 +47,11 @@ class TimeGrid:
 
     def refine(self, k: int) -> TimeGrid:
         """tau -> tau / k on the same [0, T]."""
-        if not (isinstance(k, int) and k >= 1):
+        if not _is_int(k) or k < 1:
             raise ValueError(f"k must be an int >= 1, got {k!r}")
         return TimeGrid(self.T, self.num_steps * k)
+
+
+def _is_int(n) -> bool:
+    """An int that is not a bool (True would read as 1)."""
+    return isinstance(n, int) and not isinstance(n, bool)

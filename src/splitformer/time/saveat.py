@@ -14,6 +14,8 @@ An evolution always returns u(T). ``SaveAt`` adds states along the way:
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +28,10 @@ class SaveAt:
     """Which states of the path to keep besides u(T).
 
     steps: every grid point t_i = i tau, i = 0..N_t (t_0 is the initial condition).
-    ts: chosen times; each must be a grid point (a multiple of tau in [0, T]).
+    ts: chosen times, a number, a sequence of numbers or a 1-D real tensor (not a str, not a
+        bool); each must be a grid point (a multiple of tau in [0, T]). It is checked against
+        the grid whenever it is given, also with ``steps=True`` (which keeps every grid point,
+        so ts adds nothing there).
     substeps: the state after every substep j of every step i (``Trajectory.substeps``).
     """
 
@@ -39,24 +44,27 @@ class SaveAt:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"SaveAt.{name} must be a bool, got {getattr(self, name)!r}")
         ts = self.ts
-        if isinstance(ts, (int, float)):
+        if isinstance(ts, torch.Tensor) and ts.dim() <= 1 and not (
+                ts.dtype == torch.bool or ts.is_complex()):
+            ts = ts.detach().reshape(-1).tolist()  # a tensor of times (grid.times())
+        if _is_time(ts):
             ts = (ts,)
-        try:
-            ts = tuple(float(t) for t in ts)
-        except (TypeError, ValueError):
-            raise TypeError(f"SaveAt.ts must be a sequence of times, got {self.ts!r}") from None
+        elif isinstance(ts, (str, bytes, bool)) or not isinstance(ts, Iterable):
+            raise TypeError(f"SaveAt.ts must be a number or a sequence of numbers (times), got "
+                            f"{type(ts).__name__} {ts!r}")
+        ts = tuple(ts)
+        bad = [t for t in ts if not _is_time(t)]
+        if bad:
+            raise TypeError(f"SaveAt.ts must hold numbers (times), got {bad[0]!r} "
+                            f"({type(bad[0]).__name__}) in {self.ts!r}")
+        ts = tuple(float(t) for t in ts)
         if any(not math.isfinite(t) for t in ts):
             raise ValueError(f"SaveAt.ts must be finite times, got {ts}")
         object.__setattr__(self, "ts", ts)
 
-    @property
-    def keeps_states(self) -> bool:
-        return self.steps or bool(self.ts)
-
     def indices(self, grid) -> list[int]:
-        """The grid indices i whose u(t_i) is kept (sorted, unique)."""
-        if self.steps:
-            return list(range(grid.num_steps + 1))
+        """The grid indices i whose u(t_i) is kept (sorted, unique). Every time of ``ts`` must
+        be a grid point, also when ``steps`` keeps them all (ValueError naming it)."""
         out = set()
         for t in self.ts:
             i = round(t / grid.tau)
@@ -64,7 +72,14 @@ class SaveAt:
                 raise ValueError(f"SaveAt.ts: t = {t:g} is not a grid point of this evolution "
                                  f"(T = {grid.T:g}, tau = {grid.tau:g})")
             out.add(i)
+        if self.steps:
+            return list(range(grid.num_steps + 1))
         return sorted(out)
+
+
+def _is_time(t) -> bool:
+    """A real number that is not a bool (True would read as t = 1)."""
+    return isinstance(t, numbers.Real) and not isinstance(t, bool)
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,22 @@ update integrates Pi_T(v) F(v) (the projection method, docs/math.md 3.5) instead
 the vector field instead of being a substep (docs/math.md 3.2). ``post`` composes after it:
 D(F(u)), e.g. LayerScale D = diag(gamma(y)), read as a per-feature step size
 tau(y) = tau gamma(y). ``then`` applies projections to the result within the same substep
-(ReLU(u + h(W u + b)) in the paper's FFN substeps). ``save`` keeps the state after the stage
-under a name for a later relaxation.
+(ReLU(u + h(W u + b)) in the paper's FFN substeps). ``pre``, ``post`` and ``then`` are tuples
+of operator names; a single name given as a str is read as a 1-tuple (``pre="norm1"`` is
+``pre=("norm1",)``). ``save`` keeps the state after the stage
+under a name for a later relaxation; only a top-level stage can save (a stage inside a parallel
+branch cannot: the branches run on copies of u, so a state saved there would belong to one
+branch only). ``fraction`` is a number in (0, MAX_FRACTION], MAX_FRACTION = 1e3: the substep
+size is h = fraction * tau.
 
 Schemes are values: build one from stages, from a short string, or by name. The string form is
 a whitespace- or comma-separated list of tokens
 
     [pre>]operator[<post][:integrator|:project|:map][*fraction][~tangent][|then][@save]
     relax(saved[,weight])          parallel(stages | stages | ...)
+
+where the ':suffix' is one of ``SUFFIXES`` (the integrators euler, heun, rk2, rk4, and project,
+map).
 
 e.g. the post-LN Lie scheme is "attention norm1:project ffn norm2:project" and pre-LN is
 "norm1>attention norm2>ffn".
@@ -53,9 +61,11 @@ __all__ = [
     "FORMS",
     "Field",
     "KINDS",
+    "MAX_FRACTION",
     "POST_LN",
     "PRE_LN",
     "SCHEMES",
+    "SUFFIXES",
     "Scheme",
     "Stage",
     "layout_of",
@@ -73,10 +83,23 @@ __all__ = [
 
 KINDS = ("field", "project", "map", "relax", "parallel")
 FORMS = ("raw", "tangent")  # substep forms: integrate F, or its tangential part Pi_T F
+MAX_FRACTION = 1e3  # the largest fraction of tau a stage may take (h = fraction * tau)
+# every ':suffix' of the string form: an integrator (a field stage) or a non-field kind
+SUFFIXES = (*INTEGRATORS, "project", "map")
 _NAME = re.compile(r"^[A-Za-z_][\w.]*$")
 # which operator kinds (operators.base.OPERATOR_KINDS) each stage kind may apply
 _FITS = {"field": ("field",), "project": ("projection",), "map": ("map", "projection")}
 _AROUND = ("projection", "map")  # kinds allowed in pre / post / then
+
+
+def _names(value, what: str) -> tuple[str, ...]:
+    """A tuple of operator names from a tuple (or list) of them, or from one name as a str."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, bytes) or not isinstance(value, Iterable):
+        raise TypeError(f"{what} must be a tuple of operator names (or one name as a str), "
+                        f"got {type(value).__name__} {value!r}")
+    return tuple(value)
 
 
 def _check_name(name: str, what: str) -> None:
@@ -103,6 +126,10 @@ class Stage:
     branches: tuple[tuple[Stage, ...], ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.operator, str):
+            raise TypeError(f"Stage.operator must be a str (an operator name, 'a+b' for a sum of "
+                            f"fields, or the saved state of a relax), got "
+                            f"{type(self.operator).__name__} {self.operator!r}")
         if self.kind not in KINDS:
             hint = (f" ({self.kind!r} is an integrator: write Stage(operator, "
                     f"integrator={self.kind!r}))" if self.kind in INTEGRATORS else "")
@@ -110,15 +137,24 @@ class Stage:
                              f"integrators: {tuple(INTEGRATORS)}")
         if self.integrator not in INTEGRATORS:
             raise ValueError(f"Stage.integrator must be one of {tuple(INTEGRATORS)}, got "
-                             f"{self.integrator!r}")
+                             f"{self.integrator!r} (projections and maps: kind='project' or "
+                             "kind='map')")
         for name in ("pre", "post", "then"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
+            object.__setattr__(self, name, _names(getattr(self, name), f"Stage.{name}"))
+        if isinstance(self.branches, (str, bytes)) or not isinstance(self.branches, Iterable):
+            raise TypeError(f"Stage.branches must be a tuple of branches (tuples of Stage "
+                            f"values), got {type(self.branches).__name__}")
+        for b in self.branches:
+            if isinstance(b, (Stage, str, bytes)) or not isinstance(b, Iterable):
+                raise TypeError(f"Stage.branches must hold branches, each a tuple of Stage "
+                                f"values, got a {type(b).__name__} (one stage st is the branch "
+                                "(st,))")
         object.__setattr__(self, "branches", tuple(tuple(b) for b in self.branches))
         f = self.fraction
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not (
-                f > 0 and math.isfinite(f)):
-            raise ValueError(f"Stage.fraction must be a number > 0 and finite (a fraction of "
-                             f"tau), got {f!r}")
+                math.isfinite(f) and 0 < f <= MAX_FRACTION):
+            raise ValueError(f"Stage.fraction must be a number > 0 and <= {MAX_FRACTION:g} (a "
+                             f"fraction of tau; h = fraction * tau), got {f!r}")
         if self.kind != "field":
             self._check_not_field()
         if self.kind == "parallel":
@@ -130,10 +166,18 @@ class Stage:
                     if not isinstance(st, Stage):
                         raise TypeError(f"parallel branches hold Stage values, got "
                                         f"{type(st).__name__}")
+            for st in _flat(tuple(x for b in self.branches for x in b)):
+                if st.save:
+                    raise ValueError(
+                        f"stage '{st}' inside a parallel stage saves its state as "
+                        f"{st.save!r}: a parallel branch cannot save (the branches run on "
+                        "copies of u, so the state would belong to one branch only); put "
+                        "the @save on a stage before or after the parallel one")
         elif self.branches:
             raise ValueError(f"only a parallel Stage has branches (kind={self.kind!r})")
         if self.kind == "relax":
-            if not 0.0 <= float(self.weight) <= 1.0:
+            w = self.weight
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w <= 1.0:
                 raise ValueError(f"Stage.weight must be in [0, 1], got {self.weight!r}")
             _check_name(self.operator, "relax(saved): the saved state")
         elif self.kind != "parallel":
@@ -153,10 +197,6 @@ class Stage:
         if wrong:
             raise ValueError(f"Stage {self.operator!r} of kind {self.kind!r}: {wrong} apply to "
                              "field stages only (a projection or map does not depend on tau)")
-
-    @property
-    def is_field(self) -> bool:
-        return self.kind == "field"
 
     def fields(self) -> list[str]:
         """The operator names summed in this stage's field ("a+b" -> ["a", "b"])."""
@@ -209,8 +249,10 @@ class Scheme:
         for st in stages:
             if not isinstance(st, Stage):
                 raise TypeError(f"Scheme.stages must hold Stage values, got {type(st).__name__}")
-            if st.kind == "relax" and st.operator not in saved:
-                raise ValueError(f"relax({st.operator}) refers to a state no earlier stage saves")
+            for sub in _flat((st,)):  # a relax inside a parallel branch reads the same states
+                if sub.kind == "relax" and sub.operator not in saved:
+                    raise ValueError(f"relax({sub.operator}) refers to a state no earlier stage "
+                                     "saves")
             if st.save:
                 saved.add(st.save)
 
@@ -374,6 +416,10 @@ def _token_stage(tok: str, text: str) -> Stage:
     if not m:
         raise ValueError(f"cannot parse scheme token {tok!r} in {text!r}")
     slot = m["int"] or "euler"
+    if slot not in SUFFIXES:
+        raise ValueError(f"unknown ':{slot}' in scheme token {tok!r} of {text!r}: the suffix "
+                         f"must be one of {', '.join(SUFFIXES)} (an integrator, or project / "
+                         "map)")
     kind, integrator = (slot, "euler") if slot in ("project", "map") else ("field", slot)
     try:
         fraction = float(m["frac"]) if m["frac"] else 1.0
@@ -401,7 +447,12 @@ def _parse_stages(text: str) -> list[Stage]:
             continue
         m = _RELAX.match(tok)
         if m:
-            stages.append(Stage(m["ref"], "relax", weight=float(m["w"] or 0.5)))
+            try:
+                weight = float(m["w"] or 0.5)
+            except ValueError:
+                raise ValueError(f"Stage.weight must be in [0, 1], got {m['w']!r} in "
+                                 f"{tok!r}") from None
+            stages.append(Stage(m["ref"], "relax", weight=weight))
             continue
         stages.append(_token_stage(tok, text))
     return stages
@@ -603,7 +654,6 @@ SCHEMES: dict[str, Callable[..., Scheme]] = {
     "unsplit": unsplit,
     "paper": _paper,
 }
-NAMED = SCHEMES  # the name used before the registry held every scheme
 
 
 def scheme_names() -> list[str]:
