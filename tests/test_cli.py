@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import subprocess
@@ -135,8 +136,14 @@ def model_files(tmp_path_factory):
     (["--ks", "4"], "--ks", "at least two"),
     (["--ks", "1-12"], "--ks", "below --ref-k 10"),
     (["--ks", "2,5", "--ref-k", "5"], "--ks", "below --ref-k 5"),
-    (["--ref-k", "0"], "--ref-k", "positive integer"),
-    (["--ref-k", "-3"], "--ref-k", "positive integer"),
+    (["--ref-k", "0"], "--ref-k", "an integer in [1, 16]"),
+    (["--ref-k", "-3"], "--ref-k", "an integer in [1, 16]"),
+    (["--ref-k", "2.5"], "--ref-k", "an integer in [1, 16]"),
+    (["--ref-k", "40"], "--ref-k", "an integer in [1, 16]"),
+    (["--ref-k", "17"], "--ref-k", "got 17"),
+    (["--ks", "1-1000000000"], "--ks", "k in [0, 15]"),
+    (["--ks", "2,20"], "--ks", "got 20"),
+    (["--ks", "0-16"], "--ks", "k in [0, 15]"),
     (["--scheme", "nope"], "--scheme", "unknown scheme 'nope'"),
     (["--scheme", "attention:bogus"], "--scheme", "bogus"),
     (["--scheme", "foo bar"], "--scheme", "['foo', 'bar']"),
@@ -150,7 +157,16 @@ def model_files(tmp_path_factory):
     (["--model", "nonesuch"], "--model", "smooth, relu"),
     (["--controls", "cubic"], "--controls", "invalid choice"),
     (["--reference", "nope"], "--reference", "invalid choice"),
-    (["--seed", "x"], "--seed", "invalid int"),
+    (["--seed", "x"], "--seed", "an integer in [-2^63, 2^64 - 1]"),
+    (["--seed", "99999999999999999999999"], "--seed", "torch.manual_seed's range"),
+    (["--seed", str(2**64)], "--seed", "an integer in [-2^63, 2^64 - 1]"),
+    (["--seed", str(-2**63 - 1)], "--seed", "an integer in [-2^63, 2^64 - 1]"),
+    (["--scheme", "prenorm", "--reference", "projected-ode"], "--reference",
+     "operators composed inside them"),
+    (["--scheme", "attention norm1:project"], "--scheme",
+     "does not use the model's field operator ffn"),
+    (["--scheme", "ffn norm2:project"], "--scheme", "field operator attention"),
+    (["--scheme", "norm1>attention", "--reference", "projected-ode"], "--scheme", "ffn"),
     (["--plot", "missing-folder/c.png"], "--plot", "'missing-folder' of"),
     (["--plot", "c.txt"], "--plot", "'.txt'"),
     (["--plot", "c"], "--plot", "no extension"),
@@ -184,11 +200,33 @@ def test_plot_folder_is_checked_before_the_run(capsys, no_computation, tmp_path)
     assert "argument --plot" in line and "does not exist" in line
 
 
-@pytest.mark.parametrize("value", ["-1", "0", "two"])
-def test_verify_threads_must_be_positive(capsys, no_computation, value):
+@pytest.mark.parametrize("value", ["-1", "0", "two", "100000", "1000000000"])
+def test_verify_threads_must_be_positive_and_bounded(capsys, no_computation, value):
+    """--threads 100000 crashed torch (segmentation fault): a usage error now."""
     line = _usage_error(capsys, ["verify", "--threads", value])
     assert line.startswith("splitformer verify: error: argument --threads: "), line
-    assert "positive integer" in line
+    assert "positive integer" in line and f"at most {verify_cmd.MAX_THREADS}" in line
+
+
+def test_verify_threads_just_above_the_bound(capsys, no_computation):
+    line = _usage_error(capsys, ["verify", "--threads", str(verify_cmd.MAX_THREADS + 1)])
+    assert f"at most {verify_cmd.MAX_THREADS} (torch threads" in line
+
+
+def test_verify_threads_bound_is_documented_and_accepted():
+    assert verify_cmd.MAX_THREADS >= 256
+    args = build_parser().parse_args(["verify", "--threads", str(verify_cmd.MAX_THREADS)])
+    assert args.threads == verify_cmd.MAX_THREADS
+    help_text = " ".join(_subparser("verify").format_help().split())
+    assert f"from 1 to {verify_cmd.MAX_THREADS}" in help_text
+
+
+def test_verify_restores_the_thread_count(monkeypatch):
+    monkeypatch.setattr(verify_cmd, "run_checks", lambda *a, **k: iter([]))
+    before = torch.get_num_threads()
+    with contextlib.redirect_stdout(io.StringIO()):
+        main(["verify", "--threads", "1", "--json"])
+    assert torch.get_num_threads() == before
 
 
 def test_argparse_errors_are_one_line_too(capsys):
@@ -196,6 +234,60 @@ def test_argparse_errors_are_one_line_too(capsys):
     assert "argument --family: invalid choice: 'nope'" in line
     line = _usage_error(capsys, ["nonesuch"])
     assert line.startswith("splitformer: error: ")
+
+
+def test_no_command_is_one_line(capsys):
+    line = _usage_error(capsys, [])
+    assert line == ("splitformer: error: a command is required (verify, convergence) "
+                    "(see 'splitformer --help')")
+
+
+def test_seed_ref_k_and_ks_bounds_are_accepted_and_documented():
+    conv = _subparser("convergence")
+    for seed in ("-1", str(-2**63), str(2**64 - 1)):
+        assert conv.parse_args(["--seed", seed]).seed == int(seed)
+    assert conv.parse_args(["--ref-k", "16"]).ref_k == 16
+    assert conv.parse_args(["--ks", "0-15"]).ks == tuple(range(16))
+    help_text = " ".join(conv.format_help().split())
+    assert "an integer from 1 to 16" in help_text and "each from 0 to 15" in help_text
+    assert "[-2^63, 2^64 - 1]" in help_text
+    assert "exit status: 0 done; 2 a usage error" in help_text
+
+
+@pytest.mark.parametrize("argv,dest,value", [
+    (["verify", "--family", "core "], "family", ["core"]),
+    (["verify", "--family", " bert", "--family", "\tvit\n"], "family", ["bert", "vit"]),
+    (["convergence", "--scheme", "lie "], "scheme", "lie"),
+    (["convergence", "--integrator", " heun "], "integrator", "heun"),
+    (["convergence", "--substep-form", "tangent "], "substep_form", "tangent"),
+    (["convergence", "--controls", " linear"], "controls", "linear"),
+    (["convergence", "--reference", "same-scheme "], "reference", "same-scheme"),
+    (["convergence", "--model", " relu "], "model", "relu"),
+])
+def test_choices_are_read_without_surrounding_whitespace(argv, dest, value):
+    assert getattr(build_parser().parse_args(argv), dest) == value
+
+
+@pytest.mark.parametrize("flag,text,argument,api_value", [
+    ("--ks", "2,1", "ks", (2, 1)),
+    ("--ks", "3", "ks", (3,)),
+    ("--ks", "1,99", "ks", (1, 99)),
+    ("--ref-k", "40", "ref_k", 40),
+    ("--ref-k", "x", "ref_k", "x"),
+    ("--seed", str(2**64), "seed", 2**64),
+])
+def test_cli_and_api_refuse_with_the_same_words(capsys, no_computation, flag, text, argument,
+                                                api_value):
+    """The CLI's argparse types call the API's checks: same refusal, same detail."""
+    from splitformer.analysis import checks
+
+    check = {"ks": checks.check_ks, "ref_k": checks.check_ref_k, "seed": checks.check_seed}
+    with pytest.raises(checks.ArgumentError) as exc:
+        check[argument](api_value)
+    assert exc.value.argument == argument and str(exc.value).startswith(f"{argument}: ")
+    line = _usage_error(capsys, ["convergence", flag, text])
+    assert line.startswith(f"splitformer convergence: error: argument {flag}: "
+                           f"{exc.value.detail}"), line
 
 
 # -- schemes, defaults, model files ---------------------------------------------------------
@@ -235,6 +327,33 @@ def test_convergence_integrator_defaults_to_the_schemes_own(capsys):
     p = subprocess.run([sys.executable, "-m", "splitformer", "convergence", "--help"],
                        capture_output=True, text=True, check=True)
     assert "the scheme's own (strang: heun" in " ".join(p.stdout.split())
+
+
+def test_convergence_model_file_with_nan_weights(capsys, tmp_path):
+    """A NaN weight would give NaN errors and a NaN order: refused, naming --model."""
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    with torch.no_grad():
+        layer.linear1.weight[0, 0] = float("nan")
+    path = tmp_path / "nan.pt"
+    torch.save(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), path)
+    line = _usage_error(capsys, ["convergence", "--model", str(path), "--ks", "2-3",
+                                 "--ref-k", "5"])
+    assert line.startswith("splitformer convergence: error: argument --model: "), line
+    assert "expected finite parameters" in line
+
+
+def test_convergence_non_finite_run_is_one_line_exit_1(capsys, monkeypatch):
+    """A reference that blew up is not a usage error: one line on stderr, exit status 1."""
+    # the module (the package's name 'convergence' is the function)
+    conv_mod = importlib.import_module("splitformer.analysis.convergence")
+    monkeypatch.setattr(conv_mod, "reference_solution",
+                        lambda evo, u0, *a, **k: torch.full_like(u0, float("nan")))
+    assert main(["convergence", "--ks", "2-3", "--ref-k", "5"]) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert lines[0].startswith("splitformer convergence: error: the reference u(T)"), lines[0]
+    assert "not finite" in lines[0] and "nan" not in captured.out
 
 
 @pytest.mark.parametrize("kind", ["encoder", "splitformer"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
@@ -15,7 +16,11 @@ from splitformer.analysis.convergence import (
     reference_solution,
 )
 from splitformer.cli import main
+from splitformer.time import NonFiniteError
 from splitformer.verification.references import post_ln_reference
+
+# the module (the package's name 'convergence' is the function)
+conv_mod = importlib.import_module("splitformer.analysis.convergence")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +81,7 @@ def test_prenorm_converges_to_its_own_ode():
 
 def test_bad_arguments():
     model, u0 = configuration("smooth")
-    with pytest.raises(ValueError, match="ks must be"):
+    with pytest.raises(ValueError, match="ks: every k must be below ref_k 10"):
         convergence(model, u0, ks=(3, 12), ref_k=10)
     with pytest.raises(ValueError, match="form must be"):
         convergence(model, u0, form="sideways")
@@ -122,6 +127,107 @@ def test_api_options_default_to_the_schemes_own_and_strings_are_schemes(smooth):
     with pytest.raises(ValueError, match="options of the named schemes"):
         convergence(model, u0, scheme="attention norm1:project ffn norm2:project",
                     integrator="heun", **kw)
-    with pytest.raises(ValueError, match="ks must be distinct"):
+    with pytest.raises(ValueError, match="ks: expected k values that increase without repeats"):
         convergence(model, u0, ks=(2, 2), ref_k=8)
     assert math.isnan(fit_order([0.5, 0.5], [0.1, 0.1]))  # one tau twice: no slope
+
+
+# -- the API's checks (shared with the CLI): an ArgumentError naming the argument -----------
+# (ArgumentError, splitformer.analysis.ArgumentError, is a ValueError with .argument, .detail)
+
+def _nan_u0(u0):
+    bad = u0.clone()
+    bad[0, 0, 0] = float("nan")
+    return bad
+
+
+@pytest.mark.parametrize("change,argument,needle", [
+    (lambda u0: {"u0": _nan_u0(u0)}, "u0", "expected finite values, got 1 NaN"),
+    (lambda u0: {"u0": None}, "u0", "expected a torch.Tensor of shape (batch, tokens, 16)"),
+    (lambda u0: {"u0": u0[..., :8]}, "u0", "expected shape (batch, tokens, 16), got (2, 6, 8)"),
+    (lambda u0: {"u0": u0[0]}, "u0", "expected shape (batch, tokens, 16), got (6, 16)"),
+    (lambda u0: {"u0": u0.float()}, "u0", "expected dtype torch.float64"),
+    (lambda u0: {"ref_k": 2.5}, "ref_k", "expected an integer in [1, 16]"),
+    (lambda u0: {"ref_k": "5"}, "ref_k", "got '5'"),
+    (lambda u0: {"ref_k": True}, "ref_k", "got True"),
+    (lambda u0: {"ref_k": 40}, "ref_k", "got 40"),
+    (lambda u0: {"ks": (1,)}, "ks", "at least two k values"),
+    (lambda u0: {"ks": (2, 1)}, "ks", "increase without repeats"),
+    (lambda u0: {"ks": (1, 2.5)}, "ks", "got 2.5"),
+    (lambda u0: {"ks": "12"}, "ks", "a sequence of integers"),
+    (lambda u0: {"ks": (-1, 2)}, "ks", "got -1"),
+    (lambda u0: {"u_ref": u0[:, :5]}, "u_ref", "of shape (2, 6, 16), got (2, 5, 16)"),
+    (lambda u0: {"u_ref": _nan_u0(u0)}, "u_ref", "expected finite values"),
+    (lambda u0: {"u_ref": "u"}, "u_ref", "expected a torch.Tensor"),
+    (lambda u0: {"reference": "nope"}, "reference", "expected one of auto, projected-ode"),
+    (lambda u0: {"scheme": "prenorm", "reference": "projected-ode"}, "reference",
+     "operators composed inside them"),
+    (lambda u0: {"scheme": "attention norm1:project"}, "scheme",
+     "does not use the model's field operator ffn"),
+])
+def test_api_refuses_bad_inputs_naming_the_argument(monkeypatch, change, argument, needle):
+    """Every check runs before any run (no reference, no refined run), naming the argument."""
+    model, u0 = configuration("smooth")
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a run started before the inputs were checked")
+
+    monkeypatch.setattr(conv_mod, "_run", fail)
+    kw = {"u0": u0, "ks": (2, 3), "ref_k": 5, **change(u0)}
+    with pytest.raises(ValueError) as exc:
+        convergence(model, kw.pop("u0"), **kw)
+    assert getattr(exc.value, "argument", None) == argument, exc.value
+    assert str(exc.value).startswith(f"{argument}: ") and needle in exc.value.detail, exc.value
+
+
+def test_api_refuses_distinct_sets_for_the_projected_ode():
+    """trained-s-like: the two norms project onto different S1 sets, so the projected ODE is not
+    the limit; 'auto' picks the same scheme, 'projected-ode' is refused."""
+    model, u0 = configuration("smooth")
+    with torch.no_grad():
+        model.evolution.controls[0]["norm2"].s2.fill_(2.0)
+    with pytest.raises(ValueError, match="not one and the same constraint set"):
+        convergence(model, u0, ks=(2, 3), ref_k=5, reference="projected-ode")
+    assert "same scheme" in convergence(model, u0, ks=(2, 3), ref_k=5).reference
+
+
+def test_nan_weights_are_refused():
+    model, u0 = configuration("smooth")
+    with torch.no_grad():
+        next(model.evolution.controls[1]["ffn"].parameters()).view(-1)[0] = float("inf")
+    with pytest.raises(ValueError, match="model: expected finite parameters"):
+        convergence(model, u0, ks=(2, 3), ref_k=5)
+
+
+def test_non_finite_results_raise_instead_of_nan(monkeypatch):
+    """No NaN order or errors: a reference or a run that is not finite, or errors all at
+    round-off, raise NonFiniteError saying which."""
+    model, u0 = configuration("smooth")
+    kw = dict(ks=(2, 3), ref_k=5)
+    real_ref = conv_mod.reference_solution
+    monkeypatch.setattr(conv_mod, "reference_solution",
+                        lambda evo, u, *a, **k: torch.full_like(u, float("nan")))
+    with pytest.raises(NonFiniteError, match="the reference u"):
+        convergence(model, u0, **kw)
+    monkeypatch.setattr(conv_mod, "reference_solution", real_ref)
+    real_run = conv_mod._run
+    monkeypatch.setattr(conv_mod, "_run",
+                        lambda evo, u: real_run(evo, u) * (float("inf") if evo.tau > 0.2 else 1))
+    with pytest.raises(NonFiniteError, match="tau = 2\\^-2 is not finite"):
+        convergence(model, u0, **kw)
+    monkeypatch.setattr(conv_mod, "_run", real_run)
+    with torch.no_grad():  # no fields: u(T) = u0 for every tau, errors at round-off
+        for theta in model.evolution.controls:
+            for name in ("attention", "ffn"):
+                for p in theta[name].parameters():
+                    p.zero_()
+    with pytest.raises(NonFiniteError, match="no order to fit"):
+        convergence(model, u0, **kw)
+
+
+def test_configuration_seed_is_range_checked():
+    with pytest.raises(ValueError, match="seed: expected an integer in"):
+        configuration("smooth", seed=99999999999999999999999)
+    with pytest.raises(ValueError, match="seed: "):
+        configuration("smooth", seed=1.5)
+    configuration("smooth", seed=2**64 - 1)  # torch's range, all of it

@@ -3,14 +3,16 @@
 line to ``COMMANDS``.
 
 Every usage error, found by argparse or raised by a subcommand as ``commands.UsageError``, is
-one line on stderr, ``splitformer SUBCOMMAND: error: argument --flag: ...``, and exit status 2.
+one line on stderr, ``splitformer SUBCOMMAND: error: argument --flag: ...``, and exit status 2;
+so is a missing command (``splitformer: error: a command is required ...``). A subcommand may
+document exit status 1 for a run that fails after its inputs were accepted (``EPILOG``, shown
+under its ``--help``), also one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 
 from . import __version__
 from .commands import UsageError
@@ -39,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, modname in COMMANDS.items():
         mod = importlib.import_module(modname)
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP,
+                           epilog=getattr(mod, "EPILOG", None))
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run, _parser=p)
     return parser
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
-        parser.print_help(sys.stderr)
+        parser.error(f"a command is required ({', '.join(COMMANDS)})")  # exits with status 2
         return 2
     try:
         return int(args._run(args) or 0)

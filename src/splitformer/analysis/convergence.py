@@ -14,29 +14,49 @@ layouts, distinct constraint sets).
 
 ``smooth_configuration`` is the documented smooth configuration of docs/convergence.md; the
 variants replace one ingredient at a time (ReLU, real LayerNorm, trained weights).
+
+Inputs are checked before any run, by the checks of ``analysis.checks`` that the command line
+shares: a bad argument raises ``ArgumentError`` (a ValueError) naming it. A run whose numbers
+are not finite (a reference or a u_tau(T) that blew up, errors that leave no order to fit)
+raises ``NonFiniteError`` (``splitformer.time.NonFiniteError``) instead of returning a NaN.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
 
 import torch
 
 from ..models.encoder import Encoder
 from ..operators import FeedForward, LayerNormProjection, NonlocalAttention, SphereProjection
-from ..time import Controls, Evolution, TimeGrid
-from ..time.schemes import Scheme, layout_of, lie, scheme_names
+from ..time import Controls, Evolution, NonFiniteError, TimeGrid
+from ..time.schemes import Scheme, lie, scheme_names
+from .checks import (
+    MAX_REF_K,
+    ArgumentError,
+    check_ks,
+    check_model,
+    check_ref_k,
+    check_reference,
+    check_seed,
+    check_u0,
+    check_u_ref,
+    projected_ode_mismatch,
+    with_scheme_checked,
+)
 
 __all__ = [
+    "ArgumentError",
     "ConvergenceResult",
     "CONFIGURATIONS",
+    "MAX_REF_K",
     "REFERENCES",
     "configuration",
     "convergence",
     "fit_order",
     "has_common_projection",
+    "NonFiniteError",
     "reference_solution",
     "smooth_configuration",
 ]
@@ -54,7 +74,7 @@ class ConvergenceResult:
     taus: list[float]
     errors: list[float]
     order: float
-    pairwise_orders: list[float]
+    pairwise_orders: list[float | None]  # None where an error is at the round-off floor
     reference: str
     configuration: str = ""
     extra: dict = field(default_factory=dict)
@@ -75,8 +95,12 @@ class ConvergenceResult:
         }
 
 
-def fit_order(taus: list[float], errors: list[float], floor: float = 1e-12) -> float:
-    """Least-squares slope of log(error) against log(tau), errors above ``floor`` only."""
+FLOOR = 1e-12  # errors at or below this are round-off: left out of the fitted order
+
+
+def fit_order(taus: list[float], errors: list[float], floor: float = FLOOR) -> float:
+    """Least-squares slope of log(error) against log(tau), errors above ``floor`` only (NaN
+    when fewer than two distinct taus are left; ``convergence`` raises instead)."""
     pts = [(math.log(t), math.log(e)) for t, e in zip(taus, errors, strict=True) if e > floor]
     if len(pts) < 2:
         return float("nan")
@@ -109,6 +133,7 @@ def smooth_configuration(
     ``activation="relu"`` and ``real_layernorm=True`` (eps = 1e-5, per-feature gain and bias
     drawn in [0.5, 1.5] x [-0.5, 0.5], different for the two norms) are the variants.
     """
+    seed = check_seed(seed)
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     sets = []
@@ -148,6 +173,7 @@ def trained_configuration(*, seed: int = 0, steps: int = 150, train_projections:
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("the 'trained' configuration needs scikit-learn (splitformer[data])") \
             from e
+    seed = check_seed(seed)
     model, _ = smooth_configuration(seed=seed, dtype=dtype)
     digits = load_digits()
     x = torch.tensor(digits.data, dtype=dtype).view(-1, 8, 8) / 16.0
@@ -187,6 +213,7 @@ CONFIGURATIONS = {
 
 def configuration(name: str, *, seed: int = 0) -> tuple[Encoder, torch.Tensor]:
     """One of CONFIGURATIONS by name: (model, u0)."""
+    check_seed(seed)
     if name == "smooth":
         return smooth_configuration(seed=seed)
     if name == "relu":
@@ -217,7 +244,13 @@ def reference_solution(evolution: Evolution | Encoder, u0: torch.Tensor, ref_k: 
                        scheme: str = "unsplit") -> torch.Tensor:
     """u(T) by ``scheme`` (default: the projected ODE, unsplit RK4, tangent form) at
     tau = 2^-ref_k."""
+    ref_k = check_ref_k(ref_k)
     evo = evolution.evolution if isinstance(evolution, Encoder) else evolution
+    if not isinstance(evo, Evolution):
+        raise TypeError(f"evolution must be an Encoder or an Evolution, got "
+                        f"{type(evolution).__name__}")
+    check_model(evolution, evo)
+    check_u0(u0, evolution, evo)
     if scheme == "unsplit":
         evo = evo.with_scheme("unsplit", integrator="rk4", form="tangent")
     T = int(round(evo.T))
@@ -226,24 +259,9 @@ def reference_solution(evolution: Evolution | Encoder, u0: torch.Tensor, ref_k: 
 
 def has_common_projection(evo: Evolution) -> bool:
     """Every field of the scheme projects, raw, onto one and the same set in every control set
-    (then the projected ODE is the common limit, and the reference)."""
-    try:
-        layout = layout_of(evo.scheme)
-    except ValueError:
-        return False
-    projs = {f.projection for f in layout}
-    if None in projs or any(f.pre or f.post for f in layout):
-        return False
-    # same constraint set in every control set: equal parameters of the projections
-    for theta in evo.controls:
-        mods = [theta[p] for p in projs]
-        ref = [t.detach() for t in mods[0].parameters()]
-        for m in mods[1:]:
-            if type(m) is not type(mods[0]) or any(
-                    not torch.equal(a, b.detach()) for a, b in zip(ref, m.parameters(),
-                                                                   strict=True)):
-                return False
-    return True
+    (then the projected ODE is the common limit, and the reference;
+    ``checks.projected_ode_mismatch`` says why not)."""
+    return projected_ode_mismatch(evo) is None
 
 
 def convergence(
@@ -261,30 +279,42 @@ def convergence(
 ) -> ConvergenceResult:
     """Errors at t = T for tau = 2^-k, k in ``ks``, and the fitted order (see module docstring).
 
-    scheme: a named scheme (built on the model's layout), a scheme string or a Scheme.
+    scheme: a named scheme (built on the model's layout), a scheme string or a Scheme; it must
+    advance every field operator of the model.
     integrator, form: options of a named scheme; None (the default) is the scheme's own default
     (``strang()`` is Heun, ``unsplit()`` RK4 in the tangent form, the others Euler, raw), as in
     ``model.with_scheme(name)``. A scheme string or Scheme sets them per stage.
+    ks: at least two integers in [0, MAX_REF_K - 1], increasing, each below ``ref_k``.
+    ref_k: an integer in [1, MAX_REF_K] (the reference runs T 2^ref_k steps).
     reference: "auto" (projected ODE by unsplit tangent RK4 when every field projects onto the
-    same set, else the same scheme), "projected-ode", or "same-scheme"; both at tau = 2^-ref_k.
+    same set, else the same scheme), "projected-ode" (refused where it is not the scheme's
+    limit: pre-norm fields, distinct constraint sets), or "same-scheme"; at tau = 2^-ref_k.
     ``u_ref`` skips the reference run (e.g. from ``reference_solution``, shared by studies).
+
+    Raises ``ArgumentError`` (a ValueError naming the argument) before any run for a bad input
+    (u0 not a finite (batch, tokens, d_model) tensor of the model's dtype, ...), and
+    ``NonFiniteError`` when the reference or a run is not finite or no order can be fitted.
     """
     base = model.evolution if isinstance(model, Encoder) else model
     if not isinstance(base, Evolution):
         raise TypeError(f"model must be an Encoder or an Evolution, got {type(model).__name__}")
-    if reference not in REFERENCES:
-        raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
-    if (not ks or min(ks) < 0 or max(ks) >= ref_k or len(set(ks)) != len(ks)
-            or any(isinstance(k, bool) or not isinstance(k, numbers.Integral) for k in ks)):
-        raise ValueError(f"ks must be distinct integers in [0, ref_k) = [0, {ref_k}), got "
-                         f"{ks!r}")
+    if not isinstance(reference, str) or reference not in REFERENCES:
+        raise ArgumentError("reference", f"expected one of {', '.join(REFERENCES)}, got "
+                                         f"{reference!r}")
+    ref_k = check_ref_k(ref_k)
+    ks = check_ks(ks, ref_k)
+    check_model(model, base)
+    check_u0(u0, model, base)
     options = {k: v for k, v in (("integrator", integrator), ("form", form)) if v is not None}
-    named = isinstance(scheme, str) and scheme in scheme_names()
+    named = isinstance(scheme, str) and scheme.strip() in scheme_names()
     if options and not named:
         raise ValueError(f"integrator and form are options of the named schemes "
                          f"{scheme_names()}; scheme {scheme!r} sets them per stage "
                          "(e.g. 'attention:heun~norm1 norm1:project')")
-    evo = base.with_scheme(scheme, **options)
+    evo = with_scheme_checked(base, scheme, **options)
+    check_reference(evo, reference)
+    if u_ref is not None:
+        check_u_ref(u_ref, u0, base)
     meta = evo.scheme.meta if named else {}
     # every tau = 2^-k must divide the unit control intervals: T stays, N_t = T 2^k
     T = int(round(base.T))
@@ -299,17 +329,33 @@ def convergence(
     else:
         ref_label = f"the same scheme at tau = 2^-{ref_k}"
         u_ref = reference_solution(evo, u0, ref_k, scheme="same")
+    if not torch.isfinite(u_ref).all():
+        raise NonFiniteError(f"the reference u(T) ({ref_label}) is not finite: the evolution "
+                             "blew up (weights too large for this T?); no errors to measure")
     taus, errors = [], []
     for k in ks:
         u = _run(unit.refine(2**k), u0)
+        if u.shape != u_ref.shape:
+            raise ArgumentError("u_ref", f"expected u(T) of shape {tuple(u.shape)}, got "
+                                         f"{tuple(u_ref.shape)}")
+        if not torch.isfinite(u).all():
+            raise NonFiniteError(f"u(T) at tau = 2^-{k} is not finite: the scheme blew up at "
+                                 f"this step size; start ks at a larger k")
         taus.append(2.0**-k)
         errors.append((u - u_ref).abs().max().item())
-    pairwise = [math.log2(errors[i] / errors[i + 1]) if errors[i + 1] > 0 else float("nan")
+    order = fit_order(taus, errors)
+    if not math.isfinite(order):
+        shown = ", ".join(f"{e:.1e}" for e in errors)
+        raise NonFiniteError(f"no order to fit: fewer than two errors above the round-off "
+                             f"floor {FLOOR:g} (errors {shown} at tau = 2^-k, k in "
+                             f"{list(ks)}): the scheme meets the reference to round-off")
+    pairwise = [math.log2(errors[i] / errors[i + 1])
+                if errors[i] > FLOOR and errors[i + 1] > FLOOR else None
                 for i in range(len(errors) - 1)]
     return ConvergenceResult(
-        scheme=scheme if isinstance(scheme, str) else evo.scheme.name,
+        scheme=scheme.strip() if isinstance(scheme, str) else evo.scheme.name,
         scheme_text=str(evo.scheme), integrator=meta.get("integrator"), form=meta.get("form"),
-        taus=taus, errors=errors, order=fit_order(taus, errors), pairwise_orders=pairwise,
+        taus=taus, errors=errors, order=order, pairwise_orders=pairwise,
         reference=ref_label, configuration=configuration_name,
     )
 

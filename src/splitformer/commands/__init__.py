@@ -2,17 +2,27 @@
 
 A subcommand reports a bad input by raising ``UsageError("argument --flag: what was expected")``
 before any long computation; ``splitformer.cli.main`` turns it into the parser's one-line error
-on stderr and exit status 2, like the errors argparse finds itself."""
+on stderr and exit status 2, like the errors argparse finds itself.
+
+Names given to a choice flag (``--family``, ``--integrator``, ...) are read without surrounding
+whitespace (``stripped``), as a scheme name is."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
-__all__ = ["UsageError", "positive_int"]
+__all__ = ["UsageError", "bounded_int", "positive_int", "stripped"]
 
 
 class UsageError(Exception):
     """A bad command-line input: the message names the flag and what was expected."""
+
+
+def stripped(text: str) -> str:
+    """argparse type of a choice flag: the name without surrounding whitespace (argparse then
+    checks it against the choices)."""
+    return text.strip()
 
 
 def positive_int(text: str) -> int:
@@ -24,3 +34,22 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def bounded_int(maximum: int, why: str = "") -> Callable[[str], int]:
+    """argparse type: an integer in [1, maximum]; ``why`` (e.g. "(torch threads)") follows the
+    bound in the error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if not 1 <= value <= maximum:
+            note = f" {why}" if why else ""
+            raise argparse.ArgumentTypeError(
+                f"expected a positive integer at most {maximum}{note}, got {text!r}")
+        return value
+
+    parse.__name__ = "bounded_int"
+    return parse

@@ -2,8 +2,14 @@
 
 Every input is checked before the reference run and the refined runs (the long part): the flags
 by argparse (``type=`` functions below), then what needs two flags or the model (``_check``).
-The choices come from the registries: ``scheme_names()``, ``INTEGRATORS``, ``FORMS``,
-``CONFIGURATIONS``, ``REFERENCES``.
+Both use the checks of ``splitformer.analysis.checks`` that the Python API
+``analysis.convergence`` runs too, so the two refuse the same things; an ``ArgumentError`` of
+the API becomes ``argument --flag: ...`` (``FLAGS``). The choices come from the registries:
+``scheme_names()``, ``INTEGRATORS``, ``FORMS``, ``CONFIGURATIONS``, ``REFERENCES``.
+
+Exit status (``EPILOG``): 0 done; 2 a usage error (one line on stderr, before the run); 1 the
+run's numbers are not finite (``NonFiniteError``: a blow-up, or errors at round-off that leave
+no order to fit) or the plot could not be written (one line on stderr).
 """
 
 from __future__ import annotations
@@ -14,12 +20,24 @@ import os
 import re
 import sys
 import textwrap
+import warnings
 from collections import Counter
 from collections.abc import Mapping
 
 import torch
 from torch import nn
 
+from ..analysis.checks import (
+    MAX_REF_K,
+    SEED_RANGE_TEXT,
+    ArgumentError,
+    check_k,
+    check_ks,
+    check_ref_k,
+    check_reference,
+    check_seed,
+    with_scheme_checked,
+)
 from ..analysis.convergence import (
     CONFIGURATIONS,
     REFERENCES,
@@ -28,12 +46,20 @@ from ..analysis.convergence import (
     plot,
     smooth_configuration,
 )
+from ..time import NonFiniteError
 from ..time.integrators import INTEGRATORS
 from ..time.schemes import FORMS, resolve, scheme_names
-from . import UsageError, positive_int
+from . import UsageError, stripped
 from .progress import Progress
 
 HELP = "measure the order of convergence in tau of a scheme (a table, --json, --plot)"
+EPILOG = ("exit status: 0 done; 2 a usage error (one line on stderr, found before the run); 1 "
+          "the run's numbers are not finite (a blow-up, or errors at round-off that leave no "
+          "order to fit) or the plot could not be written (one line on stderr)")
+# the Python API's argument names (analysis.checks.ArgumentError.argument) -> the flags
+FLAGS = {"scheme": "--scheme", "integrator": "--integrator", "form": "--substep-form",
+         "ks": "--ks", "ref_k": "--ref-k", "reference": "--reference", "seed": "--seed",
+         "model": "--model", "u0": "--model"}
 
 EXAMPLE = "attention norm1:project ffn norm2:project"  # the post-LN Lie scheme as a string
 WIDTH = 100  # the text output fits this many columns
@@ -66,7 +92,41 @@ def _own_defaults(option: str) -> str:
     return ", ".join([*parts, f"others: {common}"])
 
 
+def _usage(e: ArgumentError) -> UsageError:
+    """The API's ArgumentError as the command's usage error, naming the flag."""
+    flag = FLAGS.get(e.argument)
+    return UsageError(f"argument {flag}: {e.detail}" if flag else str(e))
+
+
 # -- argument types (argparse reports their errors as 'argument --flag: ...') ---------------
+
+def _shared(check, value):
+    """A check of analysis.checks as an argparse type: its detail, without the API's name."""
+    try:
+        return check(value)
+    except ArgumentError as e:
+        raise argparse.ArgumentTypeError(e.detail) from None
+
+
+def _int_or_text(text: str) -> int | str:
+    try:
+        return int(text)
+    except ValueError:
+        return text  # the check says what was expected, got 'text'
+
+
+def _ref_k_arg(text: str) -> int:
+    return _shared(check_ref_k, _int_or_text(text))
+
+
+def _seed_arg(text: str) -> int:
+    return _shared(check_seed, _int_or_text(text))
+
+
+def _model_arg(text: str) -> str:
+    t = text.strip()
+    return t if t in CONFIGURATIONS else text  # a path is taken as written
+
 
 def _scheme_arg(text: str) -> str:
     t = text.strip()
@@ -92,22 +152,14 @@ def _ks_arg(text: str) -> tuple[int, ...]:
         a, b = int(m[1]), int(m[2])
         if a >= b:
             raise argparse.ArgumentTypeError(f"range {text!r} must go up (a < b)")
+        _shared(check_k, b)  # before the range is built: '1-1000000000' is refused, not listed
         ks = tuple(range(a, b + 1))
     else:
         parts = [p.strip() for p in t.split(",")]
         if not all(re.fullmatch(r"\d+", p) for p in parts):
             raise argparse.ArgumentTypeError(expected)
         ks = tuple(int(p) for p in parts)
-        if list(ks) != sorted(set(ks)):
-            raise argparse.ArgumentTypeError(
-                f"k values must increase without repeats (tau halves from one to the next), "
-                f"got {text!r}")
-    if len(ks) < 2:
-        raise argparse.ArgumentTypeError(f"needs at least two k values to fit an order, got "
-                                         f"{text!r}")
-    return ks
-
-
+    return _shared(check_ks, ks)  # two or more, increasing, each in [0, MAX_REF_K - 1]
 
 
 def _plot_formats() -> list[str]:
@@ -142,31 +194,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     aliases = [f"{a} = {_canonical(a)}" for a in INTEGRATORS if _canonical(a) != a]
     p.add_argument("--scheme", default="lie", type=_scheme_arg, metavar="SCHEME",
                    help=f"a named scheme ({', '.join(scheme_names())}) or a scheme string in "
-                        f"the short form of splitformer.time.schemes, e.g. '{EXAMPLE}' "
-                        "(default: lie). 'paper', the literal scheme, has no limit as "
-                        "tau -> 0 and is refused")
-    p.add_argument("--integrator", default=None, choices=list(INTEGRATORS),
+                        f"the short form of splitformer.time.schemes, e.g. '{EXAMPLE}', that "
+                        "advances every field of the model (default: lie). 'paper', the "
+                        "literal scheme, has no limit as tau -> 0 and is refused")
+    p.add_argument("--integrator", default=None, choices=list(INTEGRATORS), type=stripped,
                    help=f"substep integrator of a named scheme ({'; '.join(aliases)}); "
                         f"default: the scheme's own ({_own_defaults('integrator')}), as "
                         "model.with_scheme(name) in Python. A scheme string sets it per stage")
-    p.add_argument("--substep-form", default=None, choices=list(FORMS),
+    p.add_argument("--substep-form", default=None, choices=list(FORMS), type=stripped,
                    help="raw: field then projection (the network at tau = 1); tangent: "
                         "tangential field then projection (the projection method); default: "
                         f"the scheme's own ({_own_defaults('form')})")
-    p.add_argument("--model", default="smooth",
+    p.add_argument("--model", default="smooth", type=_model_arg,
                    help=f"a configuration ({', '.join(CONFIGURATIONS)}) or a path to "
                         f"{_MODEL_KINDS} (unpickled: only files you trust; default: smooth)")
     p.add_argument("--controls", default="constant", choices=["constant", "linear"],
+                   type=stripped,
                    help="controls in time: piecewise constant (the network) or linear")
     p.add_argument("--ks", default="1-6", type=_ks_arg,
-                   help="k values, tau = 2^-k, increasing, each below --ref-k: 'a-b' or "
-                        "'a,b,c' (default: 1-6)")
-    p.add_argument("--ref-k", type=positive_int, default=10,
-                   help="reference at tau = 2^-ref_k (default: 10)")
-    p.add_argument("--reference", default="auto", choices=list(REFERENCES),
+                   help=f"k values, tau = 2^-k: at least two, increasing, each from 0 to "
+                        f"{MAX_REF_K - 1} and below --ref-k: 'a-b' or 'a,b,c' (default: 1-6)")
+    p.add_argument("--ref-k", type=_ref_k_arg, default=10,
+                   help=f"reference at tau = 2^-ref_k, an integer from 1 to {MAX_REF_K}: it "
+                        f"runs T 2^ref_k steps, about a minute at {MAX_REF_K} on the "
+                        "configurations, and each k more doubles that (default: 10)")
+    p.add_argument("--reference", default="auto", choices=list(REFERENCES), type=stripped,
                    help="auto: the projected ODE when every field projects onto one set, else "
-                        "the same scheme (default: auto)")
-    p.add_argument("--seed", type=int, default=0)
+                        "the same scheme (default: auto). projected-ode is refused where it is "
+                        "not the scheme's limit (pre-norm fields, distinct constraint sets)")
+    p.add_argument("--seed", type=_seed_arg, default=0,
+                   help=f"seed of the weights and u(0): an integer in {SEED_RANGE_TEXT}; "
+                        "default: 0")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--plot", metavar="OUT.png", default=None, type=_plot_arg,
                    help="write a log-log plot (the folder must exist; the extension picks the "
@@ -197,15 +255,21 @@ def _options(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _check_scheme(model, args: argparse.Namespace, options: dict[str, str], what: str) -> None:
-    """The scheme with its options builds on the model's layout and operators, or UsageError
-    naming the flag at fault."""
+    """The scheme with its options builds on the model's layout and operators, advances every
+    field of the model, and has the projected ODE as its limit if --reference says so; or
+    UsageError naming the flag at fault."""
     evo = model.evolution
 
     def build(opts):
-        evo.with_scheme(args.scheme, **opts)
+        with warnings.catch_warnings():  # the probes' warnings: the error below says it
+            warnings.simplefilter("ignore")
+            return evo.with_scheme(args.scheme, **opts)
 
     try:
-        build(options)
+        built = with_scheme_checked(evo, args.scheme, **options)
+        check_reference(built, args.reference)
+    except ArgumentError as e:
+        raise _usage(e) from None
     except ValueError as e:
         flag = "--scheme"
         for key, name in (("form", "--substep-form"), ("integrator", "--integrator")):
@@ -255,9 +319,10 @@ def _check(args: argparse.Namespace) -> dict[str, str]:
     """Everything that does not need the model, then the scheme against the model (or, for a
     configuration, against the smooth one: every configuration has its layout and operators).
     Returns the options of a named scheme."""
-    if max(args.ks) >= args.ref_k:
-        raise UsageError(f"argument --ks: every k must be below --ref-k {args.ref_k} (the "
-                         f"reference is at tau = 2^-{args.ref_k}), got k = {max(args.ks)}")
+    try:
+        check_ks(args.ks, args.ref_k, ref_argument="--ref-k")
+    except ArgumentError as e:
+        raise _usage(e) from None
     if args.scheme == "paper":
         raise UsageError("argument --scheme: 'paper', the paper's literal scheme, projects the "
                          "state inside its FFN substeps and has no limit as tau -> 0 "
@@ -291,8 +356,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = convergence(model, u0, scheme=args.scheme, ks=args.ks, ref_k=args.ref_k,
                           reference=args.reference, configuration_name=args.model, **options)
+    except ArgumentError as e:  # found before the runs (e.g. distinct sets of trained-s)
+        raise _usage(e) from None
     except ValueError as e:
         raise UsageError(str(e)) from None
+    except NonFiniteError as e:  # the run's numbers: not a usage error, exit status 1
+        progress.close()
+        print(f"splitformer convergence: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
     finally:
         progress.close()
     plot_error = None
@@ -317,7 +388,8 @@ def run(args: argparse.Namespace) -> int:
                                 break_on_hyphens=False))
         print(f"{'tau':>10} {'error':>12} {'order':>7}")
         for i, (t, e) in enumerate(zip(res.taus, res.errors, strict=True)):
-            o = f"{res.pairwise_orders[i - 1]:7.3f}" if i else "      -"
+            p = res.pairwise_orders[i - 1] if i else None  # None: an error at round-off
+            o = "      -" if p is None else f"{p:7.3f}"
             print(f"{t:10.6f} {e:12.4e} {o}")
         print(f"observed order (least squares): {res.order:.3f}")
         if args.plot and not plot_error:

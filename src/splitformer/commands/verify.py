@@ -5,27 +5,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import textwrap
 import warnings
 
 import torch
 
 from ..verification import TOLERANCES, families, run_checks
-from . import positive_int
+from . import bounded_int, stripped
 from .progress import Progress
 
 HELP = "measure the paper's correspondence table against torch.nn (and HF / timm families)"
 WIDTH = 100  # every line of the table fits this many columns
-
-
+# torch crashes (segmentation fault) on absurd thread counts: at most 256, or the number of
+# CPUs where that is larger
+MAX_THREADS = max(256, os.cpu_count() or 1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--family", action="append", choices=families(), default=None,
+    p.add_argument("--family", action="append", choices=families(), default=None, type=stripped,
                    help="only these families (repeatable); default: all")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch threads, a positive integer (default: torch's)")
+    p.add_argument("--threads", default=None,
+                   type=bounded_int(MAX_THREADS, f"(torch threads; this machine has "
+                                                 f"{os.cpu_count()} CPUs)"),
+                   help=f"torch threads, an integer from 1 to {MAX_THREADS} (256, or the number "
+                        "of CPUs where that is larger; default: torch's)")
 
 
 def _fmt(err: float | None) -> str:
@@ -70,8 +75,16 @@ def format_table(rows: list[dict], width: int = WIDTH) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)  # main() may run in a longer-lived process (tests)
+
+
+def _run(args: argparse.Namespace) -> int:
     wanted = list(dict.fromkeys(args.family)) if args.family else None  # repeats once
     progress = Progress(enabled=not args.json)
     with warnings.catch_warnings():
