@@ -44,3 +44,19 @@ def test_causal_flags_and_validation_switch_must_be_bools():
         pair(src, tgt, tgt_is_causal="y")
     with pytest.raises(TypeError, match="validating"):
         pair.validating("no")
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_token_ids_outside_the_dictionary_are_refused(family):
+    model = (bert_model(**SMALL_BERT) if family == "bert"
+             else causal_decoder(31, 12, 16, 2, 1))
+    ok = torch.randint(0, 31, (2, 5))
+    model(ok)
+    with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 31\)"):
+        model(torch.full((2, 5), 31))
+    with pytest.raises(ValueError, match="input_ids must lie"):
+        model(torch.full((2, 5), -1))
+    with pytest.raises(TypeError, match="input_ids must be an integer tensor"):
+        model(ok.float())
+    with pytest.raises(ValueError, match="position_ids must lie"):
+        model(ok, position_ids=torch.arange(20, 25).unsqueeze(0))

@@ -58,6 +58,15 @@ class TokenEmbedding(nn.Module):
         return (f"vocab={self.word.num_embeddings}, positions={self.max_positions}, "
                 f"dim={self.dim}")
 
+    @staticmethod
+    def _check_ids(ids: torch.Tensor, name: str, size: int) -> None:
+        """Integer ids in [0, size): the dictionary's rows (a clear error, not an IndexError)."""
+        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+            raise TypeError(f"{name} must be an integer tensor, got {ids.dtype}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= size):
+            raise ValueError(f"{name} must lie in [0, {size}), got values in "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
+
     def _start(self, input_ids, inputs_embeds) -> torch.Tensor:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
@@ -65,6 +74,7 @@ class TokenEmbedding(nn.Module):
             if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
                 raise ValueError("input_ids must be a tensor of shape (batch, seq), got "
                                  f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
+            self._check_ids(input_ids, "input_ids", self.word.num_embeddings)
             return self.word(input_ids)
         if not isinstance(inputs_embeds, torch.Tensor) or inputs_embeds.dim() != 3 or \
                 inputs_embeds.shape[-1] != self.dim:
@@ -89,6 +99,11 @@ class TokenEmbedding(nn.Module):
                 raise ValueError(f"sequence length {n} exceeds the {self.max_positions} learned "
                                  "positions (max_position_embeddings / n_positions)")
             position_ids = torch.arange(n, device=e.device).unsqueeze(0)
+        if token_type_ids is not None:
+            table = self.token_type if self.token_type is not None else self.word
+            self._check_ids(token_type_ids, "token_type_ids", table.num_embeddings)
+        if position_ids is not None:
+            self._check_ids(position_ids, "position_ids", self.max_positions)
         if self.token_type is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros(1, n, dtype=torch.long, device=e.device).expand(b, n)
