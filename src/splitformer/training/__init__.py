@@ -1,0 +1,18 @@
+"""Training is optimal control: data, model families, the fit loop, checkpoints
+(docs/training.md)."""
+
+from .config import ConfigError, TrainConfig
+from .data import DATASETS, Dataset, DatasetError, Split, load_dataset
+from .families import FAMILIES, build_model
+
+__all__ = [
+    "DATASETS",
+    "FAMILIES",
+    "ConfigError",
+    "Dataset",
+    "DatasetError",
+    "Split",
+    "TrainConfig",
+    "build_model",
+    "load_dataset",
+]

@@ -1,0 +1,189 @@
+"""What a training run is: one ``TrainConfig``, from defaults, a TOML file and flags.
+
+    TrainConfig()                          the built-in default: a small ViT evolution on digits
+    TrainConfig.from_toml("run.toml")      a config file ([train] table or top-level keys)
+    cfg.replace(lr=1e-3, epochs=5)         flags override the file
+
+Every field is checked by name and type when the config is built: an unknown key or a value of
+the wrong type is refused naming the key (``ConfigError``). The config is what a checkpoint
+records, so a run can be resumed and its model rebuilt (``families.build_model``).
+
+Time: a family has ``depth`` control sets (L layers, T = L). ``steps`` is N_t, the number of
+time steps over [0, T] (a multiple of L: ``refine(steps / depth)``), so tau = T / N_t; ``tau``
+may be given instead of ``steps``. At steps = depth (tau = 1) the evolution is the network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ConfigError", "TrainConfig"]
+
+
+class ConfigError(ValueError):
+    """A bad configuration value: the message names the key and what was expected."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of a training run (see the module docstring; docs/training.md)."""
+
+    # the model: a family, its size, and the three choices (scheme, kernel, time grid)
+    family: str = "vit"
+    width: int = 64
+    heads: int = 4
+    depth: int = 4
+    ffn_ratio: float = 2.0
+    patch: int | None = None  # ViT/CvT patch size; None: about 4 x 4 patches
+    scheme: str = "network"  # "network" (the family's own), a name of SCHEMES, or a string
+    integrator: str | None = None  # None: the scheme's own
+    kernel: str = "softmax"
+    steps: int | None = None  # N_t; None: = depth (tau = 1), or T / tau when tau is given
+    tau: float | None = None
+    dropout: float = 0.0
+    # the data
+    data: str = "digits"
+    data_dir: str | None = None
+    seq_len: int = 64  # language modelling: characters per example
+    # the control problem
+    adjoint: str = "backprop"
+    kinetic: float = 0.0  # weight of the kinetic energy sum_n tau |(u^{n+1} - u^n) / tau|^2
+    control_reg: float = 0.0  # weight of sum_n |theta^{n+1} - theta^n|^2 / tau
+    # the optimiser
+    epochs: int = 30
+    batch_size: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 0.05
+    optimizer: str = "adamw"
+    momentum: float = 0.9
+    schedule: str = "cosine"
+    warmup: float = 0.05  # fraction of all optimiser steps with a linear warm-up
+    grad_clip: float | None = 1.0
+    seed: int = 0
+    # the run
+    out: str | None = None  # None: a fresh folder under runs/
+    checkpoint_every: int = 0  # optimiser steps between checkpoints; 0: every epoch
+    log_every: int = 10
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):
+            _check_type(f.name, getattr(self, f.name), hints[f.name])
+        self._check_values()
+
+    def _check_values(self) -> None:
+        positive = ("width", "heads", "depth", "epochs", "batch_size", "seq_len", "log_every")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("lr", "ffn_ratio"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ConfigError(f"{name} must be a finite number > 0, got {v!r}")
+        for name in ("weight_decay", "kinetic", "control_reg", "momentum"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not 0.0 <= self.warmup < 1.0:
+            raise ConfigError(f"warmup must be a fraction in [0, 1), got {self.warmup!r}")
+        if self.width % self.heads:
+            raise ConfigError(f"heads={self.heads} must divide width={self.width}")
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ConfigError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
+        if self.schedule not in ("cosine", "constant"):
+            raise ConfigError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every must be >= 0, got {self.checkpoint_every!r}")
+        if self.grad_clip is not None and not (math.isfinite(self.grad_clip)
+                                               and self.grad_clip > 0):
+            raise ConfigError(f"grad_clip must be None or a finite number > 0, got "
+                              f"{self.grad_clip!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {self.threads!r}")
+        self.num_steps()  # steps / tau consistency
+
+    def num_steps(self) -> int:
+        """N_t: ``steps``, or T / tau, or depth (tau = 1); a multiple of depth."""
+        T = self.depth
+        if self.tau is not None:
+            if not (math.isfinite(self.tau) and self.tau > 0):
+                raise ConfigError(f"tau must be a finite number > 0, got {self.tau!r}")
+            n = round(T / self.tau)
+            if abs(n * self.tau - T) > 1e-9 * T:
+                raise ConfigError(f"tau={self.tau:g} must divide T = depth = {T}")
+            if self.steps is not None and self.steps != n:
+                raise ConfigError(f"steps={self.steps} and tau={self.tau:g} disagree: T / tau = "
+                                  f"{n} (give one of them)")
+        else:
+            n = self.steps if self.steps is not None else T
+        if n < 1 or n % T:
+            raise ConfigError(f"steps must be a positive multiple of depth={T} (one control set "
+                              f"per unit of time), got {n}")
+        return n
+
+    # -- building -------------------------------------------------------------------------------
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A new config with ``changes`` (None values are ignored: an unset flag)."""
+        unknown = sorted(set(changes) - {f.name for f in fields(self)})
+        if unknown:
+            raise ConfigError(f"unknown config keys {unknown}; known: {sorted(self.keys())}")
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        unknown = sorted(set(values) - set(cls.keys()))
+        if unknown:
+            raise ConfigError(f"unknown config keys {unknown}; known: {sorted(cls.keys())}")
+        return cls(**values)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> TrainConfig:
+        """Keys at the top level of the file, or in a ``[train]`` table."""
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            values = tomllib.loads(p.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+        if "train" in values:
+            if set(values) != {"train"} or not isinstance(values["train"], dict):
+                raise ConfigError(f"config file {str(p)!r}: put every key in [train] or none")
+            values = values["train"]
+        return cls.from_dict(values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_type(name: str, value: Any, hint: Any) -> None:
+    """value matches the field's annotation (int, float, str, bool, X | None); an int is a
+    float, a bool is not an int."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for t in options:
+        if t is type(None) and value is None:
+            return
+        if t is bool and isinstance(value, bool):
+            return
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return
+        if t is str and isinstance(value, str):
+            return
+    wanted = " or ".join("None" if t is type(None) else t.__name__ for t in options)
+    raise ConfigError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__})")
