@@ -16,6 +16,15 @@ the evolution then integrates an equation without those terms. Unused projection
 not reported (a network may hold one it does not apply, e.g. a stochastic depth of rate 0).
 ``validate`` (a bool) turns on validation mode: NonFiniteError at the first substep that
 produces a NaN or an inf.
+
+``adjoint`` says how gradients are computed through the steps (``time.adjoints``): "backprop"
+(autograd through every substep, the default), "checkpoint" (u kept at step boundaries only,
+one step recomputed at a time in the backward pass) or "reversible" (the reversible scheme's
+steps inverted in the backward pass; needs ``with_scheme("reversible")``). It changes memory,
+never values: every adjoint gives the gradient of the same discrete evolution. A scheme with
+its own state (the reversible scheme's doubled state (u, v)) has its own initial map ``lift``
+and read-out ``read``: the evolution takes u(0) and returns u(T) (and keeps read-out states in
+a Trajectory), whatever the scheme's state.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import torch
 from torch import nn
 
 from ..operators.base import Context
+from .adjoints import Adjoint, Backprop, resolve_adjoint
 from .controls import Controls
 from .grid import TimeGrid
 from .saveat import SaveAt, Substep, Trajectory
@@ -68,6 +78,8 @@ class Evolution(nn.Module):
     ``layout``: the fields of the network (default: read off the scheme, when it has one); a
     scheme name is built on it, here and in ``with_scheme``. ``validate``: a bool, validation
     mode (settable later: ``evolution.validate = True``; anything but a bool is refused).
+    ``adjoint``: a name of ``time.adjoints.ADJOINTS`` or an ``Adjoint`` value (settable later:
+    ``evolution.adjoint = "checkpoint"``; ``with_adjoint`` gives a copy).
     """
 
     def __init__(
@@ -78,6 +90,7 @@ class Evolution(nn.Module):
         *,
         layout: Layout | None = None,
         validate: bool = False,
+        adjoint: str | Adjoint = "backprop",
     ) -> None:
         super().__init__()
         if not isinstance(controls, Controls):
@@ -94,6 +107,7 @@ class Evolution(nn.Module):
         if abs(self.grid.T - controls.T) > 1e-12:
             raise ValueError(f"grid.T={self.grid.T} must equal the controls' T={controls.T}")
         self.validate = validate
+        self.adjoint = adjoint
 
     @property
     def validate(self) -> bool:
@@ -106,6 +120,17 @@ class Evolution(nn.Module):
             raise TypeError(f"Evolution.validate must be a bool (validation mode on or off), "
                             f"got {type(on).__name__} {on!r}")
         self.__dict__["_validate"] = on
+
+    @property
+    def adjoint(self) -> Adjoint:
+        """How gradients are computed through the steps (``time.adjoints``)."""
+        return self.__dict__.get("_adjoint") or Backprop()  # Backprop: pickles from before
+
+    @adjoint.setter
+    def adjoint(self, adjoint: str | Adjoint) -> None:
+        value = resolve_adjoint(adjoint)
+        value.check(self.scheme)
+        self.__dict__["_adjoint"] = value
 
     # -- the contract of DESIGN.md ---------------------------------------------------------
     @property
@@ -121,14 +146,22 @@ class Evolution(nn.Module):
         return self.grid.T
 
     def extra_repr(self) -> str:
-        return f"scheme={self.scheme.name!r} [{self.scheme}], T={self.T:g}, tau={self.tau:g}"
+        text = f"scheme={self.scheme.name!r} [{self.scheme}], T={self.T:g}, tau={self.tau:g}"
+        return text if self.adjoint.name == "backprop" else f"{text}, adjoint={self.adjoint}"
 
     def _new(self, scheme: Scheme | None = None, grid: TimeGrid | None = None,
-             controls: Controls | None = None) -> Evolution:
+             controls: Controls | None = None, adjoint: str | Adjoint | None = None
+             ) -> Evolution:
         return Evolution(controls if controls is not None else self.controls,
                          scheme if scheme is not None else self.scheme,
                          grid if grid is not None else self.grid,
-                         layout=self.layout, validate=self.validate)
+                         layout=self.layout, validate=self.validate,
+                         adjoint=adjoint if adjoint is not None else self.adjoint)
+
+    def with_adjoint(self, adjoint: str | Adjoint) -> Evolution:
+        """The same evolution (shared parameters) with another adjoint: "backprop",
+        "checkpoint", "reversible" (needs the reversible scheme) or an Adjoint value."""
+        return self._new(adjoint=resolve_adjoint(adjoint))
 
     def with_scheme(self, scheme: str | Scheme, **options) -> Evolution:
         """The same controls and grid under another scheme (parameters are shared).
@@ -183,14 +216,28 @@ class Evolution(nn.Module):
                           substeps=subs or [])
 
     def _run(self, u0, context, keep, subs) -> torch.Tensor:
-        u = u0
-        tau = self.tau
-        for i in range(self.num_steps):
-            theta = self.controls.at((i + 0.5) * tau)  # frozen at the step's midpoint
-            u = self.scheme.step(u, theta, tau, context, self._observer(i, subs))
-            if keep is not None and i + 1 in keep[0]:
-                keep[1].append((i + 1, u))
-        return u
+        lift = getattr(self.scheme, "lift", None)
+        state = lift(u0) if lift is not None else u0
+        return self.scheme_read(self.adjoint.solve(self, state, context, keep, subs))
+
+    # -- what an adjoint runs ---------------------------------------------------------------
+    def theta(self, i: int):
+        """The controls of step i, theta(t_i + tau / 2) (frozen at the step's midpoint)."""
+        return self.controls.at((i + 0.5) * self.tau)
+
+    def advance(self, i: int, state: torch.Tensor, context: Context | None, observe=None
+                ) -> torch.Tensor:
+        """Step i of the scheme on its state: S_tau(theta(t_i + tau / 2)) state."""
+        return self.scheme.step(state, self.theta(i), self.tau, context, observe)
+
+    def scheme_read(self, state: torch.Tensor) -> torch.Tensor:
+        """u from the scheme's state (the identity but for schemes with their own state)."""
+        read = getattr(self.scheme, "read", None)
+        return read(state) if read is not None else state
+
+    def observer(self, i: int, subs: list[Substep] | None):
+        """What sees the state after every substep of step i (validation, kept substeps)."""
+        return self._observer(i, subs)
 
     def _observer(self, i: int, subs: list[Substep] | None):
         if not self.validate and subs is None:
@@ -205,5 +252,5 @@ class Evolution(nn.Module):
                     f"{self.scheme.name!r}"
                 )
             if subs is not None:
-                subs.append(Substep(i, j, str(stages[j]), u))
+                subs.append(Substep(i, j, str(stages[j]), self.scheme_read(u)))
         return observe

@@ -1,0 +1,415 @@
+"""Adjoints as values: how the gradient of a loss of u(T) is computed through an evolution.
+
+An evolution u^{i+1} = S_tau(theta^i) u^i, i = 0 .. N_t - 1, has one discrete adjoint (the
+gradient of the loss with respect to theta and u^0); the adjoints below compute that same
+gradient and differ only in what they keep in memory (diffrax's ``adjoint=``):
+
+    Backprop()     autograd through every substep (today's behaviour). Memory:
+                   N_t x substeps x activations.
+    Checkpoint()   only u(t_i) at step boundaries is kept; the backward pass recomputes the
+                   substeps of step i from u(t_i) (``torch.utils.checkpoint``, non-reentrant,
+                   RNG state preserved, so dropout masks are the same). Memory:
+                   N_t x state + the activations of one step. Equals Backprop to round-off.
+    Reversible()   the reversible scheme only (``ReversibleScheme``, below): nothing along the
+                   path is kept; the backward pass rebuilds (u^i, v^i) from (u^{i+1}, v^{i+1})
+                   by inverting the substeps exactly, x^i = x^{i+1} - h F(y), and recomputes
+                   one substep's activations at a time. Activation memory does not grow with
+                   N_t (an RNG state of a few kB per substep is kept in train mode, so that
+                   dropout masks are replayed). Equals Backprop of the same scheme up to the
+                   round-off of the reconstruction.
+
+Give one by name (``ADJOINTS``: "backprop", "checkpoint", "reversible") or as a value:
+``Evolution(..., adjoint="checkpoint")``, ``evolution.with_adjoint(Checkpoint())``.
+
+In train mode a recomputation runs the operators a second time; buffers they update in place
+(BatchNorm's running statistics) are restored afterwards, so every adjoint leaves the same
+buffers as Backprop.
+
+The reversible scheme (docs/math.md 3.9) runs on a doubled state (u, v), the RevNet/Reformer
+coupling written as a splitting. With the fields F_1, ..., F_m of the layout (attention A and
+the FFN G for an encoder), each with its projection *inside* it (the pre-norm reading: a
+projection substep cannot be inverted), one step is
+
+    v <- v + h_1 F_1(P_1 u);   u <- u + h_2 F_2(P_2 v);   v <- v + h_3 F_3(P_3 u);  ...
+
+(odd fields update v from u, even fields u from v; h_j = tau). Each substep x <- x + h F(y)
+leaves y unchanged, so it is inverted exactly by x <- x - h F(y). The initial map is
+v(0) = u(0) = f; the read-out is w = (u + v) / 2 (symmetric in the two components; w(0) = f).
+In the limit tau -> 0 this integrates the coupled system v_t = A(P_1 u), u_t = G(P_2 v), not
+the single-state equation u_t = A(P_1 u) + G(P_2 u): it is another model, on the same controls.
+``form="tangent"`` integrates Pi_T(P y) F(P y) (the field's tangential part at the projected
+state, docs/math.md 3.5) instead of F(P y). Every integrator gives the same substep: with y
+frozen, x_t = F(y) is integrated exactly by Euler, Heun and RK4 alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..operators.base import Context
+from .integrators import INTEGRATORS
+from .schemes import FORMS, POST_LN, SCHEMES, Layout, Scheme, Stage, pre_norm_layout
+
+if TYPE_CHECKING:
+    from .evolution import Evolution
+
+__all__ = ["ADJOINTS", "Adjoint", "Backprop", "Checkpoint", "Reversible", "ReversibleScheme",
+           "adjoint_names", "resolve_adjoint", "reversible"]
+
+
+# -- the adjoints ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Adjoint:
+    """Base of the adjoints: ``solve`` runs the N_t steps of an evolution on the scheme's state
+    and records the grid points that ``keep`` asks for."""
+
+    name: ClassVar[str] = "adjoint"
+
+    def check(self, scheme: Scheme) -> None:
+        """Raise ValueError when this adjoint cannot run ``scheme``."""
+
+    def solve(self, evolution: Evolution, state: torch.Tensor, context: Context | None,
+              keep, subs) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _record(evolution: Evolution, keep, i: int, state: torch.Tensor) -> None:
+    if keep is not None and i in keep[0]:
+        keep[1].append((i, evolution.scheme_read(state)))
+
+
+@dataclass(frozen=True)
+class Backprop(Adjoint):
+    """Autograd through every substep: the discrete adjoint as the graph of the forward pass."""
+
+    name: ClassVar[str] = "backprop"
+
+    def solve(self, evolution, state, context, keep, subs):
+        for i in range(evolution.num_steps):
+            state = evolution.advance(i, state, context, evolution.observer(i, subs))
+            _record(evolution, keep, i + 1, state)
+        return state
+
+
+@dataclass(frozen=True)
+class Checkpoint(Adjoint):
+    """Keep u(t_i) at step boundaries only; recompute one step's substeps in the backward pass
+    (``torch.utils.checkpoint``, ``use_reentrant=False``, ``preserve_rng_state=True``).
+
+    Without autograd (``torch.no_grad()``, inference) it is Backprop: nothing is recorded.
+    """
+
+    name: ClassVar[str] = "checkpoint"
+
+    def solve(self, evolution, state, context, keep, subs):
+        if not torch.is_grad_enabled():
+            return Backprop().solve(evolution, state, context, keep, subs)
+        for i in range(evolution.num_steps):
+            step = _OneStep(evolution, i, context, evolution.observer(i, subs))
+            state = checkpoint(step, state, use_reentrant=False, preserve_rng_state=True)
+            _record(evolution, keep, i + 1, state)
+        return state
+
+
+class _OneStep:
+    """Step i as a function of the state; the first call is the forward pass, later calls
+    are recomputations: no observer (validation, substeps) and the buffers restored."""
+
+    def __init__(self, evolution: Evolution, i: int, context, observe) -> None:
+        self.evolution, self.i, self.context, self.observe = evolution, i, context, observe
+        self.calls = 0
+
+    def __call__(self, state: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 1:
+            return self.evolution.advance(self.i, state, self.context, self.observe)
+        with buffers_kept(self.evolution.controls):
+            return self.evolution.advance(self.i, state, self.context, None)
+
+
+@contextlib.contextmanager
+def buffers_kept(module: nn.Module) -> Iterator[None]:
+    """Run a recomputation: every buffer of ``module`` (BatchNorm's running statistics) is
+    restored to its value before it on exit, so a recomputed forward updates nothing twice."""
+    saved = [(b, b.detach().clone()) for b in module.buffers() if b is not None and b.numel()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
+
+
+@dataclass(frozen=True)
+class Reversible(Adjoint):
+    """Rebuild the path backwards by inverting the steps of the reversible scheme: activation
+    memory independent of N_t (see the module docstring). Needs ``ReversibleScheme``."""
+
+    name: ClassVar[str] = "reversible"
+
+    def check(self, scheme: Scheme) -> None:
+        if not isinstance(scheme, ReversibleScheme):
+            raise ValueError(
+                f"adjoint 'reversible' needs the reversible scheme (its steps are inverted in "
+                f"the backward pass), but the scheme is {scheme.name!r} [{scheme}]: use "
+                "with_scheme('reversible') first, or adjoint 'checkpoint' for this scheme")
+
+    def solve(self, evolution, state, context, keep, subs):
+        self.check(evolution.scheme)
+        if not torch.is_grad_enabled():
+            return Backprop().solve(evolution, state, context, keep, subs)
+        n = evolution.num_steps
+        inner = sorted(i for i in (keep[0] if keep is not None else ()) if 0 < i < n)
+        extra = _context_tensors(context)
+        params = [p for p in evolution.controls.parameters() if p.requires_grad]
+        run = _RevRun(evolution, context, inner, subs, len(params), extra)
+        final, *kept = _ReversibleFunction.apply(run, state, *params, *extra)
+        for i, s in zip(inner, kept, strict=True):
+            _record(evolution, keep, i, s)
+        _record(evolution, keep, n, final)
+        return final
+
+
+ADJOINTS: dict[str, type[Adjoint]] = {"backprop": Backprop, "checkpoint": Checkpoint,
+                                      "reversible": Reversible}
+
+
+def adjoint_names() -> list[str]:
+    """Every adjoint name ``resolve_adjoint`` accepts."""
+    return list(ADJOINTS)
+
+
+def resolve_adjoint(adjoint: str | Adjoint, what: str = "adjoint") -> Adjoint:
+    """An Adjoint from a name (surrounding whitespace ignored) or an Adjoint value; ``what``
+    names the argument in the error."""
+    if isinstance(adjoint, Adjoint):
+        return adjoint
+    if isinstance(adjoint, str):
+        name = adjoint.strip()
+        if name in ADJOINTS:
+            return ADJOINTS[name]()
+        raise ValueError(f"{what} must be one of {adjoint_names()} (or an Adjoint value), got "
+                         f"{adjoint!r}")
+    raise TypeError(f"{what} must be an adjoint name ({adjoint_names()}) or an Adjoint value, "
+                    f"got {type(adjoint).__name__} {adjoint!r}")
+
+
+# -- the reversible scheme -------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReversibleScheme(Scheme):
+    """The reversible splitting on the doubled state (u, v), stacked as one tensor
+    (2, B, N_x, N_y): stage j (a field stage, its projection in ``pre``) updates v for even j
+    and u for odd j, x <- x + h F_j(y) (see the module docstring). ``lift(f) = (f, f)``,
+    ``read((u, v)) = (u + v) / 2``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for st in self.stages:
+            if st.kind != "field" or st.then or st.save:
+                raise ValueError(f"a reversible scheme holds field stages only (no then/save), "
+                                 f"got '{st}'")
+        if len(self.stages) < 2:
+            raise ValueError("a reversible scheme needs at least two fields (one updates v "
+                             "from u, the next u from v)")
+
+    def __str__(self) -> str:
+        return " ".join(f"{'uv'[self.target(j)]}+={st}" for j, st in enumerate(self.stages))
+
+    @staticmethod
+    def target(j: int) -> int:
+        """The component stage j updates: 1 (v) for even j, 0 (u) for odd j."""
+        return 1 if j % 2 == 0 else 0
+
+    @staticmethod
+    def lift(u0: torch.Tensor) -> torch.Tensor:
+        """The initial map: (u, v)(0) = (f, f)."""
+        return torch.stack((u0, u0))
+
+    @staticmethod
+    def read(state: torch.Tensor) -> torch.Tensor:
+        """The read-out of the doubled state: (u + v) / 2."""
+        return 0.5 * (state[0] + state[1])
+
+    def field(self, j: int, y: torch.Tensor, theta: Mapping[str, nn.Module],
+              context: Context | None) -> torch.Tensor:
+        """F_j(y) = post(sum_i F_i(pre(y))), or Pi_T(pre(y)) of it in the tangent form."""
+        st = self.stages[j]
+        w = y
+        for name in st.pre:
+            w = theta[name](w, context)
+        out = None
+        for name in st.fields():
+            f = theta[name](w, context)
+            out = f if out is None else out + f
+        for name in st.post:
+            out = theta[name](out, context)
+        if st.tangent:
+            out = theta[st.tangent].tangent(w, out)
+        return out
+
+    def step(self, u, theta, tau, context=None, observe=None):
+        parts = list(u.unbind(0))
+        for j, st in enumerate(self.stages):
+            t = self.target(j)
+            parts[t] = torch.add(parts[t], self.field(j, parts[1 - t], theta, context),
+                                 alpha=st.fraction * tau)
+            if observe is not None:
+                observe(torch.stack(parts), j)
+        return torch.stack(parts)
+
+
+def reversible(layout: Layout = POST_LN, integrator: str = "euler", form: str = "raw"
+               ) -> ReversibleScheme:
+    """The reversible splitting on the layout's fields, each with its projection inside it
+    (``pre_norm_layout``): v += tau F_1(P_1 u), u += tau F_2(P_2 v), ... (module docstring).
+
+    integrator: any of INTEGRATORS, all exact on x_t = F(y) with y frozen (the same scheme).
+    form: "raw" (F(P y)) or "tangent" (Pi_T(P y) F(P y); needs a projection in the layout).
+    """
+    if integrator not in INTEGRATORS:
+        raise ValueError(f"integrator must be one of {tuple(INTEGRATORS)}, got {integrator!r}")
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+    layout = tuple(layout)
+    if len(layout) < 2:
+        raise ValueError(f"the reversible scheme needs at least two fields (one updates v from "
+                         f"u, the next u from v); this layout has {len(layout)}")
+    stages = []
+    for f, g in zip(layout, pre_norm_layout(layout), strict=True):
+        if form == "tangent" and f.projection is None:
+            raise ValueError(f"form='tangent' needs a projection after field {f.operator!r}; "
+                             "this layout has the projection inside the field (pre-norm)")
+        stages.append(Stage(g.operator, "field", "euler", 1.0, pre=g.pre, post=g.post,
+                            tangent=f.projection if form == "tangent" else None))
+    return ReversibleScheme(
+        tuple(stages), name="reversible",
+        description="reversible (RevNet) splitting on (u, v): v += tau A(P u), u += tau G(P v)",
+        order=1, meta={"integrator": integrator, "form": form, "layout": layout})
+
+
+SCHEMES.setdefault("reversible", reversible)
+
+
+# -- the reversible backward pass ------------------------------------------------------------
+def _context_tensors(context: Context | None) -> list[torch.Tensor]:
+    """Tensors of the context that need a gradient (e.g. a cross-attention memory)."""
+    if context is None:
+        return []
+    values = [context.attn_mask, *context.extra.values()]
+    return [t for t in values if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+@contextlib.contextmanager
+def _replay_rng(state, device: torch.device) -> Iterator[None]:
+    """Run with the global RNG set to ``state`` (None: as it is), restoring it afterwards."""
+    if state is None:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state(state[1], device)
+        yield
+
+
+@dataclass
+class _RevRun:
+    """What the reversible Function needs besides tensors."""
+
+    evolution: Any
+    context: Context | None
+    inner: list[int]  # grid indices 0 < i < N_t whose state is an output
+    subs: list | None
+    num_params: int
+    extra: list[torch.Tensor]
+    rng: list | None = None
+
+
+class _ReversibleFunction(torch.autograd.Function):
+    """(state_0, params, context tensors) -> (state_N, states at ``inner``), no graph kept.
+
+    backward: for i = N-1 .. 0 and j = m-1 .. 0, with x the component stage j updated and y
+    the other one: recompute f = h F_j(y) with grad, x <- x - f (the inverse substep), and
+    g_y += (d f / d y)^T g_x, g_theta += (d f / d theta)^T g_x (g_x is unchanged).
+    """
+
+    @staticmethod
+    def forward(ctx, run: _RevRun, state: torch.Tensor, *tensors: torch.Tensor):
+        evo = run.evolution
+        scheme: ReversibleScheme = evo.scheme
+        training = any(m.training for m in evo.controls.modules())
+        run.rng = [] if training else None
+        kept = []
+        want = set(run.inner)
+        tau = evo.tau
+        for i in range(evo.num_steps):
+            theta = evo.theta(i)
+            observe = evo.observer(i, run.subs)
+            parts = list(state.unbind(0))
+            for j, st in enumerate(scheme.stages):
+                if run.rng is not None:
+                    run.rng.append(_rng_state(state.device))
+                t = scheme.target(j)
+                parts[t] = torch.add(parts[t], scheme.field(j, parts[1 - t], theta, run.context),
+                                     alpha=st.fraction * tau)
+                if observe is not None:
+                    observe(torch.stack(parts), j)
+            state = torch.stack(parts)
+            if i + 1 in want:
+                kept.append(state)
+        ctx.run = run
+        ctx.save_for_backward(state)
+        return (state, *kept)
+
+    @staticmethod
+    def backward(ctx, g_final, *g_kept):
+        run: _RevRun = ctx.run
+        evo = run.evolution
+        scheme: ReversibleScheme = evo.scheme
+        (state,) = ctx.saved_tensors
+        params = [p for p in evo.controls.parameters() if p.requires_grad]
+        inputs = [*params, *run.extra]
+        grads: list[torch.Tensor | None] = [None] * len(inputs)
+        parts = [x.detach() for x in state.unbind(0)]
+        g = [torch.zeros_like(x) for x in parts] if g_final is None else list(g_final.unbind(0))
+        kept_grads = dict(zip(run.inner, g_kept, strict=True))
+        m = len(scheme.stages)
+        tau = evo.tau
+        device = state.device
+        with buffers_kept(evo.controls):
+            for i in reversed(range(evo.num_steps)):
+                gk = kept_grads.get(i + 1)
+                if gk is not None:
+                    g = [a + b for a, b in zip(g, gk.unbind(0), strict=True)]
+                for j in reversed(range(m)):
+                    t = scheme.target(j)
+                    h = scheme.stages[j].fraction * tau
+                    rng = run.rng[i * m + j] if run.rng is not None else None
+                    with torch.enable_grad(), _replay_rng(rng, device):
+                        theta = evo.theta(i)  # per substep: linear controls are lerps
+                        y = parts[1 - t].detach().requires_grad_(True)
+                        f = scheme.field(j, y, theta, run.context)
+                    parts[t] = torch.sub(parts[t], f.detach(), alpha=h)
+                    out = torch.autograd.grad(f, [y, *inputs], grad_outputs=g[t] * h,
+                                              allow_unused=True)
+                    g[1 - t] = g[1 - t] + out[0]
+                    for k, gi in enumerate(out[1:]):
+                        if gi is not None:
+                            grads[k] = gi if grads[k] is None else grads[k] + gi
+        return (None, torch.stack(g), *grads)
