@@ -40,3 +40,18 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache
+
+# The real data sets of splitformer.training.data; nothing is downloaded at run time. Debian's
+# dataset-fashion-mnist (Fashion-MNIST, 30 MB) and sword-text-kjv (the King James Bible, 3 MB)
+# with apt-get (as root, or through sudo); the UCR/UEA series files that the PyPI package aeon
+# bundles, with pip --no-deps (only its data files are read, aeon is never imported).
+DATA_DEBS := dataset-fashion-mnist sword-text-kjv
+SUDO      := $(if $(filter 0,$(shell id -u)),,sudo)
+
+.PHONY: data
+data: $(STAMP)
+	dpkg -s $(DATA_DEBS) >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  --no-install-recommends $(DATA_DEBS); }
+	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('aeon') is None)" || \
+	  $(PIP) --no-deps 'aeon==1.6.0'
