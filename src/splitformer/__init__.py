@@ -14,6 +14,8 @@ from .models import (
 )
 from .operators import Context
 from .time import Controls, Evolution, Scheme, Stage, TimeGrid, Trajectory
+from .training.checkpoints import load_model as load
+from .training.checkpoints import save_model as save
 
 __version__ = "0.1.0"
 
@@ -34,8 +36,10 @@ __all__ = [
     "from_hf",
     "from_timm",
     "from_torch",
+    "load",
     "network_encoder",
     "paper_encoder",
+    "save",
     "to_hf",
     "to_timm",
     "to_torch",
