@@ -15,12 +15,14 @@ free of a tensor during the step (forward, backward, the parameters' .grad) in o
 largest running total above what was allocated when the step began. It counts tensor storage
 only (exactly, not process RSS). The ratio column is backprop (of the same scheme) / the row.
 Each row also checks that its gradients equal those of backprop of the same scheme (max
-relative difference over the parameters). ``--rss`` adds a cross-check in process memory:
-each row in a fresh subprocess (warmed up on one example), the growth of the peak resident set
-size (getrusage's ru_maxrss) over the resident set size before the step, with glibc's mmap
-threshold fixed at 64 kB (MALLOC_MMAP_THRESHOLD_=65536: large blocks are returned to the system
-when freed; with the default dynamic threshold glibc keeps freed blocks in its heap, reusable
-but counted in the RSS, which adds some 60 MiB to every row here).
+relative difference per parameter tensor, floored at 1e-6 of the largest gradient).
+
+``--rss`` adds a cross-check in process memory: each row in a fresh subprocess (warmed up
+on one example), the growth of the peak resident set size (getrusage's ru_maxrss) over the
+resident set size before the step, with glibc's mmap threshold fixed at 64 kB
+(MALLOC_MMAP_THRESHOLD_=65536: large blocks are returned to the system when freed; with the
+default dynamic threshold glibc keeps freed blocks in its heap, reusable but counted in the
+RSS, which adds some 60 MiB to every row here).
 
 Bars (issue 8): checkpoint >= 4x lower than backprop, reversible >= 8x lower.
 """
@@ -76,6 +78,13 @@ def peak_bytes(fn) -> int:
 
 def grads(problem) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in problem.parameters() if p.grad is not None]
+
+
+def rel_diff(gs: list[torch.Tensor], refs: list[torch.Tensor]) -> float:
+    """max over the parameters of |g - r|_inf / max(|r|_inf, 1e-6 max_k |r_k|_inf)."""
+    scale = max(r.abs().max().item() for r in refs)
+    return max(((g - r).abs().max() / max(r.abs().max().item(), 1e-6 * scale)).item()
+               for g, r in zip(gs, refs, strict=True))
 
 
 def measure(args, scheme: str, adjoint: str, x, y) -> dict:
@@ -150,8 +159,7 @@ def main() -> None:
     for r in rows:
         base = ref[r["scheme"]]
         r["ratio"] = base["peak_bytes"] / r["peak_bytes"]
-        r["grad_rel_diff"] = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-                                 for a, b in zip(r["grads"], base["grads"], strict=True))
+        r["grad_rel_diff"] = rel_diff(r["grads"], base["grads"])
     for r in rows:
         r.pop("grads", None)
     if args.json:

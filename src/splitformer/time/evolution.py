@@ -44,6 +44,13 @@ from .schemes import SCHEMES, Layout, Scheme, layout_of, resolve
 __all__ = ["Evolution", "NonFiniteError", "Trajectory"]
 
 
+def _finite(u: torch.Tensor) -> bool:
+    """Whether u holds no NaN and no inf; outside autograd (isfinite is composite: it would
+    save tensors, and a checkpointed step must save the same ones when it is recomputed)."""
+    with torch.no_grad():
+        return bool(torch.isfinite(u).all())
+
+
 class NonFiniteError(FloatingPointError):
     """Raised in validation mode at the first substep that produced a NaN or an inf."""
 
@@ -245,7 +252,7 @@ class Evolution(nn.Module):
         stages = self.scheme.stages
 
         def observe(u: torch.Tensor, j: int) -> None:
-            if self.validate and not torch.isfinite(u).all():
+            if self.validate and not _finite(u):
                 raise NonFiniteError(
                     f"non-finite value in u after step {i} (t = {self.grid.time(i):g} -> "
                     f"{self.grid.time(i + 1):g}), substep {j} '{stages[j]}' of scheme "
