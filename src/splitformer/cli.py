@@ -20,6 +20,7 @@ from .commands import UsageError
 COMMANDS: dict[str, str] = {
     "verify": "splitformer.commands.verify",
     "convergence": "splitformer.commands.convergence",
+    "train": "splitformer.commands.train",
 }
 
 

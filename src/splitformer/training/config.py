@@ -47,7 +47,7 @@ class TrainConfig:
     kernel: str = "softmax"
     steps: int | None = None  # N_t; None: = depth (tau = 1), or T / tau when tau is given
     tau: float | None = None
-    dropout: float = 0.0
+    dropout: float = 0.1
     # the data
     data: str = "digits"
     data_dir: str | None = None
@@ -57,9 +57,9 @@ class TrainConfig:
     kinetic: float = 0.0  # weight of the kinetic energy sum_n tau |(u^{n+1} - u^n) / tau|^2
     control_reg: float = 0.0  # weight of sum_n |theta^{n+1} - theta^n|^2 / tau
     # the optimiser
-    epochs: int = 30
+    epochs: int = 50
     batch_size: int = 64
-    lr: float = 3e-3
+    lr: float = 2e-3
     weight_decay: float = 0.05
     optimizer: str = "adamw"
     momentum: float = 0.9

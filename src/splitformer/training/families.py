@@ -36,9 +36,19 @@ __all__ = ["FAMILIES", "Family", "build_model", "data_signature"]
 
 @dataclass(frozen=True)
 class Family:
+    """A builder, the tasks it serves, how a batch becomes the model's inputs, and how the
+    read-out becomes logits."""
+
     build: Callable[[TrainConfig, dict[str, Any]], EvolutionModel]
-    logits: Callable[[EvolutionModel, torch.Tensor], torch.Tensor]
     tasks: tuple[str, ...]
+    inputs: Callable[[torch.Tensor], Any] = lambda x: (x,)
+    read: Callable[[Any], torch.Tensor] = lambda out: (
+        out if isinstance(out, torch.Tensor) else out.logits)
+
+    def logits(self, model: EvolutionModel, x: torch.Tensor) -> torch.Tensor:
+        args = self.inputs(x)
+        out = model(**args) if isinstance(args, dict) else model(*args)
+        return self.read(out)
 
 
 def _patch(cfg: TrainConfig, size: int) -> int:
@@ -84,15 +94,11 @@ def _lm(cfg: TrainConfig, data: dict[str, Any]) -> EvolutionModel:
                           resid_dropout=cfg.dropout, lm_head=True)
 
 
-def _tensor(out: Any) -> torch.Tensor:
-    return out if isinstance(out, torch.Tensor) else out.logits
-
-
 FAMILIES: dict[str, Family] = {
-    "vit": Family(_vit, lambda m, x: _tensor(m(x)), ("classify",)),
-    "cvt": Family(_cvt, lambda m, x: _tensor(m(x)), ("classify",)),
-    "encoder": Family(_encoder, lambda m, x: _tensor(m(x)), ("classify",)),
-    "lm": Family(_lm, lambda m, x: _tensor(m(input_ids=x)), ("lm",)),
+    "vit": Family(_vit, ("classify",)),
+    "cvt": Family(_cvt, ("classify",)),
+    "encoder": Family(_encoder, ("classify",)),
+    "lm": Family(_lm, ("lm",), inputs=lambda ids: {"input_ids": ids}),
 }
 
 
