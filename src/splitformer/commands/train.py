@@ -3,7 +3,11 @@
 Settings come from the built-in defaults (a small ViT evolution on digits), then a TOML file
 (``--config``), then flags; every setting is checked before the run starts. Prints the final
 metrics (``--json``: one JSON object with ``test_accuracy`` or ``test_loss``/``test_bpc``,
-``epochs``, ``seconds``, ``parameters``)."""
+``epochs``, ``seconds``, ``parameters``).
+
+Data parallel: ``torchrun --nproc_per_node N -m splitformer train ...`` (``training.distributed``:
+gloo on the CPU, NCCL with one GPU per process); ``--batch-size`` is the global batch, split
+over the processes; only rank 0 prints and writes the run folder."""
 
 from __future__ import annotations
 
@@ -105,6 +109,19 @@ def _run_path(path: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train; under torchrun (``WORLD_SIZE`` > 1) data parallel, and only rank 0 prints (the
+    other ranks exit with the same status, silently)."""
+    from ..training import distributed
+
+    try:
+        return _run(args, distributed.is_main())
+    except UsageError:
+        if not distributed.is_main():  # every rank finds the same error: rank 0 reports it
+            return 2
+        raise
+
+
+def _run(args: argparse.Namespace, main: bool) -> int:
     from ..training.families import build_model
     from ..training.fit import TrainingError, fit
 
@@ -118,14 +135,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     except ValueError as e:  # a scheme or kernel the family refuses
         raise UsageError(str(e).splitlines()[0]) from None
-    progress = not args.json and not args.no_progress and sys.stdout.isatty()
+    progress = main and not args.json and not args.no_progress and sys.stdout.isatty()
     try:
         result = fit(cfg, data=data, progress=progress, resume=args.resume)
     except TrainingError as e:
-        print(f"splitformer train: error: {e}", file=sys.stderr)
+        if main:
+            print(f"splitformer train: error: {e}", file=sys.stderr)
         return 1
     except CheckpointError as e:
         raise UsageError(f"argument --resume: {e}") from None
+    if not main:
+        return 0
     metrics = {**result.metrics, "out": str(result.out)}
     if args.json:
         print(json.dumps(metrics))

@@ -8,6 +8,15 @@ objective with AdamW or SGD (linear warm-up, then cosine or constant), evaluates
 split after every epoch, writes metrics as JSON lines (``metrics.jsonl``) and returns the final
 metrics. It is deterministic for a given seed: the batches of epoch e are drawn from a generator
 seeded with (seed, e), so a resumed run sees the same batches as an uninterrupted one.
+
+Under torchrun (``WORLD_SIZE`` > 1) the same loop runs data parallel (``training.distributed``):
+``batch_size`` stays the global batch, each rank takes its contiguous shard of it, the model is
+wrapped in DistributedDataParallel and each rank's objective is weighted by its share, so an
+optimiser step is the single-process step on the same global batch (to round-off). Evaluation
+is sharded over the ranks and summed. Only rank 0 shows progress and writes config.json,
+metrics.jsonl, checkpoints and final.json; every rank loads the checkpoint on ``resume``.
+Dropout masks are drawn per rank from a generator seeded with (seed, step, rank) at every step,
+so a resumed data-parallel run also replays them.
 """
 
 from __future__ import annotations
@@ -26,9 +35,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..control import ControlProblem, ControlRegularity, KineticEnergy
+from . import distributed
 from .checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import ConfigError, TrainConfig
 from .data import Dataset, load_dataset
+from .distributed import Ranks
 from .families import FAMILIES, build_model
 
 __all__ = ["FitResult", "TrainingError", "fit", "evaluate", "new_run_dir"]
@@ -125,26 +136,45 @@ def _step_on(problem: ControlProblem, cfg: TrainConfig, batch: tuple):
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Dataset, cfg: TrainConfig) -> dict[str, float]:
-    """Test accuracy (classifiers) or test loss and bits per character (LM), in eval mode."""
+    """Test accuracy (classifiers) or test loss and bits per character (LM), in eval mode, on
+    the whole test set in this process."""
+    return _evaluate(model, data, cfg, Ranks())
+
+
+@torch.no_grad()
+def _evaluate(model: nn.Module, data: Dataset, cfg: TrainConfig,
+              ranks: Ranks) -> dict[str, float]:
+    """``evaluate`` with the test set sharded over the ranks and the sums all-reduced (every
+    rank gets the same metrics; one rank of one: the whole test set)."""
     was = model.training
     model.eval()
     logits = FAMILIES[cfg.family].logits
+    p = next(model.parameters(), None)
+    dev = p.device if p is not None else torch.device("cpu")
     try:
         if data.task == "lm":
             windows = _test_windows(data, cfg.seq_len)
+            lo, hi = distributed.shard_bounds(len(windows), ranks.rank, ranks.world)
+            windows = windows[lo:hi]
             total, count = 0.0, 0
             for i in range(0, len(windows), cfg.batch_size):
-                ids = windows[i:i + cfg.batch_size]
+                ids = windows[i:i + cfg.batch_size].to(dev)
                 out = logits(model, ids)
                 total += float(F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]),
                                                ids[:, 1:].reshape(-1), reduction="sum"))
                 count += ids[:, 1:].numel()
+            if ranks.distributed:
+                total, count = distributed.all_reduce_sum([total, count]).tolist()
             loss = total / max(count, 1)
             return {"test_loss": loss, "test_bpc": loss / math.log(2)}
+        lo, hi = distributed.shard_bounds(len(data.test), ranks.rank, ranks.world)
         correct = 0
-        for i in range(0, len(data.test), 512):
-            x, y = data.test.x[i:i + 512], data.test.y[i:i + 512]
+        for i in range(lo, hi, 512):
+            j = min(i + 512, hi)
+            x, y = data.test.x[i:j].to(dev), data.test.y[i:j].to(dev)
             correct += int((logits(model, x).argmax(-1) == y).sum())
+        if ranks.distributed:
+            correct = int(distributed.all_reduce_sum([correct])[0])
         return {"test_accuracy": correct / len(data.test)}
     finally:
         model.train(was)
@@ -186,21 +216,37 @@ def fit(cfg: TrainConfig, *, out: str | Path | None = None, progress: bool = Fal
     ``resume``: a run folder; the run continues from its last complete checkpoint with the
     config recorded there (``cfg`` must equal it) and writes into that folder; the loss curve is
     the uninterrupted run's. ``progress`` shows a live progress bar (rich).
+
+    Under torchrun (``WORLD_SIZE`` > 1) the run is data parallel (module docstring): the
+    process group is initialised here unless the caller did, and ended here if it was. Every
+    rank returns the same metrics and model (the unwrapped model); only rank 0 writes.
     """
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"fit(cfg) takes a TrainConfig, got {type(cfg).__name__}")
+    with distributed.session() as ranks:
+        return _fit(cfg, out=out, progress=progress and ranks.main, data=data, resume=resume,
+                    ranks=ranks)
+
+
+def _fit(cfg: TrainConfig, *, out: str | Path | None, progress: bool, data: Dataset | None,
+         resume: str | Path | None, ranks: Ranks) -> FitResult:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     if resume is not None:
         run_dir = Path(resume)
         if latest_checkpoint(run_dir) is None:
             raise ConfigError(f"resume: {str(run_dir)!r} holds no complete checkpoint")
+    elif out is not None or cfg.out is not None:
+        run_dir = Path(out if out is not None else cfg.out)
     else:
-        run_dir = Path(out if out is not None else cfg.out if cfg.out is not None
-                       else new_run_dir())
+        run_dir = new_run_dir()
+        if ranks.distributed:  # rank 0's stamp
+            run_dir = Path(distributed.broadcast_object(str(run_dir)))
     data = data if data is not None else load_dataset(cfg.data, cfg.data_dir)
     seed_everything(cfg.seed)
     model = build_model(cfg, data)
+    if ranks.device.type != "cpu":
+        model = model.to(ranks.device)
     model.train()
     problem = control_problem(model, data, cfg)
     optimizer = _optimizer(model, cfg)
@@ -208,7 +254,7 @@ def fit(cfg: TrainConfig, *, out: str | Path | None = None, progress: bool = Fal
     total = per_epoch * cfg.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, total))
     step = 0
-    if resume is not None:
+    if resume is not None:  # every rank loads the checkpoint
         state = load_checkpoint(run_dir, model=model, optimizer=optimizer, scheduler=scheduler)
         if state.get("config") != cfg.to_dict():
             changed = sorted(k for k, v in cfg.to_dict().items()
@@ -216,19 +262,30 @@ def fit(cfg: TrainConfig, *, out: str | Path | None = None, progress: bool = Fal
             raise ConfigError(f"resume: the run in {str(run_dir)!r} was made with another "
                               f"config (differs in {changed}); resume it without changing them")
         step = int(state["step"])
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    history = _metrics_until(run_dir / "metrics.jsonl", step)
-    log = (run_dir / "metrics.jsonl").open("a" if resume is not None else "w")
+    # DistributedDataParallel (a single process: the problem itself); it holds the model, so
+    # the running costs see its evolutions
+    engine = distributed.wrap(problem) if ranks.distributed else problem
+    log = None
+    if ranks.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        history = _metrics_until(run_dir / "metrics.jsonl", step)
+        log = (run_dir / "metrics.jsonl").open("a" if resume is not None else "w")
+    if ranks.distributed:
+        distributed.barrier()  # rank 0 has cut metrics.jsonl back to the checkpoint's step
+    if not ranks.main:
+        history = _metrics_until(run_dir / "metrics.jsonl", step, rewrite=False)
 
     def record(row: dict[str, Any]) -> None:
         history.append(row)
-        log.write(json.dumps(row) + "\n")
-        log.flush()
+        if log is not None:
+            log.write(json.dumps(row) + "\n")
+            log.flush()
 
     def checkpoint(epoch: int) -> None:
-        save_checkpoint(run_dir, model=model, optimizer=optimizer, scheduler=scheduler,
-                        state={"step": step, "epoch": epoch, "config": cfg.to_dict()})
+        if ranks.main:
+            save_checkpoint(run_dir, model=model, optimizer=optimizer, scheduler=scheduler,
+                            state={"step": step, "epoch": epoch, "config": cfg.to_dict()})
 
     start = time.perf_counter()
     bar = _Bar(total, enabled=progress)
@@ -237,11 +294,18 @@ def fit(cfg: TrainConfig, *, out: str | Path | None = None, progress: bool = Fal
         for epoch in range(step // per_epoch, cfg.epochs):
             seen, t0 = 0, time.perf_counter()
             for batch in batches(data, cfg, epoch)[step - epoch * per_epoch:]:
-                obj, correct, n = _step_on(problem, cfg, batch)
-                loss = obj.total
-                if not torch.isfinite(loss):
+                if ranks.distributed:
+                    obj, weight, parts, correct, n = _shard_step(engine, cfg, batch, ranks,
+                                                                 step)
+                    loss = obj.total * weight
+                else:
+                    obj, correct, n = _step_on(problem, cfg, batch)
+                    loss = obj.total
+                    parts = {**{k: v.item() for k, v in obj.parts.items()},
+                             "loss": loss.item()}
+                if not math.isfinite(parts["loss"]):
                     raise TrainingError(
-                        f"the loss is {loss.item()} at step {step} (epoch {epoch}); the last "
+                        f"the loss is {parts['loss']} at step {step} (epoch {epoch}); the last "
                         f"good checkpoint is kept in {str(run_dir)!r}; lower lr or check the "
                         "data")
                 optimizer.zero_grad(set_to_none=True)
@@ -255,37 +319,75 @@ def fit(cfg: TrainConfig, *, out: str | Path | None = None, progress: bool = Fal
                 rate = seen / max(time.perf_counter() - t0, 1e-9)
                 if step % cfg.log_every == 0 or step == total:
                     row = {"step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0],
-                           **{k: v.item() for k, v in obj.parts.items()}, "loss": loss.item(),
-                           "examples_per_s": rate}
+                           **parts, "examples_per_s": rate}
                     if correct is not None:
                         row["accuracy"] = correct / n
                     record(row)
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                     checkpoint(epoch)
-                bar.update(step, loss.item(), correct / n if correct is not None else None,
+                bar.update(step, parts["loss"], correct / n if correct is not None else None,
                            rate)
-            record({"epoch": epoch, "step": step, **evaluate(model, data, cfg)})
+            record({"epoch": epoch, "step": step, **_evaluate(model, data, cfg, ranks)})
             if not cfg.checkpoint_every:
                 checkpoint(epoch + 1)
     finally:
         bar.close()
-        log.close()
+        if log is not None:
+            log.close()
     if cfg.checkpoint_every and step % cfg.checkpoint_every:
         checkpoint(cfg.epochs)
     seconds = time.perf_counter() - start
-    metrics = {**evaluate(model, data, cfg), "epochs": cfg.epochs, "seconds": seconds,
+    metrics = {**_evaluate(model, data, cfg, ranks), "epochs": cfg.epochs, "seconds": seconds,
                "parameters": sum(p.numel() for p in model.parameters()), "steps": step}
-    (run_dir / "final.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    if ranks.main:
+        (run_dir / "final.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return FitResult(metrics, model, run_dir, history)
 
 
-def _metrics_until(path: Path, step: int) -> list[dict[str, Any]]:
-    """The logged rows up to ``step`` (a resumed run drops what came after its checkpoint)."""
+def _step_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of rank ``rank``'s random draws (dropout) at optimiser step ``step``."""
+    return ((seed * 1_000_003 + step) * 10_007 + rank) % 2**63
+
+
+def _shard_step(engine: nn.Module, cfg: TrainConfig, batch: tuple, ranks: Ranks, step: int):
+    """This rank's part of the global ``batch``: (its objective, the weight of its objective in
+    ``backward``, the global batch's logged parts and "loss", its correct predictions or None,
+    its size). The rank's objective is a mean over its shard of n_r examples; weighted by
+    world * n_r / n its gradient, averaged over the ranks by DistributedDataParallel, is the
+    gradient of the mean over the global batch of n examples. Logged values are
+    sum_r (n_r / n) * value_r (running costs that do not depend on the batch come out
+    unchanged). A rank with an empty shard runs one example with weight 0: every rank must
+    take part in the gradient all-reduce."""
+    torch.manual_seed(_step_seed(cfg.seed, step, ranks.rank))  # dropout: per rank and step
+    n = len(batch[0])
+    local = distributed.shard(batch, ranks.rank, ranks.world)
+    n_local = len(local[0])
+    share = n_local / n
+    if share == 0:
+        local = tuple(t[:1] for t in batch)
+    local = tuple(t.to(ranks.device) for t in local)
+    obj, correct, _ = _step_on(engine, cfg, local)
+    names = list(obj.parts)
+    values = torch.stack([obj.parts[k].detach().reshape(()) for k in names]
+                         + [obj.total.detach().reshape(())]).double() * share
+    if share == 0:
+        values = torch.zeros_like(values)
+    count = float(correct) if correct is not None and share > 0 else 0.0
+    reduced = distributed.all_reduce_sum(torch.cat([values, values.new_tensor([count])]))
+    parts = dict(zip([*names, "loss"], reduced[:-1].tolist(), strict=True))
+    correct = int(round(reduced[-1].item())) if correct is not None else None
+    return obj, distributed.loss_weight(n_local, n, ranks.world), parts, correct, n
+
+
+def _metrics_until(path: Path, step: int, rewrite: bool = True) -> list[dict[str, Any]]:
+    """The logged rows up to ``step`` (a resumed run drops what came after its checkpoint;
+    ``rewrite``: also in the file)."""
     if step == 0 or not path.exists():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r.get("step", 0) <= step]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if rewrite:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
 
 
