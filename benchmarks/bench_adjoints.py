@@ -18,11 +18,11 @@ Each row also checks that its gradients equal those of backprop of the same sche
 relative difference per parameter tensor, floored at 1e-6 of the largest gradient).
 
 ``--rss`` adds a cross-check in process memory: each row in a fresh subprocess (warmed up
-on one example), the growth of the peak resident set size (getrusage's ru_maxrss) over the
-resident set size before the step, with glibc's mmap threshold fixed at 64 kB
+on one example), the growth of the peak resident set size (VmHWM, reset before the step) over
+the resident set size before the step, with glibc's mmap threshold fixed at 64 kB
 (MALLOC_MMAP_THRESHOLD_=65536: large blocks are returned to the system when freed; with the
 default dynamic threshold glibc keeps freed blocks in its heap, reusable but counted in the
-RSS, which adds some 60 MiB to every row here).
+RSS, which added 50 to 60 MiB to every row of the default run).
 
 Bars (issue 8): checkpoint >= 4x lower than backprop, reversible >= 8x lower.
 """
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -104,18 +103,33 @@ def measure(args, scheme: str, adjoint: str, x, y) -> dict:
             "tau": problem.model.evolution.tau}
 
 
+def _status_bytes(key: str) -> int:
+    """A "kB" field of /proc/self/status (VmRSS, VmHWM) in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {key} in /proc/self/status")
+
+
 def rss_growth(args, scheme: str, adjoint: str, x, y) -> int:
-    """In this process: ru_maxrss after one step minus the RSS before it, in bytes (warmed up
-    by a step on one example, so that code pages and thread pools are not counted)."""
+    """In this process: the peak RSS of one step (VmHWM, reset before it through
+    /proc/self/clear_refs) minus the RSS before it, in bytes; warmed up by a step on one
+    example, so that code pages and thread pools are not counted. (Not getrusage's ru_maxrss:
+    Linux carries the parent's high-water mark into a vforked child across exec.)"""
     costs = [KineticEnergy(args.kinetic)] if args.kinetic > 0 else []
     problem = ControlProblem(build(args, scheme), F.cross_entropy, costs, adjoint=adjoint)
     problem.train()
     step(problem, x[:1], y[:1])  # code paths and thread pools warm, little memory
     problem.zero_grad(set_to_none=True)
-    with open("/proc/self/statm") as f:
-        before = int(f.read().split()[1]) * resource.getpagesize()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
+    except OSError:
+        pass  # then the peak may include the small warm-up step
+    before = _status_bytes("VmRSS")
     step(problem, x, y)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    return _status_bytes("VmHWM") - before
 
 
 def rss_row(scheme: str, adjoint: str) -> int:

@@ -16,7 +16,9 @@ gradient and differ only in what they keep in memory (diffrax's ``adjoint=``):
                    one substep's activations at a time. Activation memory does not grow with
                    N_t (an RNG state of a few kB per substep is kept in train mode, so that
                    dropout masks are replayed). Equals Backprop of the same scheme up to the
-                   round-off of the reconstruction.
+                   round-off of the reconstruction. States kept along the path (a SaveAt,
+                   e.g. for the kinetic energy) are outputs of the run and cost N_t x state;
+                   no second derivatives (the backward pass is not differentiable).
 
 Give one by name (``ADJOINTS``: "backprop", "checkpoint", "reversible") or as a value:
 ``Evolution(..., adjoint="checkpoint")``, ``evolution.with_adjoint(Checkpoint())``.
@@ -51,6 +53,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from ..operators.base import Context
@@ -379,6 +382,7 @@ class _ReversibleFunction(torch.autograd.Function):
         return (state, *kept)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g_final, *g_kept):
         run: _RevRun = ctx.run
         evo = run.evolution
