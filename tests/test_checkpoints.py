@@ -30,7 +30,7 @@ from splitformer.training.checkpoints import (
 )
 from splitformer.training.families import FAMILIES
 
-SMALL = TrainConfig(width=16, heads=2, depth=2)
+SMALL = TrainConfig(width=16, heads=2, depth=2, dropout=0.0)  # steps interleave two models
 SERIES = {"name": "series", "task": "classify", "num_classes": 3, "input_shape": [24, 2],
           "vocab_size": None, "vocab": None}
 TEXT = {"name": "text", "task": "lm", "num_classes": None, "input_shape": None,

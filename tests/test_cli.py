@@ -237,8 +237,10 @@ def test_argparse_errors_are_one_line_too(capsys):
 
 
 def test_no_command_is_one_line(capsys):
+    from splitformer.cli import COMMANDS
+
     line = _usage_error(capsys, [])
-    assert line == ("splitformer: error: a command is required (verify, convergence) "
+    assert line == (f"splitformer: error: a command is required ({', '.join(COMMANDS)}) "
                     "(see 'splitformer --help')")
 
 
