@@ -548,3 +548,46 @@ def test_other_bad_arguments_name_themselves():
         ControlProblem(model, _loss, [KineticEnergy(1.0), KineticEnergy(2.0)])
     with pytest.raises(ValueError, match=r"ControlProblem\(loss\): loss must return a scalar"):
         ControlProblem(model, lambda out, t: out)(inputs, target)
+
+
+# -- 7. memory: what each adjoint keeps grows as documented ------------------------------------
+def _peak_bytes(fn) -> int:
+    """Largest running total of tensor bytes allocated minus freed while fn runs (profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    total = peak = 0
+    for e in events:
+        total += e.nbytes()
+        peak = max(peak, total)
+    return peak
+
+
+def test_activation_memory_grows_with_n_t_as_documented():
+    """Peak memory of a training step at N_t = 8 and 32 (the same controls): backprop grows
+    with N_t x activations, checkpoint with N_t x state (much less), reversible not at all."""
+    torch.manual_seed(0)
+    m = build_vit(image_size=16, patch_size=2, in_chans=3, dim=32, depth=2, num_heads=2,
+                  hidden_dim=64, num_classes=3, read_out="timm")
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 3, (8,))
+    peaks = {}
+    for scheme, adjoint in (("prenorm", "backprop"), ("prenorm", "checkpoint"),
+                            ("reversible", "backprop"), ("reversible", "reversible")):
+        for n in (8, 32):
+            model = with_adjoint(m.with_scheme(scheme).refine(n // 2), adjoint)
+            problem = ControlProblem(model, F.cross_entropy)
+
+            def step(problem=problem):
+                problem.zero_grad(set_to_none=True)
+                problem((x,), y).total.backward()
+
+            step()
+            peaks[scheme, adjoint, n] = _peak_bytes(step)
+    growth = {k[:2]: peaks[(*k[:2], 32)] - peaks[(*k[:2], 8)] for k in peaks}
+    assert growth["prenorm", "checkpoint"] < growth["prenorm", "backprop"] / 4, peaks
+    assert peaks["prenorm", "checkpoint", 32] < peaks["prenorm", "backprop", 32] / 3, peaks
+    assert abs(growth["reversible", "reversible"]) < peaks["reversible", "reversible", 8] / 10
+    assert peaks["reversible", "reversible", 32] < peaks["reversible", "backprop", 32] / 8

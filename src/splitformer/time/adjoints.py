@@ -14,11 +14,12 @@ gradient and differ only in what they keep in memory (diffrax's ``adjoint=``):
                    path is kept; the backward pass rebuilds (u^i, v^i) from (u^{i+1}, v^{i+1})
                    by inverting the substeps exactly, x^i = x^{i+1} - h F(y), and recomputes
                    one substep's activations at a time. Activation memory does not grow with
-                   N_t (an RNG state of a few kB per substep is kept in train mode, so that
-                   dropout masks are replayed). Equals Backprop of the same scheme up to the
-                   round-off of the reconstruction. States kept along the path (a SaveAt,
-                   e.g. for the kinetic energy) are outputs of the run and cost N_t x state;
-                   no second derivatives (the backward pass is not differentiable).
+                   N_t (an RNG state of a few kB is kept per substep that draws random
+                   numbers, dropout in train mode, so that its masks are replayed). Equals
+                   Backprop of the same scheme up to the round-off of the reconstruction.
+                   States kept along the path (a SaveAt, e.g. for the kinetic energy) are
+                   outputs of the run and cost N_t x state. No second derivatives (the
+                   backward pass is not differentiable).
 
 Give one by name (``ADJOINTS``: "backprop", "checkpoint", "reversible") or as a value:
 ``Evolution(..., adjoint="checkpoint")``, ``evolution.with_adjoint(Checkpoint())``.
@@ -318,6 +319,14 @@ def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]
     return torch.get_rng_state(), cuda
 
 
+def _rng_moved(before, device: torch.device) -> bool:
+    """Whether the global RNG state differs from ``before`` (a substep used dropout)."""
+    now = _rng_state(device)
+    if not torch.equal(now[0], before[0]):
+        return True
+    return now[1] is not None and not torch.equal(now[1], before[1])
+
+
 @contextlib.contextmanager
 def _replay_rng(state, device: torch.device) -> Iterator[None]:
     """Run with the global RNG set to ``state`` (None: as it is), restoring it afterwards."""
@@ -367,11 +376,12 @@ class _ReversibleFunction(torch.autograd.Function):
             observe = evo.observer(i, run.subs)
             parts = list(state.unbind(0))
             for j, st in enumerate(scheme.stages):
-                if run.rng is not None:
-                    run.rng.append(_rng_state(state.device))
+                before = _rng_state(state.device) if run.rng is not None else None
                 t = scheme.target(j)
                 parts[t] = torch.add(parts[t], scheme.field(j, parts[1 - t], theta, run.context),
                                      alpha=st.fraction * tau)
+                if run.rng is not None:  # kept only where the substep drew random numbers
+                    run.rng.append(before if _rng_moved(before, state.device) else None)
                 if observe is not None:
                     observe(torch.stack(parts), j)
             state = torch.stack(parts)
