@@ -416,6 +416,13 @@ def test_reversible_scheme_is_a_named_scheme_with_its_own_initial_map_and_read_o
     # back to the network's own scheme: the network again
     with torch.no_grad():
         assert torch.equal(rev.with_scheme("prenorm")(*inputs), model(*inputs))
+    # the same field stages act on (u, v): never taken for the pre-norm network
+    assert s.stages != model.evolution.scheme.stages and s.stages == rev.refine(2).evolution \
+        .scheme.stages
+    layer = nn.TransformerEncoderLayer(16, 2, 24, dropout=0.0, batch_first=True, norm_first=True)
+    pre_ln = splitformer.from_torch(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False))
+    with pytest.raises(ValueError, match="to_torch needs the scheme.*got 'reversible'"):
+        splitformer.to_torch(pre_ln.with_scheme("reversible"))
 
 
 def test_reversible_step_is_inverted_exactly_up_to_round_off():

@@ -209,6 +209,22 @@ def resolve_adjoint(adjoint: str | Adjoint, what: str = "adjoint") -> Adjoint:
 
 
 # -- the reversible scheme -------------------------------------------------------------------
+class _CoupledStages(tuple):
+    """The stages of a reversible scheme: equal only to the stages of another reversible
+    scheme. The same field stages act on the doubled state here, so a check that recognises a
+    network by its stages (``interop.weights.network_scheme``: pre-norm is "norm1>attention
+    norm2>ffn") must not take a reversible evolution for that network."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _CoupledStages) and tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash(("reversible", tuple(self)))
+
+
 @dataclass(frozen=True)
 class ReversibleScheme(Scheme):
     """The reversible splitting on the doubled state (u, v), stacked as one tensor
@@ -218,6 +234,7 @@ class ReversibleScheme(Scheme):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        object.__setattr__(self, "stages", _CoupledStages(self.stages))
         for st in self.stages:
             if st.kind != "field" or st.then or st.save:
                 raise ValueError(f"a reversible scheme holds field stages only (no then/save), "
