@@ -316,7 +316,8 @@ def reversible(layout: Layout = POST_LN, integrator: str = "euler", form: str = 
     return ReversibleScheme(
         tuple(stages), name="reversible",
         description="reversible (RevNet) splitting on (u, v): v += tau A(P u), u += tau G(P v)",
-        order=1, meta={"integrator": integrator, "form": form, "layout": layout})
+        order=1, meta={"integrator": integrator, "form": form,
+                       "layout": pre_norm_layout(layout)})  # as prenorm: projections inside
 
 
 SCHEMES.setdefault("reversible", reversible)
