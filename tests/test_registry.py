@@ -177,7 +177,7 @@ def test_copies_keep_their_own_train_eval_state(family):
     name, model, inputs = family
     model.eval()
     for copy_ in (model.refine(2), model.with_scheme("strang"), model.with_controls_in_time(
-            "linear"), model.with_kernel("softmax")):
+            "linear"), model.with_kernel("softmax"), model.with_adjoint("checkpoint")):
         copy_.train()
         assert not model.training and not any(m.training for m in model.modules()), name
         assert all(p is q for p, q in zip(copy_.parameters(), model.parameters(), strict=True))

@@ -115,6 +115,11 @@ class EvolutionModel(nn.Module):
         """"constant" (the network) or "linear" (smooth in t) controls, shared parameters."""
         return self._map_evolutions(lambda e, i: e.with_controls_in_time(interpolation))
 
+    def with_adjoint(self, adjoint):
+        """The same model (shared parameters) whose gradients are computed by ``adjoint``
+        ("backprop", "checkpoint", "reversible" or a value of ``time.adjoints``)."""
+        return self._map_evolutions(lambda e, i: e.with_adjoint(adjoint))
+
     def with_kernel(self, kernel, **kwargs):
         """The same model (shared parameters) with ``kernel`` in every attention operator
         (``operators.kernels.set_kernel``: a name or a Kernel; refused by name where a family

@@ -108,6 +108,13 @@ class TrainConfig:
                                                and self.grad_clip > 0):
             raise ConfigError(f"grad_clip must be None or a finite number > 0, got "
                               f"{self.grad_clip!r}")
+        from ..control import adjoint_names
+
+        if self.adjoint not in adjoint_names():
+            raise ConfigError(f"adjoint must be one of {adjoint_names()}, got {self.adjoint!r}")
+        if self.adjoint == "reversible" and self.scheme.strip() != "reversible":
+            raise ConfigError("adjoint 'reversible' needs scheme 'reversible' (the steps it "
+                              f"inverts), got scheme {self.scheme!r}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads!r}")
         self.num_steps()  # steps / tau consistency
