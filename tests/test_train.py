@@ -139,3 +139,38 @@ def test_default_run_reaches_the_bar(tmp_path):
     r = _cli("--json", "--out", str(tmp_path / "run"), timeout=900)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["test_accuracy"] >= 0.97
+
+
+def test_a_run_killed_with_sigkill_resumes_with_nothing_lost(tmp_path):
+    """`splitformer train` killed with kill -9 while it runs (and writes checkpoints every
+    step) resumes from its last complete checkpoint to the uninterrupted run's final model."""
+    import os
+    import signal
+    import time
+
+    args = ["--width", "16", "--heads", "2", "--depth", "2", "--epochs", "3",
+            "--batch-size", "64", "--checkpoint-every", "1", "--log-every", "1",
+            "--dropout", "0.1", "--threads", "1", "--json", "--no-progress"]
+    whole = _cli(*args, "--out", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen([sys.executable, "-m", "splitformer", "train", *args, "--out",
+                             str(cut)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (cut / "latest").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # a few more steps and checkpoint writes
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (cut / "final.json").exists()
+    resumed = _cli("--resume", str(cut), "--json", "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = json.loads(whole.stdout), json.loads(resumed.stdout)
+    assert a["test_accuracy"] == b["test_accuracy"] and a["steps"] == b["steps"]
+    rows = [json.loads(x) for x in (cut / "metrics.jsonl").read_text().splitlines()]
+    ref = [json.loads(x) for x in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [r["step"] for r in ref]
+    for x, y in zip(rows, ref, strict=True):
+        if "loss" in x:
+            assert abs(x["loss"] - y["loss"]) <= 1e-6, (x["step"], x["loss"], y["loss"])
