@@ -13,3 +13,5 @@ run lm-text --family lm --data text --width 128 --heads 4 --depth 4 --seq-len 64
     --batch-size 64 --lr 2e-3 --dropout 0.0 --checkpoint-every 100 --log-every 50
 run vit-fashion --family vit --data fashion-mnist --patch 4 --width 64 --heads 4 --depth 6 \
     --epochs 12 --batch-size 128 --lr 2e-3 --dropout 0.1 --log-every 50
+run cvt-fashion --family cvt --data fashion-mnist --width 64 --heads 4 --depth 4 \
+    --epochs 10 --batch-size 128 --lr 2e-3 --dropout 0.1 --log-every 50
