@@ -2,7 +2,7 @@
 (gloo) against single-process training on the same global batch.
 
 The launcher runs ``splitformer.cli.main`` through a small script that wraps
-``training.fit.fit`` and writes each rank's trained parameters to a file (a test-side hook: the
+``training.loop.fit`` and writes each rank's trained parameters to a file (a test-side hook: the
 library has none). digits has 1433 training examples, so with a global batch of 179 the full
 batches split 90/89 and the last batch holds one example (rank 1's shard is empty), which
 exercises the weighting of uneven shards.
@@ -22,10 +22,10 @@ import safetensors.torch
 import torch
 
 from splitformer.training import FAMILIES, TrainConfig, load_dataset
-from splitformer.training import fit as fit_module
+from splitformer.training import loop as fit_module
 from splitformer.training.checkpoints import load_model
 from splitformer.training.distributed import loss_weight, shard_bounds
-from splitformer.training.fit import fit
+from splitformer.training.loop import fit
 
 TINY = {"width": 16, "heads": 2, "depth": 2, "epochs": 1, "batch_size": 179, "dropout": 0.0,
         "log_every": 1, "threads": 1}
@@ -36,7 +36,7 @@ FLAGS = ["--width", "16", "--heads", "2", "--depth", "2", "--epochs", "1", "--ba
 _LAUNCHED = """
 import json, os, sys
 import safetensors.torch
-from splitformer.training import fit as fit_module
+from splitformer.training import loop as fit_module
 
 real = fit_module.fit
 

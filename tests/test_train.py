@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from splitformer.training import ConfigError, TrainConfig
-from splitformer.training import fit as fit_module
-from splitformer.training.fit import TrainingError, fit
+from splitformer.training import loop as fit_module
+from splitformer.training.loop import TrainingError, fit
 
 TINY = {"width": 16, "heads": 2, "depth": 2, "epochs": 2, "batch_size": 128, "log_every": 1,
         "dropout": 0.1, "checkpoint_every": 4}
@@ -174,3 +174,20 @@ def test_a_run_killed_with_sigkill_resumes_with_nothing_lost(tmp_path):
     for x, y in zip(rows, ref, strict=True):
         if "loss" in x:
             assert abs(x["loss"] - y["loss"]) <= 1e-6, (x["step"], x["loss"], y["loss"])
+
+
+def test_cli_refuses_what_the_trial_found(tmp_path):
+    """Bad input a new user tried: each one line, exit status 2, before any training."""
+    done = tmp_path / "done"
+    r = _cli("--width", "16", "--heads", "2", "--depth", "2", "--epochs", "1", "--json",
+             "--out", str(done))
+    assert r.returncode == 0, r.stderr
+    for bad, match in ((["--patch", "0"], "patch must be"),
+                       (["--family", "encoder"], "does not fit data 'digits'"),
+                       (["--width", "100000", "--heads", "2"], "does not fit in memory"),
+                       (["--out", str(done)], "holds a run already"),
+                       (["--resume", str(done)], "is complete"),
+                       ):
+        r = _cli(*bad)
+        assert r.returncode == 2, (bad, r.stdout, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and match in r.stderr, (bad, r.stderr)

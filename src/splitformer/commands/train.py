@@ -83,8 +83,16 @@ def config_of(args: argparse.Namespace) -> TrainConfig:
             if latest_checkpoint(args.resume) is None:
                 raise UsageError(f"argument --resume: {args.resume!r} holds no complete "
                                  "checkpoint")
+            if (_run_path(args.resume) / "final.json").exists():
+                raise UsageError(f"argument --resume: the run in {args.resume!r} is complete "
+                                 "(final.json); nothing to resume")
             base = TrainConfig.from_dict(json.loads(
                 (_run_path(args.resume) / "config.json").read_text()))
+            changed = sorted(k for k, v in flags.items()
+                             if v is not None and getattr(base, k) != v)
+            if changed:
+                raise UsageError(f"argument --resume: the run was made with other values of "
+                                 f"{changed}; resume it without changing them")
         elif args.config is not None:
             base = TrainConfig.from_toml(args.config)
         else:
@@ -123,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, main: bool) -> int:
     from ..training.families import build_model
-    from ..training.fit import TrainingError, fit
+    from ..training.loop import TrainingError, fit
 
     cfg = config_of(args)
     try:
@@ -135,6 +143,11 @@ def _run(args: argparse.Namespace, main: bool) -> int:
         raise UsageError(str(e)) from None
     except ValueError as e:  # a scheme or kernel the family refuses
         raise UsageError(str(e).splitlines()[0]) from None
+    except (MemoryError, RuntimeError) as e:
+        if "allocate" not in str(e) and not isinstance(e, MemoryError):
+            raise
+        raise UsageError(f"the model does not fit in memory (width={cfg.width}, depth="
+                         f"{cfg.depth}, heads={cfg.heads})") from None
     progress = main and not args.json and not args.no_progress and sys.stdout.isatty()
     try:
         result = fit(cfg, data=data, progress=progress, resume=args.resume)
@@ -144,6 +157,8 @@ def _run(args: argparse.Namespace, main: bool) -> int:
         return 1
     except CheckpointError as e:
         raise UsageError(f"argument --resume: {e}") from None
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     if not main:
         return 0
     metrics = {**result.metrics, "out": str(result.out)}

@@ -53,6 +53,17 @@ class TokenEmbedding(nn.Module):
         self.token_type = nn.Embedding(type_vocab_size, dim, **kw) if type_vocab_size else None
         self.norm = LayerNormProjection(dim, eps=norm_eps, **kw) if norm_eps is not None else None
         self.dropout = nn.Dropout(dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """N(0, 0.02^2) tables (transformers' initializer_range), the padding row 0: at the
+        start the tied LM read-out <u, E_w> is small, not of size sqrt(width)."""
+        for table in (self.word, self.position, self.token_type):
+            if table is not None:
+                nn.init.normal_(table.weight, std=0.02)
+                if table.padding_idx is not None:
+                    with torch.no_grad():
+                        table.weight[table.padding_idx].zero_()
 
     def extra_repr(self) -> str:
         return (f"vocab={self.word.num_embeddings}, positions={self.max_positions}, "

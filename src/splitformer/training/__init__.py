@@ -4,6 +4,7 @@
 from .config import ConfigError, TrainConfig
 from .data import DATASETS, Dataset, DatasetError, Split, load_dataset
 from .families import FAMILIES, build_model
+from .loop import FitResult, TrainingError, fit
 
 __all__ = [
     "DATASETS",
@@ -13,6 +14,9 @@ __all__ = [
     "DatasetError",
     "Split",
     "TrainConfig",
+    "FitResult",
+    "TrainingError",
     "build_model",
+    "fit",
     "load_dataset",
 ]

@@ -92,6 +92,8 @@ class TrainConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
+        if self.patch is not None and self.patch < 1:
+            raise ConfigError(f"patch must be None or >= 1, got {self.patch!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not 0.0 <= self.warmup < 1.0:

@@ -9,7 +9,7 @@ one GPU per local rank (``cuda:LOCAL_RANK``) when CUDA is present, gloo on the C
 Without ``WORLD_SIZE`` (or with 1) nothing is initialised and every function below answers for a
 single process (rank 0 of 1), so single-process training is untouched.
 
-What ``training.fit`` does with the group (docs/training.md):
+What ``training.loop.fit`` does with the group (docs/training.md):
 
 * the global batch is ``batch_size``: every rank draws the same global batches (seeded by
   (seed, epoch)) and takes its contiguous shard (``shard_bounds``: sizes differ by at most one);

@@ -41,6 +41,7 @@ class Family:
 
     build: Callable[[TrainConfig, dict[str, Any]], EvolutionModel]
     tasks: tuple[str, ...]
+    ndims: tuple[int, ...] = ()  # accepted lengths of input_shape (images 3, series 1 or 2)
     inputs: Callable[[torch.Tensor], Any] = lambda x: (x,)
     read: Callable[[Any], torch.Tensor] = lambda out: (
         out if isinstance(out, torch.Tensor) else out.logits)
@@ -95,9 +96,9 @@ def _lm(cfg: TrainConfig, data: dict[str, Any]) -> EvolutionModel:
 
 
 FAMILIES: dict[str, Family] = {
-    "vit": Family(_vit, ("classify",)),
-    "cvt": Family(_cvt, ("classify",)),
-    "encoder": Family(_encoder, ("classify",)),
+    "vit": Family(_vit, ("classify",), ndims=(3,)),
+    "cvt": Family(_cvt, ("classify",), ndims=(3,)),
+    "encoder": Family(_encoder, ("classify",), ndims=(1, 2)),
     "lm": Family(_lm, ("lm",), inputs=lambda ids: {"input_ids": ids}),
 }
 
@@ -116,10 +117,14 @@ def build_model(cfg: TrainConfig, data: Dataset | dict[str, Any]) -> EvolutionMo
         raise ConfigError(f"family must be one of {sorted(FAMILIES)}, got {cfg.family!r}")
     sig = data_signature(data) if isinstance(data, Dataset) else dict(data)
     family = FAMILIES[cfg.family]
-    if sig["task"] not in family.tasks:
+    def fits(f: Family) -> bool:
+        shape = sig.get("input_shape")
+        return sig["task"] in f.tasks and (not f.ndims or shape is None or len(shape) in f.ndims)
+
+    if not fits(family):
         raise ConfigError(f"family {cfg.family!r} does not fit data {sig['name']!r} (a "
-                          f"{sig['task']} task); families for it: "
-                          f"{sorted(n for n, f in FAMILIES.items() if sig['task'] in f.tasks)}")
+                          f"{sig['task']} task on inputs of shape {sig.get('input_shape')}); "
+                          f"families for it: {sorted(n for n, f in FAMILIES.items() if fits(f))}")
     if sig.get("input_shape") is not None:
         sig["input_shape"] = tuple(sig["input_shape"])
     model = family.build(cfg, sig)

@@ -238,6 +238,9 @@ def _fit(cfg: TrainConfig, *, out: str | Path | None, progress: bool, data: Data
             raise ConfigError(f"resume: {str(run_dir)!r} holds no complete checkpoint")
     elif out is not None or cfg.out is not None:
         run_dir = Path(out if out is not None else cfg.out)
+        if any((run_dir / name).exists() for name in ("metrics.jsonl", "latest", "final.json")):
+            raise ConfigError(f"out: {str(run_dir)!r} holds a run already; resume it (--resume) "
+                              "or choose another folder")
     else:
         run_dir = new_run_dir()
         if ranks.distributed:  # rank 0's stamp
@@ -304,10 +307,11 @@ def _fit(cfg: TrainConfig, *, out: str | Path | None, progress: bool, data: Data
                     parts = {**{k: v.item() for k, v in obj.parts.items()},
                              "loss": loss.item()}
                 if not math.isfinite(parts["loss"]):
-                    raise TrainingError(
-                        f"the loss is {parts['loss']} at step {step} (epoch {epoch}); the last "
-                        f"good checkpoint is kept in {str(run_dir)!r}; lower lr or check the "
-                        "data")
+                    kept = (f"the last good checkpoint is kept in {str(run_dir)!r}"
+                            if latest_checkpoint(run_dir) is not None
+                            else "no checkpoint was written yet")
+                    raise TrainingError(f"the loss is {parts['loss']} at step {step} (epoch "
+                                        f"{epoch}); {kept}; lower lr or check the data")
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.grad_clip is not None:
