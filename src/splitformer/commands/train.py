@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from ..control import adjoint_names
 from ..operators.kernels import KERNEL_NAMES
@@ -83,11 +84,11 @@ def config_of(args: argparse.Namespace) -> TrainConfig:
             if latest_checkpoint(args.resume) is None:
                 raise UsageError(f"argument --resume: {args.resume!r} holds no complete "
                                  "checkpoint")
-            if (_run_path(args.resume) / "final.json").exists():
+            if (Path(args.resume) / "final.json").exists():
                 raise UsageError(f"argument --resume: the run in {args.resume!r} is complete "
                                  "(final.json); nothing to resume")
             base = TrainConfig.from_dict(json.loads(
-                (_run_path(args.resume) / "config.json").read_text()))
+                (Path(args.resume) / "config.json").read_text()))
             changed = sorted(k for k, v in flags.items()
                              if v is not None and getattr(base, k) != v)
             if changed:
@@ -108,12 +109,6 @@ def config_of(args: argparse.Namespace) -> TrainConfig:
             raise UsageError(f"argument --{key}: expected one of {sorted(names)}, got "
                              f"{getattr(cfg, key)!r}")
     return cfg
-
-
-def _run_path(path: str):
-    from pathlib import Path
-
-    return Path(path)
 
 
 def run(args: argparse.Namespace) -> int:
