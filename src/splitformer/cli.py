@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "verify": "splitformer.commands.verify",
     "convergence": "splitformer.commands.convergence",
     "train": "splitformer.commands.train",
+    "experiment": "splitformer.commands.experiment",
 }
 
 

@@ -1,0 +1,246 @@
+"""`splitformer experiment`: a resumable sweep of training runs, its table and figures
+(docs/results.md).
+
+The sweep comes from a TOML file (``experiments.Sweep``: [base], [axes], [[variants]],
+[evaluate]) and/or flags: every flag of ``splitformer train`` is accepted and takes one value or
+several (comma-separated, or the flag repeated); a flag with several values is an axis of the
+sweep, one value sets it for every run (overriding the file, variants included). ``--scheme``
+splits on commas only when every piece is a scheme name (a scheme string may hold commas).
+
+Writes into ``--out`` (default ``results/<name>``): results.jsonl (one line per finished run),
+runs/<id>/ (each run's folder), table.md, table.json and the figures (PNG and SVG). A finished
+run is never redone; a killed sweep continues where it stopped when the same command is run
+again. Prints the Markdown table (``--json``: the table's rows as JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..time.schemes import scheme_names
+from . import UsageError, bounded_int
+from .train import _FLAGS
+
+HELP = "run a resumable sweep of training runs (scheme x kernel x tau x ...) into a table"
+EPILOG = ("exit status: 0 done; 1 a run failed after the sweep was accepted (the finished "
+          "runs are kept); 2 a bad input")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sweep", nargs="?", default=None, metavar="SWEEP.toml",
+                   help="a sweep file ([base], [axes], [[variants]], [evaluate])")
+    p.add_argument("--name", default=None, help="the sweep's name (default: the file's stem, "
+                   "or 'sweep')")
+    p.add_argument("--out", dest="sweep_out", default=None, metavar="DIR",
+                   help="folder of the results (default: results/<name>)")
+    p.add_argument("--jobs", type=bounded_int(256, "(worker processes)"), default=1,
+                   help="runs at once, each in its own process (threads = cores / jobs)")
+    p.add_argument("--only", action="append", default=None, metavar="LABEL",
+                   help="run (and tabulate) only the rows with this label; repeatable")
+    p.add_argument("--eval-tau", default=None, metavar="TAUS",
+                   help="after training, the test metric at each tau (comma-separated)")
+    p.add_argument("--eval-order", action="store_true",
+                   help="after training, the observed order of u(T) in tau")
+    p.add_argument("--eval-kinetic", action="store_true",
+                   help="after training, the kinetic energy of the path on test inputs")
+    p.add_argument("--eval-adaptive", default=None, metavar="TOLS",
+                   help="after training, adaptive depth at each tolerance (comma-separated)")
+    p.add_argument("--table-only", action="store_true",
+                   help="train nothing: tabulate and draw the finished runs in --out")
+    p.add_argument("--json", action="store_true", help="print the table's rows as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no line per run on stderr")
+    for flag, (key, kind, text) in _FLAGS.items():
+        if key == "out":
+            continue
+        p.add_argument(flag, dest=key, action="append", default=None,
+                       help=f"{text} (several values: an axis)")
+        p.set_defaults(**{f"_kind_{key}": kind})
+
+
+def _values(key: str, given: list[str], kind: Any, flag: str) -> list[Any]:
+    pieces: list[str] = []
+    for text in given:
+        parts = [t for t in text.split(",")]
+        if key == "scheme" and not all(t.strip() in (*scheme_names(), "network")
+                                       for t in parts):
+            parts = [text]  # a scheme string
+        pieces += parts
+    values = []
+    for text in pieces:
+        if not text.strip():
+            raise UsageError(f"argument {flag}: an empty value in {','.join(given)!r}")
+        try:
+            values.append(kind(text.strip()) if kind is not str else text)
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise UsageError(f"argument {flag}: {e}") from None
+    if len({json.dumps(v) for v in values}) != len(values):
+        raise UsageError(f"argument {flag}: a value is given twice in {','.join(given)!r}")
+    return values
+
+
+def _numbers(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"argument {flag}: expected comma-separated numbers, got "
+                         f"{text!r}") from None
+    if not values:
+        raise UsageError(f"argument {flag}: expected comma-separated numbers, got {text!r}")
+    return values
+
+
+def sweep_of(args: argparse.Namespace):
+    """The sweep of the file and the flags (module docstring)."""
+    from ..experiments import Evaluation, Sweep, SweepError
+
+    try:
+        if args.sweep is not None:
+            doc = _read(args.sweep)
+            name = Path(args.sweep).stem
+        else:
+            doc, name = {}, "sweep"
+        doc.setdefault("axes", {})
+        for flag, (key, _, _) in _FLAGS.items():
+            given = getattr(args, key, None)
+            if key == "out" or given is None:
+                continue
+            values = _values(key, given, getattr(args, f"_kind_{key}"), flag)
+            doc["axes"][key] = values
+            doc.get("base", {}).pop(key, None)
+        evaluate = dict(doc.get("evaluate", {}))
+        if args.eval_tau is not None:
+            evaluate["taus"] = _numbers(args.eval_tau, "--eval-tau")
+        if args.eval_adaptive is not None:
+            evaluate["adaptive"] = _numbers(args.eval_adaptive, "--eval-adaptive")
+        if args.eval_order:
+            evaluate["order"] = True
+        if args.eval_kinetic:
+            evaluate["kinetic"] = True
+        try:
+            Evaluation.from_dict(evaluate)
+        except (TypeError, ValueError) as e:
+            flag = next((f for f, k in (("--eval-tau", "taus"), ("--eval-adaptive", "adaptive"))
+                         if k in str(e).split()[0]), "evaluate")
+            raise UsageError(f"argument {flag}: {e}") from None
+        doc["evaluate"] = evaluate
+        if args.name is not None:
+            doc.setdefault("sweep", {})["name"] = args.name
+        sweep = Sweep.from_dict(doc, name=name)
+    except SweepError as e:
+        raise UsageError(_flag_of(str(e))) from None
+    if args.only:
+        labels = [r.label for r in sweep.runs()]
+        missing = [x for x in args.only if x not in labels]
+        if missing:
+            raise UsageError(f"argument --only: no row is labelled {missing[0]!r}; labels: "
+                             f"{sorted(set(labels))}")
+    return sweep
+
+
+def _flag_of(message: str) -> str:
+    """Name the flag of a config key in a sweep error (``axes, ...: lr must be ...``)."""
+    for flag, (key, _, _) in _FLAGS.items():
+        if f": {key} " in message or message.startswith(f"{key} "):
+            return f"argument {flag}: {message}"
+    return message
+
+
+def _read(path: str) -> dict[str, Any]:
+    import tomllib
+
+    from ..experiments import SweepError
+
+    p = Path(path)
+    if not p.is_file():
+        raise SweepError(f"sweep file {str(p)!r} does not exist")
+    try:
+        return tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise SweepError(f"sweep file {str(p)!r} is not valid TOML: "
+                         f"{' '.join(str(e).split())}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..experiments import markdown, read_results, run_sweep, summarise
+    from ..experiments.plots import draw_all
+    from ..training import DATASETS, FAMILIES, DatasetError, load_dataset
+    from ..training.families import build_model
+
+    sweep = sweep_of(args)
+    out = Path(args.sweep_out) if args.sweep_out else Path("results") / sweep.name
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"argument --out: {str(out)!r} is a file, expected a folder")
+    runs = [r for r in sweep.runs() if not args.only or r.label in args.only]
+    for r in runs:  # every model checked before anything trains
+        for key, names in (("family", FAMILIES), ("data", DATASETS)):
+            if getattr(r.config, key) not in names:
+                raise UsageError(f"argument --{key}: expected one of {sorted(names)}, got "
+                                 f"{getattr(r.config, key)!r}")
+    if not args.table_only:
+        checked: set[str] = set()
+        for r in runs:
+            key = json.dumps({k: v for k, v in r.config.to_dict().items() if k != "seed"},
+                             sort_keys=True)
+            if key in checked:
+                continue
+            checked.add(key)
+            try:
+                build_model(r.config, load_dataset(r.config.data, r.config.data_dir))
+            except DatasetError as e:
+                raise UsageError(f"argument --data: {e}") from None
+            except ValueError as e:  # a scheme or kernel the family refuses; a bad size
+                raise UsageError(f"{r.label}: {str(e).splitlines()[0]}") from None
+    show = not args.no_progress and not args.json
+    total = len(runs)
+    count = {"n": 0}
+    t_start = time.perf_counter()
+
+    def tell(kind: str, run, row) -> None:
+        if not show:
+            return
+        if kind == "skip":
+            count["n"] += 1
+            print(f"[{count['n']}/{total}] {run.label} seed {run.seed}: done already",
+                  file=sys.stderr)
+        elif kind == "done":
+            count["n"] += 1
+            print(f"[{count['n']}/{total}] {run.label} seed {run.seed}: {row['metric']} "
+                  f"{row['value']:.4f} ({row['seconds_per_epoch']:.1f} s/epoch)",
+                  file=sys.stderr)
+        elif kind == "start" and os.environ.get("SPLITFORMER_VERBOSE"):
+            print(f"start {run.id}", file=sys.stderr)
+
+    if args.table_only:
+        ids = {r.id for r in runs}
+        results = [row for row in read_results(out / "results.jsonl") if row["id"] in ids]
+        if not results:
+            raise UsageError(f"argument --out: {str(out)!r} holds no finished run of this "
+                             "sweep (results.jsonl)")
+    else:
+        try:
+            results = run_sweep(sweep, out, jobs=args.jobs, on_event=tell,
+                                select={r.id for r in runs})
+        except Exception as e:  # a run that fails after the sweep was accepted
+            print(f"splitformer experiment: error: {type(e).__name__}: "
+                  f"{' '.join(str(e).split())[:300]} (finished runs are kept in "
+                  f"{str(out / 'results.jsonl')!r})", file=sys.stderr)
+            return 1
+    rows = summarise(results)
+    (out / "table.md").write_text(markdown(rows))
+    (out / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
+    figures = draw_all(results, rows, out, sweep.name)
+    if args.json:
+        print(json.dumps({"rows": rows, "out": str(out),
+                          "figures": [str(p) for p in figures]}))
+    else:
+        print(markdown(rows, commands=False), end="")
+        print(f"\n{len(results)} runs in {str(out)!r} (table.md, table.json, "
+              f"{len(figures)} figures); {time.perf_counter() - t_start:.0f} s")
+    return 0
+

@@ -1,0 +1,207 @@
+"""`splitformer experiment`: a sweep writes its table, is never redone, and a killed sweep
+finishes on restart (issue 9, deliverable 3); the sweep file, the table's statistics and the
+reproducing commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from splitformer.cli import build_parser
+from splitformer.commands.train import config_of
+from splitformer.experiments import Evaluation, Sweep, SweepError, read_results, summarise
+from splitformer.training import TrainConfig
+
+TINY = ["--width", "16", "--heads", "2", "--depth", "1", "--data", "digits"]
+EXE = [sys.executable, "-m", "splitformer"]
+
+
+def _run(args: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*EXE, "experiment", *args], capture_output=True, text=True,
+                          timeout=300, **kw)
+
+
+def _mtimes(folder: Path) -> dict[str, float]:
+    return {str(p): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
+def test_two_run_sweep_writes_the_table_and_a_rerun_does_nothing(tmp_path):
+    out = tmp_path / "sweep"
+    args = ["--out", str(out), "--epochs", "2", "--seed", "0,1", *TINY, "--no-progress"]
+    first = _run(args)
+    assert first.returncode == 0, first.stderr
+    rows = read_results(out / "results.jsonl")
+    assert [r["seed"] for r in rows] == [0, 1]
+    table = json.loads((out / "table.json").read_text())
+    assert len(table) == 1 and table[0]["seeds"] == [0, 1]
+    values = [r["value"] for r in rows]
+    assert table[0]["test_accuracy"]["mean"] == pytest.approx(statistics.mean(values))
+    assert table[0]["test_accuracy"]["std"] == pytest.approx(statistics.stdev(values))
+    md = (out / "table.md").read_text()
+    assert "test_accuracy" in md and "splitformer train" in md
+    for kind in ("bars", "curves"):
+        for ext in ("png", "svg"):
+            assert (out / f"sweep-{kind}.{ext}").stat().st_size > 1000
+    for r in rows:  # each run trained for real: its folder has final metrics equal to the row
+        final = json.loads((Path(r["run_dir"]) / "final.json").read_text())
+        assert final["test_accuracy"] == r["value"] and final["epochs"] == 2
+
+    before = _mtimes(out / "runs")
+    lines = (out / "results.jsonl").read_text()
+    again = _run([a for a in args if a != "--no-progress"])
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("done already") == 2
+    assert (out / "results.jsonl").read_text() == lines
+    assert _mtimes(out / "runs") == before  # nothing was retrained or rewritten
+
+
+def test_a_sweep_killed_after_its_first_run_finishes_the_second_on_restart(tmp_path):
+    """The second run is killed after a checkpoint; the restart resumes it, leaves the first
+    alone, and the resumed run's metrics equal an uninterrupted run's."""
+    out = tmp_path / "killed"
+    args = ["--out", str(out), "--epochs", "1,6", "--checkpoint-every", "4", *TINY,
+            "--no-progress"]
+    proc = subprocess.Popen([*EXE, "experiment", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 240
+    second = None
+    try:
+        while time.time() < deadline:
+            if len(read_results(out / "results.jsonl")) == 1:
+                runs = [p for p in (out / "runs").iterdir() if p.name.startswith("epochs=6")]
+                if runs and (runs[0] / "latest").exists():
+                    second = runs[0]
+                    break
+            if proc.poll() is not None:
+                pytest.fail(f"the sweep ended before it could be killed: {proc.stderr.read()}")
+            time.sleep(0.05)
+        assert second is not None, "the second run wrote no checkpoint in time"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (second / "final.json").exists()
+    first_line = (out / "results.jsonl").read_text()
+    first_files = {k: v for k, v in _mtimes(out / "runs").items() if "epochs=1-" in k}
+
+    restart = _run(args)
+    assert restart.returncode == 0, restart.stderr
+    rows = read_results(out / "results.jsonl")
+    assert len(rows) == 2 and (out / "results.jsonl").read_text().startswith(first_line)
+    assert {k: v for k, v in _mtimes(out / "runs").items() if "epochs=1-" in k} == first_files
+    assert rows[1]["resumed"] is True and rows[1]["metrics"]["epochs"] == 6
+
+    whole = _run(["--out", str(tmp_path / "whole"), "--epochs", "6", "--checkpoint-every", "4",
+                  *TINY, "--no-progress"])
+    assert whole.returncode == 0, whole.stderr
+    uninterrupted = read_results(tmp_path / "whole" / "results.jsonl")[0]
+    assert rows[1]["value"] == uninterrupted["value"]
+    assert rows[1]["metrics"]["steps"] == uninterrupted["metrics"]["steps"]
+
+
+def test_sweep_file_variants_axes_and_evaluation(tmp_path):
+    spec = tmp_path / "s.toml"
+    spec.write_text("""
+[sweep]
+name = "demo"
+[base]
+width = 16
+heads = 2
+depth = 2
+epochs = 1
+[axes]
+seed = [0, 1]
+[[variants]]
+label = "pre-norm"
+scheme = "prenorm"
+[[variants]]
+label = "Strang, half-width FFN"
+scheme = "strang"
+integrator = "euler"
+ffn_ratio = 1.0
+[evaluate]
+taus = [1, 0.5]
+""")
+    sweep = Sweep.from_toml(spec)
+    runs = sweep.runs()
+    assert [(r.label, r.seed) for r in runs] == [("pre-norm", 0), ("pre-norm", 1),
+                                                 ("Strang, half-width FFN", 0),
+                                                 ("Strang, half-width FFN", 1)]
+    assert runs[2].config.ffn_ratio == 1.0 and runs[2].config.integrator == "euler"
+    assert runs[0].config.ffn_ratio == TrainConfig().ffn_ratio
+    assert sweep.evaluation == Evaluation(taus=(1.0, 0.5))
+    assert len({r.id for r in runs}) == 4 and runs[0].id == Sweep.from_toml(spec).runs()[0].id
+
+
+@pytest.mark.parametrize("doc, match", [
+    ({"base": {"widht": 16}}, "unknown keys"),
+    ({"axes": {"seed": []}}, "non-empty list"),
+    ({"axes": {"seed": [0, 0]}}, "twice"),
+    ({"axes": {"lr": [-1.0]}}, "lr must be"),
+    ({"variants": [{"label": "a"}, {"label": "a"}]}, "distinct"),
+    ({"variants": [{"scheme": "lie"}]}, "needs a label"),
+    ({"evaluate": {"taus": [0]}}, "taus"),
+    ({"evaluate": {"nope": 1}}, "unknown keys"),
+    ({"extra": {}}, "unknown tables"),
+    ({"sweep": {"metric": "accuracy"}}, "metric"),
+])
+def test_a_bad_sweep_is_refused_naming_the_key(doc, match):
+    with pytest.raises(SweepError, match=match):
+        Sweep.from_dict(doc)
+
+
+def test_each_rows_command_rebuilds_its_runs_config():
+    """The command printed for a row, given to `splitformer train`, makes the same config."""
+    sweep = Sweep(base={"width": 16, "heads": 2, "depth": 2},
+                  variants=[{"label": "strang", "scheme": "strang", "integrator": "euler",
+                             "ffn_ratio": 1.0}, {"label": "post", "scheme":
+                             "attention norm1:project ffn norm2:project"}],
+                  axes={"seed": [3], "kinetic": [0.0, 0.01]})
+    import shlex
+
+    parser = build_parser()
+    for run in sweep.runs():
+        argv = shlex.split(run.command)
+        assert argv[:2] == ["splitformer", "train"]
+        args = parser.parse_args(argv[1:])
+        assert config_of(args) == run.config
+
+
+def test_summarise_groups_by_label_with_mean_and_sample_std():
+    rows = [{"label": "a", "seed": s, "metric": "test_accuracy", "value": v, "parameters": 10,
+             "seconds_per_epoch": 1.0 + s, "command": f"c{s}", "evaluation": {}}
+            for s, v in enumerate([0.9, 0.8, 0.7])]
+    rows.append({**rows[0], "label": "b", "value": 0.5})
+    table = summarise(rows)
+    assert [t["label"] for t in table] == ["a", "b"]
+    assert table[0]["test_accuracy"]["mean"] == pytest.approx(0.8)
+    assert table[0]["test_accuracy"]["std"] == pytest.approx(statistics.stdev([0.9, 0.8, 0.7]))
+    assert table[1]["test_accuracy"]["std"] == 0.0
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--lr", "x"], "--lr"),
+    (["--lr", "-1"], "--lr"),
+    (["--seed", "0,,1"], "--seed"),
+    (["--seed", "1,1"], "--seed"),
+    (["--eval-tau", "a"], "--eval-tau"),
+    (["--eval-tau", "0"], "--eval-tau"),
+    (["--only", "nope"], "--only"),
+    (["--jobs", "0"], "--jobs"),
+    (["--family", "nope"], "--family"),
+    (["--data", "nope"], "--data"),
+    (["/nonexistent/sweep.toml"], "does not exist"),
+])
+def test_bad_flags_are_one_line_usage_errors(args, flag, tmp_path):
+    res = _run(["--out", str(tmp_path / "o"), *args])
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0], res.stderr
+    assert not (tmp_path / "o" / "results.jsonl").exists()
