@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 from ..control import adjoint_names
@@ -26,6 +27,20 @@ from . import UsageError, stripped
 
 HELP = "train a model family (scheme, kernel, tau, adjoint, running costs) on real data"
 
+
+def tau_list(text: str) -> tuple[float, ...]:
+    """argparse type of --tau-choices: comma-separated time steps ("1,0.5,0.25" or "1,1/2,1/4")
+    as a tuple of floats; anything else is a one-line usage error. (Whether each divides the
+    config's tau is the config's check.)"""
+    try:
+        values = tuple(float(Fraction(part.strip())) for part in text.split(","))
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated time steps such as '1,0.5,0.25' or '1,1/2,1/4', got "
+            f"{text!r}") from None
+    return values
+
+
 # flag -> (config key, type, help); every TrainConfig key has one
 _FLAGS: dict[str, tuple[str, object, str]] = {
     "--family": ("family", stripped, f"model family: {', '.join(sorted(FAMILIES))}"),
@@ -37,6 +52,8 @@ _FLAGS: dict[str, tuple[str, object, str]] = {
                      "(default: the scheme's own)"),
     "--kernel": ("kernel", stripped, f"attention kernel: {', '.join(sorted(KERNEL_NAMES))}"),
     "--tau": ("tau", float, "time step (T = depth; tau must divide T)"),
+    "--tau-choices": ("tau_choices", tau_list, "train with a random time step per batch, "
+                      "drawn from these (comma-separated, e.g. '1,0.5,0.25'; each = tau / k)"),
     "--steps": ("steps", int, "N_t, the number of time steps (a multiple of depth)"),
     "--depth": ("depth", int, "L, the number of control sets (T = L)"),
     "--width": ("width", int, "feature width N_y"),

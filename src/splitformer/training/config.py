@@ -11,6 +11,11 @@ records, so a run can be resumed and its model rebuilt (``families.build_model``
 Time: a family has ``depth`` control sets (L layers, T = L). ``steps`` is N_t, the number of
 time steps over [0, T] (a multiple of L: ``refine(steps / depth)``), so tau = T / N_t; ``tau``
 may be given instead of ``steps``. At steps = depth (tau = 1) the evolution is the network.
+
+``tau_choices`` (None: off) trains with a random time step per batch, T fixed: at every optimiser
+step one tau is drawn from the choices and the batch runs on the model refined to it (the same
+parameters). Each choice is the config's tau divided by an integer k >= 1 (``refinements()``
+gives the k's); evaluation stays at the config's tau.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class TrainConfig:
     kernel: str = "softmax"
     steps: int | None = None  # N_t; None: = depth (tau = 1), or T / tau when tau is given
     tau: float | None = None
+    # random time step per batch: each optimiser step draws one of these (each = tau / k, k >= 1)
+    tau_choices: tuple[float, ...] | None = None
     dropout: float = 0.1
     # the data
     data: str = "digits"
@@ -77,6 +84,13 @@ class TrainConfig:
         hints = typing.get_type_hints(type(self))
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), hints[f.name])
+        if self.tau_choices is not None:  # a list from TOML or JSON: a tuple of floats
+            try:
+                choices = tuple(float(v) for v in self.tau_choices)
+            except OverflowError:
+                raise ConfigError(f"tau_choices must hold finite numbers > 0, got "
+                                  f"{list(self.tau_choices)!r}") from None
+            object.__setattr__(self, "tau_choices", choices)
         self._check_values()
 
     def _check_values(self) -> None:
@@ -120,6 +134,7 @@ class TrainConfig:
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads!r}")
         self.num_steps()  # steps / tau consistency
+        self.refinements()  # tau_choices: each divides the config's tau
 
     def num_steps(self) -> int:
         """N_t: ``steps``, or T / tau, or depth (tau = 1); a multiple of depth."""
@@ -139,6 +154,31 @@ class TrainConfig:
             raise ConfigError(f"steps must be a positive multiple of depth={T} (one control set "
                               f"per unit of time), got {n}")
         return n
+
+    def refinements(self) -> tuple[int, ...] | None:
+        """For each of ``tau_choices``, k = (config tau) / choice, an integer >= 1 (the variant
+        a choice selects is ``model.refine(k)`` of the model at the config's tau, T / N_t);
+        None without ``tau_choices``. A choice that does not divide the config's tau, is not a
+        finite number > 0, or gives the k of another choice is refused naming ``tau_choices``."""
+        if self.tau_choices is None:
+            return None
+        if not self.tau_choices:
+            raise ConfigError("tau_choices must hold at least one time step (or be unset), got "
+                              "an empty list")
+        tau = self.depth / self.num_steps()
+        ks: list[int] = []
+        for c in self.tau_choices:
+            if not (math.isfinite(c) and c > 0):
+                raise ConfigError(f"tau_choices must hold finite numbers > 0, got {c!r}")
+            k = round(tau / c)
+            if k < 1 or abs(k * c - tau) > 1e-9 * tau:
+                raise ConfigError(f"tau_choices must hold time steps tau / k (k = 1, 2, ...) of "
+                                  f"the config's tau = T / N_t = {tau:g}; {c:g} is not one")
+            if k in ks:
+                raise ConfigError(f"tau_choices must not repeat a time step, got {c:g} twice "
+                                  f"(in {[float(v) for v in self.tau_choices]})")
+            ks.append(k)
+        return tuple(ks)
 
     # -- building -------------------------------------------------------------------------------
     def replace(self, **changes: Any) -> TrainConfig:
@@ -176,14 +216,23 @@ class TrainConfig:
         return cls.from_dict(values)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every key and its value, JSON-friendly (``tau_choices`` as a list of floats), so that
+        ``from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg``."""
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
 def _check_type(name: str, value: Any, hint: Any) -> None:
-    """value matches the field's annotation (int, float, str, bool, X | None); an int is a
-    float, a bool is not an int."""
+    """value matches the field's annotation (int, float, str, bool, tuple[float, ...],
+    X | None); an int is a float, a bool is not an int; a tuple[float, ...] is a list or tuple
+    of numbers (no bools)."""
     options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     for t in options:
+        if typing.get_origin(t) is tuple:
+            if isinstance(value, (list, tuple)) and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+                return
+            continue
         if t is type(None) and value is None:
             return
         if t is bool and isinstance(value, bool):
@@ -194,5 +243,7 @@ def _check_type(name: str, value: Any, hint: Any) -> None:
             return
         if t is str and isinstance(value, str):
             return
-    wanted = " or ".join("None" if t is type(None) else t.__name__ for t in options)
+    wanted = " or ".join("None" if t is type(None)
+                         else "a list of numbers" if typing.get_origin(t) is tuple
+                         else t.__name__ for t in options)
     raise ConfigError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__})")

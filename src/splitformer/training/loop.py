@@ -9,6 +9,13 @@ split after every epoch, writes metrics as JSON lines (``metrics.jsonl``) and re
 metrics. It is deterministic for a given seed: the batches of epoch e are drawn from a generator
 seeded with (seed, e), so a resumed run sees the same batches as an uninterrupted one.
 
+Random time step per batch (``tau_choices``): optimiser step s runs its batch on the model
+refined to ``tau_at(cfg, s)``, drawn uniformly from the choices by a generator seeded with
+(seed, s), so a resumed run draws the same taus. Each choice tau / k is ``model.refine(k)`` of
+the model at the config's tau (the same parameters; its own control problem, so a running cost
+reads the refined path); each logged step records its "tau". Evaluation stays at the config's
+tau. Not under torchrun (refused).
+
 Under torchrun (``WORLD_SIZE`` > 1) the same loop runs data parallel (``training.distributed``):
 ``batch_size`` stays the global batch, each rank takes its contiguous shard of it, the model is
 wrapped in DistributedDataParallel and each rank's objective is weighted by its share, so an
@@ -42,7 +49,7 @@ from .data import Dataset, load_dataset
 from .distributed import Ranks
 from .families import FAMILIES, build_model
 
-__all__ = ["FitResult", "TrainingError", "fit", "evaluate", "new_run_dir"]
+__all__ = ["FitResult", "TrainingError", "fit", "evaluate", "new_run_dir", "tau_at"]
 
 
 class TrainingError(RuntimeError):
@@ -120,6 +127,16 @@ def control_problem(model: nn.Module, data: Dataset, cfg: TrainConfig) -> Contro
         costs.append(ControlRegularity(cfg.control_reg))
     loss = _lm_loss if data.task == "lm" else F.cross_entropy
     return ControlProblem(model, loss, costs, cfg.adjoint, logits=FAMILIES[cfg.family].read)
+
+
+def tau_at(cfg: TrainConfig, step: int) -> float:
+    """The time step of optimiser step ``step``: one of ``cfg.tau_choices`` drawn uniformly by
+    a generator seeded with (seed, step) (the same for a resumed run), or the config's tau
+    T / N_t without ``tau_choices``."""
+    if cfg.tau_choices is None:
+        return cfg.depth / cfg.num_steps()
+    g = random.Random(f"tau_choices {cfg.seed} {step}")  # a str seed: sha512, not hash()
+    return cfg.tau_choices[g.randrange(len(cfg.tau_choices))]
 
 
 def _step_on(problem: ControlProblem, cfg: TrainConfig, batch: tuple):
@@ -230,6 +247,9 @@ def fit(cfg: TrainConfig, *, out: str | Path | None = None, progress: bool = Fal
 
 def _fit(cfg: TrainConfig, *, out: str | Path | None, progress: bool, data: Dataset | None,
          resume: str | Path | None, ranks: Ranks) -> FitResult:
+    if cfg.tau_choices is not None and ranks.distributed:
+        raise ConfigError("tau_choices is not supported by the data-parallel path (torchrun) "
+                          "yet; train in one process or leave tau_choices unset")
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     if resume is not None:
@@ -265,6 +285,15 @@ def _fit(cfg: TrainConfig, *, out: str | Path | None, progress: bool, data: Data
             raise ConfigError(f"resume: the run in {str(run_dir)!r} was made with another "
                               f"config (differs in {changed}); resume it without changing them")
         step = int(state["step"])
+    # tau_choices: one control problem per refinement k, on model.refine(k) (shared parameters,
+    # its own train/eval flag; k = 1 is the model itself); without it, the problem alone
+    problems = {1: problem}
+    for k in cfg.refinements() or ():
+        if k not in problems:
+            variant = model.refine(k)
+            variant.train()
+            problems[k] = control_problem(variant, data, cfg)
+    tau = cfg.depth / cfg.num_steps()
     # DistributedDataParallel (a single process: the problem itself); it holds the model, so
     # the running costs see its evolutions
     engine = distributed.wrap(problem) if ranks.distributed else problem
@@ -302,7 +331,8 @@ def _fit(cfg: TrainConfig, *, out: str | Path | None, progress: bool, data: Data
                                                                  step)
                     loss = obj.total * weight
                 else:
-                    obj, correct, n = _step_on(problem, cfg, batch)
+                    step_tau = tau_at(cfg, step)
+                    obj, correct, n = _step_on(problems[round(tau / step_tau)], cfg, batch)
                     loss = obj.total
                     parts = {**{k: v.item() for k, v in obj.parts.items()},
                              "loss": loss.item()}
@@ -324,6 +354,8 @@ def _fit(cfg: TrainConfig, *, out: str | Path | None, progress: bool, data: Data
                 if step % cfg.log_every == 0 or step == total:
                     row = {"step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0],
                            **parts, "examples_per_s": rate}
+                    if cfg.tau_choices is not None:
+                        row["tau"] = step_tau
                     if correct is not None:
                         row["accuracy"] = correct / n
                     record(row)
