@@ -180,10 +180,11 @@ def _adaptive(model: Any, data: Any, cfg: Any, ev: Evaluation) -> list[dict[str,
         return [{"skipped": "adaptive depth is measured on classifiers"}]
     family = FAMILIES[cfg.family]
     x, y = data.test.x, data.test.y
+    first = adaptive_depth(model, family.inputs(x), ev.adaptive[0], levels=ev.adaptive_levels,
+                           estimate=ev.adaptive_estimate, logits=family.read)
     rows = []
-    for tol in ev.adaptive:
-        res = adaptive_depth(model, family.inputs(x), tol, levels=ev.adaptive_levels,
-                             estimate=ev.adaptive_estimate, logits=family.read)
+    for tol in ev.adaptive:  # every level is computed once; at_tol re-selects per tolerance
+        res = first.at_tol(tol)
         rows.append({"tol": tol, "accuracy": res.accuracy(y), "mean_steps": res.mean_steps,
                      "mean_work": res.mean_work,
                      "fraction_converged": res.fraction_converged})
