@@ -205,3 +205,21 @@ def test_bad_flags_are_one_line_usage_errors(args, flag, tmp_path):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and flag in lines[0], res.stderr
     assert not (tmp_path / "o" / "results.jsonl").exists()
+
+
+def test_help_and_json(tmp_path):
+    r = subprocess.run([*EXE, "experiment", "--help"], capture_output=True, text=True,
+                       check=True)
+    for flag in ("--jobs", "--only", "--eval-tau", "--scheme", "--tau-choices", "--json"):
+        assert flag in r.stdout
+    r = _run(["--out", str(tmp_path / "j"), "--epochs", "1", *TINY, "--json",
+              "--eval-tau", "1,0.5", "--tau-choices", "1,0.5"])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    (row,) = doc["rows"]
+    assert set(row["at_tau"]) == {"1", "0.5"} and row["seeds"] == [0]
+    for path in doc["figures"]:
+        assert Path(path).stat().st_size > 1000
+    result = read_results(tmp_path / "j" / "results.jsonl")[0]
+    assert result["config"]["tau_choices"] == [1.0, 0.5]
+    assert row["at_tau"]["0.5"]["mean"] == result["evaluation"]["at_tau"]["0.5"]["test_accuracy"]

@@ -5,7 +5,8 @@ The sweep comes from a TOML file (``experiments.Sweep``: [base], [axes], [[varia
 [evaluate]) and/or flags: every flag of ``splitformer train`` is accepted and takes one value or
 several (comma-separated, or the flag repeated); a flag with several values is an axis of the
 sweep, one value sets it for every run (overriding the file, variants included). ``--scheme``
-splits on commas only when every piece is a scheme name (a scheme string may hold commas).
+splits on commas only when every piece is a scheme name (a scheme string may hold commas);
+``--tau-choices`` never does (its one value is a list): repeat it for an axis.
 
 Writes into ``--out`` (default ``results/<name>``): results.jsonl (one line per finished run),
 runs/<id>/ (each run's folder), table.md, table.json and the figures (PNG and SVG). A finished
@@ -26,6 +27,9 @@ from typing import Any
 from ..time.schemes import scheme_names
 from . import UsageError, bounded_int
 from .train import _FLAGS
+
+# keys whose one value is a comma-separated list: several values only by repeating the flag
+_LIST_KEYS = ("tau_choices",)
 
 HELP = "run a resumable sweep of training runs (scheme x kernel x tau x ...) into a table"
 EPILOG = ("exit status: 0 done; 1 a run failed after the sweep was accepted (the finished "
@@ -66,19 +70,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _values(key: str, given: list[str], kind: Any, flag: str) -> list[Any]:
     pieces: list[str] = []
     for text in given:
-        parts = [t for t in text.split(",")]
+        parts = text.split(",")
         if key == "scheme" and not all(t.strip() in (*scheme_names(), "network")
                                        for t in parts):
             parts = [text]  # a scheme string
+        if key in _LIST_KEYS:
+            parts = [text]  # the value is itself a comma-separated list
         pieces += parts
-    values = []
+    values: list[Any] = []
     for text in pieces:
         if not text.strip():
             raise UsageError(f"argument {flag}: an empty value in {','.join(given)!r}")
         try:
-            values.append(kind(text.strip()) if kind is not str else text)
+            value = kind(text.strip()) if kind is not str else text
         except (ValueError, argparse.ArgumentTypeError) as e:
             raise UsageError(f"argument {flag}: {e}") from None
+        values.append(list(value) if isinstance(value, tuple) else value)
     if len({json.dumps(v) for v in values}) != len(values):
         raise UsageError(f"argument {flag}: a value is given twice in {','.join(given)!r}")
     return values
