@@ -7,7 +7,8 @@ substep (``SaveAt(steps=True, substeps=True)``), and measures the quantities bel
 (B, N_x, N_y) tensors (batch, tokens, features); ||.|| is the Frobenius norm over the tokens x
 features of one input; "mean over batch" is the mean of a per-input value over the B inputs.
 
-Per step n = 0 .. N_t - 1 (u^n = u(t_n), tau the step):
+Per step n = 0 .. N_t - 1 (u^n = u(t_n), tau the step; a step's record holds t = t_n and
+t_end = t_{n+1}):
 
     norm            mean_b ||u^{n+1}_b||
     velocity        mean_b ||u^{n+1}_b - u^n_b|| / tau
@@ -23,7 +24,8 @@ Per step n = 0 .. N_t - 1 (u^n = u(t_n), tau the step):
                     ``cosine_similarity``)
     effective_rank  mean_b of exp(H(p)), p_i = s_i / sum_j s_j, s the singular values of the
                     N_x x N_y matrix u^{n+1}_b, H(p) = -sum_i p_i log p_i (Roy & Vetterli 2007;
-                    ``effective_rank``): 1 for a rank-one state, min(N_x, N_y) at most
+                    ``effective_rank``): 1 for a rank-one state, min(N_x, N_y) at most (the
+                    singular values in the state's dtype, the entropy in float64)
     attention_entropy  per head h: mean over the batch and the query tokens x of
                     -sum_x' g_h(x, x') log g_h(x, x') (0 log 0 = 0; ``attention_entropy``),
                     g the kernel of the step's first attention substep; log N_x' for a uniform
@@ -174,7 +176,8 @@ def effective_rank(u: torch.Tensor) -> torch.Tensor:
     (Roy & Vetterli 2007): (N, D) -> a scalar, (B, N, D) -> (B,). 1 for a rank-one matrix,
     min(N, D) for one with equal singular values; NaN for the zero matrix."""
     single = isinstance(u, torch.Tensor) and u.dim() == 2
-    s = torch.linalg.svdvals(_batched(u, "u").double())
+    v = _batched(u, "u")
+    s = torch.linalg.svdvals(v if v.is_floating_point() else v.double()).double()
     total = s.sum(-1, keepdim=True)
     p = s / torch.where(total > 0, total, torch.ones_like(total))
     h = -torch.where(p > 0, p * torch.log(torch.where(p > 0, p, torch.ones_like(p))),
@@ -587,7 +590,7 @@ def _analyze_evolution(call: _Call, kernel_input: int, iterations: int, seed: in
     for sub in traj.substeps:
         by_step.setdefault(sub.step, []).append(sub)
     steps_out, kernels = [], []
-    kinetic = torch.zeros(states[0].shape[0], dtype=torch.float64)
+    kinetic = torch.zeros(states[0].shape[0], dtype=torch.float64, device=states[0].device)
     for n in range(nsteps):
         where = f"{name} step {n}"
         u_n, u_next = states[n], states[n + 1]
@@ -649,7 +652,7 @@ def _analyze_evolution(call: _Call, kernel_input: int, iterations: int, seed: in
             notes.lines.append(f"{where}: attention kernel and entropy are None: {why_att}")
         kernels.append(kernel)
         steps_out.append({
-            "step": n, "t": float(evo.grid.time(n + 1)),
+            "step": n, "t": float(evo.grid.time(n)), "t_end": float(evo.grid.time(n + 1)),
             "norm": notes.num(_frob(u_next).mean(), where, "norm"),
             "velocity": notes.num(diff.mean() / tau, where, "velocity"),
             "lipschitz": notes.num(lip, where, "lipschitz", why),

@@ -153,9 +153,17 @@ def _kernels(diag, e, folder, name, label) -> Figure | None:
 
 
 def _plot(ax, xs, ys, **kw) -> bool:
+    """A curve through the points whose value is not None; a near-constant curve (a post-LN
+    norm) gets a readable y range instead of an offset axis."""
     pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
     if pts:
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, **kw)
+        vals = [p[1] for p in pts]
+        ax.plot([p[0] for p in pts], vals, "o-", ms=3, **kw)
+        ax.ticklabel_format(axis="y", useOffset=False)
+        lo, hi = min(vals), max(vals)
+        if hi - lo <= 1e-6 * max(abs(hi), abs(lo), 1e-12):
+            pad = 0.05 * abs(hi) or 1.0
+            ax.set_ylim(lo - pad, hi + pad)
     return bool(pts)
 
 
@@ -176,7 +184,8 @@ def _curves(diag, e, folder, name, label) -> Figure:
     _plot(axes[1], mid, [s["velocity"] for s in steps])
     axes[1].set_title("velocity ||u^{n+1} - u^n|| / tau", fontsize=9)
     lips = [s["lipschitz"] for s in steps]
-    if _plot(axes[2], mid, lips) and all(x is None or x > 0 for x in lips):
+    known = [x for x in lips if x is not None]
+    if _plot(axes[2], mid, lips) and min(known) > 0 and max(known) > 10 * min(known):
         axes[2].set_yscale("log")
     axes[2].set_title("Lipschitz estimate of the step", fontsize=9)
     ent = [None if s["attention_entropy"] is None or None in s["attention_entropy"]
@@ -201,7 +210,8 @@ def _curves(diag, e, folder, name, label) -> Figure:
         axes[6].bar(mid, vals, width=width, bottom=bottom, label=lab)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     if labels:
-        axes[6].legend(fontsize=6, loc="upper right")
+        axes[6].legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.18),
+                       ncol=min(len(labels), 3), frameon=False)
     axes[6].set_title("substep shares of the step's increments", fontsize=9)
     axes[6].set_ylim(0, 1.05)
     act = [None] * len(steps)
@@ -236,8 +246,9 @@ def _pca(diag, e, folder, name, label, example) -> Figure:
     k, n, d = states.shape
     flat = states.reshape(k * n, d)
     centred = flat - flat.mean(0, keepdim=True)
-    _, _, vh = torch.linalg.svd(centred, full_matrices=False)
-    comps = vh[:2]
+    # float32 is plenty for a picture (and multithreaded float64 LAPACK can be slow on CPU)
+    _, _, vh = torch.linalg.svd(centred.float(), full_matrices=False)
+    comps = vh[:2].double()
     if comps.shape[0] < 2:
         comps = torch.cat([comps, torch.zeros(2 - comps.shape[0], d, dtype=comps.dtype)])
     proj = (centred @ comps.T).reshape(k, n, 2)
