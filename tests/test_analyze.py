@@ -246,6 +246,7 @@ def test_analyze_builtin_json_equals_the_file_and_the_report_tables(vit_report):
     page = (out / "index.html").read_text()
     assert_self_contained(check_tables(page, data))
     assert "<svg" in page or "data:image/png;base64," in page
+    assert "<?xml" not in page and "<metadata" not in page  # inlined markup only
 
 
 def test_report_opens_in_headless_chromium_with_every_figure_drawn_and_no_errors(

@@ -262,13 +262,16 @@ def _tables(value: Any, path: str, title: str, level: int) -> str:
 _SVG_PROLOGUE = re.compile(r"^\s*(<\?xml[^>]*\?>\s*)?(<!DOCTYPE[^>]*>\s*)?", re.S)
 _COMMENT = re.compile(r"<!--.*?-->", re.S)
 _SCRIPT = re.compile(r"<script\b.*?</script\s*>", re.S | re.I)
+_METADATA = re.compile(r"<metadata\b.*?</metadata\s*>", re.S | re.I)
 _ID = re.compile(r'\bid="([^"]+)"')
 
 
 def _inline_svg(text: str, prefix: str) -> str:
-    """An SVG file's markup for inlining: no prologue, comments or scripts; every id (and
-    each reference to it) prefixed, so that figures on one page never share an id."""
-    text = _SCRIPT.sub("", _COMMENT.sub("", _SVG_PROLOGUE.sub("", text, count=1)))
+    """An SVG file's markup for inlining: no prologue, comments, scripts or metadata (RDF); every
+    id (and each reference to it) prefixed, so that figures on one page never share an id."""
+    text = _SVG_PROLOGUE.sub("", text, count=1)
+    for pattern in (_COMMENT, _SCRIPT, _METADATA):
+        text = pattern.sub("", text)
     ids = set(_ID.findall(text))
     if ids:
         text = _ID.sub(lambda m: f'id="{prefix}{m.group(1)}"', text)

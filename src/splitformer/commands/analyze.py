@@ -348,7 +348,8 @@ def load_subject(spec: str) -> Subject:
     checkpointed = "latest" in files or any(f.startswith("ckpt") for f in files)
     if "model.json" in files or (checkpointed and config is not None
                                  and "model_type" not in config):
-        kind = "saved model folder" if "model.json" in files else "training run folder"
+        kind = ("checkpoint folder" if "checkpoint.json" in files else "saved model folder"
+                if "model.json" in files else "training run folder")
         try:
             model = load_model(folder)
         except CheckpointError as e:
@@ -617,14 +618,24 @@ def run(args: argparse.Namespace) -> int:
     out = _check_out(args, sub.name)
     inputs, desc = model_inputs(sub, args)
 
+    from ..analysis.checks import ArgumentError
     from ..analysis.diagnostics import analyze
     from ..analysis.figures import draw
     from ..analysis.report import write_report
 
     try:
         progress("analysing the evolution")
-        diag = analyze(sub.model, inputs, lipschitz_iterations=args.lipschitz_iterations,
-                       seed=0)
+        try:
+            diag = analyze(sub.model, inputs, lipschitz_iterations=args.lipschitz_iterations,
+                           seed=0)
+        except ArgumentError as e:
+            if e.argument != "inputs":
+                raise
+            flag = ("--text" if args.text is not None else "--image" if args.image is not None
+                    else "--sample")
+            progress.close()
+            raise UsageError(f"argument {flag}: the model refuses this input: "
+                             f"{' '.join(e.detail.split())[:240]}") from None
         out.mkdir(parents=True, exist_ok=True)
         progress("drawing figures")
         figs = draw(diag, out, image_grid=_image_grid(sub))
