@@ -16,7 +16,7 @@ from splitformer.analysis.convergence import (
     reference_solution,
 )
 from splitformer.cli import main
-from splitformer.time import NonFiniteError
+from splitformer.time import Evolution, NonFiniteError
 from splitformer.verification.references import post_ln_reference
 
 # the module (the package's name 'convergence' is the function)
@@ -212,7 +212,8 @@ def test_non_finite_results_raise_instead_of_nan(monkeypatch):
     monkeypatch.setattr(conv_mod, "reference_solution", real_ref)
     real_run = conv_mod._run
     monkeypatch.setattr(conv_mod, "_run",
-                        lambda evo, u: real_run(evo, u) * (float("inf") if evo.tau > 0.2 else 1))
+                        lambda evo, u, ctx=None: real_run(evo, u, ctx)
+                        * (float("inf") if evo.tau > 0.2 else 1))
     with pytest.raises(NonFiniteError, match="tau = 2\\^-2 is not finite"):
         convergence(model, u0, **kw)
     monkeypatch.setattr(conv_mod, "_run", real_run)
@@ -231,3 +232,26 @@ def test_configuration_seed_is_range_checked():
     with pytest.raises(ValueError, match="seed: "):
         configuration("smooth", seed=1.5)
     configuration("smooth", seed=2**64 - 1)  # torch's range, all of it
+
+
+def test_the_order_of_a_causal_evolution_keeps_its_causal_support():
+    """convergence(..., context=) runs every tau with the inputs' context: for a GPT-2-shaped
+    decoder the causal support changes u(T), and the errors are those of the causal runs."""
+    from splitformer.models import causal_decoder
+    from splitformer.time import TimeGrid
+
+    torch.manual_seed(0)
+    model = causal_decoder(20, 8, 16, 2, 2, ffn_dim=32).eval()
+    ids = torch.randint(0, 20, (2, 8))
+    with torch.no_grad():
+        u0, ctx = model.initial_condition(input_ids=ids)
+    assert ctx.is_causal
+    evo = model.evolution
+    res = convergence(evo, u0, scheme=evo.scheme, ks=(0, 1), ref_k=3, reference="same-scheme",
+                      context=ctx)
+    with torch.no_grad():
+        unit = Evolution(evo.controls, evo.scheme, TimeGrid(2, 2))
+        ref = unit.refine(8)(u0, ctx)
+        err = (unit.refine(2)(u0, ctx) - ref).abs().max().item()
+        full = (unit.refine(2)(u0) - unit.refine(8)(u0)).abs().max().item()
+    assert res.errors[1] == pytest.approx(err, rel=1e-6) and abs(full - err) > 1e-6

@@ -17,7 +17,15 @@ import pytest
 
 from splitformer.cli import build_parser
 from splitformer.commands.train import config_of
-from splitformer.experiments import Evaluation, Sweep, SweepError, read_results, summarise
+from splitformer.experiments import (
+    Evaluation,
+    Sweep,
+    SweepError,
+    read_results,
+    run_sweep,
+    summarise,
+    tie,
+)
 from splitformer.training import TrainConfig
 
 TINY = ["--width", "16", "--heads", "2", "--depth", "1", "--data", "digits"]
@@ -51,7 +59,7 @@ def test_two_run_sweep_writes_the_table_and_a_rerun_does_nothing(tmp_path):
         for ext in ("png", "svg"):
             assert (out / f"sweep-{kind}.{ext}").stat().st_size > 1000
     for r in rows:  # each run trained for real: its folder has final metrics equal to the row
-        final = json.loads((Path(r["run_dir"]) / "final.json").read_text())
+        final = json.loads((out / r["run_dir"] / "final.json").read_text())
         assert final["test_accuracy"] == r["value"] and final["epochs"] == 2
 
     before = _mtimes(out / "runs")
@@ -88,6 +96,9 @@ def test_a_sweep_killed_after_its_first_run_finishes_the_second_on_restart(tmp_p
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert not (second / "final.json").exists()
+    from splitformer.training.checkpoints import load_checkpoint
+
+    seconds_before_kill = load_checkpoint(second, restore_rng=False)["seconds"]
     first_line = (out / "results.jsonl").read_text()
     first_files = {k: v for k, v in _mtimes(out / "runs").items() if "epochs=1-" in k}
 
@@ -97,6 +108,8 @@ def test_a_sweep_killed_after_its_first_run_finishes_the_second_on_restart(tmp_p
     assert len(rows) == 2 and (out / "results.jsonl").read_text().startswith(first_line)
     assert {k: v for k, v in _mtimes(out / "runs").items() if "epochs=1-" in k} == first_files
     assert rows[1]["resumed"] is True and rows[1]["metrics"]["epochs"] == 6
+    # the training time counts the attempt before the kill (kept in the checkpoint) too
+    assert rows[1]["metrics"]["seconds"] > seconds_before_kill > 0
 
     whole = _run(["--out", str(tmp_path / "whole"), "--epochs", "6", "--checkpoint-every", "4",
                   *TINY, "--no-progress"])
@@ -162,7 +175,9 @@ def test_each_rows_command_rebuilds_its_runs_config():
     sweep = Sweep(base={"width": 16, "heads": 2, "depth": 2},
                   variants=[{"label": "strang", "scheme": "strang", "integrator": "euler",
                              "ffn_ratio": 1.0}, {"label": "post", "scheme":
-                             "attention norm1:project ffn norm2:project"}],
+                             "attention norm1:project ffn norm2:project"},
+                            {"label": "odd numbers", "lr": 0.0012345678, "steps": 6,
+                             "tau_choices": [1 / 3, 1 / 6]}],
                   axes={"seed": [3], "kinetic": [0.0, 0.01]})
     import shlex
 
@@ -223,3 +238,107 @@ def test_help_and_json(tmp_path):
     result = read_results(tmp_path / "j" / "results.jsonl")[0]
     assert result["config"]["tau_choices"] == [1.0, 0.5]
     assert row["at_tau"]["0.5"]["mean"] == result["evaluation"]["at_tau"]["0.5"]["test_accuracy"]
+
+
+def test_a_trained_run_is_evaluated_again_not_retrained(tmp_path):
+    """A run trained but without its line (killed before it was written), or whose line holds
+    another evaluation, is evaluated from its final checkpoint: its folder is not touched."""
+    out = tmp_path / "again"
+    base = ["--out", str(out), "--epochs", "1", *TINY, "--no-progress"]
+    assert _run(base).returncode == 0
+    folder = out / read_results(out / "results.jsonl")[0]["run_dir"]
+    before = _mtimes(folder)
+    first = read_results(out / "results.jsonl")[0]
+    (out / "results.jsonl").write_text("")  # the line was never written
+    res = _run(base)
+    assert res.returncode == 0, res.stderr
+    assert _mtimes(folder) == before
+    assert read_results(out / "results.jsonl")[0]["value"] == first["value"]
+    res = _run([*base, "--eval-tau", "1,1/2"])  # another evaluation: evaluated, not trained
+    assert res.returncode == 0, res.stderr
+    assert _mtimes(folder) == before
+    rows = read_results(out / "results.jsonl")
+    assert len(rows) == 2 and set(rows[-1]["evaluation"]["at_tau"]) == {"1", "0.5"}
+    assert rows[-1]["evaluation"]["at_tau"]["1"]["test_accuracy"] == first["value"]
+
+
+def test_a_failing_run_does_not_lose_the_others(tmp_path):
+    """lr = 1e9 makes the loss non-finite: that run fails (exit 1, one line naming it), the
+    other finishes and is tabulated, with two workers as with one."""
+    for jobs in ("1", "2"):
+        out = tmp_path / f"fail{jobs}"
+        res = _run(["--out", str(out), "--epochs", "1", "--lr", "0.002,1e9", "--jobs", jobs,
+                    *TINY, "--no-progress"])
+        assert res.returncode == 1, res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "1 of 2 runs failed" in lines[0] and "lr=1e+09" in lines[0]
+        assert [r["config"]["lr"] for r in read_results(out / "results.jsonl")] == [0.002]
+        table = _run(["--out", str(out), "--epochs", "1", "--lr", "0.002,1e9", *TINY,
+                      "--table-only", "--json"])
+        assert table.returncode == 0, table.stderr
+        assert [r["label"] for r in json.loads(table.stdout)["rows"]] == ["lr=0.002"]
+
+
+def test_only_trains_the_selected_rows_and_tabulates_every_finished_one(tmp_path):
+    out = tmp_path / "only"
+    args = ["--out", str(out), "--epochs", "1", "--scheme", "prenorm,parallel", *TINY,
+            "--no-progress", "--json"]
+    res = _run([*args, "--only", "scheme=parallel"])
+    assert res.returncode == 0, res.stderr
+    assert [r["label"] for r in json.loads(res.stdout)["rows"]] == ["scheme=parallel"]
+    assert _run([*args, "--only", "scheme=prenorm"]).returncode == 0
+    rows = json.loads((out / "table.json").read_text())
+    assert [r["label"] for r in rows] == ["scheme=prenorm", "scheme=parallel"]
+    empty = _run(["--out", str(tmp_path / "empty"), "--table-only", *TINY])
+    assert empty.returncode == 2 and "no finished run" in empty.stderr
+
+
+def test_the_evaluations_equal_direct_computations(tmp_path):
+    """at_tau, the kinetic energy and adaptive depth of a line are those of the trained model
+    computed here with the library's own entry points."""
+    import torch
+
+    from splitformer.analysis import adaptive_depth
+    from splitformer.control import KineticEnergy
+    from splitformer.time.saveat import SaveAt
+    from splitformer.training import build_model, load_dataset
+    from splitformer.training.checkpoints import load_checkpoint
+    from splitformer.training.loop import evaluate
+
+    ev = Evaluation(taus=(1.0, 0.5), kinetic=True, inputs=16, adaptive=(0.3, 0.05),
+                    adaptive_levels=(1, 2))
+    sweep = Sweep(base={"width": 16, "heads": 2, "depth": 2, "epochs": 1}, evaluation=ev)
+    (row,) = run_sweep(sweep, tmp_path)
+    (run,) = sweep.runs()
+    data = load_dataset("digits")
+    model = build_model(run.config, data)
+    load_checkpoint(tmp_path / row["run_dir"], model=model, restore_rng=False)
+    model.eval()
+    got = row["evaluation"]
+    assert got["at_tau"]["0.5"] == evaluate(model.refine(2), data, run.config)
+    with torch.no_grad():
+        path = model.trajectory(data.test.x[:16], saveat=SaveAt(steps=True))
+        kinetic = float(KineticEnergy(1.0).value(model, path))
+    assert got["kinetic_energy"] == pytest.approx(kinetic, rel=1e-6)
+    res = adaptive_depth(model, (data.test.x,), 0.05, levels=(1, 2), logits=lambda o: o)
+    assert got["adaptive"][1]["accuracy"] == pytest.approx(res.accuracy(data.test.y))
+    assert got["adaptive"][1]["mean_steps"] == pytest.approx(res.mean_steps)
+
+
+def test_an_evaluation_a_run_cannot_take_is_refused_before_training():
+    with pytest.raises(SweepError, match="taus"):
+        Sweep(base={"steps": 8, "depth": 4}, evaluation=Evaluation(taus=(1.0,)))
+    with pytest.raises(SweepError, match="taus"):
+        Sweep(evaluation=Evaluation(taus=(0.3,)))
+    with pytest.raises(SweepError, match="order_ks"):
+        Sweep.from_dict({"evaluate": {"order": True, "order_ks": [0]}})
+    with pytest.raises(SweepError, match="same settings"):
+        Sweep(variants=[{"label": "a", "scheme": "prenorm"}, {"label": "b", "scheme": "prenorm"}])
+
+
+def test_tie_is_one_standard_deviation_of_the_larger():
+    a = {"mean": 0.9863, "std": 0.0055, "n": 3}
+    assert tie(a, {"mean": 0.9808, "std": 0.0027, "n": 3})  # equal to the std: a tie
+    assert not tie(a, {"mean": 0.9707, "std": 0.0079, "n": 3})
+    assert tie({"mean": 0.5, "std": 0.0, "n": 1}, {"mean": 0.5, "std": 0.0, "n": 1})
+    assert not tie(a, None)

@@ -30,6 +30,7 @@ import torch
 
 from ..models.encoder import Encoder
 from ..operators import FeedForward, LayerNormProjection, NonlocalAttention, SphereProjection
+from ..operators.base import Context
 from ..time import Controls, Evolution, NonFiniteError, TimeGrid
 from ..time.schemes import Scheme, lie, scheme_names
 from .checks import (
@@ -229,21 +230,23 @@ def configuration(name: str, *, seed: int = 0) -> tuple[Encoder, torch.Tensor]:
 
 # -- the study ----------------------------------------------------------------------------------
 
-def _run(evolution: Evolution, u0: torch.Tensor) -> torch.Tensor:
+def _run(evolution: Evolution, u0: torch.Tensor, context: Context | None = None
+         ) -> torch.Tensor:
     # small tensors, many steps: one thread avoids thread hand-off costs (10x on 2 loaded cores)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.no_grad():
-            return evolution(u0)
+            return evolution(u0) if context is None else evolution(u0, context)
     finally:
         torch.set_num_threads(threads)
 
 
 def reference_solution(evolution: Evolution | Encoder, u0: torch.Tensor, ref_k: int = 10,
-                       scheme: str = "unsplit") -> torch.Tensor:
+                       scheme: str = "unsplit", context: Context | None = None
+                       ) -> torch.Tensor:
     """u(T) by ``scheme`` (default: the projected ODE, unsplit RK4, tangent form) at
-    tau = 2^-ref_k."""
+    tau = 2^-ref_k; ``context``: the inputs' masks and causal support (None: full support)."""
     ref_k = check_ref_k(ref_k)
     evo = evolution.evolution if isinstance(evolution, Encoder) else evolution
     if not isinstance(evo, Evolution):
@@ -254,7 +257,8 @@ def reference_solution(evolution: Evolution | Encoder, u0: torch.Tensor, ref_k: 
     if scheme == "unsplit":
         evo = evo.with_scheme("unsplit", integrator="rk4", form="tangent")
     T = int(round(evo.T))
-    return _run(Evolution(evo.controls, evo.scheme, TimeGrid(T, T)).refine(2**ref_k), u0)
+    return _run(Evolution(evo.controls, evo.scheme, TimeGrid(T, T)).refine(2**ref_k), u0,
+                context)
 
 
 def has_common_projection(evo: Evolution) -> bool:
@@ -276,6 +280,7 @@ def convergence(
     reference: str = "auto",
     configuration_name: str = "",
     u_ref: torch.Tensor | None = None,
+    context: Context | None = None,
 ) -> ConvergenceResult:
     """Errors at t = T for tau = 2^-k, k in ``ks``, and the fitted order (see module docstring).
 
@@ -290,6 +295,8 @@ def convergence(
     same set, else the same scheme), "projected-ode" (refused where it is not the scheme's
     limit: pre-norm fields, distinct constraint sets), or "same-scheme"; at tau = 2^-ref_k.
     ``u_ref`` skips the reference run (e.g. from ``reference_solution``, shared by studies).
+    context: the ``Context`` of u0's inputs (attention masks, the causal support of a decoder),
+    as ``model.initial_condition`` returns it; None: full support.
 
     Raises ``ArgumentError`` (a ValueError naming the argument) before any run for a bad input
     (u0 not a finite (batch, tokens, d_model) tensor of the model's dtype, ...), and
@@ -325,16 +332,16 @@ def convergence(
         ref_label = "given"
     elif reference == "projected-ode":
         ref_label = f"projected ODE, unsplit RK4 tangent form, tau = 2^-{ref_k}"
-        u_ref = reference_solution(base, u0, ref_k)
+        u_ref = reference_solution(base, u0, ref_k, context=context)
     else:
         ref_label = f"the same scheme at tau = 2^-{ref_k}"
-        u_ref = reference_solution(evo, u0, ref_k, scheme="same")
+        u_ref = reference_solution(evo, u0, ref_k, scheme="same", context=context)
     if not torch.isfinite(u_ref).all():
         raise NonFiniteError(f"the reference u(T) ({ref_label}) is not finite: the evolution "
                              "blew up (weights too large for this T?); no errors to measure")
     taus, errors = [], []
     for k in ks:
-        u = _run(unit.refine(2**k), u0)
+        u = _run(unit.refine(2**k), u0, context)
         if u.shape != u_ref.shape:
             raise ArgumentError("u_ref", f"expected u(T) of shape {tuple(u.shape)}, got "
                                          f"{tuple(u_ref.shape)}")

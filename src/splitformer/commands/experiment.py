@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 from ..time.schemes import scheme_names
 from . import UsageError, bounded_int
-from .train import _FLAGS
+from .train import _FLAGS, tau_list
 
 # keys whose one value is a comma-separated list: several values only by repeating the flag
 _LIST_KEYS = ("tau_choices",)
@@ -92,14 +91,11 @@ def _values(key: str, given: list[str], kind: Any, flag: str) -> list[Any]:
 
 
 def _numbers(text: str, flag: str) -> list[float]:
+    """Comma-separated numbers ("1,0.5" or "1,1/2"), as --tau-choices reads them."""
     try:
-        values = [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise UsageError(f"argument {flag}: expected comma-separated numbers, got "
-                         f"{text!r}") from None
-    if not values:
-        raise UsageError(f"argument {flag}: expected comma-separated numbers, got {text!r}")
-    return values
+        return list(tau_list(text))
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"argument {flag}: {e}") from None
 
 
 def sweep_of(args: argparse.Namespace):
@@ -174,7 +170,7 @@ def _read(path: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..experiments import markdown, read_results, run_sweep, summarise
+    from ..experiments import RunError, finished, markdown, run_sweep, summarise
     from ..experiments.plots import draw_all
     from ..training import DATASETS, FAMILIES, DatasetError, load_dataset
     from ..training.families import build_model
@@ -220,24 +216,22 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{count['n']}/{total}] {run.label} seed {run.seed}: {row['metric']} "
                   f"{row['value']:.4f} ({row['seconds_per_epoch']:.1f} s/epoch)",
                   file=sys.stderr)
-        elif kind == "start" and os.environ.get("SPLITFORMER_VERBOSE"):
-            print(f"start {run.id}", file=sys.stderr)
+        elif kind == "failed":
+            count["n"] += 1
+            print(f"[{count['n']}/{total}] {run.label} seed {run.seed}: failed", file=sys.stderr)
 
-    if args.table_only:
-        ids = {r.id for r in runs}
-        results = [row for row in read_results(out / "results.jsonl") if row["id"] in ids]
-        if not results:
-            raise UsageError(f"argument --out: {str(out)!r} holds no finished run of this "
-                             "sweep (results.jsonl)")
-    else:
+    if not args.table_only:
         try:
-            results = run_sweep(sweep, out, jobs=args.jobs, on_event=tell,
-                                select={r.id for r in runs})
-        except Exception as e:  # a run that fails after the sweep was accepted
-            print(f"splitformer experiment: error: {type(e).__name__}: "
-                  f"{' '.join(str(e).split())[:300]} (finished runs are kept in "
-                  f"{str(out / 'results.jsonl')!r})", file=sys.stderr)
+            run_sweep(sweep, out, jobs=args.jobs, on_event=tell, select={r.id for r in runs})
+        except RunError as e:  # runs that failed after the sweep was accepted
+            print(f"splitformer experiment: error: {' '.join(str(e).split())[:600]}",
+                  file=sys.stderr)
             return 1
+    # the table and figures hold every finished run of the sweep (--only trains fewer)
+    results = finished(sweep, out)
+    if not results:
+        raise UsageError(f"argument --out: {str(out)!r} holds no finished run of this sweep "
+                         "(results.jsonl)")
     rows = summarise(results)
     (out / "table.md").write_text(markdown(rows))
     (out / "table.json").write_text(json.dumps(rows, indent=2) + "\n")

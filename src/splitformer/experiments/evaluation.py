@@ -5,8 +5,9 @@
 * ``taus``: the test metric of the same weights at each time step tau (``model.refine(k)``,
   k = tau_config / tau; T fixed): depth chosen at inference, docs/math.md 3.10;
 * ``order``: the observed order of convergence of u(T) in tau of the trained evolution
-  (``analysis.convergence`` with the model's own scheme, tau = 2^-k for k in ``order_ks``,
-  against the same scheme at tau = 2^-``order_ref_k``) on the first ``inputs`` test inputs;
+  (``analysis.convergence`` with the model's own scheme and the inputs' context (masks, the
+  causal support), tau = 2^-k for k in ``order_ks``, against the same scheme at
+  tau = 2^-``order_ref_k``) on the first ``inputs`` test inputs;
 * ``kinetic``: the kinetic energy of the path at the config's tau, sum_n tau |(u^{n+1} - u^n) /
   tau|^2, summed over tokens and features and averaged over the first ``inputs`` test inputs
   (``control.KineticEnergy``);
@@ -22,6 +23,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
+
+from ..analysis.checks import MAX_REF_K, ArgumentError, check_ks
+from ..training.config import ConfigError, refinement
 
 __all__ = ["Evaluation"]
 
@@ -63,9 +67,16 @@ class Evaluation:
                 raise TypeError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.inputs, int) or isinstance(self.inputs, bool) or self.inputs < 1:
             raise ValueError(f"inputs must be an integer >= 1, got {self.inputs!r}")
-        if not isinstance(self.order_ref_k, int) or not 1 <= self.order_ref_k <= 14:
-            raise ValueError(f"order_ref_k must be an integer in [1, 14], got "
+        if (not isinstance(self.order_ref_k, int) or isinstance(self.order_ref_k, bool)
+                or not 1 <= self.order_ref_k <= MAX_REF_K):
+            raise ValueError(f"order_ref_k must be an integer in [1, {MAX_REF_K}], got "
                              f"{self.order_ref_k!r}")
+        if self.order:
+            try:
+                check_ks(self.order_ks, self.order_ref_k, argument="order_ks",
+                         ref_argument="order_ref_k")
+            except ArgumentError as e:
+                raise ValueError(str(e)) from None
         if self.adaptive_estimate not in ("doubling", "lie-strang"):
             raise ValueError(f"adaptive_estimate must be 'doubling' or 'lie-strang', got "
                              f"{self.adaptive_estimate!r}")
@@ -80,6 +91,16 @@ class Evaluation:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    def check(self, cfg: Any) -> None:
+        """Refuse (ValueError naming the key) what a run of config ``cfg`` cannot be evaluated
+        at: a tau of ``taus`` that does not divide the run's tau."""
+        tau0 = cfg.depth / cfg.num_steps()
+        for tau in self.taus:
+            try:
+                refinement(tau0, tau, "taus")
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
 
     @property
     def empty(self) -> bool:
@@ -101,7 +122,7 @@ class Evaluation:
             if self.taus:
                 at = {}
                 for tau in self.taus:
-                    k = _factor(tau0, tau)
+                    k = refinement(tau0, tau, "taus")
                     refined = model if k == 1 else model.refine(k)
                     at[f"{tau:g}"] = evaluate(refined, data, cfg)
                 out["at_tau"] = at
@@ -115,14 +136,6 @@ class Evaluation:
         finally:
             model.train(was)
         return out
-
-
-def _factor(tau0: float, tau: float) -> int:
-    k = round(tau0 / tau)
-    if k < 1 or abs(k * tau - tau0) > 1e-9 * tau0:
-        raise ValueError(f"evaluate.taus: tau={tau:g} must divide the run's tau={tau0:g} "
-                         "(the model is refined by an integer factor)")
-    return k
 
 
 def _test_inputs(data: Any, cfg: Any, n: int) -> torch.Tensor:
@@ -151,13 +164,11 @@ def _order(model: Any, x: torch.Tensor, cfg: Any, ks: tuple[int, ...], ref_k: in
         return {"skipped": f"the model has {len(owners)} evolutions (a multigrid chain); the "
                            "order is measured on single-evolution families"}
     args, kwargs = _family_inputs(cfg, x)
-    u0, _ = model.initial_condition(*args, **kwargs)
+    u0, context = model.initial_condition(*args, **kwargs)
+    context.extra.pop("saveat", None)  # the convergence runs keep u(T) only
     evo = owners[0].evolution
-    try:
-        res = convergence(evo, u0, scheme=evo.scheme, ks=ks, ref_k=ref_k,
-                          reference="same-scheme")
-    except ValueError as e:  # an evolution that needs its context (masks): say so
-        return {"skipped": str(e).splitlines()[0]}
+    res = convergence(evo, u0, scheme=evo.scheme, ks=ks, ref_k=ref_k,
+                      reference="same-scheme", context=context)
     return {"order": res.order, "taus": res.taus, "errors": res.errors,
             "pairwise_orders": res.pairwise_orders, "reference": res.reference}
 

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .sweep import iter_labels, mean_std
+from .sweep import iter_labels, mean_std, run_dir_of
 
 __all__ = ["adaptive", "against_tau", "bars", "curves", "draw_all"]
 
@@ -66,18 +66,28 @@ def _epoch_curve(run_dir: Path, metric: str) -> list[float]:
     p = run_dir / "metrics.jsonl"
     if not p.exists():
         return []
-    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-    return [r[metric] for r in rows if metric in r and "lr" not in r]
+    rows = []
+    for line in p.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a kill
+            continue
+    return [r[metric] for r in rows if isinstance(r, dict) and metric in r and "lr" not in r]
 
 
-def curves(results: list[dict[str, Any]], stem: Path, title: str = "") -> list[Path]:
+def curves(results: list[dict[str, Any]], stem: Path, out: Path, title: str = ""
+           ) -> list[Path]:
+    """Needs the run folders (runs/, not committed): without them it draws nothing and
+    returns []."""
     plt = _plt()
     metric = results[0]["metric"]
+    per_label = {label: [c for c in (_epoch_curve(run_dir_of(out, r), metric)
+                                     for r in results if r["label"] == label) if c]
+                 for label in iter_labels(results)}
+    if not any(per_label.values()):
+        return []
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
-    for label in iter_labels(results):
-        runs = [_epoch_curve(Path(r["run_dir"]), metric)
-                for r in results if r["label"] == label]
-        runs = [c for c in runs if c]
+    for label, runs in per_label.items():
         if not runs:
             continue
         n = min(len(c) for c in runs)
@@ -118,15 +128,16 @@ def against_tau(rows: list[dict[str, Any]], stem: Path, title: str = "") -> list
     return _save(fig, stem)
 
 
-def adaptive(rows: list[dict[str, Any]], stem: Path, depth: int, title: str = ""
+def adaptive(rows: list[dict[str, Any]], stem: Path, depth: dict[str, int], title: str = ""
              ) -> list[Path]:
+    """``depth``: T of each row's label (fixed N_t = T / tau)."""
     plt = _plt()
     metric = rows[0]["metric"]
     fig, ax = plt.subplots(figsize=(5.0, 3.4))
     for r in rows:
         color = None
         at = r.get("at_tau") or {}
-        pts = sorted((depth / float(t), s) for t, s in at.items() if s is not None)
+        pts = sorted((depth[r["label"]] / float(t), s) for t, s in at.items() if s is not None)
         if pts:
             (line,) = ax.plot([p[0] for p in pts], [p[1]["mean"] for p in pts], "s--",
                               label=f"{r['label']}: fixed N_t")
@@ -149,10 +160,10 @@ def draw_all(results: list[dict[str, Any]], rows: list[dict[str, Any]], folder: 
     """Every figure the sweep's rows support, into ``folder`` as ``<name>-<kind>.{png,svg}``."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = bars(rows, folder / f"{name}-bars")
-    paths += curves(results, folder / f"{name}-curves")
+    paths += curves(results, folder / f"{name}-curves", folder)
     if any(r.get("at_tau") for r in rows):
         paths += against_tau(rows, folder / f"{name}-tau")
     if any(r.get("adaptive") for r in rows):
-        depth = int(results[0]["config"]["depth"])
+        depth = {r["label"]: int(r["config"]["depth"]) for r in results}
         paths += adaptive(rows, folder / f"{name}-adaptive", depth)
     return paths

@@ -19,9 +19,12 @@ trained network besides the test metric). It comes from a TOML file
     [evaluate]                    # Evaluation fields (experiments.evaluation)
     taus = [1, 0.5, 0.25]
 
-or from ``Sweep.from_flags`` (the command line). ``Sweep.runs()`` lists the ``Run`` values in a
-fixed order; a run's ``id`` hashes its config (without ``out`` and ``threads``) and its
-evaluation, so the same settings always name the same run.
+or from the command line (``splitformer experiment``). ``Sweep.runs()`` lists the ``Run``
+values in a fixed order. A run is identified by its config (without ``out`` and ``threads``):
+a line of results.jsonl is the run's when every key it records has the run's value and every
+key it lacks (one added to TrainConfig later) is at its default; the folder name ``id`` is the
+label, the seed and a hash of the config. Two runs of one sweep with the same config are
+refused.
 
 ``run_sweep(sweep, out)`` writes into ``out``:
 
@@ -29,10 +32,14 @@ evaluation, so the same settings always name the same run.
                       seconds per epoch, the command that reproduces it)
     runs/<id>/        each run's folder (config, metrics.jsonl, checkpoints, final.json)
 
-and is resumable: a run with a line in results.jsonl is never redone; a run killed during
+and is resumable: a run with a line in results.jsonl is never retrained; a run killed during
 training continues from its last checkpoint (``fit(resume=...)``); a run killed after training
-but before its line was written is evaluated from its final checkpoint. ``jobs`` > 1 runs that
-many worker processes (each with ``threads = cores // jobs`` unless the config sets threads).
+but before its line was written, or whose line holds another evaluation than the sweep's, is
+evaluated from its final checkpoint (a new line; the last line of a run counts). A run that
+fails does not stop the others: ``run_sweep`` finishes every run it can, then raises
+``RunError`` naming the failures. ``jobs`` > 1 runs that many worker processes (each with
+``threads = cores // jobs`` unless the config sets threads). ``run_dir`` in a line is relative
+to the sweep's folder.
 """
 
 from __future__ import annotations
@@ -54,7 +61,8 @@ from typing import Any
 from ..training.config import ConfigError, TrainConfig
 from .evaluation import Evaluation
 
-__all__ = ["Run", "Sweep", "SweepError", "read_results", "run_sweep", "train_command"]
+__all__ = ["Run", "RunError", "Sweep", "SweepError", "finished", "read_results", "run_sweep",
+           "train_command"]
 
 # keys that do not change what a run computes (where it writes, how many threads)
 _NOT_IDENTITY = ("out", "threads")
@@ -62,6 +70,10 @@ _NOT_IDENTITY = ("out", "threads")
 
 class SweepError(ValueError):
     """A bad sweep specification: the message names the key and what was expected."""
+
+
+class RunError(RuntimeError):
+    """Runs of an accepted sweep failed (the others finished and are in results.jsonl)."""
 
 
 def _slug(text: str) -> str:
@@ -80,12 +92,33 @@ def train_command(config: dict[str, Any], base: dict[str, Any] | None = None) ->
             continue
         flag = "--" + key.replace("_", "-")
         if isinstance(value, (list, tuple)):
-            value = ",".join(f"{v:g}" for v in value)
+            value = ",".join(_number(v) for v in value)
         elif isinstance(value, float):
-            value = f"{value:g}"
+            value = _number(value)
         parts += [flag, str(value)]
     parts += ["--seed", str(config.get("seed", 0))]  # always shown: a row lists its seeds
     return shlex.join(parts)
+
+
+def _number(v: float) -> str:
+    """The shortest text that reads back as exactly ``v``."""
+    short = f"{v:g}"
+    return short if float(short) == v else repr(float(v))
+
+
+def _identity(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k not in _NOT_IDENTITY}
+
+
+def same_config(recorded: dict[str, Any], config: TrainConfig) -> bool:
+    """Whether a config recorded in results.jsonl is ``config``: every recorded key has its
+    value, every key it lacks is at its default."""
+    defaults = TrainConfig().to_dict()
+    mine = config.to_dict()
+    for key, value in _identity(mine).items():
+        if recorded.get(key, defaults[key]) != value:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -99,12 +132,14 @@ class Run:
     seed: int
 
     @property
+    def digest(self) -> str:
+        doc = json.dumps(_identity(self.config.to_dict()), sort_keys=True)
+        return hashlib.sha1(doc.encode()).hexdigest()[:10]
+
+    @property
     def id(self) -> str:
-        cfg = {k: v for k, v in self.config.to_dict().items() if k not in _NOT_IDENTITY}
-        doc = json.dumps({"config": cfg, "evaluate": self.evaluation.to_dict()},
-                         sort_keys=True)
-        digest = hashlib.sha1(doc.encode()).hexdigest()[:10]
-        return f"{_slug(self.label)}-s{self.seed}-{digest}"
+        """The run's folder name: label, seed and a hash of the config."""
+        return f"{_slug(self.label)}-s{self.seed}-{self.digest}"
 
     @property
     def command(self) -> str:
@@ -222,10 +257,18 @@ class Sweep:
                 shown += [f"{k}={_show(v)}" for k, v in zip(names, values, strict=True)
                           if k != "seed" and len(self.axes[k]) > 1]
                 out.append(Run(" ".join(shown) or "base", cfg, self.evaluation, cfg.seed))
-        ids = [r.id for r in out]
-        if len(set(ids)) != len(ids):
-            raise SweepError("two runs of the sweep have the same settings (a variant repeats "
-                             "another, or an axis repeats a variant's key with its value)")
+        seen: dict[str, str] = {}
+        for r in out:
+            if r.digest in seen:
+                raise SweepError(f"two runs of the sweep have the same settings "
+                                 f"({seen[r.digest]!r} and {r.label!r}, seed {r.seed}): a "
+                                 "variant repeats another, or an axis repeats a variant's key "
+                                 "with its value")
+            seen[r.digest] = r.label
+            try:
+                self.evaluation.check(r.config)
+            except ValueError as e:
+                raise SweepError(f"evaluate, run {r.label!r}: {e}") from None
         return out
 
     def metric_of(self, run: Run) -> str:
@@ -244,134 +287,183 @@ def _show(value: Any) -> str:
 
 # -- results -------------------------------------------------------------------------------------
 def read_results(path: str | Path) -> list[dict[str, Any]]:
-    """The finished runs of results.jsonl (a line cut short by a kill is dropped)."""
+    """The lines of results.jsonl (a line cut short by a kill, or not JSON, is skipped)."""
     p = Path(path)
     if not p.exists():
         return []
     rows = []
     for line in p.read_text().splitlines():
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(row, dict) and {"id", "config", "value"} <= set(row):
+            rows.append(row)
     return rows
+
+
+def run_dir_of(out: str | Path, row: dict[str, Any]) -> Path:
+    """The run folder of a line: relative to the sweep's folder (older lines: as written)."""
+    rd = Path(row["run_dir"])
+    inside = Path(out) / rd
+    return inside if inside.exists() or not rd.exists() else rd
+
+
+def _match(rows: list[dict[str, Any]], run: Run) -> dict[str, Any] | None:
+    """The last line of ``rows`` that is ``run``'s (module docstring), or None."""
+    found = None
+    for row in rows:
+        if row.get("seed") == run.seed and same_config(row["config"], run.config):
+            found = row
+    return found
+
+
+def finished(sweep: Sweep, out: str | Path,
+             select: set[str] | None = None) -> list[dict[str, Any]]:
+    """The lines of the sweep's finished runs (``select``: of those ids only), in the sweep's
+    order, labelled as the sweep labels them now."""
+    rows = read_results(Path(out) / "results.jsonl")
+    done = []
+    for run in sweep.runs():
+        if select is not None and run.id not in select:
+            continue
+        row = _match(rows, run)
+        if row is not None:
+            done.append({**row, "label": run.label, "id": run.id})
+    return done
 
 
 def _append(path: Path, row: dict[str, Any]) -> None:
     text = path.read_text() if path.exists() else ""
     if text and not text.endswith("\n"):  # a line cut short by a kill
-        text = text[: text.rfind("\n") + 1]
-        path.write_text(text)
+        path.write_text(text[: text.rfind("\n") + 1])
     with path.open("a") as f:
         f.write(json.dumps(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
-def _epochs_done(run_dir: Path) -> int:
-    p = run_dir / "metrics.jsonl"
-    if not p.exists():
-        return 0
-    return sum(1 for row in read_results(p) if "lr" not in row and "epoch" in row)
-
-
-def execute(run: Run, run_dir: Path, metric: str) -> dict[str, Any]:
-    """Train ``run`` into ``run_dir`` (resuming it if it was cut off) and evaluate it: the
-    line results.jsonl gets."""
+def execute(run: Run, out: Path, metric: str, run_dir: Path | None = None) -> dict[str, Any]:
+    """Train ``run`` into ``out/runs/<id>`` (or ``run_dir``), resuming it if it was cut off,
+    and evaluate it: the line results.jsonl gets."""
     from ..training.checkpoints import latest_checkpoint, load_checkpoint
     from ..training.data import load_dataset
     from ..training.families import build_model
     from ..training.loop import fit
 
     cfg = run.config
+    run_dir = run_dir if run_dir is not None else out / "runs" / run.id
     data = load_dataset(cfg.data, cfg.data_dir)
     resumed = False
-    if (run_dir / "final.json").exists():  # trained; killed before its line was written
+    if (run_dir / "final.json").exists():  # trained: only its evaluation is missing
         model = build_model(cfg, data)
         load_checkpoint(run_dir, model=model, restore_rng=False)
         metrics = json.loads((run_dir / "final.json").read_text())
-        epochs_run = cfg.epochs
     else:
         if latest_checkpoint(run_dir) is not None:
             resumed = True
-            before = _epochs_done(run_dir)
             result = fit(cfg, data=data, resume=run_dir)
-            epochs_run = max(1, cfg.epochs - before)
         else:
-            if run_dir.exists():  # a run killed before its first checkpoint: start again
+            if run_dir.exists():  # killed before its first checkpoint: start again
                 for name in ("metrics.jsonl", "config.json"):
                     (run_dir / name).unlink(missing_ok=True)
             result = fit(cfg, data=data, out=run_dir)
-            epochs_run = cfg.epochs
         model, metrics = result.model, result.metrics
     t0 = time.perf_counter()
     evaluation = run.evaluation.measure(model, data, cfg)
     eval_seconds = time.perf_counter() - t0
+    try:
+        where = str(run_dir.relative_to(out))
+    except ValueError:
+        where = str(run_dir)
     return {"id": run.id, "label": run.label, "seed": run.seed, "metric": metric,
             "value": metrics[metric], "metrics": metrics, "evaluation": evaluation,
-            "parameters": metrics["parameters"],
-            "seconds_per_epoch": metrics["seconds"] / epochs_run, "resumed": resumed,
+            "evaluate": run.evaluation.to_dict(), "parameters": metrics["parameters"],
+            "seconds_per_epoch": metrics["seconds"] / cfg.epochs, "resumed": resumed,
             "eval_seconds": eval_seconds, "config": run.config.to_dict(),
-            "command": run.command, "run_dir": str(run_dir)}
+            "command": run.command, "run_dir": where}
 
 
-def _worker(args: tuple[Run, str, str, int | None]) -> dict[str, Any]:
-    run, run_dir, metric, threads = args
+def _worker(args: tuple[Run, str, str, str | None, int | None]) -> dict[str, Any]:
+    run, out, metric, run_dir, threads = args
     import torch
 
     if threads is not None and run.config.threads is None:
         torch.set_num_threads(threads)
-    return execute(run, Path(run_dir), metric)
+    return execute(run, Path(out), metric, Path(run_dir) if run_dir else None)
+
+
+def _failure(run: Run, e: BaseException) -> str:
+    return f"{run.label!r} seed {run.seed}: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
 
 
 def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int = 1,
               on_event: Callable[[str, Run, dict[str, Any] | None], None] | None = None,
               select: set[str] | None = None) -> list[dict[str, Any]]:
-    """Run every run of ``sweep`` not yet in ``out/results.jsonl`` (module docstring); returns
-    the results of every run of the sweep, in the sweep's order. ``on_event(kind, run, row)``
-    is told "skip", "start" and "done". ``select``: the ids of the runs to do (and return);
-    None: all."""
+    """Do every run of ``sweep`` (``select``: of those ids only) that has no line of its own in
+    ``out/results.jsonl`` (module docstring); returns their lines, in the sweep's order.
+    ``on_event(kind, run, row)`` is told "skip", "start", "done" and "failed" (row None).
+    Raises ``RunError`` after the others finished when runs failed."""
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
         raise SweepError(f"jobs must be an integer >= 1, got {jobs!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    spec = out / "sweep.json"
-    spec.write_text(json.dumps(sweep.to_dict(), indent=2) + "\n")
+    (out / "sweep.json").write_text(json.dumps(sweep.to_dict(), indent=2) + "\n")
     results_path = out / "results.jsonl"
-    done = {row["id"]: row for row in read_results(results_path)}
+    rows = read_results(results_path)
     runs = [r for r in sweep.runs() if select is None or r.id in select]
-    todo = []
-    for run in runs:
-        if run.id in done:
-            if on_event:
-                on_event("skip", run, done[run.id])
-        else:
-            todo.append(run)
     tell = on_event or (lambda kind, run, row: None)
+    todo: list[tuple[Run, Path | None]] = []
+    for run in runs:
+        row = _match(rows, run)
+        if row is not None and row.get("evaluate", run.evaluation.to_dict()) == \
+                run.evaluation.to_dict():
+            tell("skip", run, row)
+        else:  # new, or trained with another evaluation: evaluate it from its folder
+            folder = run_dir_of(out, row) if row is not None else None
+            todo.append((run, folder if folder is not None and folder.exists() else None))
+    failures: list[str] = []
 
-    def finished(run: Run, row: dict[str, Any]) -> None:
+    def finish(run: Run, row: dict[str, Any]) -> None:
         _append(results_path, row)
-        done[run.id] = row
         tell("done", run, row)
 
     if jobs == 1 or len(todo) <= 1:
-        for run in todo:
+        for run, folder in todo:
             tell("start", run, None)
-            finished(run, execute(run, out / "runs" / run.id, sweep.metric_of(run)))
+            try:
+                row = execute(run, out, sweep.metric_of(run), folder)
+            except Exception as e:  # the others still run; named at the end
+                failures.append(_failure(run, e))
+                tell("failed", run, None)
+                continue
+            finish(run, row)
     else:
         import concurrent.futures as cf
         import multiprocessing as mp
 
-        threads = max(1, (os.cpu_count() or 1) // jobs)
-        with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+        workers = min(jobs, len(todo))
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
             futures = {}
-            for run in todo:
+            for run, folder in todo:
                 tell("start", run, None)
-                futures[pool.submit(_worker, (run, str(out / "runs" / run.id),
-                                              sweep.metric_of(run), threads))] = run
+                task = (run, str(out), sweep.metric_of(run), str(folder) if folder else None,
+                        threads)
+                futures[pool.submit(_worker, task)] = run
             for fut in cf.as_completed(futures):
-                finished(futures[fut], fut.result())
-    return [done[r.id] for r in runs]
+                run = futures[fut]
+                try:
+                    row = fut.result()
+                except Exception as e:
+                    failures.append(_failure(run, e))
+                    tell("failed", run, None)
+                    continue
+                finish(run, row)
+    if failures:
+        raise RunError(f"{len(failures)} of {len(todo)} runs failed (the others are in "
+                       f"{str(results_path)!r}): " + "; ".join(failures))
+    return finished(sweep, out, {r.id for r in runs})
 
 
 def iter_labels(rows: list[dict[str, Any]]) -> Iterator[str]:

@@ -64,18 +64,22 @@ def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def tie(a: dict[str, float] | None, b: dict[str, float] | None) -> bool:
-    """Whether two mean +- std differ by less than one standard deviation (the larger)."""
+    """Whether two mean +- std differ by at most one standard deviation (the larger of the
+    two; to a relative 1e-9, so that a difference equal to the std up to round-off is a tie)."""
     if a is None or b is None:
         return False
-    return abs(a["mean"] - b["mean"]) <= max(a["std"], b["std"])
+    return abs(a["mean"] - b["mean"]) <= max(a["std"], b["std"]) * (1 + 1e-9)
 
 
-def _pm(stat: dict[str, float] | None, digits: int = 4) -> str:
+def _pm(stat: dict[str, float] | None, digits: int = 4, seeds: int | None = None) -> str:
+    """mean +- std; "(n of N)" when fewer values than seeds were finite."""
     if stat is None:
         return "-"
-    if stat["n"] < 2:
-        return f"{stat['mean']:.{digits}f}"
-    return f"{stat['mean']:.{digits}f} +- {stat['std']:.{digits}f}"
+    text = (f"{stat['mean']:.{digits}f}" if stat["n"] < 2
+            else f"{stat['mean']:.{digits}f} +- {stat['std']:.{digits}f}")
+    if seeds is not None and stat["n"] < seeds:
+        text += f" ({stat['n']} of {seeds})"
+    return text
 
 
 def markdown(rows: list[dict[str, Any]], *, commands: bool = True) -> str:
@@ -98,11 +102,12 @@ def markdown(rows: list[dict[str, Any]], *, commands: bool = True) -> str:
     for r in rows:
         cells = [r["label"], ",".join(str(s) for s in r["seeds"]), _pm(r[metric]),
                  f"{r['parameters']:,}", _pm(r["seconds_per_epoch"], 2)]
-        cells += [_pm(r.get("at_tau", {}).get(t)) for t in taus]
+        n = len(r["seeds"])
+        cells += [_pm(r.get("at_tau", {}).get(t), seeds=n) for t in taus]
         if has_order:
-            cells.append(_pm(r.get("order"), 2))
+            cells.append(_pm(r.get("order"), 2, seeds=n))
         if has_kinetic:
-            cells.append(_pm(r.get("kinetic_energy"), 2))
+            cells.append(_pm(r.get("kinetic_energy"), 2, seeds=n))
         if commands:
             cells.append(f"`{r['commands'][0]}`")
         lines.append("| " + " | ".join(cells) + " |")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "TrainConfig"]
+__all__ = ["ConfigError", "TrainConfig", "refinement"]
 
 
 class ConfigError(ValueError):
@@ -170,10 +170,7 @@ class TrainConfig:
         for c in self.tau_choices:
             if not (math.isfinite(c) and c > 0):
                 raise ConfigError(f"tau_choices must hold finite numbers > 0, got {c!r}")
-            k = round(tau / c)
-            if k < 1 or abs(k * c - tau) > 1e-9 * tau:
-                raise ConfigError(f"tau_choices must hold time steps tau / k (k = 1, 2, ...) of "
-                                  f"the config's tau = T / N_t = {tau:g}; {c:g} is not one")
+            k = refinement(tau, c, "tau_choices")
             if k in ks:
                 raise ConfigError(f"tau_choices must not repeat a time step, got {c:g} twice "
                                   f"(in {[float(v) for v in self.tau_choices]})")
@@ -220,6 +217,16 @@ class TrainConfig:
         ``from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg``."""
         d = dataclasses.asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def refinement(tau: float, finer: float, key: str) -> int:
+    """k = tau / finer, an integer >= 1 (to a relative 1e-9): the ``refine(k)`` that takes a
+    model at time step ``tau`` to ``finer``; otherwise a ConfigError naming ``key``."""
+    k = round(tau / finer) if finer > 0 else 0
+    if k < 1 or abs(k * finer - tau) > 1e-9 * tau:
+        raise ConfigError(f"{key} must hold time steps tau / k (k = 1, 2, ...) of the config's "
+                          f"tau = T / N_t = {tau:g}; {finer:g} is not one")
+    return k
 
 
 def _check_type(name: str, value: Any, hint: Any) -> None:

@@ -226,6 +226,8 @@ def fit(cfg: TrainConfig, *, out: str | Path | None = None, progress: bool = Fal
         data: Dataset | None = None, resume: str | Path | None = None) -> FitResult:
     """Train a model as ``cfg`` says; returns the final metrics with keys ``test_accuracy``
     (classifiers) or ``test_loss``/``test_bpc`` (LM), ``epochs``, ``seconds``, ``parameters``.
+    ``seconds`` is the training time of every attempt: a resumed run adds the seconds its
+    checkpoint recorded (the work lost after that checkpoint is redone and counted once).
 
     ``out`` (default ``cfg.out``, else a fresh folder under runs/) receives ``config.json``,
     ``metrics.jsonl`` (one JSON object per logged step and per epoch), checkpoints (every
@@ -277,6 +279,7 @@ def _fit(cfg: TrainConfig, *, out: str | Path | None, progress: bool, data: Data
     total = per_epoch * cfg.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, total))
     step = 0
+    seconds_before = 0.0  # training seconds of earlier attempts (a resumed run)
     if resume is not None:  # every rank loads the checkpoint
         state = load_checkpoint(run_dir, model=model, optimizer=optimizer, scheduler=scheduler)
         if state.get("config") != cfg.to_dict():
@@ -285,6 +288,7 @@ def _fit(cfg: TrainConfig, *, out: str | Path | None, progress: bool, data: Data
             raise ConfigError(f"resume: the run in {str(run_dir)!r} was made with another "
                               f"config (differs in {changed}); resume it without changing them")
         step = int(state["step"])
+        seconds_before = float(state.get("seconds", 0.0))
     # tau_choices: one control problem per refinement k, on model.refine(k) (shared parameters,
     # its own train/eval flag; k = 1 is the model itself); without it, the problem alone
     problems = {1: problem}
@@ -317,7 +321,8 @@ def _fit(cfg: TrainConfig, *, out: str | Path | None, progress: bool, data: Data
     def checkpoint(epoch: int) -> None:
         if ranks.main:
             save_checkpoint(run_dir, model=model, optimizer=optimizer, scheduler=scheduler,
-                            state={"step": step, "epoch": epoch, "config": cfg.to_dict()})
+                            state={"step": step, "epoch": epoch, "config": cfg.to_dict(),
+                                   "seconds": seconds_before + time.perf_counter() - start})
 
     start = time.perf_counter()
     bar = _Bar(total, enabled=progress)
@@ -372,7 +377,7 @@ def _fit(cfg: TrainConfig, *, out: str | Path | None, progress: bool, data: Data
             log.close()
     if cfg.checkpoint_every and step % cfg.checkpoint_every:
         checkpoint(cfg.epochs)
-    seconds = time.perf_counter() - start
+    seconds = seconds_before + time.perf_counter() - start
     metrics = {**_evaluate(model, data, cfg, ranks), "epochs": cfg.epochs, "seconds": seconds,
                "parameters": sum(p.numel() for p in model.parameters()), "steps": step}
     if ranks.main:
