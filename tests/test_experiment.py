@@ -342,3 +342,73 @@ def test_tie_is_one_standard_deviation_of_the_larger():
     assert not tie(a, {"mean": 0.9707, "std": 0.0079, "n": 3})
     assert tie({"mean": 0.5, "std": 0.0, "n": 1}, {"mean": 0.5, "std": 0.0, "n": 1})
     assert not tie(a, None)
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_ctrl_c_is_one_line_and_keeps_the_finished_runs(tmp_path, jobs):
+    out = tmp_path / "int"
+    proc = subprocess.Popen([*EXE, "experiment", "--out", str(out), "--epochs", "1,200",
+                             "--jobs", jobs, *TINY, "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(read_results(out / "results.jsonl")) < 1:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err, err
+    assert len(read_results(out / "results.jsonl")) == 1
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--name", "a/b"], "plain file name"),
+    (["--out", "/proc/version/x"], "--out"),
+    (["--eval-tau", "1,1"], "repeat"),
+    (["--eval-adaptive", "0.1,0.1"], "repeat"),
+    (["--family", "lm", "--data", "text", "--seq-len", "8", "--family", "vit"],
+     "share one metric"),
+])
+def test_more_bad_inputs_are_one_line_usage_errors(tmp_path, args, needle):
+    res = _run(["--out", str(tmp_path / "o"), *TINY, *args])
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], res.stderr
+
+
+@pytest.mark.parametrize("doc, match", [
+    ({"base": {"out": "x"}}, "out is not a sweep key"),
+    ({"axes": {"out": ["x"]}}, "out is not a sweep key"),
+    ({"sweep": {"metric": "test_bpc"}}, "does not fit"),
+    ({"sweep": {"name": "../x"}}, "plain file name"),
+])
+def test_sweep_keys_that_cannot_be_honoured_are_refused(doc, match):
+    with pytest.raises(SweepError, match=match):
+        Sweep.from_dict(doc)
+
+
+def test_a_file_error_names_the_file_key_not_a_flag(tmp_path):
+    spec = tmp_path / "bad.toml"
+    spec.write_text('[base]\nwidth = "sixteen"\n')
+    res = _run([str(spec), "--out", str(tmp_path / "o")])
+    assert res.returncode == 2
+    line = res.stderr.strip()
+    assert "width must be int" in line and "argument --width" not in line and "axes" not in line
+
+
+def test_lines_that_are_not_results_are_named_and_left_out(tmp_path):
+    out = tmp_path / "lines"
+    args = ["--out", str(out), "--epochs", "1", *TINY]
+    assert _run([*args, "--no-progress"]).returncode == 0
+    with (out / "results.jsonl").open("a") as f:
+        f.write('42\n{"foo": 1}\nnot json\n')
+    res = _run([*args, "--table-only"])
+    assert res.returncode == 0, res.stderr
+    assert "3 line(s)" in res.stderr and "line 2, 3, 4" in res.stderr
+
+
+def test_tau_choices_are_a_set():
+    a = TrainConfig(tau_choices=(0.25, 1.0, 0.5))
+    assert a == TrainConfig(tau_choices=[1, 0.5, 0.25]) and a.tau_choices == (1.0, 0.5, 0.25)

@@ -6,13 +6,16 @@ Every usage error, found by argparse or raised by a subcommand as ``commands.Usa
 one line on stderr, ``splitformer SUBCOMMAND: error: argument --flag: ...``, and exit status 2;
 so is a missing command (``splitformer: error: a command is required ...``). A subcommand may
 document exit status 1 for a run that fails after its inputs were accepted (``EPILOG``, shown
-under its ``--help``), also one line on stderr.
+under its ``--help``), also one line on stderr. Ctrl-C is one line too (``<prog>: interrupted``
+and what was kept, a subcommand's ``_interrupted`` default), exit status 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 
 from . import __version__
 from .commands import UsageError
@@ -63,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         args._parser.error(str(e))  # exits with status 2
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT
+        note = getattr(args, "_interrupted", "")
+        sys.stderr.write(f"{args._parser.prog}: interrupted{note}\n")
+        return 130
+    except BrokenPipeError:  # the reader went away (| head): nothing more to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -61,18 +61,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for flag, (key, kind, text) in _FLAGS.items():
         if key == "out":
             continue
-        p.add_argument(flag, dest=key, action="append", default=None,
-                       help=f"{text} (several values: an axis)")
+        more = ("; one list per flag: repeat the flag for an axis" if key in _LIST_KEYS
+                else " (several values, comma-separated or the flag repeated: an axis)")
+        p.add_argument(flag, dest=key, action="append", default=None, help=text + more)
         p.set_defaults(**{f"_kind_{key}": kind})
+    p.set_defaults(_interrupted="; finished runs are kept in --out (run the same command "
+                   "again to continue)")
 
 
 def _values(key: str, given: list[str], kind: Any, flag: str) -> list[Any]:
     pieces: list[str] = []
     for text in given:
         parts = text.split(",")
-        if key == "scheme" and not all(t.strip() in (*scheme_names(), "network")
-                                       for t in parts):
-            parts = [text]  # a scheme string
+        if key == "scheme":
+            if all(t.strip() in (*scheme_names(), "network") for t in parts):
+                parts = [t.strip() for t in parts]  # names
+            else:
+                parts = [text]  # a scheme string
         if key in _LIST_KEYS:
             parts = [text]  # the value is itself a comma-separated list
         pieces += parts
@@ -128,15 +133,19 @@ def sweep_of(args: argparse.Namespace):
         try:
             Evaluation.from_dict(evaluate)
         except (TypeError, ValueError) as e:
-            flag = next((f for f, k in (("--eval-tau", "taus"), ("--eval-adaptive", "adaptive"))
-                         if k in str(e).split()[0]), "evaluate")
-            raise UsageError(f"argument {flag}: {e}") from None
+            key = str(e).split()[0]
+            flag = {"taus": ("--eval-tau", args.eval_tau),
+                    "adaptive": ("--eval-adaptive", args.eval_adaptive)}.get(key)
+            if flag is not None and flag[1] is not None:
+                raise UsageError(f"argument {flag[0]}: {e}") from None
+            raise UsageError(f"[evaluate] of the sweep file: {e}") from None
         doc["evaluate"] = evaluate
         if args.name is not None:
             doc.setdefault("sweep", {})["name"] = args.name
         sweep = Sweep.from_dict(doc, name=name)
     except SweepError as e:
-        raise UsageError(_flag_of(str(e))) from None
+        given = {k for _, (k, _, _) in _FLAGS.items() if getattr(args, k, None) is not None}
+        raise UsageError(_flag_of(str(e), given)) from None
     if args.only:
         labels = [r.label for r in sweep.runs()]
         missing = [x for x in args.only if x not in labels]
@@ -146,12 +155,27 @@ def sweep_of(args: argparse.Namespace):
     return sweep
 
 
-def _flag_of(message: str) -> str:
-    """Name the flag of a config key in a sweep error (``axes, ...: lr must be ...``)."""
+def _flag_of(message: str, given: set[str]) -> str:
+    """Name the flag of a config key in a sweep error (``...: lr must be ...``) when that key
+    came from a flag (``given``); an error of the file's keys keeps the file's words."""
     for flag, (key, _, _) in _FLAGS.items():
-        if f": {key} " in message or message.startswith(f"{key} "):
+        if key in given and (f": {key} " in message or message.startswith(f"{key} ")):
             return f"argument {flag}: {message}"
     return message
+
+
+def _check_out(out: Path) -> None:
+    """The results folder exists or can be made, and can be written (before any training)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"argument --out: {str(out)!r} is a file, expected a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"argument --out: cannot write into {str(out)!r} "
+                         f"({e.strerror or type(e).__name__})") from None
 
 
 def _read(path: str) -> dict[str, Any]:
@@ -172,13 +196,13 @@ def _read(path: str) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from ..experiments import RunError, finished, markdown, run_sweep, summarise
     from ..experiments.plots import draw_all
+    from ..experiments.sweep import skipped_lines
     from ..training import DATASETS, FAMILIES, DatasetError, load_dataset
     from ..training.families import build_model
 
     sweep = sweep_of(args)
     out = Path(args.sweep_out) if args.sweep_out else Path("results") / sweep.name
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"argument --out: {str(out)!r} is a file, expected a folder")
+    _check_out(out)
     runs = [r for r in sweep.runs() if not args.only or r.label in args.only]
     for r in runs:  # every model checked before anything trains
         for key, names in (("family", FAMILIES), ("data", DATASETS)):
@@ -229,6 +253,10 @@ def run(args: argparse.Namespace) -> int:
             return 1
     # the table and figures hold every finished run of the sweep (--only trains fewer)
     results = finished(sweep, out)
+    bad = skipped_lines(out / "results.jsonl")
+    if bad and not args.json:
+        print(f"note: {len(bad)} line(s) of {str(out / 'results.jsonl')!r} are not results of "
+              f"a run (line {', '.join(str(n) for n in bad[:5])}); left out", file=sys.stderr)
     if not results:
         raise UsageError(f"argument --out: {str(out)!r} holds no finished run of this sweep "
                          "(results.jsonl)")

@@ -91,6 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="continue the run in DIR from its last complete checkpoint")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(_interrupted="; the run's last checkpoint is kept (continue it with "
+                   "--resume DIR)")
 
 
 def config_of(args: argparse.Namespace) -> TrainConfig:

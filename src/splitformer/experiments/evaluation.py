@@ -54,6 +54,10 @@ class Evaluation:
             if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
                 raise TypeError(f"{name} must be a list, got {value!r}")
             object.__setattr__(self, name, tuple(value))
+        for name in ("taus", "adaptive", "order_ks", "adaptive_levels"):
+            v = getattr(self, name)
+            if len(set(v)) != len(v):
+                raise ValueError(f"{name} must not repeat a value, got {list(v)}")
         if not all(_number(t) and t > 0 for t in self.taus):
             raise ValueError(f"taus must be numbers > 0, got {list(self.taus)}")
         if not all(_number(t) and t > 0 for t in self.adaptive):

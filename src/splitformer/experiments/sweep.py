@@ -5,7 +5,8 @@ of keys that override the base, with a ``label``), ``axes`` (key -> list of valu
 is the Cartesian product variants x axes) and an ``Evaluation`` (what to measure on each
 trained network besides the test metric). It comes from a TOML file
 
-    [sweep]                       # name, metric ("test_accuracy" or "test_bpc"), seeds
+    [sweep]                       # name; metric: test_accuracy (classifiers, the default) or
+                                  # test_bpc / test_loss (lm; default test_bpc)
     name = "schemes-digits"
     [base]                        # TrainConfig keys (docs/training.md)
     data = "digits"
@@ -158,19 +159,27 @@ class Sweep:
     metric: str | None = None  # None: test_accuracy for classifiers, test_bpc for the LM
 
     def __post_init__(self) -> None:
-        keys = set(TrainConfig.keys())
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise SweepError(f"sweep.name must be a non-empty string, got {self.name!r}")
+        keys = set(TrainConfig.keys()) - {"out"}  # the sweep places each run's folder
+        if (not isinstance(self.name, str) or not self.name.strip()
+                or not re.fullmatch(r"[A-Za-z0-9._+=-]+", self.name) or self.name in (".", "..")):
+            raise SweepError(f"sweep.name must be a plain file name (letters, digits, . _ + = -), "
+                             f"got {self.name!r}")
         for where, d in [("base", self.base)] + [(f"variants[{i}]", v)
                                                 for i, v in enumerate(self.variants)]:
             if not isinstance(d, dict):
                 raise SweepError(f"{where} must be a table of TrainConfig keys, got "
                                  f"{type(d).__name__}")
+            if "out" in d:
+                raise SweepError(f"{where}: out is not a sweep key (each run's folder is "
+                                 "runs/<id> under the sweep's --out)")
             unknown = sorted(set(d) - keys - ({"label"} if where != "base" else set()))
             if unknown:
                 raise SweepError(f"{where}: unknown keys {unknown}; TrainConfig keys: "
                                  f"{sorted(keys)}")
         for key, values in self.axes.items():
+            if key == "out":
+                raise SweepError("axes: out is not a sweep key (each run's folder is "
+                                 "runs/<id> under the sweep's --out)")
             if key not in keys:
                 raise SweepError(f"axes: unknown key {key!r}; TrainConfig keys: {sorted(keys)}")
             if not isinstance(values, list) or not values:
@@ -192,7 +201,16 @@ class Sweep:
         if not isinstance(self.evaluation, Evaluation):
             raise SweepError(f"evaluate must be an Evaluation, got "
                              f"{type(self.evaluation).__name__}")
-        self.runs()  # every combination is a valid TrainConfig
+        metrics = {self.metric_of(r) for r in self.runs()}  # every combination is valid
+        if len(metrics) > 1:
+            raise SweepError(f"the runs of one sweep share one metric, these need "
+                             f"{sorted(metrics)}: put classifiers and language models in "
+                             "separate sweeps")
+        lm = [r for r in self.runs() if r.config.family == "lm"]
+        if self.metric == "test_accuracy" and lm or (
+                self.metric in ("test_bpc", "test_loss") and len(lm) != len(self.runs())):
+            raise SweepError(f"sweep.metric {self.metric!r} does not fit the families: "
+                             "test_accuracy for classifiers, test_bpc or test_loss for lm")
 
     # -- building ---------------------------------------------------------------------------
     @classmethod
@@ -251,8 +269,10 @@ class Sweep:
                     cfg = TrainConfig.from_dict(settings)
                 except ConfigError as e:
                     where = f"variant {variant['label']!r}" if variant["label"] else "base"
-                    raise SweepError(f"{where}, axes {dict(zip(names, values, strict=True))}: "
-                                     f"{e}") from None
+                    axes = {k: v for k, v in zip(names, values, strict=True)
+                            if len(self.axes[k]) > 1}
+                    at = f" at {axes}" if axes else ""
+                    raise SweepError(f"{where}{at}: {e}") from None
                 shown = [variant["label"]] if variant["label"] else []
                 shown += [f"{k}={_show(v)}" for k, v in zip(names, values, strict=True)
                           if k != "seed" and len(self.axes[k]) > 1]
@@ -300,6 +320,26 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
         if isinstance(row, dict) and {"id", "config", "value"} <= set(row):
             rows.append(row)
     return rows
+
+
+def skipped_lines(path: str | Path) -> list[int]:
+    """The numbers (from 1) of the non-empty lines of results.jsonl that ``read_results``
+    leaves out (not JSON, or not a run's result)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    bad = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            bad.append(n)
+            continue
+        if not (isinstance(row, dict) and {"id", "config", "value"} <= set(row)):
+            bad.append(n)
+    return bad
 
 
 def run_dir_of(out: str | Path, row: dict[str, Any]) -> Path:
@@ -384,6 +424,20 @@ def execute(run: Run, out: Path, metric: str, run_dir: Path | None = None) -> di
             "command": run.command, "run_dir": where}
 
 
+def _die_with_parent() -> None:
+    """Worker initializer: on Linux, the worker gets SIGKILL when the sweep's process dies
+    (kill -9 of the sweep must not leave workers training in the background)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the sweep's to handle
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: nothing to arrange
+        pass
+
+
 def _worker(args: tuple[Run, str, str, str | None, int | None]) -> dict[str, Any]:
     run, out, metric, run_dir, threads = args
     import torch
@@ -444,7 +498,9 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int = 1,
 
         workers = min(jobs, len(todo))
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
-        with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        pool = cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
+                                      initializer=_die_with_parent)
+        try:
             futures = {}
             for run, folder in todo:
                 tell("start", run, None)
@@ -460,6 +516,12 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int = 1,
                     tell("failed", run, None)
                     continue
                 finish(run, row)
+        except BaseException:  # Ctrl-C or an error here: stop the workers, keep what is done
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
     if failures:
         raise RunError(f"{len(failures)} of {len(todo)} runs failed (the others are in "
                        f"{str(results_path)!r}): " + "; ".join(failures))

@@ -15,7 +15,8 @@ may be given instead of ``steps``. At steps = depth (tau = 1) the evolution is t
 ``tau_choices`` (None: off) trains with a random time step per batch, T fixed: at every optimiser
 step one tau is drawn from the choices and the batch runs on the model refined to it (the same
 parameters). Each choice is the config's tau divided by an integer k >= 1 (``refinements()``
-gives the k's); evaluation stays at the config's tau.
+gives the k's); evaluation stays at the config's tau. The choices are a set: they are kept
+sorted from the largest tau down, so "1,0.5" and "0.5,1" are the same config.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ class TrainConfig:
             _check_type(f.name, getattr(self, f.name), hints[f.name])
         if self.tau_choices is not None:  # a list from TOML or JSON: a tuple of floats
             try:
-                choices = tuple(float(v) for v in self.tau_choices)
+                # a set: kept from the largest tau down, whatever the order given
+                choices = tuple(sorted((float(v) for v in self.tau_choices), reverse=True))
             except OverflowError:
                 raise ConfigError(f"tau_choices must hold finite numbers > 0, got "
                                   f"{list(self.tau_choices)!r}") from None
