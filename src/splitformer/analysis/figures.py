@@ -6,13 +6,19 @@ evolution's label when the model has several, e.g. CvT's stages):
 * ``heatmaps``: u(x, y, t) of input ``example`` at chosen times (default t_0, the grid point
   nearest T/2, and T; a time is taken at the nearest grid point), tokens x down, features y
   across, one panel per time, one colour scale (symmetric, max |u| over the panels);
-* ``kernels``: g_h(x, x') of the step's first attention substep for the input the diagnostics
-  kept (``kernel_input``), rows = steps, columns = heads: at most 12 steps (evenly spaced,
-  first and last included) and the first 8 heads, colour scale [0, max g] over the panels;
+* ``kernels``: g_h(x, x') of an attention substep for the input the diagnostics kept
+  (``kernel_input``), rows = steps, columns = heads: at most 12 steps (evenly spaced, first and
+  last included) and the first 8 heads, colour scale [0, max g] over the panels; one figure
+  per attention substep of the step (``kernels`` for the first, the self-attention; e.g.
+  ``kernels_cross-attention`` for the cross-attention of a decoder);
 * ``curves``: the per-step diagnostics against t: norm, cosine similarity and effective rank at
   the grid points t_n (u(0) included), and at the step midpoints t_n + tau/2 the velocity, the
-  Lipschitz estimate (log scale), the attention entropy (mean over heads, with log N_x' dashed),
-  the substep shares stacked, and the FFN's active fraction;
+  Lipschitz estimate (a log axis when the estimates span more than a factor 10; an unconverged
+  estimate drawn as an open marker), the attention entropy of each attention substep (mean over
+  heads, with dashed the entropy of the kernel uniform over its support: log N_x' for a full
+  kernel, the mean over x of log(x + 1) for a causal one), the substep shares stacked, and the
+  FFN reading: the fraction of active ReLU (or hardtanh) constraints when the activation is a
+  projection, else the fraction of pre-activations < 0;
 * ``pca``: the tokens of input ``example`` at each grid point in the first two principal
   components of all grid points together (centred on their common mean; at most 12 panels,
   evenly spaced), shared axes, colour = token index;
@@ -118,8 +124,18 @@ def _heatmaps(diag, e, folder, name, label, times, example) -> Figure:
                  f"features) at t = {times_text}, on one symmetric colour scale.")
 
 
-def _kernels(diag, e, folder, name, label) -> Figure | None:
-    ks = diag.kernels[e]
+def _kernel_labels(diag, e) -> list[str]:
+    """The attention substeps of evolution e that have a kernel, in order of first use."""
+    labels: list[str] = []
+    for ks in (diag.attention_kernels[e] if diag.attention_kernels else []):
+        for lab in ks:
+            if lab not in labels:
+                labels.append(lab)
+    return labels
+
+
+def _kernels(diag, e, folder, name, label, op: str, first: bool) -> Figure | None:
+    ks = [k.get(op) for k in diag.attention_kernels[e]]
     have = [n for n, k in enumerate(ks) if k is not None]
     if not have:
         return None
@@ -135,7 +151,7 @@ def _kernels(diag, e, folder, name, label) -> Figure | None:
         for h in range(cols):
             ax = axes[r][h]
             im = ax.imshow(g[h].numpy(), cmap="viridis", vmin=0.0, vmax=vmax,
-                           interpolation="nearest")
+                           interpolation="nearest", aspect="auto")
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
@@ -143,13 +159,14 @@ def _kernels(diag, e, folder, name, label) -> Figure | None:
             if h == 0:
                 ax.set_ylabel(f"step {n}", fontsize=8)
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="g(x, x')")
-    op = diag.evolutions[e]["steps"][have[0]]["attention_operator"]
     nsteps = len(ks)
-    return _save(fig, folder, name, f"attention kernel g_h(x, x'){label}",
+    which = ("the step's first attention substep" if first else "an attention substep after "
+             "the step's first")
+    return _save(fig, folder, name, f"attention kernel g_h(x, x') of '{op}'{label}",
                  f"The kernel g_h(x, x') (query x down, key x' across) of the substep '{op}' "
-                 f"for input {diag.kernel_input}, one row per step and one column per head, "
-                 f"showing {len(rows)} of {nsteps} steps and {cols} of {heads} heads (at most "
-                 f"{MAX_STEPS} steps and {MAX_HEADS} heads are drawn).")
+                 f"({which}) for input {diag.kernel_input}, one row per step and one column "
+                 f"per head, showing {len(rows)} of {nsteps} steps and {cols} of {heads} heads "
+                 f"(at most {MAX_STEPS} steps and {MAX_HEADS} heads are drawn).")
 
 
 def _plot(ax, xs, ys, **kw) -> bool:
@@ -187,15 +204,34 @@ def _curves(diag, e, folder, name, label) -> Figure:
     known = [x for x in lips if x is not None]
     if _plot(axes[2], mid, lips) and min(known) > 0 and max(known) > 10 * min(known):
         axes[2].set_yscale("log")
+    loose = [(m, s["lipschitz"]) for m, s in zip(mid, steps, strict=True)
+             if s["lipschitz"] is not None and s.get("lipschitz_converged") is False]
+    if loose:
+        axes[2].plot([p[0] for p in loose], [p[1] for p in loose], "o", ms=7, mfc="white",
+                     color="C3", label="not converged")
+        axes[2].legend(fontsize=7)
     axes[2].set_title("Lipschitz estimate of the step", fontsize=9)
-    ent = [None if s["attention_entropy"] is None or None in s["attention_entropy"]
-           else sum(s["attention_entropy"]) / len(s["attention_entropy"]) for s in steps]
-    if _plot(axes[5], mid, ent, label="mean over heads"):
-        ks = [k for k in diag.kernels[e] if k is not None]
-        if ks:
-            axes[5].axhline(math.log(ks[0].shape[-1]), ls="--", color="gray", lw=1,
-                            label="log N_x' (uniform)")
-        axes[5].legend(fontsize=7)
+    ops: list[str] = []
+    for s in steps:
+        for a in s.get("attention") or []:
+            if a["operator"] not in ops:
+                ops.append(a["operator"])
+    drawn = False
+    for i, op in enumerate(ops):
+        recs = [next((a for a in s.get("attention") or [] if a["operator"] == op), None)
+                for s in steps]
+        ent = [None if r is None or r["entropy"] is None or None in r["entropy"]
+               else sum(r["entropy"]) / len(r["entropy"]) for r in recs]
+        colour = f"C{i % 10}"
+        if _plot(axes[5], mid, ent, label=f"{op} (mean over heads)", color=colour):
+            drawn = True
+            uni = [None if r is None else r["entropy_uniform"] for r in recs]
+            pts = [(m, u) for m, u in zip(mid, uni, strict=True) if u is not None]
+            if pts:
+                axes[5].plot([p[0] for p in pts], [p[1] for p in pts], "--", color=colour,
+                             lw=1, label=f"{op}: uniform over its support")
+    if drawn:
+        axes[5].legend(fontsize=6)
     axes[5].set_title("attention entropy", fontsize=9)
     labels: list[str] = []
     for s in steps:
@@ -214,20 +250,37 @@ def _curves(diag, e, folder, name, label) -> Figure:
                        ncol=min(len(labels), 3), frameon=False)
     axes[6].set_title("substep shares of the step's increments", fontsize=9)
     axes[6].set_ylim(0, 1.05)
-    act = [None] * len(steps)
-    for i, s in enumerate(steps):
-        vals = [sub["relu_active"] for sub in s["substeps"] if sub["relu_active"] is not None]
-        act[i] = sum(vals) / len(vals) if vals else None
-    _plot(axes[7], mid, act)
-    axes[7].set_title("FFN: fraction of active units", fontsize=9)
+    relu = _substep_mean(steps, "relu_active")
+    if any(x is not None for x in relu):
+        _plot(axes[7], mid, relu)
+        axes[7].set_title("FFN: active ReLU constraints", fontsize=9)
+    else:
+        _plot(axes[7], mid, _substep_mean(steps, "negative_preactivation"))
+        axes[7].set_title("FFN: pre-activations < 0", fontsize=9)
     for ax in axes:
         ax.set_xlabel("t", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
+    ffn = ("the fraction of active ReLU constraints of the FFN"
+           if any(x is not None for x in relu) else
+           "the fraction of the FFN's pre-activations below 0 (a sign statistic: its "
+           "activation is not a projection, so no constraint is active)")
     return _save(fig, folder, name, f"diagnostics along the path{label}",
                  "The per-step diagnostics against depth t: norm, cosine similarity and "
-                 "effective rank at the grid points, velocity, Lipschitz estimate, attention "
-                 "entropy, substep shares and the FFN's active fraction at the step midpoints.")
+                 "effective rank at the grid points; at the step midpoints the velocity, the "
+                 "Lipschitz estimate of the step map (a lower estimate of its largest singular "
+                 "value at this path's state), the attention entropy of each attention substep "
+                 "with the entropy of the kernel uniform over its support dashed, the substep "
+                 f"shares, and {ffn}.")
+
+
+def _substep_mean(steps, key: str) -> list[float | None]:
+    """Per step, the mean of ``key`` over the substeps that have it (None if none has)."""
+    out: list[float | None] = []
+    for s in steps:
+        vals = [sub[key] for sub in s["substeps"] if sub.get(key) is not None]
+        out.append(sum(vals) / len(vals) if vals else None)
+    return out
 
 
 def _panel_grid(fig, n: int):
@@ -374,9 +427,11 @@ def draw(diag: Diagnostics, folder: str | os.PathLike, *, times: Sequence[float]
         suffix = f"_{_slug(ev_name)}" if several else ""
         label = f" ({ev_name})" if several else ""
         out.append(_heatmaps(diag, e, folder, f"heatmaps{suffix}", label, times, example))
-        k = _kernels(diag, e, folder, f"kernels{suffix}", label)
-        if k is not None:
-            out.append(k)
+        for i, op in enumerate(_kernel_labels(diag, e)):
+            stem = "kernels" if i == 0 else f"kernels_{_slug(op)}"
+            k = _kernels(diag, e, folder, f"{stem}{suffix}", label, op, i == 0)
+            if k is not None:
+                out.append(k)
         out.append(_curves(diag, e, folder, f"curves{suffix}", label))
         out.append(_pca(diag, e, folder, f"pca{suffix}", label, example))
         if e in patch_plan:

@@ -21,8 +21,10 @@ is the value to 4 significant digits. ``data`` itself is embedded as
 
 Self-contained: figures are inlined, an SVG as markup (ids prefixed per figure so that two
 figures never share one) or, when the SVG is over ``SVG_LIMIT`` bytes or absent, the PNG as a
-base64 data URI. No script runs, and nothing is fetched: no external fonts, styles, scripts or
-images (the icon is ``data:,``, so a browser asks for no favicon either).
+base64 data URI. Figures are numbered over the whole page, and each ``<figure>`` element's id
+carries that number (``fig<k>-<name>``), so that a page with two analyses (two figures named
+``heatmaps``) has no id twice. No script runs, and nothing is fetched: no external fonts,
+styles, scripts or images (the icon is ``data:,``, so a browser asks for no favicon either).
 """
 
 from __future__ import annotations
@@ -302,8 +304,8 @@ def _figure_html(fig: Any, index: int) -> str:
     if body is None:
         return (f"<figure><p><em>figure {html.escape(title)}: no file</em></p>"
                 f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-    name = html.escape(str(getattr(fig, "name", f"figure-{index}")), quote=True)
-    return (f'<figure id="fig-{name}">{body}<figcaption><strong>{html.escape(title)}.'
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", str(getattr(fig, "name", "") or "figure"))
+    return (f'<figure id="fig{index}-{name}">{body}<figcaption><strong>{html.escape(title)}.'
             f"</strong> {html.escape(caption)}</figcaption></figure>")
 
 
@@ -374,9 +376,9 @@ def html_report(title: str, sections: Sequence[Section], data: Mapping[str, Any]
         f"<style>{_CSS}</style></head><body>"
         f"<h1>{html.escape(title)}</h1><nav><ul>{toc}</ul></nav>"
         + "".join(h for _, _, h in parts)
-        + "<footer>Written by splitformer. The tables show the data below to 4 significant "
-        "digits (hover a number for its exact value); the same data is embedded in this page "
-        "as JSON (script#data).</footer>"
+        + "<footer>Written by splitformer. The tables show the data below to four "
+        "significant digits (hover a number for its exact value); the same data is embedded in "
+        "this page as JSON (script#data).</footer>"
         f'<script type="application/json" id="data">{blob}</script>'
         "</body></html>\n"
     )
