@@ -5,6 +5,7 @@ errors, and the report of several commands' JSON outputs."""
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -16,7 +17,13 @@ from typing import Any
 
 import pytest
 
-from splitformer.analysis.report import FigureFile, Section, html_report, write_report
+from splitformer.analysis.report import (
+    FigureFile,
+    Section,
+    html_report,
+    number_text,
+    write_report,
+)
 from splitformer.cli import main
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -43,7 +50,9 @@ def analyze_json(argv: list[str], capsys) -> dict[str, Any]:
 
 class _Page(HTMLParser):
     """The values shown in the page's tables (spans with data-path, by class), the text of
-    table cells outside them, the embedded JSON, and every src / href."""
+    table cells outside them, the embedded JSON, every src / href and id, the figures (id and
+    caption), and the rest of the page's text (prose, summary, headings, captions; not the
+    figures' SVG markup, the style, the embedded JSON or the table headers)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -51,10 +60,13 @@ class _Page(HTMLParser):
         self.loose: list[str] = []
         self.urls: list[str] = []
         self.ids: list[str] = []
+        self.text: list[str] = []
+        self.figures: list[str] = []  # the id of each <figure>
         self.blob = ""
         self._td = 0
         self._span: list[list] = []  # open spans: [path or None, class, text, title]
         self._script = False
+        self._skip = 0  # inside svg, style, script or th
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -63,6 +75,10 @@ class _Page(HTMLParser):
                 self.urls.append(a[key])
         if a.get("id"):
             self.ids.append(a["id"])
+        if tag == "figure":
+            self.figures.append(a.get("id") or "")
+        if tag in ("svg", "style", "script", "th"):
+            self._skip += 1
         if tag == "td":
             self._td += 1
         elif tag == "span" and self._td:
@@ -71,6 +87,8 @@ class _Page(HTMLParser):
             self._script = True
 
     def handle_endtag(self, tag):
+        if tag in ("svg", "style", "script", "th"):
+            self._skip -= 1
         if tag == "td":
             self._td -= 1
         elif tag == "span" and self._span:
@@ -87,6 +105,15 @@ class _Page(HTMLParser):
             self._span[-1][2] += data
         elif self._td:
             self.loose.append(data)
+        elif not self._skip:
+            self.text.append(data)
+
+
+def page_data(page: str) -> Any:
+    """The data embedded in a page (script#data)."""
+    p = _Page()
+    p.feed(page)
+    return json.loads(p.blob)
 
 
 def _leaves(value: Any, path: str = "") -> dict[str, Any]:
@@ -136,6 +163,30 @@ def check_tables(page: str, data: dict[str, Any]) -> _Page:
     assert not re.search(r"\d", loose), f"a number outside the data's spans: {loose[:200]!r}"
     strict = json.loads(json.dumps(data, allow_nan=True), parse_constant=lambda c: None)
     assert json.loads(p.blob) == strict
+    return p
+
+
+NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def check_numbers(page: str, data: dict[str, Any]) -> _Page:
+    """The rule "every number in the HTML report is in the --json output, and the two agree":
+    ``check_tables`` for the tables (each number at its path, exactly); and every number in the
+    rest of the page's text (the summary, prose, headings, figure captions) is a number of
+    ``data`` as the report shows it (an int as is, a float to 4 significant digits) or a number
+    written in one of data's strings (a path, a description, a caption)."""
+    p = check_tables(page, data)
+    known: set[str] = set()
+    for v in _leaves(data).values():
+        if isinstance(v, bool) or v is None:
+            continue
+        if isinstance(v, (int, float)):
+            known.add(number_text(v))
+        elif isinstance(v, str):
+            known.update(NUMBER.findall(v))
+    text = " ".join(p.text)
+    stray = [n for n in NUMBER.findall(text) if n not in known]
+    assert not stray, f"numbers in the page that are not in the data: {stray[:8]}"
     return p
 
 
@@ -243,8 +294,20 @@ def test_analyze_builtin_json_equals_the_file_and_the_report_tables(vit_report):
     steps = data["evolutions"][0]["steps"]
     assert len(steps) == data["model"]["evolutions"][0]["num_steps"] == 4
     assert all(s["norm"] > 0 and s["substeps"] for s in steps)
+    assert data["source"] == {"kind": "builtin", "name": "vit-digits",
+                              "description": data["source"]["description"]}
+    assert data["input"]["kind"] == "sample" and data["input"]["samples"] == 2
+    assert data["input"]["shape"] == [1, 8, 8] and data["input"]["data"] == "digits"
+    assert [f["name"] for f in data["figures"]] == ["heatmaps", "kernels", "curves", "pca",
+                                                    "patches"]
+    assert all((out / f["png"]).is_file() and (out / f["svg"]).is_file()
+               for f in data["figures"])
     page = (out / "index.html").read_text()
-    assert_self_contained(check_tables(page, data))
+    p = check_numbers(page, data)
+    assert_self_contained(p)
+    assert len(p.figures) == len(data["figures"])
+    for f in data["figures"]:
+        assert html.escape(f["caption"]) in page
     assert "<svg" in page or "data:image/png;base64," in page
     assert "<?xml" not in page and "<metadata" not in page  # inlined markup only
 
@@ -320,7 +383,15 @@ def test_analyze_prints_the_summary_and_writes_under_analysis_by_default(
     assert f"report: {report.resolve()}" in out and "16 tokens" in out
     data = json.loads((report.parent / "diagnostics.json").read_text())
     assert data["model"]["evolutions"][0]["tokens"] == 16  # one token per character
-    check_tables(report.read_text(), data)
+    assert data["input"] == {"kind": "text", "description": "--text, 16 characters, 16 tokens",
+                             "characters": 16, "tokens": 16, "max_tokens": 64,
+                             "truncated": False}
+    from splitformer.commands.analyze import summary
+
+    assert out == summary(data) + f"\nreport: {report.resolve()}\n"  # from the data alone
+    page = report.read_text()
+    check_numbers(page, data)
+    assert html.escape(summary(data)) in page
 
 
 def test_help_lists_the_built_in_models(capsys):
@@ -531,7 +602,7 @@ def test_report_gathers_verify_convergence_experiment_and_analyze(
     data = json.loads(p.blob)
     assert data["verify"] == json.loads((tmp_path / "verify.json").read_text())
     assert data["analyze"] == analysis and data["experiment"] == {"rows": table}
-    check_tables(page, data)
+    check_numbers(page, data)
     assert_self_contained(p)
     assert "<title>All of it</title>" in page
     assert page.count("<figure") >= 2  # the sweep's figure and the analysis' own
@@ -542,7 +613,15 @@ def test_report_gathers_verify_convergence_experiment_and_analyze(
 def test_report_of_a_folder_and_bad_files(vit_report, tmp_path, capsys):
     folder, analysis, _ = vit_report
     rc, out, err = cli(["report", str(folder), "--out", str(tmp_path / "r")], capsys)
-    assert rc == 0, err and "report:" in out
+    assert rc == 0, err
+    assert out.startswith("report: ") and str((tmp_path / "r" / "index.html").resolve()) in out
+    page = (tmp_path / "r" / "index.html").read_text()
+    p = check_numbers(page, page_data(page))
+    assert_self_contained(p)
+    # the folder's figures, inlined with their captions
+    assert len(p.figures) == len(analysis["figures"]) and page.count("<svg") == len(p.figures)
+    for f in analysis["figures"]:
+        assert html.escape(f["caption"]) in page
     (tmp_path / "odd.json").write_text(json.dumps({"alpha": 1, "beta": 2}))
     (tmp_path / "bad.json").write_text("{not json")
     for argv, text in ((["odd.json"], "keys ['alpha', 'beta']"),
@@ -553,6 +632,173 @@ def test_report_of_a_folder_and_bad_files(vit_report, tmp_path, capsys):
         rc, out, err = cli(["report", path, "--out", str(tmp_path / "x")], capsys)
         assert rc == 2 and len(err.strip().splitlines()) == 1, err
         assert "argument FILE" in err and text in err, err
+
+
+def test_report_of_two_analyses_has_unique_ids_and_no_stale_figure(vit_report, tmp_path,
+                                                                   capsys):
+    """Two analysis folders on one page: every id occurs once (figures are numbered over the
+    page). A figure file the analysis did not list (left by an earlier run) is not inlined,
+    and analyze itself removes the figures its earlier run listed and this one did not draw."""
+    folder, analysis, _ = vit_report
+    other = tmp_path / "other"
+    data = analyze_json(["gpt2-tiny", "--text", "Hello there", "--out", str(other),
+                         "--lipschitz-iterations", "3"], capsys)
+    _svg(other / "stale.svg", "#f0f")  # not listed in diagnostics.json
+    _png(other / "stale.png")
+    rc, out, err = cli(["report", str(folder), str(other), "--out", str(tmp_path / "r")],
+                       capsys)
+    assert rc == 0, err
+    page = (tmp_path / "r" / "index.html").read_text()
+    p = check_numbers(page, page_data(page))
+    assert_self_contained(p)  # every id once
+    assert len(p.figures) == len(analysis["figures"]) + len(data["figures"])
+    assert "#f0f" not in page and "stale" not in page
+    # analyze again into the same folder with another model: gpt2's kernels figures go
+    (other / "kernels.png").touch()
+    assert (other / "kernels.svg").is_file()
+    listed = json.loads((other / "diagnostics.json").read_text())
+    listed["figures"].append({"name": "old", "title": "old", "caption": "", "png": "old.png",
+                              "svg": "old.svg"})
+    (other / "diagnostics.json").write_text(json.dumps(listed))
+    _svg(other / "old.svg")
+    again = analyze_json(["encoder", "--out", str(other), "--lipschitz-iterations", "2"], capsys)
+    names = {f["name"] for f in again["figures"]}
+    assert not (other / "old.svg").exists()  # listed before, not drawn now: removed
+    assert (other / "stale.svg").exists()  # never listed: left alone
+    assert all((other / f"{n}.svg").exists() for n in names)
+
+
+def test_analyze_warns_once_when_the_text_is_truncated(tmp_path, capsys):
+    text = "abcdefghij" * 20  # 200 characters, bert-tiny takes 128
+    rc, out, err = cli(["analyze", "bert-tiny", "--text", text, "--out", str(tmp_path / "a"),
+                        "--json", "--lipschitz-iterations", "2"], capsys)
+    assert rc == 0, err
+    assert err.count("\n") == 1 and err.startswith("splitformer analyze: warning: argument "
+                                                   "--text: the text has 200 tokens")
+    data = json.loads(out)
+    assert data["input"]["truncated"] is True and data["input"]["tokens"] == 128
+    assert data["input"]["tokens_before_truncation"] == 200
+    assert data["model"]["evolutions"][0]["tokens"] == 128
+
+
+def test_a_failure_inside_the_model_is_exit_1_naming_the_exception(tmp_path, monkeypatch,
+                                                                   capsys):
+    """Only the model's own input checks make an input refused (exit 2); a TypeError raised
+    later inside the run is an analysis failure: exit 1, one line naming it."""
+    from splitformer.commands import analyze as command
+
+    real = command.load_subject
+
+    def broken(spec):
+        sub = real(spec)
+        evo_model = sub.model
+
+        def read_out(u, context):
+            raise TypeError("unsupported operand type(s) inside the read-out")
+
+        object.__setattr__(evo_model, "read_out", read_out)
+        return sub
+
+    monkeypatch.setattr(command, "load_subject", broken)
+    rc, out, err = cli(["analyze", "encoder", "--out", str(tmp_path / "a"), "--no-progress"],
+                       capsys)
+    assert rc == 1 and out == ""
+    assert err.strip().splitlines() == ["splitformer analyze: error: TypeError: unsupported "
+                                        "operand type(s) inside the read-out"]
+
+
+def test_a_usage_error_on_a_terminal_starts_on_a_clean_line(monkeypatch, capsys):
+    """The progress line is cleared before the usage error is printed."""
+    import sys
+
+    class Terminal:
+        def __init__(self) -> None:
+            self.parts: list[str] = []
+
+        def isatty(self) -> bool:
+            return True
+
+        def write(self, text: str) -> int:
+            self.parts.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    rc, _, _ = cli(["analyze", "vit-digits", "--text", "hello"], capsys)
+    written = "".join(term.parts)
+    assert rc == 2
+    before, error = written.split("splitformer analyze: error: ", 1)
+    assert "[1/4] loading vit-digits" in before and before.endswith("\r\033[K")
+    assert "argument --text" in error
+
+
+def _hf_processor_pixels(processor, img) -> Any:
+    return processor(images=img, return_tensors="pt")["pixel_values"]
+
+
+@pytest.mark.parametrize("kind", ["vit", "convnext"])
+def test_image_preparation_follows_the_preprocessor_config(kind):
+    """do_resize, size / shortest_edge with crop_pct, resample (bilinear for the ViT processor,
+    bicubic for CvT's ConvNext one), do_rescale with rescale_factor and do_normalize: the same
+    pixels as the Hugging Face processor, to float32 round-off; do_resize false keeps the size,
+    do_rescale false keeps pixel values in 0 .. 255."""
+    transformers = pytest.importorskip("transformers")
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from splitformer.commands.analyze import ImageSpec, _fit_file_image
+
+    rng = np.random.default_rng(0)
+    img = Image.fromarray(rng.integers(0, 256, (37, 53, 3), dtype=np.uint8), "RGB")
+    if kind == "vit":
+        proc = transformers.ViTImageProcessor(size={"height": 16, "width": 20}, resample=3,
+                                              rescale_factor=1 / 200,
+                                              image_mean=[0.4, 0.5, 0.6],
+                                              image_std=[0.2, 0.3, 0.4])
+        spec = ImageSpec(3, 16, 20, (0.4, 0.5, 0.6), (0.2, 0.3, 0.4), resample=3,
+                         rescale_factor=1 / 200)
+    else:
+        proc = transformers.ConvNextImageProcessor(size={"shortest_edge": 32}, crop_pct=0.875,
+                                                   resample=3)
+        spec = ImageSpec(3, 32, 32, (0.5,) * 3, (0.5,) * 3, shortest_edge=32, crop_pct=0.875,
+                         resample=3)  # the processor's default mean and std
+    ours = _fit_file_image(img, spec)
+    ref = _hf_processor_pixels(proc, img)
+    assert ours.shape == ref.shape
+    assert torch.allclose(ours, ref.to(ours.dtype), atol=1e-5)
+    # a different filter gives different pixels: resample is honoured
+    other = _fit_file_image(img, ImageSpec(**{**spec.__dict__, "resample": 0}))
+    assert not torch.allclose(other, ours, atol=1e-3)
+    raw = _fit_file_image(img, ImageSpec(3, 37, 53, do_resize=False, do_rescale=False))
+    assert raw.shape == (1, 3, 37, 53) and float(raw.max()) > 200
+    assert torch.equal(raw[0].permute(1, 2, 0), torch.from_numpy(np.array(img)).float())
+
+
+def test_a_hugging_face_vit_folder_honours_its_resample_setting(hf_folders, tmp_path, capsys):
+    from PIL import Image
+
+    img = tmp_path / "photo.png"
+    Image.radial_gradient("L").convert("RGB").resize((40, 24)).save(img)
+    vit = tmp_path / "vit"
+    shutil.copytree(hf_folders["vit"], vit)
+    pre = json.loads((vit / "preprocessor_config.json").read_text())
+    norms = {}
+    for resample in (0, 3):
+        (vit / "preprocessor_config.json").write_text(json.dumps({**pre, "resample": resample}))
+        data = analyze_json([str(vit), "--image", str(img), "--out", str(tmp_path / f"a{resample}"),
+                             "--lipschitz-iterations", "1"], capsys)
+        assert data["input"]["resample"] == {0: "nearest", 3: "bicubic"}[resample]
+        assert (data["input"]["width"], data["input"]["height"]) == (40, 24)
+        assert data["input"]["shape"] == [3, 16, 16]
+        norms[resample] = data["evolutions"][0]["initial"]["norm"]
+    assert norms[0] != norms[3]
+    (vit / "preprocessor_config.json").write_text(json.dumps({**pre, "resample": 9}))
+    rc, _, err = cli(["analyze", str(vit), "--image", str(img)], capsys)
+    assert rc == 2 and "resample 9" in err and len(err.strip().splitlines()) == 1
 
 
 # -- the real MiniLM ----------------------------------------------------------------------------
@@ -573,4 +819,10 @@ def test_analyze_minilm_in_under_a_minute(tmp_path, capsys):
     assert data["model"]["class"] == "BertEncoderModel"
     assert info["num_steps"] == 6 and info["width"] == 384
     assert len(data["evolutions"][0]["steps"][0]["attention_entropy"]) == 12
-    check_tables((tmp_path / "minilm" / "index.html").read_text(), data)
+    steps = data["evolutions"][0]["steps"]
+    assert all(s["lipschitz_converged"] and s["lipschitz_iterations"] < 100 for s in steps)
+    assert all(s["lipschitz"] > 1 for s in steps)
+    ffn = [sub for s in steps for sub in s["substeps"] if sub["label"] == "ffn"]
+    assert all(sub["relu_active"] is None and 0 < sub["negative_preactivation"] < 1
+               for sub in ffn)  # GELU: a sign statistic, no active set
+    check_numbers((tmp_path / "minilm" / "index.html").read_text(), data)

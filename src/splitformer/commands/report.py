@@ -3,10 +3,13 @@
 Each FILE is the ``--json`` output of ``splitformer verify``, ``convergence``, ``experiment`` or
 ``analyze`` (told apart by their keys), an experiment's ``table.json``, an analysis'
 ``diagnostics.json``, or a folder holding one of the last two (an experiment's results folder,
-an analysis folder); the figures of a folder (or those an experiment's or analysis' JSON names)
-are inlined too. Writes DIR/index.html (``analysis.report``: self-contained, every table number
-from the data, which is embedded as JSON) and prints its path (``--json``: one JSON object with
-``report`` and the ``inputs``).
+an analysis folder). Figures are inlined too: an analysis' those its JSON lists under
+``"figures"`` (with their titles and captions; a file of the folder it does not list, such as
+a figure left by an earlier analysis, is not shown), found in the folder of the JSON (or of its
+``"report"``); an experiment's those its JSON names; for a results folder without such a list,
+every figure of the folder. Writes DIR/index.html (``analysis.report``: self-contained, every
+table number from the data, which is embedded as JSON) and prints its path (``--json``: one
+JSON object with ``report`` and the ``inputs``).
 """
 
 from __future__ import annotations
@@ -87,16 +90,44 @@ def _figures_in(folder: Path, stems: list[str] | None = None) -> list[Any]:
     return figs
 
 
+def _listed_figures(doc: dict[str, Any], folders: list[Path]) -> list[Any] | None:
+    """The figures an analysis' JSON lists (``"figures"``: records with name, title, caption,
+    png, svg), from the first of ``folders`` that holds them; None if it lists none."""
+    from ..analysis.report import FigureFile
+
+    listed = doc.get("figures")
+    if not isinstance(listed, list):
+        return None
+    figs = []
+    for rec in listed:
+        if isinstance(rec, str):
+            rec = {"name": rec, "png": f"{rec}.png", "svg": f"{rec}.svg"}
+        if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
+            continue
+        files = {}
+        for key in ("png", "svg"):
+            f = rec.get(key)
+            if isinstance(f, str) and Path(f).name == f:
+                files[key] = next((d / f for d in folders if (d / f).is_file()), None)
+        if files.get("png") is None and files.get("svg") is None:
+            continue
+        figs.append(FigureFile(rec["name"], str(rec.get("title") or rec["name"]),
+                               str(rec.get("caption") or ""), files.get("png"),
+                               files.get("svg")))
+    return figs
+
+
 def read_input(name: str) -> tuple[str, Any, Path, list[Any]]:
     """(kind, data, the file read, figures) of one FILE argument."""
     path = Path(name)
     if not path.exists():
         raise UsageError(f"argument FILE: {name!r} does not exist")
     figures: list[Any] = []
+    folder = None
     if path.is_dir():
         for inner in ("table.json", "diagnostics.json"):
             if (path / inner).is_file():
-                path, figures = path / inner, _figures_in(path)
+                folder, path = path, path / inner
                 break
         else:
             raise UsageError(f"argument FILE: folder {name!r} holds no table.json (an "
@@ -110,16 +141,25 @@ def read_input(name: str) -> tuple[str, Any, Path, list[Any]]:
                          f"verify, convergence, experiment or analyze (it has {what})")
     if kind == "experiment" and isinstance(doc, list):
         doc = {"rows": doc}
-    if not figures and isinstance(doc, dict):
-        if kind == "experiment" and isinstance(doc.get("figures"), list):
+    if kind == "analyze":
+        folders = [path.parent]
+        if isinstance(doc.get("report"), str) and Path(doc["report"]).parent.is_dir():
+            folders.append(Path(doc["report"]).parent)
+        listed = _listed_figures(doc, folders)
+        if listed is not None:
+            figures = listed
+        elif folder is not None:  # an analysis from before the list: the folder's figures
+            figures = _figures_in(folder)
+        elif isinstance(doc.get("report"), str) and Path(doc["report"]).parent.is_dir():
+            figures = _figures_in(Path(doc["report"]).parent)
+    elif kind == "experiment":
+        if isinstance(doc.get("figures"), list):
             files = [Path(f) for f in doc["figures"] if isinstance(f, str)]
             folders = {f.parent for f in files if f.exists()}
-            for folder in sorted(folders):
-                figures += _figures_in(folder, [f.stem for f in files if f.parent == folder])
-        elif kind == "analyze" and isinstance(doc.get("report"), str):
-            folder = Path(doc["report"]).parent
-            if folder.is_dir():
-                figures = _figures_in(folder)
+            for fdir in sorted(folders):
+                figures += _figures_in(fdir, [f.stem for f in files if f.parent == fdir])
+        elif folder is not None:
+            figures = _figures_in(folder)
     return kind, doc, path, figures
 
 
