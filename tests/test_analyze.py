@@ -403,7 +403,7 @@ def test_help_lists_the_built_in_models(capsys):
     for name in BUILTINS:
         assert name in text
     for flag in ("--text", "--image", "--sample", "--out", "--json", "--data",
-                 "--lipschitz-iterations", "--no-progress"):
+                 "--lipschitz-iterations", "--lipschitz-tol", "--no-progress"):
         assert flag in text
 
 
@@ -537,6 +537,8 @@ def _bad_cases(root: Path) -> list[tuple[list[str], str]]:
         (["bert-tiny", "--text", "  "], "--text"),
         (["vit-digits", "--data", "digits", "--image", str(png)], "--data"),
         (["vit-digits", "--lipschitz-iterations", "0"], "--lipschitz-iterations"),
+        (["vit-digits", "--lipschitz-tol", "1"], "--lipschitz-tol"),
+        (["vit-digits", "--lipschitz-tol", "x"], "--lipschitz-tol"),
         (["vit-digits", "--out", str(root / "notes.txt")], "--out"),
     ]
 

@@ -143,7 +143,8 @@ def _kernels(diag, e, folder, name, label, op: str, first: bool) -> Figure | Non
     heads = ks[have[0]].shape[0]
     cols = min(heads, MAX_HEADS)
     vmax = max(float(ks[n][:cols].max()) for n in rows) or 1.0
-    fig = _new(1.0 + 1.35 * cols, 0.8 + 1.35 * len(rows))
+    title = f"attention kernel g_h(x, x') of '{op}'{label}"
+    fig = _new(max(1.0 + 1.35 * cols, 0.5 + 0.08 * len(title)), 0.8 + 1.35 * len(rows))
     axes = fig.subplots(len(rows), cols, squeeze=False)
     im = None
     for r, n in enumerate(rows):
@@ -162,7 +163,7 @@ def _kernels(diag, e, folder, name, label, op: str, first: bool) -> Figure | Non
     nsteps = len(ks)
     which = ("the step's first attention substep" if first else "an attention substep after "
              "the step's first")
-    return _save(fig, folder, name, f"attention kernel g_h(x, x') of '{op}'{label}",
+    return _save(fig, folder, name, title,
                  f"The kernel g_h(x, x') (query x down, key x' across) of the substep '{op}' "
                  f"({which}) for input {diag.kernel_input}, one row per step and one column "
                  f"per head, showing {len(rows)} of {nsteps} steps and {cols} of {heads} heads "
