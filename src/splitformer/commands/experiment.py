@@ -179,18 +179,10 @@ def _check_out(out: Path) -> None:
 
 
 def _read(path: str) -> dict[str, Any]:
-    import tomllib
-
     from ..experiments import SweepError
+    from ..training.config import read_toml
 
-    p = Path(path)
-    if not p.is_file():
-        raise SweepError(f"sweep file {str(p)!r} does not exist")
-    try:
-        return tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise SweepError(f"sweep file {str(p)!r} is not valid TOML: "
-                         f"{' '.join(str(e).split())}") from None
+    return read_toml(path, SweepError, "sweep file")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -53,13 +53,12 @@ import os
 import re
 import shlex
 import time
-import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..training.config import ConfigError, TrainConfig
+from ..training.config import ConfigError, TrainConfig, read_toml
 from .evaluation import Evaluation
 
 __all__ = ["Run", "RunError", "Sweep", "SweepError", "finished", "read_results", "run_sweep",
@@ -242,13 +241,7 @@ class Sweep:
     @classmethod
     def from_toml(cls, path: str | Path) -> Sweep:
         p = Path(path)
-        if not p.is_file():
-            raise SweepError(f"sweep file {str(p)!r} does not exist")
-        try:
-            doc = tomllib.loads(p.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise SweepError(f"sweep file {str(p)!r} is not valid TOML: {e}") from None
-        return cls.from_dict(doc, name=p.stem)
+        return cls.from_dict(read_toml(p, SweepError, "sweep file"), name=p.stem)
 
     def to_dict(self) -> dict[str, Any]:
         return {"sweep": {"name": self.name, **({"metric": self.metric} if self.metric else {})},

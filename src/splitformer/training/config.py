@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "TrainConfig", "refinement"]
+__all__ = ["ConfigError", "TrainConfig", "read_toml", "refinement"]
 
 
 class ConfigError(ValueError):
@@ -202,12 +202,7 @@ class TrainConfig:
     def from_toml(cls, path: str | Path) -> TrainConfig:
         """Keys at the top level of the file, or in a ``[train]`` table."""
         p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
-        try:
-            values = tomllib.loads(p.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+        values = read_toml(p)
         if "train" in values:
             if set(values) != {"train"} or not isinstance(values["train"], dict):
                 raise ConfigError(f"config file {str(p)!r}: put every key in [train] or none")
@@ -219,6 +214,19 @@ class TrainConfig:
         ``from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg``."""
         d = dataclasses.asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def read_toml(path: str | Path, error: type[ValueError] = ConfigError,
+              what: str = "config file") -> dict[str, Any]:
+    """The tables of a TOML file; a missing or invalid file raises ``error`` naming it (one
+    line)."""
+    p = Path(path)
+    if not p.is_file():
+        raise error(f"{what} {str(p)!r} does not exist")
+    try:
+        return tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{what} {str(p)!r} is not valid TOML: {' '.join(str(e).split())}") from None
 
 
 def refinement(tau: float, finer: float, key: str) -> int:
