@@ -385,7 +385,7 @@ def test_analyze_prints_the_summary_and_writes_under_analysis_by_default(
     assert data["model"]["evolutions"][0]["tokens"] == 16  # one token per character
     assert data["input"] == {"kind": "text", "description": "--text, 16 characters, 16 tokens",
                              "characters": 16, "tokens": 16, "max_tokens": 64,
-                             "truncated": False}
+                             "truncated": False, "unknown_characters": 0}
     from splitformer.commands.analyze import summary
 
     assert out == summary(data) + f"\nreport: {report.resolve()}\n"  # from the data alone
@@ -513,7 +513,15 @@ def _bad_cases(root: Path) -> list[tuple[list[str], str]]:
     (root / "other" / "weights.bin").write_bytes(b"0")
     png = root / "ok.png"
     Image.new("RGB", (4, 4)).save(png)
-    return [
+    (root / "cfg").mkdir(exist_ok=True)
+    (root / "cfg" / "config.json").write_text('{"hidden_size": 4}')
+    (root / "weights").mkdir(exist_ok=True)
+    (root / "weights" / "model.safetensors").write_bytes(b"0")
+    (root / "ckpt").mkdir(exist_ok=True)
+    (root / "ckpt" / "latest").write_text("ckpt-1\n")
+    unwritable = [(["vit-digits", "--out", "/proc/analysis"], "--out"),
+                  (["vit-digits", "--out", "/sys/analysis"], "--out")]
+    return [*[case for case in unwritable if Path(case[0][-1]).parent.is_dir()],
         (["vit-digits", "--image", str(root / "missing.png")], "--image"),
         (["vit-digits", "--image", str(root / "broken.png")], "--image"),
         (["vit-digits", "--image", str(root / "pic.gif")], "--image"),
@@ -530,7 +538,16 @@ def _bad_cases(root: Path) -> list[tuple[list[str], str]]:
         (["vit-digits", "--sample", "100000"], "--sample"),
         (["vit-digits", "--text", "hello"], "--text"),
         (["gpt2-tiny", "--image", str(png)], "--image"),
-        (["bert-tiny"], "--text"),
+        (["bert-tiny"], "MODEL"),
+        ([str(root / "vit")], "MODEL"),
+        ([str(root / "cfg")], "MODEL"),
+        ([str(root / "weights")], "MODEL"),
+        ([str(root / "ckpt")], "MODEL"),
+        (["bert-tiny", "--text", "abc\udcff\udcfe def"], "--text"),
+        ([str(root / "bert"), "--text", "hello \udcff"], "--text"),
+        (["vit-digits", "--out", str(root / "notes.txt" / "sub")], "--out"),
+        (["vit-digits", "--out", ""], "--out"),
+        (["vit-digits", "--out", " "], "--out"),
         (["bert-tiny", "--sample", "1"], "--sample"),
         (["bert-tiny", "--sample", "1", "--data", "digits"], "--data"),
         (["bert-tiny", "--sample", "1", "--data", "nope"], "--data"),
@@ -558,6 +575,22 @@ def test_bad_inputs_are_one_line_errors_naming_the_flag(hf_folders, capsys):
     assert "model_type 'roberta', expected one of bert, vit, cvt, gpt2" in err
     rc, _, err = cli(["analyze", str(root / "other")], capsys)
     assert "holds no config.json, model.safetensors or checkpoint" in err
+    # what is missing, exactly (not "holds no config.json ... (it holds config.json)")
+    for folder, text in (("cfg", "has a config.json without model_type"),
+                         ("weights", "holds model.safetensors without model.json (a "
+                                     "splitformer.save folder has both)"),
+                         ("ckpt", "holds a checkpoint (latest, ckpt-*) without config.json")):
+        rc, _, err = cli(["analyze", str(root / folder)], capsys)
+        assert text in err and "holds no" not in err, err
+    # no input: the flags are named as options, not blamed
+    rc, _, err = cli(["analyze", "bert-tiny"], capsys)
+    assert ("error: MODEL 'bert-tiny' needs an input: --text T or --sample N with --data NAME"
+            in err) and "argument --text" not in err
+    rc, _, err = cli(["analyze", str(root / "vit")], capsys)
+    assert "needs an input: --image FILE or --sample N with --data NAME" in err
+    assert "argument --image" not in err
+    rc, _, err = cli(["analyze", "bert-tiny", "--text", "abc\udcff def"], capsys)
+    assert "argument --text: not valid UTF-8: character 4 is not text (byte 0xff)" in err
 
 
 def test_hf_text_folder_without_a_tokenizer_is_a_usage_error(hf_folders, tmp_path, capsys):
@@ -567,7 +600,17 @@ def test_hf_text_folder_without_a_tokenizer_is_a_usage_error(hf_folders, tmp_pat
               "special_tokens_map.json"):
         (bare / f).unlink(missing_ok=True)
     rc, _, err = cli(["analyze", str(bare), "--text", "hello"], capsys)
-    assert rc == 2 and "argument --text" in err and "no tokenizer" in err
+    assert rc == 2 and "argument MODEL" in err and "no tokenizer" in err
+    assert "which --text needs" in err and len(err.strip().splitlines()) == 1
+    from splitformer.training import DatasetError, load_dataset
+
+    try:
+        load_dataset("text")
+    except DatasetError:
+        return  # --sample needs the text data (`make data`)
+    rc, _, err = cli(["analyze", str(bare), "--sample", "2", "--data", "text"], capsys)
+    assert rc == 2 and "argument MODEL" in err and "which --sample needs" in err, err
+    assert "argument --text" not in err
 
 
 # -- splitformer report -------------------------------------------------------------------------
@@ -610,6 +653,20 @@ def test_report_gathers_verify_convergence_experiment_and_analyze(
     assert page.count("<figure") >= 2  # the sweep's figure and the analysis' own
     for name in ("one Lie step", "verify.json", "analyze.json", "test accuracy"):
         assert name in page
+    # each section titled by what it is; the convergence result as a tau / error table
+    assert [i["title"] for i in got["inputs"]] == [
+        f"Verification: {tmp_path / 'verify.json'}",
+        f"Convergence of {data['convergence']['scheme']}: {tmp_path / 'conv.json'}",
+        f"Experiment: {results}", f"Analysis of vit-digits: {tmp_path / 'analyze.json'}"]
+    for title in (i["title"] for i in got["inputs"]):
+        assert f">{html.escape(title)}</h2>" in page
+    conv = data["convergence"]
+    rows = re.findall(r"<tr>(.*?)</tr>", page.split("<th>tau</th><th>error</th>", 1)[1])
+    for i, (tau, error) in enumerate(zip(conv["taus"], conv["errors"], strict=True)):
+        assert f'data-path="convergence.taus.{i}" title="{tau!r}"' in rows[i]
+        assert f'data-path="convergence.errors.{i}" title="{error!r}"' in rows[i]
+    assert 'data-path="convergence.pairwise_orders.0"' in rows[1]
+    assert 'data-path="convergence.order"' in page
 
 
 def test_report_of_a_folder_and_bad_files(vit_report, tmp_path, capsys):
@@ -617,6 +674,7 @@ def test_report_of_a_folder_and_bad_files(vit_report, tmp_path, capsys):
     rc, out, err = cli(["report", str(folder), "--out", str(tmp_path / "r")], capsys)
     assert rc == 0, err
     assert out.startswith("report: ") and str((tmp_path / "r" / "index.html").resolve()) in out
+    assert out.endswith("(1 input: analyze)\n")
     page = (tmp_path / "r" / "index.html").read_text()
     p = check_numbers(page, page_data(page))
     assert_self_contained(p)
@@ -626,14 +684,52 @@ def test_report_of_a_folder_and_bad_files(vit_report, tmp_path, capsys):
         assert html.escape(f["caption"]) in page
     (tmp_path / "odd.json").write_text(json.dumps({"alpha": 1, "beta": 2}))
     (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "nan.json").write_text('{"order": NaN, "taus": [1], "errors": [NaN]}')
+    (tmp_path / "short.json").write_text('{"order": 1.0, "taus": [0.5, 0.25], "errors": [1]}')
+    (tmp_path / "steps.json").write_text('{"evolutions": [{"steps": "x"}], "model": {}}')
+    (tmp_path / "model.json").write_text('{"evolutions": [], "model": 3}')
+    (tmp_path / "rows.json").write_text('{"tolerances": {"float64": 1e-10}, "rows": [1]}')
+    (tmp_path / "exp.json").write_text('[{"label": 1, "metric": "m"}]')
     for argv, text in ((["odd.json"], "keys ['alpha', 'beta']"),
                        (["bad.json"], "not valid JSON"),
                        (["missing.json"], "does not exist"),
-                       ([str(tmp_path)], "holds no table.json")):
-        path = argv[0] if argv[0].startswith("/") else str(tmp_path / argv[0])
-        rc, out, err = cli(["report", path, "--out", str(tmp_path / "x")], capsys)
+                       ([str(tmp_path)], "holds no table.json"),
+                       (["nan.json"], "convergence output: key 'order' holds NaN, expected a "
+                                      "finite number"),
+                       (["short.json"], "key 'errors' holds an array, expected an array of 2 "
+                                        "errors"),
+                       (["steps.json"], "analyze output: key 'evolutions.0.steps' holds the "
+                                        "string 'x', expected an array of objects"),
+                       (["model.json"], "key 'model' holds the number 3, expected an object"),
+                       (["rows.json"], "verify output: key 'rows' holds an array"),
+                       (["exp.json"], "key 'rows.0.label' holds the number 1, expected a "
+                                        "string"),
+                       ([str(folder), str(folder / "diagnostics.json")], "are the same file"),
+                       ([str(folder), str(folder)], "is given twice")):
+        paths = [a if a.startswith("/") else str(tmp_path / a) for a in argv]
+        rc, out, err = cli(["report", *paths, "--out", str(tmp_path / "x")], capsys)
         assert rc == 2 and len(err.strip().splitlines()) == 1, err
         assert "argument FILE" in err and text in err, err
+        if "output: key" in text:
+            assert repr(paths[0]) in err  # names the file
+    (tmp_path / "sentence.txt").write_text("x")
+    for argv, flag, text in (
+            (["--out", str(tmp_path / "sentence.txt" / "x")], "--out", "is a file"),
+            (["--out", str(tmp_path / "sentence.txt")], "--out", "is a file"),
+            (["--out", ""], "--out", "empty name"),
+            (["--out", "/proc/x"], "--out", "not writable"),
+            (["--out", str(folder)], "--out", "is the folder of input"),
+            (["--title", ""], "--title", "expected a title"),
+            (["--title", "  "], "--title", "expected a title")):
+        if argv[1] == "/proc/x" and not Path("/proc").is_dir():
+            continue
+        files = [str(folder / "diagnostics.json")] if flag == "--out" and argv[1] == str(
+            folder) else [str(folder)]
+        rc, out, err = cli(["report", *files, *argv], capsys)
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, (argv, err)
+        assert f"argument {flag}" in err and text in err and "Traceback" not in err, err
+    assert (folder / "index.html").read_text() != ""  # the analysis' own page is kept
+    assert not (tmp_path / "x").exists()
 
 
 def test_report_of_two_analyses_has_unique_ids_and_no_stale_figure(vit_report, tmp_path,
@@ -650,7 +746,12 @@ def test_report_of_two_analyses_has_unique_ids_and_no_stale_figure(vit_report, t
     rc, out, err = cli(["report", str(folder), str(other), "--out", str(tmp_path / "r")],
                        capsys)
     assert rc == 0, err
+    assert out.endswith("(2 inputs: analyze, analyze-2)\n")
     page = (tmp_path / "r" / "index.html").read_text()
+    # each analysis titled by its model and folder, not "analyze-2: diagnostics.json"
+    assert f">Analysis of vit-digits: {folder}</h2>" in page
+    assert f">Analysis of gpt2-tiny: {other}</h2>" in page
+    assert "diagnostics.json</h2>" not in page
     p = check_numbers(page, page_data(page))
     assert_self_contained(p)  # every id once
     assert len(p.figures) == len(analysis["figures"]) + len(data["figures"])
@@ -801,6 +902,226 @@ def test_a_hugging_face_vit_folder_honours_its_resample_setting(hf_folders, tmp_
     (vit / "preprocessor_config.json").write_text(json.dumps({**pre, "resample": 9}))
     rc, _, err = cli(["analyze", str(vit), "--image", str(img)], capsys)
     assert rc == 2 and "resample 9" in err and len(err.strip().splitlines()) == 1
+
+
+# -- what the input's preparation changes is said ---------------------------------------------
+def test_out_is_checked_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """--out that cannot be a folder (under a file, empty) is refused before any work."""
+    from splitformer.commands import analyze as command
+
+    def never(spec):
+        raise AssertionError("the model was loaded before --out was checked")
+
+    monkeypatch.setattr(command, "load_subject", never)
+    (tmp_path / "sentence.txt").write_text("x")
+    for out in (str(tmp_path / "sentence.txt" / "sub"), "", str(tmp_path / "sentence.txt")):
+        rc, stdout, err = cli(["analyze", "vit-digits", "--out", out, "--no-progress"], capsys)
+        assert rc == 2 and stdout == "" and len(err.strip().splitlines()) == 1, err
+        assert "argument --out" in err
+
+
+def test_an_image_over_pillows_bomb_limit_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    """Over Image.MAX_IMAGE_PIXELS (Pillow warns) and over twice it (Pillow raises): one line
+    naming --image, exit 2, no warning leaking."""
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    for side in (12, 16):  # 144 > 100: a DecompressionBombWarning; 256 > 200: an error
+        Image.new("L", (side, side), 128).save(tmp_path / f"bomb{side}.png")
+        rc, out, err = cli(["analyze", "vit-digits", "--image", str(tmp_path / f"bomb{side}.png"),
+                            "--out", str(tmp_path / "a"), "--no-progress"], capsys)
+        assert rc == 2 and out == "", err
+        assert err.strip().splitlines() == [err.strip()], err
+        assert "argument --image" in err and "decompression-bomb limit of 100 pixels" in err
+        assert f"{side * side} pixels" in err and "Warning" not in err
+    assert not (tmp_path / "a").exists()
+
+
+def _notes_of(err: str) -> list[str]:
+    return [line[len("splitformer analyze: note: "):] for line in err.splitlines()
+            if line.startswith("splitformer analyze: note: ")]
+
+
+def test_images_are_converted_not_silently_altered(tmp_path, capsys):
+    """A 16-bit grey PNG is scaled to 8 bits (not clipped to white), transparency is
+    composited onto white, a changed aspect ratio and a colour image fed to one channel are
+    said: each a note in the data and one line on stderr, and recorded in "input"."""
+    import numpy as np
+    from PIL import Image
+
+    from splitformer.commands.analyze import _read_image
+
+    ramp = (np.arange(50 * 30, dtype=np.uint16).reshape(50, 30) * 43).astype(np.uint16)
+    Image.fromarray(ramp).save(tmp_path / "grey16.png")
+    assert Image.open(tmp_path / "grey16.png").mode == "I;16"
+    notes: list[str] = []
+    img, info = _read_image(str(tmp_path / "grey16.png"), notes)
+    arr = np.asarray(img)
+    assert info["bits"] == 16 and info["mode"] == "I;16" and img.mode == "RGB"
+    assert np.array_equal(arr[..., 0], np.rint(ramp / 257).astype(np.uint8))
+    assert arr.min() == 0 and 0 < np.median(arr) < 255  # a ramp, not all white
+    assert len(notes) == 1 and "16 bits" in notes[0]
+    rgba = Image.new("RGBA", (4, 2), (10, 20, 30, 255))
+    rgba.putpixel((0, 0), (0, 0, 0, 0))
+    rgba.putpixel((1, 0), (0, 0, 0, 128))
+    rgba.save(tmp_path / "alpha.png")
+    notes = []
+    img, info = _read_image(str(tmp_path / "alpha.png"), notes)
+    assert img.getpixel((0, 0)) == (255, 255, 255) and img.getpixel((2, 1)) == (10, 20, 30)
+    assert img.getpixel((1, 0)) in ((127, 127, 127), (128, 128, 128))
+    assert info["transparency"] == "composited onto white"
+    assert len(notes) == 1 and "composited onto a white background" in notes[0]
+    opaque = Image.new("RGBA", (4, 2), (10, 20, 30, 255))
+    opaque.save(tmp_path / "opaque.png")
+    notes = []
+    _, info = _read_image(str(tmp_path / "opaque.png"), notes)
+    assert notes == [] and info["transparency"] is None
+    # through the command: vit-digits takes 1 x 8 x 8
+    Image.new("RGB", (30, 50), (200, 30, 10)).save(tmp_path / "tall.png")
+    rc, out, err = cli(["analyze", "vit-digits", "--image", str(tmp_path / "tall.png"), "--out",
+                        str(tmp_path / "a"), "--json", "--no-progress",
+                        "--lipschitz-iterations", "1"], capsys)
+    assert rc == 0, err
+    data = json.loads(out)
+    said = _notes_of(err)
+    assert said == [n for n in data["notes"] if n in said] and len(said) == 2
+    assert data["notes"][:2] == said
+    assert "argument --image: resized from 30x50 to 8x8 (aspect ratio changed)" in said
+    assert any("converted to the model's one channel" in n for n in said)
+    assert data["input"]["aspect_ratio_changed"] is True and data["input"]["resized"] is True
+    assert data["input"]["mode"] == "RGB" and data["input"]["bits"] == 8
+    Image.new("L", (16, 16), 90).save(tmp_path / "square.png")
+    data = analyze_json(["vit-digits", "--image", str(tmp_path / "square.png"), "--out",
+                         str(tmp_path / "b"), "--lipschitz-iterations", "1"], capsys)
+    assert data["input"]["aspect_ratio_changed"] is False
+    assert not any("argument --image" in n for n in data["notes"])  # nothing to say
+    rc, out, err = cli(["analyze", "vit-digits", "--image", str(tmp_path / "grey16.png"),
+                        "--out", str(tmp_path / "c"), "--json", "--no-progress",
+                        "--lipschitz-iterations", "1"], capsys)
+    assert rc == 0 and json.loads(out)["input"]["bits"] == 16
+    assert any("16 bits" in n for n in _notes_of(err))
+
+
+def test_a_hugging_face_image_folder_without_a_preprocessor_config_says_its_defaults(
+        hf_folders, tmp_path, capsys):
+    from PIL import Image
+
+    vit = tmp_path / "vit"
+    shutil.copytree(hf_folders["vit"], vit)
+    (vit / "preprocessor_config.json").unlink()
+    Image.new("RGB", (16, 16), (200, 30, 10)).save(tmp_path / "photo.png")
+    rc, out, err = cli(["analyze", str(vit), "--image", str(tmp_path / "photo.png"), "--out",
+                        str(tmp_path / "a"), "--json", "--no-progress",
+                        "--lipschitz-iterations", "1"], capsys)
+    assert rc == 0, err
+    data = json.loads(out)
+    said = _notes_of(err)
+    assert len(said) == 1 and "has no preprocessor_config.json" in said[0]
+    assert "ViTImageProcessor" in said[0] and "image_mean 0.5, 0.5, 0.5" in said[0]
+    assert said[0] in data["notes"]
+    assert data["input"]["preprocessor_config"] is None
+    assert data["input"]["processor_defaults"]["image_std"] == [0.5, 0.5, 0.5]
+    # with the file: nothing assumed, nothing said
+    data = analyze_json([str(hf_folders["vit"]), "--image", str(tmp_path / "photo.png"),
+                         "--out", str(tmp_path / "b"), "--lipschitz-iterations", "1"], capsys)
+    assert data["input"]["preprocessor_config"].endswith("preprocessor_config.json")
+    assert data["input"]["processor_defaults"] == {"resample": "bilinear"}  # not in the file
+
+
+def test_characters_outside_the_vocabulary_are_counted_and_said(tmp_path, capsys):
+    rc, out, err = cli(["analyze", "bert-tiny", "--text", "caf\u00e9 \u4e2d\u00e9", "--out",
+                        str(tmp_path / "a"), "--json", "--no-progress",
+                        "--lipschitz-iterations", "1"], capsys)
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["input"]["unknown_characters"] == 3
+    said = _notes_of(err)
+    assert said == ["argument --text: 3 characters not in the model's vocabulary ('\u00e9', "
+                    "'\u4e2d') are analysed as its unknown mark"]
+    assert said[0] in data["notes"]
+    assert err.count("\n") == 1
+
+
+def test_text_that_names_a_file_is_the_text_with_a_note(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sentence.txt").write_text("the file's content")
+    rc, out, err = cli(["analyze", "gpt2-tiny", "--text", "sentence.txt", "--json",
+                        "--no-progress", "--lipschitz-iterations", "1"], capsys)
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["input"]["characters"] == len("sentence.txt")
+    said = _notes_of(err)
+    assert len(said) == 1 and '--text is the text itself' in said[0]
+    assert 'use --text "$(cat FILE)"' in said[0] and said[0] in data["notes"]
+
+
+def test_non_finite_weights_are_a_usage_error_naming_model(tmp_path, capsys):
+    import torch
+
+    import splitformer
+
+    model = _digits_model()
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] = float("nan")
+    folder = splitformer.save(model, tmp_path / "nan")
+    rc, out, err = cli(["analyze", str(folder), "--out", str(tmp_path / "a"), "--no-progress"],
+                       capsys)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "argument MODEL" in err and "not finite" in err and "linalg" not in err
+    assert not (tmp_path / "a").exists()
+
+
+def test_the_data_is_checked_to_fit_the_model_before_the_sample_count(capsys):
+    from splitformer.training import DatasetError, load_dataset
+
+    try:
+        load_dataset("basic-motions")
+    except DatasetError:
+        pytest.skip("needs the basic-motions data (`make data`)")
+    rc, _, err = cli(["analyze", "encoder", "--data", "basic-motions", "--sample", "100"],
+                     capsys)
+    assert rc == 2 and "argument --data" in err and "series of shape" in err, err
+    assert "test examples" not in err
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_ctrl_c_leaves_the_report_folder_as_it_was(tmp_path, monkeypatch, capsys):
+    """Interrupted while writing: an existing folder keeps its old files (no new figure next to
+    an old index.html), a fresh one (and the folders made above it) is not left behind, and no
+    temporary folder stays; the same for `report`."""
+    from splitformer.analysis import report as report_module
+
+    old = tmp_path / "old"
+    analyze_json(["encoder", "--out", str(old), "--lipschitz-iterations", "1"], capsys)
+    before = _snapshot(old)
+    real = report_module.write_report
+
+    def interrupted(*a, **k):
+        real(*a, **k)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report_module, "write_report", interrupted)
+    rc, out, err = cli(["analyze", "vit-digits", "--out", str(old), "--no-progress",
+                        "--lipschitz-iterations", "1"], capsys)
+    assert rc == 130 and err.strip().splitlines() == [
+        "splitformer analyze: interrupted; --out is left as it was"]
+    assert _snapshot(old) == before  # vit-digits drew other figures: none of them is here
+    fresh = tmp_path / "new" / "deeper" / "analysis"
+    rc, _, _ = cli(["analyze", "encoder", "--out", str(fresh), "--no-progress",
+                    "--lipschitz-iterations", "1"], capsys)
+    assert rc == 130 and not (tmp_path / "new").exists()
+    rc, _, err = cli(["report", str(old), "--out", str(tmp_path / "page")], capsys)
+    assert rc == 130 and not (tmp_path / "page").exists(), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
+    monkeypatch.undo()
+    # uninterrupted, into the existing folder: its files replaced, stale figures removed
+    data = analyze_json(["vit-digits", "--out", str(old), "--lipschitz-iterations", "1"],
+                        capsys)
+    assert json.loads((old / "diagnostics.json").read_text()) == data
+    assert not [p for p in old.iterdir() if p.name.startswith(".")]
 
 
 # -- the real MiniLM ----------------------------------------------------------------------------

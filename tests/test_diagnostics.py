@@ -684,6 +684,45 @@ def test_only_the_models_input_checks_make_an_input_refused():
     assert "initial_condition" not in model.__dict__  # the input check is unwrapped after
 
 
+def test_non_finite_weights_and_inputs_are_named_before_the_run():
+    """A NaN or infinite parameter is ArgumentError("model"), a NaN or infinite input tensor or
+    a u(0) that is not finite ArgumentError("inputs"): before any torch error of the run
+    (linalg.svd on NaN)."""
+    _, model = _post_ln()
+    x = _x()
+    bad = x.clone()
+    bad[0, 1, 2] = float("nan")
+    with pytest.raises(ArgumentError) as e:
+        analyze(model, (bad,))
+    assert e.value.argument == "inputs" and "not finite" in str(e.value) and "NaN" in str(e.value)
+    inf = x.clone()
+    inf[0, 0, 0] = float("inf")
+    with pytest.raises(ArgumentError) as e:
+        analyze(model, (inf,))
+    assert e.value.argument == "inputs" and "infinite" in str(e.value)
+    name, param = next(iter(model.named_parameters()))
+    with torch.no_grad():
+        keep = param.clone()
+        param.view(-1)[0] = float("nan")
+    try:
+        with pytest.raises(ArgumentError) as e:
+            analyze(model, (x,))
+        assert e.value.argument == "model" and name in str(e.value)
+        assert "not finite" in str(e.value)
+    finally:
+        with torch.no_grad():
+            param.copy_(keep)
+
+    class Overflows(_Fails):  # finite inputs, a u(0) that is not
+        def initial_condition(self, u):
+            return u * float("inf"), Context()
+
+    with pytest.raises(ArgumentError) as e:
+        analyze(Overflows(None), (torch.ones(1, 3, 2, dtype=D),))
+    assert e.value.argument == "inputs" and "u(0)" in str(e.value)
+    analyze(model, (x,), lipschitz_iterations=1)  # restored: runs
+
+
 def test_summary_numbers_are_numbers_of_the_data():
     model, inputs, _ = _pair()
     diag = analyze(model, inputs, lipschitz_iterations=2)

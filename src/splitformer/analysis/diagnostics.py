@@ -115,7 +115,9 @@ doubled state (``reversible``), whose fields act on one component of it (a note 
 Every number of ``as_dict()`` is a finite float, an int, a bool, a str or None; a None that
 stands for a missing measurement carries its reason in ``notes`` (a quantity that does not
 apply to a substep, such as the constraint of a field substep, is None by definition). Bad
-arguments raise ``ArgumentError`` naming them.
+arguments raise ``ArgumentError`` naming them, non-finite values (NaN, infinities) included:
+in a parameter of the model ("model"), in an input tensor or in the u(0) made of it
+("inputs").
 """
 
 from __future__ import annotations
@@ -379,7 +381,7 @@ def step_lipschitz(evolution: Evolution, step: int, state: torch.Tensor,
     nsteps = int(evolution.num_steps)
     if not _is_index(step) or not 0 <= step < nsteps:
         raise ArgumentError("step", f"expected a step index in [0, {nsteps - 1}] (the "
-                                    f"evolution has {nsteps} steps), got {step!r}")
+                                    f"evolution has {plural(nsteps, 'step')}), got {step!r}")
     if not isinstance(state, torch.Tensor) or state.dim() != 3 or not state.is_floating_point():
         what = (f"{state.dtype} of shape {tuple(state.shape)}" if isinstance(state, torch.Tensor)
                 else type(state).__name__)
@@ -577,6 +579,16 @@ class Diagnostics:
         return summary_text(self.as_dict())
 
 
+def plural(n: int, word: str) -> str:
+    """``n`` and ``word``, in the plural (word + "s") unless n is 1."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _count(n, word: str) -> str:
+    """``plural`` of a number of the data, shown as ``_fmt`` shows it."""
+    return f"{_fmt(n)} {word}" if n == 1 else f"{_fmt(n)} {word}s"
+
+
 def _fmt(x) -> str:
     """A number as the report shows it: an int as is, a float to 4 significant digits."""
     if x is None:
@@ -596,8 +608,8 @@ def summary_text(data: Mapping[str, Any]) -> str:
         last = steps[-1] if steps else {}
         lines.append(f"{info['name']}: scheme {info['scheme']} [{info['scheme_text']}], "
                      f"N_t = {_fmt(info['num_steps'])}, tau = {_fmt(info['tau'])}, "
-                     f"T = {_fmt(info['T'])}, {_fmt(info['tokens'])} tokens x "
-                     f"{_fmt(info['width'])} features")
+                     f"T = {_fmt(info['T'])}, {_count(info['tokens'], 'token')} x "
+                     f"{_count(info['width'], 'feature')}")
         lips = [s["lipschitz"] for s in steps if s.get("lipschitz") is not None]
         lip_range = f" (per step {_fmt(min(lips))} .. {_fmt(max(lips))})" if lips else ""
         unconverged = [s for s in steps if s.get("lipschitz") is not None
@@ -631,6 +643,42 @@ def _check_inputs(inputs) -> tuple[tuple, dict]:
     raise ArgumentError("inputs", f"expected a tuple of positional inputs or a dict of keyword "
                                   f"inputs, as model(...) takes them, got "
                                   f"{type(inputs).__name__}{hint}")
+
+
+def _tensors(value, where: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors in ``value`` (nested tuples, lists and dicts), with where each is."""
+    if isinstance(value, torch.Tensor):
+        yield where, value
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _tensors(v, f"{where}[{k!r}]")
+    elif isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            yield from _tensors(v, f"{where}[{i}]")
+
+
+def _nonfinite(t: torch.Tensor) -> str | None:
+    """How a floating tensor is not finite ("NaN", "infinite", "NaN and infinite"), or None."""
+    if not (t.is_floating_point() or t.is_complex()):
+        return None
+    nan = bool(torch.isnan(t).any())
+    inf = bool(torch.isinf(t).any())
+    return " and ".join(w for w, f in (("NaN", nan), ("infinite", inf)) if f) or None
+
+
+def _check_finite(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Every parameter of the model and every floating input tensor is finite, or
+    ArgumentError("model") / ArgumentError("inputs") naming the first that is not."""
+    for name, param in model.named_parameters():
+        bad = _nonfinite(param.detach())
+        if bad:
+            raise ArgumentError("model", f"parameter {name!r} holds {bad} values: the "
+                                         "weights are not finite")
+    for where, t in [*_tensors(args, "inputs"), *_tensors(kwargs, "inputs")]:
+        bad = _nonfinite(t.detach())
+        if bad:
+            raise ArgumentError("inputs", f"{where} holds {bad} values: the input is not "
+                                          "finite")
 
 
 def _check_int(value, argument: str, low: int) -> int:
@@ -918,7 +966,8 @@ def _analyze_evolution(call: _Call, kernel_input: int, iterations: int, tol: flo
             last = (f"the relative change of the last iteration is {est.change:.2g}"
                     if est.change is not None else "a single iteration measures no change")
             notes.add(f"{where}: the Lipschitz estimate did not converge: it stopped at the "
-                      f"cap of {est.iterations} iterations (lipschitz_iterations) and {last}, "
+                      f"cap of {plural(est.iterations, 'iteration')} (lipschitz_iterations) and "
+                      f"{last}, "
                       f"not below lipschitz_tol = {tol:g}; it is a lower estimate of "
                       "sigma_max")
         # substeps
@@ -1056,7 +1105,10 @@ def analyze(model: EvolutionModel, inputs: tuple | list | Mapping[str, Any], *,
     (>= 1) times, from a random vector seeded by ``seed``, at input ``kernel_input`` (also the
     input whose kernels are kept). The model runs in eval mode (each module's own mode is
     restored after) and without gradients; ArgumentError names a bad argument, and inputs
-    that the model's own input checks refuse are ArgumentError("inputs")."""
+    that the model's own input checks refuse are ArgumentError("inputs"). Non-finite values
+    (NaN, infinities) are refused before the run: in a parameter of the model
+    (ArgumentError("model")), in a floating input tensor or in the u(0) the model makes of the
+    inputs (ArgumentError("inputs"))."""
     if not isinstance(model, EvolutionModel):
         raise ArgumentError("model", f"expected a splitformer EvolutionModel (from_torch, "
                                      f"from_hf, build_vit, ...), got {type(model).__name__}")
@@ -1068,9 +1120,16 @@ def analyze(model: EvolutionModel, inputs: tuple | list | Mapping[str, Any], *,
     modes = {m: m.training for m in model.modules()}
     model.eval()
     try:
+        _check_finite(model, args, kwargs)
         calls = _capture(model, args, kwargs)
         if not calls:
             raise ArgumentError("model", f"running {type(model).__name__} called no evolution")
+        for call in calls:
+            bad = _nonfinite(call.u0)
+            if bad:
+                raise ArgumentError("inputs", f"u(0) of evolution {call.name!r} holds {bad} "
+                                              "values: the input is not finite as the model "
+                                              "embeds it")
         batch = int(calls[0].u0.shape[0])
         if index >= batch:
             raise ArgumentError("kernel_input", f"expected an input index in [0, {batch - 1}] "

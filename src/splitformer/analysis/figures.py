@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from .checks import ArgumentError
-from .diagnostics import Diagnostics
+from .diagnostics import Diagnostics, plural
 
 __all__ = ["MAX_HEADS", "MAX_PANELS", "MAX_STEPS", "Figure", "draw"]
 
@@ -120,8 +120,9 @@ def _heatmaps(diag, e, folder, name, label, times, example) -> Figure:
     fig.colorbar(im, ax=list(axes), shrink=0.9, label="u")
     times_text = ", ".join(f"{grid[i]:g}" for i in idx)
     return _save(fig, folder, name, f"u(x, y, t){label}",
-                 f"Heat maps of the state u(x, y, t) of input {example} ({n_x} tokens x {n_y} "
-                 f"features) at t = {times_text}, on one symmetric colour scale.")
+                 f"Heat maps of the state u(x, y, t) of input {example} ({plural(n_x, 'token')} x "
+                 f"{plural(n_y, 'feature')}) at t = {times_text}, on one symmetric colour "
+                 "scale.")
 
 
 def _kernel_labels(diag, e) -> list[str]:
@@ -166,7 +167,8 @@ def _kernels(diag, e, folder, name, label, op: str, first: bool) -> Figure | Non
     return _save(fig, folder, name, title,
                  f"The kernel g_h(x, x') (query x down, key x' across) of the substep '{op}' "
                  f"({which}) for input {diag.kernel_input}, one row per step and one column "
-                 f"per head, showing {len(rows)} of {nsteps} steps and {cols} of {heads} heads "
+                 f"per head, showing {len(rows)} of {plural(nsteps, 'step')} and {cols} of "
+                 f"{plural(heads, 'head')} "
                  f"(at most {MAX_STEPS} steps and {MAX_HEADS} heads are drawn).")
 
 
@@ -319,7 +321,8 @@ def _pca(diag, e, folder, name, label, example) -> Figure:
         ax.grid(alpha=0.3)
     fig.colorbar(sc, ax=list(axes), shrink=0.8, label="token index x")
     return _save(fig, folder, name, f"token cloud in two principal components{label}",
-                 f"The {n} tokens of input {example} at {len(shown)} of {k} grid points, in the "
+                 f"The {plural(n, 'token')} of input {example} at {len(shown)} of "
+                 f"{plural(k, 'grid point')}, in the "
                  f"first two principal components of all grid points together, on shared "
                  f"axes.")
 
@@ -418,7 +421,7 @@ def draw(diag: Diagnostics, folder: str | os.PathLike, *, times: Sequence[float]
                 patch_plan[e] = ((h, w), n - h * w)
     if grid is not None and not patch_plan:
         counts = sorted({info["tokens"] for info in diag.model["evolutions"]})
-        extra = f" after {skip_tokens} skipped tokens" if skip_tokens is not None else ""
+        extra = f" after {plural(skip_tokens, 'skipped token')}" if skip_tokens is not None else ""
         raise ArgumentError("image_grid", f"{grid[0]} x {grid[1]} = {grid[0] * grid[1]} patches"
                                           f"{extra} fit no evolution (token counts {counts})")
     folder.mkdir(parents=True, exist_ok=True)

@@ -3,11 +3,15 @@
     html_report(title, sections, data) -> str
     write_report(folder, title, sections, data) -> Path          (folder/index.html)
 
-``sections`` is a list of ``Section(title, text, figures, data, pre)``: a heading, some text
-(blank lines separate paragraphs; ``pre=True`` keeps it as typed), figures (objects with
-``name``, ``title``, ``caption``, ``svg`` and ``png`` paths, such as
-``analysis.figures.Figure``) and the top-level key of ``data`` whose tables the section shows.
-Keys of ``data`` that no section claims are shown at the end, under "Data".
+``sections`` is a list of ``Section(title, text, figures, data, pre, columns)``: a heading,
+some text (blank lines separate paragraphs; ``pre=True`` keeps it as typed), figures (objects
+with ``name``, ``title``, ``caption``, ``svg`` and ``png`` paths, such as
+``analysis.figures.Figure``), the top-level key of ``data`` whose tables the section shows and,
+for a dict there holding parallel lists (a convergence result's ``taus`` and ``errors``),
+``columns``: (column title, key) pairs whose lists are shown side by side as one table, a row
+per index (a list shorter than the longest is aligned to its end: the order between two taus
+stands in the row of the second), after the table of the dict's other values. Keys of
+``data`` that no section claims are shown at the end, under "Data".
 
 Every number in the tables comes from ``data`` through one function (``_tables``) that walks it:
 a dict's plain values become a two-column table, a list of records a table with a column per
@@ -86,6 +90,7 @@ class Section:
     figures: Sequence[Any] = field(default_factory=tuple)
     data: str | None = None
     pre: bool = False
+    columns: Sequence[tuple[str, str]] = ()
 
 
 # -- values ---------------------------------------------------------------------------------
@@ -260,6 +265,34 @@ def _tables(value: Any, path: str, title: str, level: int) -> str:
     return _heading(level, title) + _kv_table([("value", value)], path) if path else ""
 
 
+def _column_table(value: Mapping[str, Any], path: str, columns: Sequence[tuple[str, str]]
+                  ) -> str:
+    """The lists ``value[key]`` of ``columns`` side by side: a row per index, a shorter list
+    aligned to the end."""
+    lists = [(title, key, value[key]) for title, key in columns
+             if isinstance(value.get(key), list)]
+    rows = max((len(v) for _, _, v in lists), default=0)
+    head = "".join(f"<th>{html.escape(title)}</th>" for title, _, _ in lists)
+    body = []
+    for i in range(rows):
+        cells = []
+        for _, key, v in lists:
+            j = i - (rows - len(v))
+            cells.append(f"<td>{_cell(v[j], _join(_join(path, key), j))}</td>" if j >= 0
+                         else "<td></td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return (f'<div class="scroll"><table data-path="{html.escape(path, quote=True)}"><thead>'
+            f"<tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
+
+
+def _section_tables(value: Any, path: str, columns: Sequence[tuple[str, str]]) -> str:
+    if not columns or not isinstance(value, Mapping):
+        return _tables(value, path, "", 3)
+    keys = {key for _, key in columns if isinstance(value.get(key), list)}
+    rest = {k: v for k, v in value.items() if k not in keys}
+    return _tables(rest, path, "", 3) + _column_table(value, path, columns)
+
+
 # -- figures --------------------------------------------------------------------------------
 _SVG_PROLOGUE = re.compile(r"^\s*(<\?xml[^>]*\?>\s*)?(<!DOCTYPE[^>]*>\s*)?", re.S)
 _COMMENT = re.compile(r"<!--.*?-->", re.S)
@@ -353,7 +386,7 @@ def html_report(title: str, sections: Sequence[Section], data: Mapping[str, Any]
             nfig += 1
             body.append(_figure_html(fig, nfig))
         if s.data is not None:
-            body.append(_tables(data[s.data], s.data, "", 3))
+            body.append(_section_tables(data[s.data], s.data, s.columns))
         parts.append((a, s.title, "".join(body)))
     if rest:
         a = _anchor("data", len(sections))

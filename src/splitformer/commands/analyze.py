@@ -19,6 +19,24 @@ Hamming), ``crop_pct``, ``do_rescale`` with ``rescale_factor``, ``do_normalize``
 and ``--sample N`` (the first N test examples of the model's data set, or of ``--data NAME``);
 without one, a model that knows its data set takes ``--sample 1``.
 
+Nothing is changed or assumed silently: each of the following is a note, one line on stderr
+(``splitformer analyze: note: ...``) and a line of the data's ``"notes"``, with its facts in
+``"input"``: characters outside a character model's vocabulary (analysed as its unknown mark;
+``unknown_characters``) or unknown tokens a tokenizer made (``unknown_tokens``); a ``--text``
+that is also the name of a file (the text is analysed as given); a 16-bit image (scaled to 8
+bits, ``bits``); transparency (composited onto white, ``transparency``); a resize that changes
+the aspect ratio or a centre crop (``aspect_ratio_changed``, ``cropped``); a colour image fed
+to a one-channel model (luminance); the image-processor defaults used for settings a Hugging
+Face folder's preprocessor_config.json does not give, or for all of them when it has none
+(``processor_defaults``). Refused (exit 2, one line): a ``--text`` that is not valid UTF-8, an
+image over Pillow's decompression-bomb limit, a model with non-finite weights, non-finite
+inputs, a data set that does not fit the model (checked before the sample count).
+
+``--out`` is checked before anything is loaded (a folder that exists or can be created, and is
+writable). The report is written into a temporary folder (next to a fresh DIR, inside an
+existing one) and moved into place at the end: the figures, then diagnostics.json, then
+index.html, each replaced at once; Ctrl-C or a failure leaves DIR as it was.
+
 Writes DIR/index.html (the report: figures inlined, no external asset), DIR/diagnostics.json
 (what ``--json`` prints) and the figures (PNG and SVG); DIR defaults to
 ``analysis/<model name>``. Prints the summary and the report's path; ``--json`` prints one JSON
@@ -34,6 +52,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import re
 import string
 import sys
 from collections.abc import Callable
@@ -43,6 +62,7 @@ from typing import Any
 
 from . import UsageError, bounded_int, stripped
 from .progress import Progress
+from .report import Staging, check_out, plural
 
 HELP = ("diagnose a model's evolution (norms, velocities, Lipschitz estimates, ranks, "
         "attention) on real inputs into a self-contained HTML report")
@@ -161,6 +181,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the diagnostics (and the report's path) as one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.set_defaults(_interrupted="; --out is left as it was")
 
 
 # -- what a model takes -------------------------------------------------------------------------
@@ -177,6 +198,9 @@ class ImageSpec:
     resample: int = 2  # Pillow's filter number (RESAMPLE)
     do_rescale: bool = True  # pixel values (0 .. 255) times rescale_factor
     rescale_factor: float = 1 / 255
+    config: str | None = None  # the preprocessor_config.json read (a Hugging Face folder)
+    defaults: dict[str, Any] | None = None  # the settings its processor's defaults gave
+    defaults_note: str | None = None  # the note saying so
 
 
 @dataclass
@@ -190,8 +214,8 @@ class Subject:
     data: str | None = None  # the data set the model knows
     inputs: Callable[[Any], tuple | dict] = lambda x: (x,)
     image: ImageSpec | None = None
-    # texts -> (model inputs, the longest text's token count before truncation)
-    encode: Callable[[list[str]], tuple[Any, int]] | None = None
+    # (texts, the flag they came from) -> Encoded
+    encode: Callable[[list[str], str], Encoded] | None = None
     series_shape: tuple[int, ...] | None = None
     max_len: int | None = None
     label: str = ""  # for messages (default: what)
@@ -201,15 +225,29 @@ class Subject:
         self.label = self.label or self.what
 
 
-def _char_encoder(vocab: list[str], max_len: int, wrap: Callable[[Any], dict],
-                  flag: str = "--text") -> Callable[[list[str]], Any]:
+@dataclass
+class Encoded:
+    """Texts as model inputs: ``inputs``, the longest text's token count before truncation
+    (``full``) and what was mapped to the unknown mark (``unknown``: how many characters or
+    tokens, ``unknown_kind``: "characters" or "tokens", ``unknown_what``: which)."""
+
+    inputs: Any
+    full: int
+    unknown: int = 0
+    unknown_kind: str = "characters"
+    unknown_what: str = ""
+
+
+def _char_encoder(vocab: list[str], max_len: int, wrap: Callable[[Any], dict]
+                  ) -> Callable[[list[str], str], Encoded]:
     import torch
 
     index = {c: i for i, c in enumerate(vocab)}
     unk = index.get(_unknown())
 
-    def encode(texts: list[str]) -> tuple[Any, int]:
+    def encode(texts: list[str], flag: str) -> Encoded:
         rows = []
+        missing: dict[str, int] = {}
         for t in texts:
             ids = []
             for c in t[:max_len]:
@@ -217,9 +255,10 @@ def _char_encoder(vocab: list[str], max_len: int, wrap: Callable[[Any], dict],
                     ids.append(index[c])
                 elif unk is not None:
                     ids.append(unk)
+                    missing[c] = missing.get(c, 0) + 1
                 else:
                     raise UsageError(f"argument {flag}: character {c!r} is not in the model's "
-                                     "vocabulary")
+                                     "vocabulary (which has no unknown mark)")
             rows.append(ids)
         n = max(len(r) for r in rows)
         ids = torch.zeros(len(rows), n, dtype=torch.long)
@@ -230,7 +269,9 @@ def _char_encoder(vocab: list[str], max_len: int, wrap: Callable[[Any], dict],
         out = wrap(ids)
         if not bool(mask.all()):
             out["attention_mask"] = mask
-        return out, max(len(t) for t in texts)
+        shown = ", ".join(repr(c) for c in list(missing)[:8])
+        return Encoded(out, max(len(t) for t in texts), sum(missing.values()), "characters",
+                       shown + (", ..." if len(missing) > 8 else ""))
 
     return encode
 
@@ -266,8 +307,8 @@ def _hf_subject(model: Any, folder: Path, name: str, what: str, label: str) -> S
         params = set(inspect.signature(model.forward).parameters)
         vocab_size = config.get("vocab_size")
 
-        def encode(texts: list[str]) -> tuple[dict, int]:
-            tok = _tokenizer(folder)
+        def encode(texts: list[str], flag: str) -> Encoded:
+            tok = _tokenizer(folder, flag)
             if tok.pad_token is None:
                 tok.pad_token = tok.eos_token or tok.unk_token
             full = max(len(ids) for ids in _quiet(tok, texts)["input_ids"])
@@ -276,21 +317,33 @@ def _hf_subject(model: Any, folder: Path, name: str, what: str, label: str) -> S
             out = {k: v for k, v in enc.items() if k in params}
             ids = out["input_ids"]
             if ids.numel() == 0 or ids.shape[-1] == 0:
-                raise UsageError(f"argument --text: the tokenizer of {str(folder)!r} makes no "
+                raise UsageError(f"argument {flag}: the tokenizer of {str(folder)!r} makes no "
                                  "token of the text")
             if vocab_size is not None and int(ids.max()) >= int(vocab_size):
-                raise UsageError(f"argument --text: the tokenizer of {str(folder)!r} gives "
+                raise UsageError(f"argument MODEL: the tokenizer of {str(folder)!r} gives "
                                  f"token id {int(ids.max())}, but the model's vocabulary has "
                                  f"{vocab_size} ids")
+            mask = enc.get("attention_mask")
+            unknown = 0
+            if tok.unk_token_id is not None:
+                real = ids == tok.unk_token_id
+                if mask is not None:
+                    real = real & mask.bool()
+                unknown = int(real.sum())
             if "attention_mask" in out and bool(out["attention_mask"].all()):
                 del out["attention_mask"]
-            return out, full
+            return Encoded(out, full, unknown, "tokens", str(tok.unk_token))
 
         sub.encode = encode
         return sub
-    pre = _read_json(folder / "preprocessor_config.json") or {}
+    pre_path = folder / "preprocessor_config.json"
+    read = _read_json(pre_path)
+    pre = read or {}
     channels = int(config.get("num_channels") or 3)
     size = pre.get("size", pre.get("crop_size", config.get("image_size", 224)))
+    defaults: dict[str, Any] = {}
+    if "size" not in pre and "crop_size" not in pre:
+        defaults["size"] = size
     shortest = None
     if isinstance(size, dict):
         if "shortest_edge" in size:
@@ -309,6 +362,15 @@ def _hf_subject(model: Any, folder: Path, name: str, what: str, label: str) -> S
     mean = tuple(pre.get("image_mean", mean_d)) if normalize else None
     std = tuple(pre.get("image_std", std_d)) if normalize else None
     resample = pre.get("resample", resample_d)
+    if "resample" not in pre and pre.get("do_resize", True):
+        defaults["resample"] = RESAMPLE[resample_d]
+    if normalize:
+        defaults.update({k: list(v) for k, v in (("image_mean", mean_d), ("image_std", std_d))
+                         if k not in pre})
+    if pre.get("do_rescale", True) and "rescale_factor" not in pre:
+        defaults["rescale_factor"] = 1 / 255
+    if shortest is not None and shortest < 384 and "crop_pct" not in pre:
+        defaults["crop_pct"] = crop_d
     if resample not in RESAMPLE:
         raise UsageError(f"argument MODEL: {str(folder / 'preprocessor_config.json')!r} has "
                          f"resample {resample!r}, expected one of {sorted(RESAMPLE)} (Pillow's "
@@ -317,12 +379,34 @@ def _hf_subject(model: Any, folder: Path, name: str, what: str, label: str) -> S
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
         raise UsageError(f"argument MODEL: {str(folder / 'preprocessor_config.json')!r} has "
                          f"rescale_factor {factor!r}, expected a number > 0")
+    processor = "ConvNextImageProcessor" if cls.startswith("Cvt") else "ViTImageProcessor"
+    settings = "; ".join(f"{k} {_setting_text(v)}" for k, v in defaults.items())
+    if read is None:
+        note = (f"{str(folder)!r} has no preprocessor_config.json: images are prepared with "
+                f"the defaults of {processor}: {settings}")
+    elif defaults:
+        note = (f"{str(pre_path)!r} does not give every setting; the defaults of {processor} "
+                f"are used: {settings}")
+    else:
+        note = None
     spec = ImageSpec(channels, h, w, mean, std, shortest_edge=shortest,
                      crop_pct=pre.get("crop_pct", crop_d) if shortest else None,
                      do_resize=bool(pre.get("do_resize", True)), resample=int(resample),
                      do_rescale=bool(pre.get("do_rescale", True)),
-                     rescale_factor=float(factor))
+                     rescale_factor=float(factor),
+                     config=str(pre_path) if read is not None else None,
+                     defaults=defaults or None, defaults_note=note)
     return Subject(model, name, what, "image", image=spec, label=label)
+
+
+def _setting_text(value: Any) -> str:
+    if isinstance(value, float):
+        return "1/255" if value == 1 / 255 else f"{value:g}"
+    if isinstance(value, list):
+        return ", ".join(_setting_text(v) for v in value)
+    if isinstance(value, dict):
+        return " x ".join(f"{k} {v}" for k, v in value.items())
+    return str(value)
 
 
 def _quiet(tok: Any, texts: list[str]) -> Any:
@@ -341,16 +425,19 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model",
                    "sentencepiece.bpe.model")
 
 
-def _tokenizer(folder: Path) -> Any:
+def _tokenizer(folder: Path, flag: str) -> Any:
+    """The folder's tokenizer; the folder (MODEL) is named when it has none, ``flag`` as what
+    needs it."""
     if not any((folder / f).is_file() for f in TOKENIZER_FILES):
-        raise UsageError(f"argument --text: {str(folder)!r} holds no tokenizer (none of "
-                         f"{', '.join(TOKENIZER_FILES)}); save_pretrained the tokenizer there")
+        raise UsageError(f"argument MODEL: {str(folder)!r} holds no tokenizer (none of "
+                         f"{', '.join(TOKENIZER_FILES)}), which {flag} needs; save_pretrained "
+                         "the tokenizer there")
     try:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as e:
-        raise UsageError(f"argument --text: the tokenizer of {str(folder)!r} does not load "
+        raise UsageError(f"argument MODEL: the tokenizer of {str(folder)!r} does not load "
                          f"({type(e).__name__}: {' '.join(str(e).split())[:160]})") from None
 
 
@@ -437,6 +524,17 @@ def load_subject(spec: str) -> Subject:
     if config is not None and "family" in config:
         raise UsageError(f"argument MODEL: folder {spec!r} has the config.json of a training "
                          "run but no complete checkpoint (latest, ckpt-*)")
+    if config is not None:
+        raise UsageError(f"argument MODEL: folder {spec!r} has a config.json without "
+                         f"model_type (a Hugging Face folder's names one of "
+                         f"{', '.join(HF_TYPES)}) or family (a training run's)")
+    if checkpointed:
+        raise UsageError(f"argument MODEL: folder {spec!r} holds a checkpoint (latest, ckpt-*) "
+                         "without config.json (a training run folder has both)")
+    if "model.safetensors" in files:
+        raise UsageError(f"argument MODEL: folder {spec!r} holds model.safetensors without "
+                         "model.json (a splitformer.save folder has both) or config.json (a "
+                         "Hugging Face folder has both)")
     found = f" (it holds {', '.join(sorted(files)[:6])})" if files else " (it is empty)"
     raise UsageError(f"argument MODEL: folder {spec!r} holds no config.json, model.safetensors "
                      f"or checkpoint{found}")
@@ -566,31 +664,118 @@ def _fit_file_image(img: Any, spec: ImageSpec) -> Any:
     return _prepare(x, spec, resized=True)
 
 
-def _read_image(path: str) -> Any:
-    """The file as a Pillow RGB image (loaded)."""
+_SIXTEEN = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # how Pillow opens a 16-bit grey PNG
+
+
+def _read_image(path: str, notes: list[str]) -> tuple[Any, dict[str, Any]]:
+    """The file as a Pillow RGB image (loaded) and what reading it did (for the input record);
+    a note in ``notes`` for each change beyond decoding: a 16-bit image scaled to 8 bits, a
+    transparent one composited onto white. An image larger than Pillow's decompression-bomb
+    limit (``Image.MAX_IMAGE_PIXELS``) is refused."""
+    import warnings
+
     p = Path(path)
     if not p.exists():
         raise UsageError(f"argument --image: {path!r} does not exist")
     if not p.is_file():
         raise UsageError(f"argument --image: {path!r} is not a file")
     try:
+        import numpy as np
         from PIL import Image, UnidentifiedImageError
     except ImportError:
         raise UsageError("argument --image: reading images needs Pillow (pip install "
                          "'splitformer[data]')") from None
+    bomb = (Image.DecompressionBombWarning, Image.DecompressionBombError)
+    info: dict[str, Any] = {}
     try:
-        with Image.open(p) as img:
-            if img.format not in ("PNG", "JPEG"):
-                raise UsageError(f"argument --image: {path!r} is a {img.format} image; expected "
-                                 "PNG or JPEG")
-            rgb = img.convert("RGB")
-            rgb.load()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(p) as img:
+                if img.format not in ("PNG", "JPEG"):
+                    raise UsageError(f"argument --image: {path!r} is a {img.format} image; "
+                                     "expected PNG or JPEG")
+                info["mode"] = img.mode
+                rawmode = img.tile[0][3] if img.tile and len(img.tile[0]) > 3 else None
+                img.load()
+                rgb = _to_rgb(img, info, rawmode, path, notes, np, Image)
     except UsageError:
         raise
+    except bomb as e:
+        limit = Image.MAX_IMAGE_PIXELS
+        found = re.search(r"\((\d+) pixels\)", str(e))
+        size = f"{int(found.group(1))} pixels, " if found else ""
+        raise UsageError(f"argument --image: {path!r} is too large to read safely ({size}over "
+                         f"Pillow's decompression-bomb limit of {limit} pixels); expected a "
+                         "smaller image") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         raise UsageError(f"argument --image: {path!r} is not a readable PNG or JPEG image "
                          f"({type(e).__name__})") from None
-    return rgb
+    return rgb, info
+
+
+def _to_rgb(img: Any, info: dict[str, Any], rawmode: Any, path: str, notes: list[str], np: Any,
+            Image: Any) -> Any:
+    """A loaded image as 8-bit RGB: 16-bit grey scaled (value / 257, rounded), transparency
+    composited onto white; ``info`` gets bits and transparency, ``notes`` a line for each."""
+    bits = 16 if img.mode in _SIXTEEN or (isinstance(rawmode, str) and ";16" in rawmode) else 8
+    info["bits"] = bits
+    transparent = None
+    if img.mode in _SIXTEEN:
+        arr = np.asarray(img, dtype=np.float64)
+        if "transparency" in img.info and isinstance(img.info["transparency"], int):
+            transparent = arr == img.info["transparency"]
+        grey = np.clip(np.rint(arr / 257.0), 0, 255).astype(np.uint8)
+        img = Image.fromarray(grey, "L")
+        notes.append(f"argument --image: {path!r} has 16 bits per pixel (grey): scaled to 8 "
+                     "bits (value / 257, rounded), as the model's input is prepared from "
+                     "8-bit pixels")
+    elif bits == 16:
+        notes.append(f"argument --image: {path!r} has 16 bits per channel: read as 8 bits "
+                     "(Pillow keeps the high byte), as the model's input is prepared from "
+                     "8-bit pixels")
+    if transparent is None and (img.mode in ("RGBA", "LA", "PA", "RGBa", "La")
+                                or "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        alpha = np.asarray(rgba.getchannel("A"))
+        transparent = alpha < 255
+        if transparent.any():
+            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            img = Image.alpha_composite(white, rgba)
+        else:
+            img = rgba
+    elif transparent is not None and transparent.any():
+        arr = np.asarray(img).copy()
+        arr[transparent] = 255
+        img = Image.fromarray(arr, "L")
+    composited = transparent is not None and bool(transparent.any())
+    info["transparency"] = "composited onto white" if composited else None
+    if composited:
+        share = float(transparent.mean())
+        notes.append(f"argument --image: {path!r} is transparent in places "
+                     f"({share:.1%} of its pixels not opaque): composited onto a white "
+                     "background")
+    return img.convert("RGB")
+
+
+def _size_notes(width: int, height: int, spec: ImageSpec, flag: str) -> tuple[dict[str, Any],
+                                                                                  list[str]]:
+    """What resizing (and cropping) an image of width x height for ``spec`` does: record fields
+    and notes (the aspect ratio changed; a part cropped away)."""
+    if not spec.do_resize:
+        return {"resized": False, "aspect_ratio_changed": False, "cropped": False}, []
+    (h, w), _ = _resized_size(height, width, spec)
+    changed = w * height != h * width
+    cropped = (h, w) != (spec.height, spec.width)
+    notes = []
+    if changed:
+        notes.append(f"argument {flag}: resized from {width}x{height} to {w}x{h} (aspect ratio "
+                     "changed)")
+    if cropped:
+        notes.append(f"argument {flag}: resized to {w}x{h}, then the centre {spec.width}x"
+                     f"{spec.height} cropped (as the model's image processor does)")
+    return {"resized": (h, w) != (height, width), "aspect_ratio_changed": changed,
+            "cropped": cropped}, notes
+
 
 
 def _dataset(name: str, flag: str) -> Any:
@@ -607,9 +792,12 @@ def _dataset(name: str, flag: str) -> Any:
 
 def _preparation(spec: ImageSpec) -> dict[str, Any]:
     """How images were prepared, for the input record."""
-    return {"resample": RESAMPLE[spec.resample] if spec.do_resize else None,
-            "rescale_factor": spec.rescale_factor if spec.do_rescale else None,
-            "normalized": spec.mean is not None and spec.std is not None}
+    out = {"resample": RESAMPLE[spec.resample] if spec.do_resize else None,
+           "rescale_factor": spec.rescale_factor if spec.do_rescale else None,
+           "normalized": spec.mean is not None and spec.std is not None}
+    if spec.config is not None or spec.defaults:  # a Hugging Face folder's processor
+        out.update(preprocessor_config=spec.config, processor_defaults=spec.defaults)
+    return out
 
 
 def _shape_text(shape: list[int]) -> str:
@@ -621,9 +809,41 @@ def _warn_truncated(flag: str, full: int, max_len: int) -> None:
           f"model takes at most {max_len}: the first {max_len} are analysed", file=sys.stderr)
 
 
-def _sample(sub: Subject, n: int, name: str, data_flag: str) -> tuple[Any, dict[str, Any]]:
+def _channel_note(x: Any, channels: int, flag: str) -> list[str]:
+    """A note when fitting the channels of images ``x`` (N, C, H, W) to the model's loses
+    something: colour to one channel (luminance), or a first channel repeated."""
+    c = int(x.shape[1])
+    if c == channels or c == 1:
+        return []
+    colour = not all(bool((x[:, k] == x[:, 0]).all()) for k in range(1, c))
+    if not colour:
+        return []
+    if channels == 1:
+        how = ("luminance 0.299 R + 0.587 G + 0.114 B" if c == 3 else
+               f"the mean of its {c} channels")
+        return [f"argument {flag}: the colour image{'s are' if x.shape[0] > 1 else ' is'} "
+                f"converted to the model's one channel ({how})"]
+    return [f"argument {flag}: the first of the image's {c} channels is repeated to the "
+            f"model's {channels} channels"]
+
+
+def _note(notes: list[str], line: str) -> None:
+    """A note: kept for the data's "notes" and printed as one line on stderr."""
+    notes.append(line)
+    print(f"splitformer analyze: note: {line}", file=sys.stderr)
+
+
+def _image_prepared(sub: Subject, flag: str) -> list[str]:
+    """The notes on how images are prepared for ``sub`` that do not depend on the image: the
+    processor defaults a Hugging Face folder's preprocessor_config.json did not give."""
+    spec = sub.image
+    return [f"argument {flag}: {spec.defaults_note}"] if spec and spec.defaults_note else []
+
+
+def _sample(sub: Subject, n: int, name: str, data_flag: str, notes: list[str]
+            ) -> tuple[Any, dict[str, Any]]:
     """The first n test examples of data set ``name`` as the model's inputs, and the input
-    record."""
+    record. That the data fits the model is checked before the count."""
     ds = _dataset(name, data_flag)
     shape = tuple(ds.input_shape or ())
     if ds.task == "lm":
@@ -635,49 +855,104 @@ def _sample(sub: Subject, n: int, name: str, data_flag: str) -> tuple[Any, dict[
     if kind != sub.takes:
         raise UsageError(f"argument {data_flag}: data {name!r} holds {_NOUN[kind]}, but "
                          f"{sub.label} takes {_NOUN[sub.takes]}")
+    if kind == "series" and sub.series_shape is not None and ds.test.x is not None and tuple(
+            ds.test.x.shape[1:]) != tuple(sub.series_shape):
+        raise UsageError(f"argument {data_flag}: data {name!r} has series of shape "
+                         f"{tuple(ds.test.x.shape[1:])}, the model takes "
+                         f"{tuple(sub.series_shape)}")
     record: dict[str, Any] = {"kind": "sample", "description": "", "data": name, "samples": n}
     if kind == "text":
         length = min(sub.max_len or 64, 64)
         ids = ds.test.x[: n * length]
         if len(ids) < n * length:
             raise UsageError(f"argument --sample: data {name!r} has too little test text for "
-                             f"{n} samples of {length} characters")
+                             f"{plural(n, 'sample')} of {length} characters")
         vocab = ds.vocab
         texts = ["".join(vocab[int(i)] for i in ids[k * length:(k + 1) * length])
                  for k in range(n)]
-        inputs, full = sub.encode(texts)
+        enc = sub.encode(texts, "--sample")
+        inputs, full = enc.inputs, enc.full
         tokens = int((inputs["input_ids"] if isinstance(inputs, dict) else inputs[0]).shape[-1])
         record.update(characters=length, tokens=tokens, truncated=full > tokens)
         if full > tokens:
             record["tokens_before_truncation"] = full
             _warn_truncated("--sample", full, tokens)
-        record["description"] = (f"--sample {n}: the first {n} test samples of data {name!r}, "
-                                 f"{length} characters and {tokens} tokens each")
+        _unknown_record(record, enc, "--sample", notes)
+        record["description"] = (f"--sample {n}: {_first(n, 'test sample')} of data "
+                                 f"{name!r}, {plural(length, 'character')} and "
+                                 f"{plural(tokens, 'token')} each")
         return inputs, record
     if len(ds.test.x) < n:
-        raise UsageError(f"argument --sample: data {name!r} has only {len(ds.test.x)} test "
-                         f"examples, asked for {n}")
+        raise UsageError(f"argument --sample: data {name!r} has only "
+                         f"{plural(len(ds.test.x), 'test example')}, asked for {n}")
     x = ds.test.x[:n].float()
     if kind == "image":
+        for line in _image_prepared(sub, "--sample"):
+            _note(notes, line)
+        for line in _channel_note(x, sub.image.channels, "--sample"):
+            _note(notes, line)
+        sized, lines = _size_notes(int(x.shape[-1]), int(x.shape[-2]), sub.image, "--sample")
+        for line in lines:
+            _note(notes, line)
         x = _fit_image(x, sub.image)
         fed = [int(v) for v in x.shape[1:]]
-        record.update(shape=fed, **_preparation(sub.image))
-        record["description"] = (f"--sample {n}: the first {n} test images of data {name!r}, "
-                                 f"fed as {_shape_text(fed)} (channels x height x width)")
+        record.update(shape=fed, **_preparation(sub.image), **sized)
+        record["description"] = (f"--sample {n}: {_first(n, 'test image')} of data "
+                                 f"{name!r}, fed as {_shape_text(fed)} (channels x height x "
+                                 "width)")
     else:
-        if sub.series_shape is not None and tuple(x.shape[1:]) != tuple(sub.series_shape):
-            raise UsageError(f"argument {data_flag}: data {name!r} has series of shape "
-                             f"{tuple(x.shape[1:])}, the model takes {tuple(sub.series_shape)}")
         fed = [int(v) for v in x.shape[1:]]
         record["shape"] = fed
-        record["description"] = (f"--sample {n}: the first {n} test series of data {name!r}, "
-                                 f"each {_shape_text(fed)}")
+        series = _first(n, "test series", "test series")
+        record["description"] = (f"--sample {n}: {series} of data {name!r}, each "
+                                 f"{_shape_text(fed)}")
     return sub.inputs(x), record
 
 
-def model_inputs(sub: Subject, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+def _first(n: int, noun: str, many: str | None = None) -> str:
+    """ "the first test image", "the first 2 test images"."""
+    return f"the first {noun}" if n == 1 else f"the first {plural(n, noun, many)}"
+
+
+def _unknown_record(record: dict[str, Any], enc: Encoded, flag: str, notes: list[str]) -> None:
+    """The count of what became the unknown mark, in the record and (when not 0) a note."""
+    record[f"unknown_{enc.unknown_kind}"] = enc.unknown
+    if not enc.unknown:
+        return
+    if enc.unknown_kind == "characters":
+        _note(notes, f"argument {flag}: {plural(enc.unknown, 'character')} not in the model's "
+                     f"vocabulary ({enc.unknown_what}) "
+                     f"{'is' if enc.unknown == 1 else 'are'} analysed as its unknown mark")
+    else:
+        _note(notes, f"argument {flag}: the tokenizer made "
+                     f"{plural(enc.unknown, 'unknown token')} ({enc.unknown_what}) of the text")
+
+
+def _check_utf8(text: str, flag: str) -> None:
+    """Text from the command line that was not valid UTF-8 holds surrogate escapes
+    (U+DC80 .. U+DCFF, one per undecodable byte): refused."""
+    for i, c in enumerate(text):
+        if 0xD800 <= ord(c) <= 0xDFFF:
+            byte = f" (byte 0x{ord(c) - 0xDC00:02x})" if 0xDC80 <= ord(c) <= 0xDCFF else ""
+            raise UsageError(f"argument {flag}: not valid UTF-8: character {i + 1} is not "
+                             f"text{byte}; expected UTF-8 text")
+
+
+def _names_a_file(text: str) -> bool:
+    if "\n" in text or "\0" in text or len(text) > 4096:
+        return False
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def model_inputs(sub: Subject, args: argparse.Namespace, notes: list[str] | None = None
+                 ) -> tuple[Any, dict[str, Any]]:
     """(inputs for analyze, the input record: kind, description and numbers) from --text /
-    --image / --sample."""
+    --image / --sample; each note on what was changed or assumed (a character outside the
+    vocabulary, a resized aspect ratio, ...) goes to ``notes`` and to stderr."""
+    notes = [] if notes is None else notes
     if args.data is not None and args.text is None and args.image is None:
         sample = args.sample or 1
     else:
@@ -686,49 +961,67 @@ def model_inputs(sub: Subject, args: argparse.Namespace) -> tuple[Any, dict[str,
         flag = "--text" if args.text is not None else "--image"
         raise UsageError(f"argument --data: only with --sample (not with {flag})")
     if args.text is not None:
+        _check_utf8(args.text, "--text")
         if sub.takes != "text":
             raise UsageError(f"argument --text: {sub.label} takes {_NOUN[sub.takes]}; use "
                              f"{'--image FILE or ' if sub.takes == 'image' else ''}--sample N")
         if not args.text.strip():
             raise UsageError("argument --text: the text is empty")
-        inputs, full = sub.encode([args.text])
+        enc = sub.encode([args.text], "--text")
+        inputs, full = enc.inputs, enc.full
+        if _names_a_file(args.text):
+            _note(notes, f"argument --text: {args.text!r} is also the name of a file; --text is "
+                         "the text itself; to analyse a file's content use --text "
+                         "\"$(cat FILE)\"")
         ids = inputs["input_ids"] if isinstance(inputs, dict) else inputs[0]
         tokens = int(ids.shape[-1])
         record = {"kind": "text", "description": "", "characters": len(args.text),
                   "tokens": tokens, "max_tokens": sub.max_len, "truncated": full > tokens}
-        text = f"--text, {len(args.text)} characters, {tokens} tokens"
+        text = (f"--text, {plural(len(args.text), 'character')}, "
+                f"{plural(tokens, 'token')}")
         if full > tokens:
             record["tokens_before_truncation"] = full
-            text += f" (truncated from {full} tokens)"
+            text += f" (truncated from {plural(full, 'token')})"
             _warn_truncated("--text", full, tokens)
+        _unknown_record(record, enc, "--text", notes)
         record["description"] = text
         return inputs, record
     if args.image is not None:
         if sub.takes != "image":
             raise UsageError(f"argument --image: {sub.label} takes {_NOUN[sub.takes]}; use "
                              f"{'--text T or ' if sub.takes == 'text' else ''}--sample N")
-        img = _read_image(args.image)
+        read_notes: list[str] = []
+        img, info = _read_image(args.image, read_notes)
+        for line in [*read_notes, *_image_prepared(sub, "--image")]:
+            _note(notes, line)
+        sized, lines = _size_notes(img.width, img.height, sub.image, "--image")
         x = _fit_file_image(img, sub.image)
+        import numpy as np
+        import torch
+
+        rgb = torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1).unsqueeze(0)
+        for line in [*_channel_note(rgb, sub.image.channels, "--image"), *lines]:
+            _note(notes, line)
         fed = [int(v) for v in x.shape[1:]]
         record = {"kind": "image", "description": "", "file": str(args.image),
-                  "width": int(img.width), "height": int(img.height), "shape": fed,
-                  **_preparation(sub.image)}
+                  "width": int(img.width), "height": int(img.height), **info, "shape": fed,
+                  **_preparation(sub.image), **sized}
         record["description"] = (f"--image {args.image}, {img.width} x {img.height} pixels, "
                                  f"fed as {_shape_text(fed)} (channels x height x width)")
         return sub.inputs(x), record
     if sample is None:
         if sub.data is None:
             first = {"text": "--text T", "image": "--image FILE"}.get(sub.takes)
-            flag = "--" + {"text": "text", "image": "image"}.get(sub.takes, "sample")
-            options = f"{first}, or --sample N --data NAME" if first else "--sample N --data NAME"
-            raise UsageError(f"argument {flag}: {sub.label} does not know its data set; give "
-                             f"an input: {options}")
+            options = f"{first} or --sample N with --data NAME" if first else (
+                "--sample N with --data NAME")
+            raise UsageError(f"MODEL {args.model!r} needs an input: {options} (it knows no "
+                             "data set of its own)")
         sample = 1
     name = args.data if args.data is not None else sub.data
     if name is None:
         raise UsageError(f"argument --sample: {sub.label} does not know its data set; add "
                          "--data NAME")
-    return _sample(sub, sample, name, "--data" if args.data is not None else "--sample")
+    return _sample(sub, sample, name, "--data" if args.data is not None else "--sample", notes)
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -757,12 +1050,6 @@ def _image_grid(sub: Subject) -> tuple[int, int] | None:
         return size[0] // patch[0], size[1] // patch[1]
     return None
 
-
-def _check_out(args: argparse.Namespace, name: str) -> Path:
-    out = Path(args.out) if args.out else Path("analysis") / name
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"argument --out: {str(out)!r} is a file, expected a folder")
-    return out
 
 
 def summary(data: dict[str, Any]) -> str:
@@ -802,8 +1089,9 @@ def _sections(data: dict[str, Any], figs: list[Any]):
                                 "estimate, not a guaranteed bound.",
                                 data="lipschitz_settings"))
     if data.get("notes"):
-        sections.append(Section("Notes", "Why a quantity is missing (None) where it is, and "
-                                 "which estimates did not converge.", data="notes"))
+        sections.append(Section("Notes", "What preparing the input changed or assumed, why a "
+                                 "quantity is missing (None) where it is, and which estimates "
+                                 "did not converge.", data="notes"))
     if isinstance(data.get("definitions"), dict):
         sections.append(Section("Definitions", "What each quantity of the tables is.",
                                 data="definitions"))
@@ -815,18 +1103,19 @@ def _figure_records(figs: list[Any]) -> list[dict[str, Any]]:
              "svg": f.svg.name} for f in figs]
 
 
-def _remove_stale(out: Path, figs: list[Any]) -> None:
-    """Remove the figure files an earlier analysis in ``out`` listed that this one did not
-    write (files of other names are left alone)."""
+def _stale(out: Path, figs: list[Any]) -> list[str]:
+    """The figure files an earlier analysis in ``out`` listed (in its diagnostics.json) that
+    this one did not write; files of other names are left alone."""
     old = out / "diagnostics.json"
     try:
         doc = json.loads(old.read_text(encoding="utf-8")) if old.is_file() else None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return
+        return []
     listed = doc.get("figures") if isinstance(doc, dict) else None
     if not isinstance(listed, list):
-        return
+        return []
     keep = {p.name for f in figs for p in (f.png, f.svg)}
+    stale = []
     for rec in listed:
         if not isinstance(rec, dict):
             continue
@@ -834,59 +1123,77 @@ def _remove_stale(out: Path, figs: list[Any]) -> None:
             name = rec.get(key)
             if isinstance(name, str) and name not in keep and Path(name).name == name \
                     and name.endswith((".png", ".svg")):
-                (out / name).unlink(missing_ok=True)
+                stale.append(name)
+    return stale
 
 
 def run(args: argparse.Namespace) -> int:
     progress = Progress(total=4, enabled=not args.json and not args.no_progress)
     try:
         return _run(args, progress)
-    except UsageError:
-        progress.close()  # a usage error starts at the beginning of a clean line
+    except (UsageError, KeyboardInterrupt):
+        progress.close()  # a usage error (or Ctrl-C's line) starts at the beginning of a line
         raise
 
 
 def _run(args: argparse.Namespace, progress: Progress) -> int:
     if args.image is not None and not Path(args.image).exists():  # before loading anything
         raise UsageError(f"argument --image: {args.image!r} does not exist")
-    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise UsageError(f"argument --out: {args.out!r} is a file, expected a folder")
+    if args.text is not None:
+        _check_utf8(args.text, "--text")
+    if args.out is not None:
+        check_out(args.out)
     progress(f"loading {args.model}")
     sub = load_subject(args.model)
-    out = _check_out(args, sub.name)
-    inputs, record = model_inputs(sub, args)
+    out = check_out(args.out if args.out is not None else str(Path("analysis") / sub.name))
+    notes: list[str] = []
+    inputs, record = model_inputs(sub, args, notes)
 
     from ..analysis.checks import ArgumentError
     from ..analysis.diagnostics import analyze
     from ..analysis.figures import draw
     from ..analysis.report import write_report
 
+    stage = None
     try:
         progress("analysing the evolution")
         try:
             diag = analyze(sub.model, inputs, lipschitz_iterations=args.lipschitz_iterations,
                            lipschitz_tol=args.lipschitz_tol, seed=0)
         except ArgumentError as e:
+            if e.argument == "model":
+                raise UsageError(f"argument MODEL: {sub.label}: "
+                                 f"{' '.join(e.detail.split())[:240]}") from None
             if e.argument != "inputs":
                 raise
             flag = ("--text" if args.text is not None else "--image" if args.image is not None
                     else "--sample")
             raise UsageError(f"argument {flag}: the model refuses this input: "
                              f"{' '.join(e.detail.split())[:240]}") from None
-        out.mkdir(parents=True, exist_ok=True)
         progress("drawing figures")
-        figs = draw(diag, out, image_grid=_image_grid(sub))
-        _remove_stale(out, figs)
-        data = {"source": sub.source, "input": record, **diag.as_dict(),
+        stage = Staging(out)
+        figs = draw(diag, stage.folder, image_grid=_image_grid(sub))
+        stale = _stale(out, figs)
+        diag_data = diag.as_dict()
+        data = {"source": sub.source, "input": record,
+                **{**diag_data, "notes": [*notes, *diag_data["notes"]]},
                 "figures": _figure_records(figs)}
         progress("writing the report")
         report = (out / "index.html").resolve()
         data["report"] = str(report)
-        write_report(out, f"splitformer analyze {args.model}", _sections(data, figs), data)
-        (out / "diagnostics.json").write_text(json.dumps(data, indent=1) + "\n")
-    except UsageError:
-        raise
-    except Exception as e:
+        write_report(stage.folder, f"splitformer analyze {args.model}", _sections(data, figs),
+                     data)
+        (stage.folder / "diagnostics.json").write_text(json.dumps(data, indent=1) + "\n")
+        stage.commit([*(p.name for f in figs for p in (f.png, f.svg)), "diagnostics.json",
+                      "index.html"])
+        stage = None
+        for name in stale:
+            (out / name).unlink(missing_ok=True)
+    except BaseException as e:
+        if stage is not None:
+            stage.discard()
+        if isinstance(e, (UsageError, KeyboardInterrupt)) or not isinstance(e, Exception):
+            raise
         progress.close()
         print(f"splitformer analyze: error: {type(e).__name__}: "
               f"{' '.join(str(e).split())[:300]}", file=sys.stderr)

@@ -10,12 +10,25 @@ a figure left by an earlier analysis, is not shown), found in the folder of the 
 every figure of the folder. Writes DIR/index.html (``analysis.report``: self-contained, every
 table number from the data, which is embedded as JSON) and prints its path (``--json``: one
 JSON object with ``report`` and the ``inputs``).
+
+Every input is checked before anything is written: each FILE's shape (the types of the keys the
+page shows; a FILE read twice is refused), ``--title`` (not empty) and ``--out`` (a folder that
+exists or can be created, and is writable; not a folder given as FILE or holding a
+diagnostics.json given as FILE, whose index.html it would replace). The page is written into a
+temporary folder and moved into place at the end, so an interrupted run leaves DIR as it was.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +37,116 @@ from . import UsageError
 HELP = ("gather the JSON outputs of verify, convergence, experiment and analyze into one "
         "self-contained HTML page")
 
+EPILOG = ("exit status: 0 done; 1 the page could not be written after its inputs were "
+          "accepted; 2 a bad input")
+
 KINDS = {
     "verify": "splitformer verify --json: the correspondence table",
     "convergence": "splitformer convergence --json: the observed order in tau",
     "experiment": "splitformer experiment: the sweep's table",
     "analyze": "splitformer analyze --json: diagnostics of an evolution",
 }
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``n`` and ``word``, in the plural unless n is 1: "1 input", "2 inputs"."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+# -- the output folder --------------------------------------------------------------------------
+def check_out(value: str | None, flag: str = "--out") -> Path:
+    """The folder of ``flag``, checked before any work (one-line UsageError otherwise): a name
+    that is not empty, of a folder that exists or can be created (the nearest existing folder
+    above it is a folder, not a file), where a folder can be made (a probe folder is made there
+    and removed again)."""
+    if value is None or not str(value).strip():
+        raise UsageError(f"argument {flag}: expected a folder, got an empty name {value!r}")
+    out = Path(value)
+    try:
+        if out.exists():
+            if not out.is_dir():
+                raise UsageError(f"argument {flag}: {value!r} is a file, expected a folder")
+            probe = out
+        else:
+            probe = out.absolute().parent
+            while not probe.exists() and probe != probe.parent:
+                probe = probe.parent
+            if not probe.is_dir():
+                raise UsageError(f"argument {flag}: {value!r} cannot be created: "
+                                 f"{str(probe)!r} is a file, not a folder")
+    except OSError as e:
+        raise UsageError(f"argument {flag}: {value!r} is not a usable folder name "
+                         f"({e.strerror or e})") from None
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".splitformer-probe-", dir=probe))
+    except OSError as e:
+        where = "in it" if probe == out else f"in {str(probe)!r} to create it"
+        raise UsageError(f"argument {flag}: {value!r} is not writable: cannot make a folder "
+                         f"{where} ({e.strerror or e})") from None
+    return out
+
+
+class Staging:
+    """Files written into a temporary folder, then moved into ``out`` at once.
+
+    A fresh ``out``: the temporary folder is made next to it (with the folders above it that
+    are missing) and renamed to ``out`` by ``commit``. An existing ``out``: the temporary folder
+    is made inside it and ``commit`` moves its files into ``out`` one by one (``os.replace``:
+    each file is replaced at once), in the order given (the page last). ``discard`` (on an
+    error or Ctrl-C) removes the temporary folder and the folders made for it, so that ``out``
+    is left as it was."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.existed = out.is_dir()
+        self.made: list[Path] = []
+        if self.existed:
+            parent = out
+        else:
+            parent = out.absolute().parent
+            missing = []
+            while not parent.exists():
+                missing.append(parent)
+                parent = parent.parent
+            for folder in reversed(missing):
+                folder.mkdir()
+                self.made.append(folder)
+            parent = out.absolute().parent
+        while True:  # os.mkdir, not mkdtemp: the folder gets the usual permissions
+            tmp = parent / f".{out.absolute().name or 'out'}.tmp-{secrets.token_hex(4)}"
+            try:
+                tmp.mkdir()
+            except FileExistsError:
+                continue
+            break
+        self.folder = tmp
+
+    def commit(self, order: Sequence[str]) -> None:
+        """Move the files named in ``order`` (in that order; the rest of the temporary folder
+        is dropped) into ``out``."""
+        if not self.existed:
+            for name in {p.name for p in self.folder.iterdir()} - set(order):
+                _remove(self.folder / name)
+            os.rename(self.folder, self.out)
+            return
+        for name in order:
+            os.replace(self.folder / name, self.out / name)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+        for folder in reversed(self.made):
+            try:
+                folder.rmdir()  # only if empty
+            except OSError:
+                break
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,6 +159,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the page's title")
     p.add_argument("--json", action="store_true",
                    help="print the report's path and what was read as one JSON object")
+    p.set_defaults(_interrupted="; --out is left as it was")
 
 
 def kind_of(doc: Any) -> str | None:
@@ -141,6 +259,7 @@ def read_input(name: str) -> tuple[str, Any, Path, list[Any]]:
                          f"verify, convergence, experiment or analyze (it has {what})")
     if kind == "experiment" and isinstance(doc, list):
         doc = {"rows": doc}
+    check_shape(kind, doc, path)
     if kind == "analyze":
         folders = [path.parent]
         if isinstance(doc.get("report"), str) and Path(doc["report"]).parent.is_dir():
@@ -163,31 +282,246 @@ def read_input(name: str) -> tuple[str, Any, Path, list[Any]]:
     return kind, doc, path, figures
 
 
+# -- the shape of each kind ----------------------------------------------------------------------
+def _what(value: Any) -> str:
+    """A JSON value, briefly, for a message."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        if math.isnan(value):
+            return "NaN"
+        return f"the number {value!r}" if math.isfinite(value) else (
+            "Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, str):
+        return f"the string {value[:30]!r}"
+    return "an object" if isinstance(value, dict) else "an array"
+
+
+class _Shape:
+    """Checks of one FILE's data: each failure a UsageError naming the file and the key."""
+
+    def __init__(self, kind: str, doc: Any, path: Path) -> None:
+        self.kind, self.doc, self.path = kind, doc, path
+
+    def fail(self, key: str, value: Any, expected: str) -> None:
+        raise UsageError(f"argument FILE: {str(self.path)!r} is not a valid {self.kind} output: "
+                         f"key {key!r} holds {_what(value)}, expected {expected}")
+
+    def obj(self, value: Any, key: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(key, value, "an object")
+        return value
+
+    def records(self, value: Any, key: str, nonempty: bool = False) -> list[dict[str, Any]]:
+        if not isinstance(value, list) or not all(isinstance(r, dict) for r in value) or (
+                nonempty and not value):
+            self.fail(key, value, f"a{' non-empty' if nonempty else 'n'} array of objects")
+        return value
+
+    def number(self, value: Any, key: str, null: bool = False, low: float | None = None,
+               positive: bool = False) -> None:
+        if value is None and null:
+            return
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              and math.isfinite(value) and (low is None or value >= low)
+              and (not positive or value > 0))
+        if not ok:
+            what = "a positive" if positive else "a non-negative" if low == 0 else "a"
+            self.fail(key, value, f"{what} finite number{' or null' if null else ''}")
+
+    def integer(self, value: Any, key: str) -> None:
+        if not isinstance(value, int) or isinstance(value, bool):
+            self.fail(key, value, "an integer")
+
+    def string(self, value: Any, key: str) -> None:
+        if not isinstance(value, str):
+            self.fail(key, value, "a string")
+
+    def optional(self, doc: dict[str, Any], key: str, where: str, check) -> None:
+        if key in doc:
+            check(doc[key], f"{where}.{key}" if where else key)
+
+
+def check_shape(kind: str, doc: Any, path: Path) -> None:
+    """The keys of ``doc`` that the page shows have the types its command writes (numbers
+    finite), or UsageError naming ``path`` and the first key that does not."""
+    c = _Shape(kind, doc, path)
+    if kind == "analyze":
+        model = c.obj(doc["model"], "model")
+        c.optional(model, "class", "model", c.string)
+        evo_info = c.records(model.get("evolutions", []), "model.evolutions")
+        evos = c.records(doc["evolutions"], "evolutions", nonempty=True)
+        if len(evo_info) not in (0, len(evos)):
+            c.fail("model.evolutions", evo_info, f"{plural(len(evos), 'record')}, one per "
+                   "evolution of 'evolutions'")
+        for key in ("source", "input", "activation", "lipschitz_settings", "definitions"):
+            c.optional(doc, key, "", c.obj)
+        c.optional(doc, "batch", "", c.integer)
+        if "notes" in doc and (not isinstance(doc["notes"], list)
+                               or not all(isinstance(n, str) for n in doc["notes"])):
+            c.fail("notes", doc["notes"], "an array of strings")
+        if "figures" in doc and (not isinstance(doc["figures"], list) or not all(
+                isinstance(f, (dict, str)) for f in doc["figures"])):
+            c.fail("figures", doc["figures"], "an array of figure records")
+        for i, ev in enumerate(evos):
+            where = f"evolutions.{i}"
+            for key in ("kinetic_energy", "lipschitz_product"):
+                c.optional(ev, key, where, lambda v, k: c.number(v, k, null=True))
+            c.optional(ev, "initial", where, c.obj)
+            if "times" in ev:
+                times = ev["times"]
+                if not isinstance(times, list):
+                    c.fail(f"{where}.times", times, "an array of numbers")
+                for j, t in enumerate(times):
+                    c.number(t, f"{where}.times.{j}")
+            steps = c.records(ev.get("steps"), f"{where}.steps")
+            for j, st in enumerate(steps):
+                sw = f"{where}.steps.{j}"
+                c.integer(st.get("step"), f"{sw}.step")
+                for key in ("t", "t_end", "norm", "velocity", "lipschitz", "lipschitz_change",
+                            "cosine_similarity", "effective_rank"):
+                    c.optional(st, key, sw, lambda v, k: c.number(v, k, null=True))
+                for key in ("substeps", "attention"):
+                    c.optional(st, key, sw, lambda v, k: c.records(v, k))
+    elif kind == "convergence":
+        c.number(doc["order"], "order")
+        taus, errors = doc["taus"], doc["errors"]
+        if not isinstance(taus, list) or len(taus) < 2:
+            c.fail("taus", taus, "an array of at least two step sizes")
+        for i, t in enumerate(taus):
+            c.number(t, f"taus.{i}", positive=True)
+        if not isinstance(errors, list) or len(errors) != len(taus):
+            c.fail("errors", errors, f"an array of {len(taus)} errors, one per tau")
+        for i, e in enumerate(errors):
+            c.number(e, f"errors.{i}", low=0)
+        if "pairwise_orders" in doc:
+            po = doc["pairwise_orders"]
+            if not isinstance(po, list) or len(po) != len(taus) - 1:
+                c.fail("pairwise_orders", po, f"an array of {len(taus) - 1} orders, one per "
+                       "pair of consecutive taus")
+            for i, o in enumerate(po):
+                c.number(o, f"pairwise_orders.{i}", null=True)
+        for key in ("scheme", "scheme_text", "integrator", "reference"):
+            c.optional(doc, key, "", c.string)
+    elif kind == "verify":
+        tol = c.obj(doc["tolerances"], "tolerances")
+        for k, v in tol.items():
+            c.number(v, f"tolerances.{k}", low=0)
+        for i, row in enumerate(c.records(doc["rows"], "rows", nonempty=True)):
+            c.string(row.get("name"), f"rows.{i}.name")
+            c.optional(row, "status", f"rows.{i}", c.string)
+            if "errors" in row:
+                errs = c.obj(row["errors"], f"rows.{i}.errors")
+                for k, v in errs.items():
+                    c.number(v, f"rows.{i}.errors.{k}", null=True, low=0)
+        c.optional(doc, "failed", "", c.integer)
+    elif kind == "experiment":
+        for i, row in enumerate(c.records(doc["rows"], "rows", nonempty=True)):
+            c.string(row.get("label"), f"rows.{i}.label")
+            c.string(row.get("metric"), f"rows.{i}.metric")
+            stat = row.get(row["metric"])
+            if stat is not None:
+                c.obj(stat, f"rows.{i}.{row['metric']}")
+                for key in ("mean", "std"):
+                    c.number(stat.get(key), f"rows.{i}.{row['metric']}.{key}")
+            c.optional(row, "parameters", f"rows.{i}", c.integer)
+
+
+# -- the page -----------------------------------------------------------------------------------
+def _model_name(doc: dict[str, Any]) -> str:
+    """What an analysis analysed: the built-in model's name, the folder's name, or the class."""
+    src = doc.get("source") if isinstance(doc.get("source"), dict) else {}
+    if isinstance(src.get("name"), str) and src["name"]:
+        return src["name"]
+    if isinstance(src.get("path"), str) and src["path"]:
+        return Path(src["path"]).name or src["path"]
+    return str(doc["model"].get("class") or "a model")
+
+
+def section_title(kind: str, doc: dict[str, Any], given: str) -> str:
+    """The heading of one input's section: what it is and the FILE as given."""
+    if kind == "analyze":
+        return f"Analysis of {_model_name(doc)}: {given}"
+    if kind == "convergence":
+        scheme = doc.get("scheme")
+        return f"Convergence{f' of {scheme}' if isinstance(scheme, str) else ''}: {given}"
+    return {"verify": "Verification", "experiment": "Experiment"}[kind] + f": {given}"
+
+
+def _owned_folders(name: str, path: Path) -> set[Path]:
+    """Folders whose index.html a page in them would replace: a FILE given as a folder, and
+    the folder of a diagnostics.json or table.json."""
+    folders = set()
+    if Path(name).is_dir():
+        folders.add(Path(name).resolve())
+    if path.name in ("diagnostics.json", "table.json"):
+        folders.add(path.resolve().parent)
+    return folders
+
+
 def run(args: argparse.Namespace) -> int:
     from ..analysis.report import Section, write_report
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"argument --out: {args.out!r} is a file, expected a folder")
-    read = [read_input(name) for name in args.files]  # every input checked first
+    if not args.title.strip():
+        raise UsageError("argument --title: expected a title, got an empty one")
+    out = check_out(args.out)
+    read = []
+    seen: dict[Path, str] = {}
+    for name in args.files:  # every input checked first
+        kind, doc, path, figures = read_input(name)
+        key = path.resolve()
+        if key in seen:
+            same = (f"{name!r} is given twice" if name == seen[key] else
+                    f"{name!r} and {seen[key]!r} are the same file ({str(path)!r})")
+            raise UsageError(f"argument FILE: {same}; give each input once")
+        seen[key] = name
+        if out.resolve() in _owned_folders(name, path):
+            raise UsageError(f"argument --out: {args.out!r} is the folder of input {name!r}; "
+                             "the page would replace its index.html: choose another folder")
+        read.append((name, kind, doc, path, figures))
     data: dict[str, Any] = {}
     inputs = []
     sections = []
     count: dict[str, int] = {}
-    for kind, doc, path, figures in read:
+    titles: dict[str, int] = {}
+    for name, kind, doc, path, figures in read:
         count[kind] = count.get(kind, 0) + 1
         key = kind if count[kind] == 1 else f"{kind}-{count[kind]}"
+        title = section_title(kind, doc, name)
+        titles[title] = titles.get(title, 0) + 1
+        if titles[title] > 1:
+            title = f"{title} ({titles[title]})"
         data[key] = doc
-        inputs.append({"file": str(path), "kind": kind, "key": key})
-        sections.append(Section(f"{key}: {path.name}",
-                                f"{KINDS[kind]}, read from {path}.", figures=figures, data=key))
+        inputs.append({"file": str(path), "kind": kind, "key": key, "title": title})
+        columns: tuple[tuple[str, str], ...] = ()
+        if kind == "convergence":
+            columns = (("tau", "taus"), ("error", "errors"))
+            if "pairwise_orders" in doc:
+                columns += (("order from the tau before", "pairwise_orders"),)
+        sections.append(Section(title, f"{KINDS[kind]}, read from {path} (data key {key}).",
+                                figures=figures, data=key, columns=columns))
     data = {"inputs": inputs, **data}
     sections.insert(0, Section("Inputs", "What this page gathers, one section each.",
                                data="inputs"))
-    report = write_report(out, args.title, sections, data).resolve()
+    stage = None
+    try:
+        stage = Staging(out)
+        write_report(stage.folder, args.title, sections, data)
+        stage.commit(["index.html"])
+    except BaseException as e:
+        if stage is not None:
+            stage.discard()
+        if not isinstance(e, OSError):
+            raise
+        print(f"splitformer report: error: {type(e).__name__}: "
+              f"{' '.join(str(e).split())[:300]}", file=sys.stderr)
+        return 1
+    report = (out / "index.html").resolve()
     if args.json:
         print(json.dumps({"report": str(report), "inputs": inputs}))
     else:
-        print(f"report: {report} ({len(read)} inputs: "
+        print(f"report: {report} ({plural(len(read), 'input')}: "
               f"{', '.join(i['key'] for i in inputs)})")
     return 0
