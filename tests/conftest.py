@@ -42,3 +42,30 @@ torch.set_num_threads(1)
 @pytest.fixture(params=[torch.float64, torch.float32], ids=["f64", "f32"])
 def dtype(request):
     return request.param
+
+
+@pytest.fixture
+def cut_fit(monkeypatch):
+    """``cut_fit(cfg, steps, **fit_kwargs)``: ``fit`` stopped by a KeyboardInterrupt after
+    ``steps`` optimiser steps, as a kill would stop it (its last checkpoint stays); the real
+    step is back afterwards."""
+    from splitformer.training import loop as fit_module
+
+    def run(cfg, steps, **kwargs):
+        real = fit_module._step_on
+        calls = {"n": 0}
+
+        def interrupted(*args, **kw):
+            calls["n"] += 1
+            if calls["n"] > steps:
+                raise KeyboardInterrupt
+            return real(*args, **kw)
+
+        monkeypatch.setattr(fit_module, "_step_on", interrupted)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                fit_module.fit(cfg, **kwargs)
+        finally:
+            monkeypatch.setattr(fit_module, "_step_on", real)
+
+    return run

@@ -22,7 +22,6 @@ import safetensors.torch
 import torch
 
 from splitformer.training import FAMILIES, TrainConfig, load_dataset
-from splitformer.training import loop as fit_module
 from splitformer.training.checkpoints import load_model
 from splitformer.training.distributed import loss_weight, shard_bounds
 from splitformer.training.loop import fit
@@ -146,7 +145,7 @@ def test_two_ranks_equal_one_process(tmp_path):
     assert all(torch.equal(saved[k], p0[k]) for k in p0)
 
 
-def test_resume_under_two_ranks(tmp_path, monkeypatch):
+def test_resume_under_two_ranks(tmp_path, cut_fit):
     """A single-process AdamW run cut after step 5 (checkpoint at step 4) resumed by 2 gloo ranks
     reproduces the uninterrupted single-process run: every logged loss and the test logits to
     1e-5. (Parameters are compared through the logits: the key bias of attention has a zero
@@ -154,19 +153,7 @@ def test_resume_under_two_ranks(tmp_path, monkeypatch):
     output sees.)"""
     cfg = TrainConfig(**TINY, checkpoint_every=4)
     whole = fit(cfg, out=tmp_path / "whole")
-    real_step = fit_module._step_on
-    calls = {"n": 0}
-
-    def interrupted(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] > 5:
-            raise KeyboardInterrupt
-        return real_step(*args, **kwargs)
-
-    monkeypatch.setattr(fit_module, "_step_on", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        fit(cfg, out=tmp_path / "cut")
-    monkeypatch.setattr(fit_module, "_step_on", real_step)
+    cut_fit(cfg, 5, out=tmp_path / "cut")
     _, ranks = _torchrun(tmp_path, "resume", "--resume", str(tmp_path / "cut"), "--json")
     (p0, info0), (p1, info1) = ranks
     assert all(torch.equal(p0[k], p1[k]) for k in p0), "ranks differ"

@@ -147,24 +147,12 @@ def test_the_batch_runs_on_the_refined_model(tmp_path, digits):
 
 
 # -- resume ---------------------------------------------------------------------------------------
-def test_a_resumed_random_tau_run_equals_the_uninterrupted_one(tmp_path, monkeypatch, digits):
+def test_a_resumed_random_tau_run_equals_the_uninterrupted_one(tmp_path, digits, cut_fit):
     """Interrupted after step 9, resumed from its checkpoint at step 8: the same taus, losses
     (to 1e-6), test accuracy and parameters as the uninterrupted run (dropout on)."""
     cfg = TrainConfig(**TINY, tau_choices=(1.0, 0.5, 0.25))
     whole = fit(cfg, out=tmp_path / "whole", data=digits)
-    real_step = fit_module._step_on
-    calls = {"n": 0}
-
-    def interrupted(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] > 9:
-            raise KeyboardInterrupt
-        return real_step(*args, **kwargs)
-
-    monkeypatch.setattr(fit_module, "_step_on", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        fit(cfg, out=tmp_path / "cut", data=digits)
-    monkeypatch.setattr(fit_module, "_step_on", real_step)
+    cut_fit(cfg, 9, out=tmp_path / "cut", data=digits)
     # the recorded config (tau_choices a JSON list) is this config: the CLI resumes it, with
     # the same --tau-choices or none, and refuses another
     args = build_parser().parse_args(["train", "--resume", str(tmp_path / "cut"),

@@ -59,24 +59,12 @@ def test_fit_is_deterministic_for_a_seed(tmp_path):
     assert set(a.metrics) >= {"test_accuracy", "epochs", "seconds", "parameters"}
 
 
-def test_resume_continues_the_same_loss_curve(tmp_path, monkeypatch):
+def test_resume_continues_the_same_loss_curve(tmp_path, cut_fit):
     """A run interrupted after step 9 and resumed from its checkpoint (step 8) logs the same
     losses as the uninterrupted run, to 1e-6 at every logged step (dropout on)."""
     cfg = TrainConfig(**TINY)
     whole = fit(cfg, out=tmp_path / "whole")
-    real_step = fit_module._step_on
-    calls = {"n": 0}
-
-    def interrupted(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] > 9:
-            raise KeyboardInterrupt
-        return real_step(*args, **kwargs)
-
-    monkeypatch.setattr(fit_module, "_step_on", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        fit(cfg, out=tmp_path / "cut")
-    monkeypatch.setattr(fit_module, "_step_on", real_step)
+    cut_fit(cfg, 9, out=tmp_path / "cut")
     resumed = fit(cfg, resume=tmp_path / "cut")
     a, b = _rows(whole.history), _rows(resumed.history)
     assert [r["step"] for r in a] == [r["step"] for r in b]
