@@ -409,7 +409,7 @@ def check_shape(kind: str, doc: Any, path: Path) -> None:
         tol = c.obj(doc["tolerances"], "tolerances")
         for k, v in tol.items():
             c.number(v, f"tolerances.{k}", low=0)
-        for i, row in enumerate(c.records(doc["rows"], "rows", nonempty=True)):
+        for i, row in enumerate(c.records(doc["rows"], "rows")):
             c.string(row.get("name"), f"rows.{i}.name")
             c.optional(row, "status", f"rows.{i}", c.string)
             if "errors" in row:
