@@ -179,3 +179,25 @@ def test_cli_refuses_what_the_trial_found(tmp_path):
         r = _cli(*bad)
         assert r.returncode == 2, (bad, r.stdout, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and match in r.stderr, (bad, r.stderr)
+
+
+def test_a_kill_between_the_last_checkpoint_of_an_epoch_and_its_test_row(tmp_path, monkeypatch):
+    """Killed after the checkpoint of an epoch's last step but before that epoch's test-set
+    row was logged: the resumed log has the row (the same metrics) and equals the
+    uninterrupted one."""
+    cfg = TrainConfig(width=16, heads=2, depth=2, epochs=2, batch_size=256, checkpoint_every=1,
+                      log_every=1, dropout=0.0, threads=1)
+    whole = fit(cfg, out=tmp_path / "whole")
+    real = fit_module._evaluate
+
+    def killed(*args, **kwargs):  # the first epoch's evaluation never happens
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fit_module, "_evaluate", killed)
+    with pytest.raises(KeyboardInterrupt):
+        fit(cfg, out=tmp_path / "cut")
+    monkeypatch.setattr(fit_module, "_evaluate", real)
+    resumed = fit(cfg, resume=tmp_path / "cut")
+    untimed = [{k: v for k, v in r.items() if k != "examples_per_s"} for r in whole.history]
+    assert [{k: v for k, v in r.items() if k != "examples_per_s"}
+            for r in resumed.history] == untimed

@@ -324,6 +324,12 @@ def _fit(cfg: TrainConfig, *, out: str | Path | None, progress: bool, data: Data
                             state={"step": step, "epoch": epoch, "config": cfg.to_dict(),
                                    "seconds": seconds_before + time.perf_counter() - start})
 
+    if step and step % per_epoch == 0 and step < total:
+        # a kill between an epoch's last checkpoint and its test-set row: the row is made now
+        # (the model is the one that row was for), so the resumed log loses nothing
+        done = step // per_epoch - 1
+        if not any(r.get("epoch") == done and "lr" not in r for r in history):
+            record({"epoch": done, "step": step, **_evaluate(model, data, cfg, ranks)})
     start = time.perf_counter()
     bar = _Bar(total, enabled=progress)
     bar.update(step, None, None, 0.0)
