@@ -344,13 +344,20 @@ def test_tie_is_one_standard_deviation_of_the_larger():
     assert not tie(a, None)
 
 
+def _default_sigint() -> None:
+    """In the child: Ctrl-C's default action, even when this test runs in a background job
+    (a non-interactive shell starts background jobs with SIGINT ignored, and Python keeps an
+    ignored SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_ctrl_c_is_one_line_and_keeps_the_finished_runs(tmp_path, jobs):
     out = tmp_path / "int"
     proc = subprocess.Popen([*EXE, "experiment", "--out", str(out), "--epochs", "1,200",
                              "--jobs", jobs, *TINY, "--no-progress"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
     deadline = time.time() + 240
     while time.time() < deadline and len(read_results(out / "results.jsonl")) < 1:
         time.sleep(0.05)
