@@ -71,9 +71,16 @@ class TokenEmbedding(nn.Module):
 
     @staticmethod
     def _check_ids(ids: torch.Tensor, name: str, size: int) -> None:
-        """Integer ids in [0, size): the dictionary's rows (a clear error, not an IndexError)."""
+        """Integer ids in [0, size): the dictionary's rows (a clear error, not an IndexError).
+        Under ``torch.compile`` the range is asserted inside the graph (``_assert_async``: a
+        RuntimeError naming the ids at run time), since reading the values back would break
+        the graph."""
         if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
             raise TypeError(f"{name} must be an integer tensor, got {ids.dtype}")
+        if torch.compiler.is_compiling():
+            torch._assert_async(((ids >= 0) & (ids < size)).all(),
+                                f"{name} must lie in [0, {size})")
+            return
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= size):
             raise ValueError(f"{name} must lie in [0, {size}), got values in "
                              f"[{int(ids.min())}, {int(ids.max())}]")
@@ -105,16 +112,16 @@ class TokenEmbedding(nn.Module):
     ) -> torch.Tensor:
         e = self._start(input_ids, inputs_embeds)
         b, n = e.shape[:2]
-        if position_ids is None:
+        if position_ids is None:  # 0 .. n-1: in range once n is
             if n > self.max_positions:
                 raise ValueError(f"sequence length {n} exceeds the {self.max_positions} learned "
                                  "positions (max_position_embeddings / n_positions)")
             position_ids = torch.arange(n, device=e.device).unsqueeze(0)
+        else:
+            self._check_ids(position_ids, "position_ids", self.max_positions)
         if token_type_ids is not None:
             table = self.token_type if self.token_type is not None else self.word
             self._check_ids(token_type_ids, "token_type_ids", table.num_embeddings)
-        if position_ids is not None:
-            self._check_ids(position_ids, "position_ids", self.max_positions)
         if self.token_type is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros(1, n, dtype=torch.long, device=e.device).expand(b, n)
