@@ -143,10 +143,10 @@ class Evaluation:
 
 
 def _test_inputs(data: Any, cfg: Any, n: int) -> torch.Tensor:
+    from ..training.loop import test_windows
+
     if data.task == "lm":
-        ids = data.test.x
-        count = min(n, (len(ids) - 1) // cfg.seq_len)
-        return ids[: count * cfg.seq_len].view(count, cfg.seq_len)
+        return test_windows(data, cfg.seq_len)[:n]
     return data.test.x[:n]
 
 

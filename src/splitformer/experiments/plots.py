@@ -38,6 +38,16 @@ def _save(fig, stem: Path) -> list[Path]:
     return paths
 
 
+def _finish(fig, ax, stem: Path, xlabel: str, ylabel: str, title: str) -> list[Path]:
+    """Labels, title, grid and legend of a one-axes figure, saved as PNG and SVG."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, stem)
+
+
 def _nice(metric: str) -> str:
     return {"test_accuracy": "test accuracy", "test_bpc": "test bits per character",
             "test_loss": "test loss"}.get(metric, metric)
@@ -99,12 +109,8 @@ def curves(results: list[dict[str, Any]], stem: Path, out: Path, title: str = ""
         ax.fill_between(xs, [a - b for a, b in zip(m, sd, strict=True)],
                         [a + b for a, b in zip(m, sd, strict=True)],
                         color=line.get_color(), alpha=0.15)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(_nice(metric))
-    ax.set_title(title or f"{_nice(metric)} after each epoch (mean over seeds)", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return _save(fig, stem)
+    return _finish(fig, ax, stem, "epoch", _nice(metric),
+                   title or f"{_nice(metric)} after each epoch (mean over seeds)")
 
 
 def against_tau(rows: list[dict[str, Any]], stem: Path, title: str = "") -> list[Path]:
@@ -120,12 +126,8 @@ def against_tau(rows: list[dict[str, Any]], stem: Path, title: str = "") -> list
                     yerr=[p[1]["std"] for p in pts], marker="o", capsize=3, label=r["label"])
     ax.set_xscale("log", base=2)
     ax.invert_xaxis()
-    ax.set_xlabel("tau at inference (T fixed; N_t = T / tau)")
-    ax.set_ylabel(_nice(metric))
-    ax.set_title(title or f"{_nice(metric)} of the same weights at each tau", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return _save(fig, stem)
+    return _finish(fig, ax, stem, "tau at inference (T fixed; N_t = T / tau)", _nice(metric),
+                   title or f"{_nice(metric)} of the same weights at each tau")
 
 
 def adaptive(rows: list[dict[str, Any]], stem: Path, depth: dict[str, int], title: str = ""
@@ -147,12 +149,8 @@ def adaptive(rows: list[dict[str, Any]], stem: Path, depth: dict[str, int], titl
             ax.plot([a["mean_steps"]["mean"] for a in ad], [a["accuracy"]["mean"] for a in ad],
                     "o-", color=color, label=f"{r['label']}: adaptive (tolerances)")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("mean steps per input (N_t of the accepted solution)")
-    ax.set_ylabel(_nice(metric))
-    ax.set_title(title or "adaptive depth against fixed depths", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return _save(fig, stem)
+    return _finish(fig, ax, stem, "mean steps per input (N_t of the accepted solution)",
+                   _nice(metric), title or "adaptive depth against fixed depths")
 
 
 def draw_all(results: list[dict[str, Any]], rows: list[dict[str, Any]], folder: Path,

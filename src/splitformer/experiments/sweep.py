@@ -200,14 +200,15 @@ class Sweep:
         if not isinstance(self.evaluation, Evaluation):
             raise SweepError(f"evaluate must be an Evaluation, got "
                              f"{type(self.evaluation).__name__}")
-        metrics = {self.metric_of(r) for r in self.runs()}  # every combination is valid
+        runs = self.runs()  # every combination is a valid TrainConfig
+        metrics = {self.metric_of(r) for r in runs}
         if len(metrics) > 1:
             raise SweepError(f"the runs of one sweep share one metric, these need "
                              f"{sorted(metrics)}: put classifiers and language models in "
                              "separate sweeps")
-        lm = [r for r in self.runs() if r.config.family == "lm"]
+        lm = [r for r in runs if r.config.family == "lm"]
         if self.metric == "test_accuracy" and lm or (
-                self.metric in ("test_bpc", "test_loss") and len(lm) != len(self.runs())):
+                self.metric in ("test_bpc", "test_loss") and len(lm) != len(runs)):
             raise SweepError(f"sweep.metric {self.metric!r} does not fit the families: "
                              "test_accuracy for classifiers, test_bpc or test_loss for lm")
 

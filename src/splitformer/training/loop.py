@@ -105,7 +105,8 @@ def batches(data: Dataset, cfg: TrainConfig, epoch: int) -> list[tuple[torch.Ten
             for i in range(0, len(order), cfg.batch_size)]
 
 
-def _test_windows(data: Dataset, n: int) -> torch.Tensor:
+def test_windows(data: Dataset, n: int) -> torch.Tensor:
+    """The test text cut into consecutive windows of ``n`` ids, (count, n)."""
     ids = data.test.x
     count = (len(ids) - 1) // n
     return ids[: count * n].view(count, n)
@@ -170,7 +171,7 @@ def _evaluate(model: nn.Module, data: Dataset, cfg: TrainConfig,
     dev = p.device if p is not None else torch.device("cpu")
     try:
         if data.task == "lm":
-            windows = _test_windows(data, cfg.seq_len)
+            windows = test_windows(data, cfg.seq_len)
             lo, hi = distributed.shard_bounds(len(windows), ranks.rank, ranks.world)
             windows = windows[lo:hi]
             total, count = 0.0, 0
