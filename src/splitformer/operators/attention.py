@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Context, Operator
+from .base import Context, Operator, apply_dropout
 from .kernels import Kernel, SoftmaxKernel, kernel_class, warn_about_instance
 
 __all__ = ["AttentionOperator", "CrossAttention", "NonlocalAttention"]
@@ -172,7 +172,7 @@ class AttentionOperator(Operator):
         b, n, _ = u.shape
         heads = self.head_outputs(u, context)
         out = heads.transpose(1, 2).reshape(b, n, self.dim)
-        return self.out_dropout(F.linear(out, self.out_weight, self.out_bias))
+        return apply_dropout(self.out_dropout, F.linear(out, self.out_weight, self.out_bias))
 
     def head_sum(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         """A(U) written as the head integral sum_h (g_h V_h) W_O,h + b_O (slow; for checks)."""

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Context, Operator
+from .base import Context, Operator, apply_dropout
 from .projections import Activation
 
 __all__ = ["FeatureIntegral", "FeedForward"]
@@ -67,7 +67,7 @@ class FeatureIntegral(Operator):
         return f"in_dim={self.in_dim}, out_dim={self.out_dim}, bias={self.bias is not None}"
 
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
-        return self.dropout(F.linear(u, self.weight, self.bias))
+        return apply_dropout(self.dropout, F.linear(u, self.weight, self.bias))
 
     @property
     def changes_width(self) -> bool:
@@ -135,6 +135,6 @@ class FeedForward(Operator):
         last = len(self.stages) - 1
         for j, stage in enumerate(self.stages):
             h = stage(h)
-            if j < last:
-                h = self.dropout(self.activation(h))
-        return self.out_dropout(h)
+            if j < last:  # h = W_j h + b_j is new and ours: the activation may overwrite it
+                h = apply_dropout(self.dropout, self.activation.apply_(h))
+        return apply_dropout(self.out_dropout, h)

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Context, Operator
+from .base import Context, Operator, has_hooks
 
 __all__ = ["Activation", "LayerNormProjection", "ProjectionS2", "SphereProjection"]
 
@@ -211,6 +211,16 @@ class Activation(Operator):
 
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         return self._fn(u)
+
+    def apply_(self, u: torch.Tensor) -> torch.Tensor:
+        """s(u), written into u where s has an in-place form whose gradient needs only its
+        output (ReLU: max(u, 0) in place); else s(u) as a new tensor. For a hidden field that
+        nothing else holds (the FFN's W_1 h + b_1): it saves one allocation of the lifted
+        field, and autograd still sees the same function."""
+        if (self.name == "relu" and self._fn is F.relu and type(self).forward is Activation.forward
+                and not has_hooks(self)):
+            return torch.relu_(u)
+        return self(u)
 
 
 class ProjectionS2(Operator):

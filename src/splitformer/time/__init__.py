@@ -4,6 +4,7 @@ from .controls import Controls
 from .evolution import Evolution, NonFiniteError
 from .grid import TimeGrid
 from .integrators import INTEGRATORS
+from .plan import Plan
 from .saveat import SaveAt, Substep, Trajectory
 from .schemes import (
     FORMS,
@@ -29,6 +30,7 @@ __all__ = [
     "Evolution",
     "Field",
     "NonFiniteError",
+    "Plan",
     "SaveAt",
     "Scheme",
     "Stage",

@@ -38,6 +38,7 @@ from ..operators.base import Context
 from .adjoints import Adjoint, Backprop, resolve_adjoint
 from .controls import Controls
 from .grid import TimeGrid
+from .plan import Plan
 from .saveat import SaveAt, Substep, Trajectory
 from .schemes import SCHEMES, Layout, Scheme, layout_of, resolve
 
@@ -234,8 +235,30 @@ class Evolution(nn.Module):
 
     def advance(self, i: int, state: torch.Tensor, context: Context | None, observe=None
                 ) -> torch.Tensor:
-        """Step i of the scheme on its state: S_tau(theta(t_i + tau / 2)) state."""
-        return self.scheme.step(state, self.theta(i), self.tau, context, observe)
+        """Step i of the scheme on its state: S_tau(theta(t_i + tau / 2)) state, through the
+        step's compiled plan (``plan``; the same values as ``scheme.step``). A scheme with a
+        step of its own (the reversible scheme's doubled state) runs that step."""
+        if type(self.scheme).step is not Scheme.step:
+            return self.scheme.step(state, self.theta(i), self.tau, context, observe)
+        return self.plan(i)(state, context, observe)
+
+    def plan(self, i: int) -> Plan:
+        """Step i compiled (``time.plan.Plan``): built once and kept while the scheme, tau and
+        the operators of theta(t_i + tau / 2) stay the same; rebuilt when one of them changes."""
+        theta = self.theta(i)
+        if torch.compiler.is_compiling():  # traced once: nothing to keep
+            return Plan(self.scheme, theta, self.tau)
+        plans = self.__dict__.setdefault("_plans", {})
+        plan = plans.get(i)
+        if plan is None or plan.scheme is not self.scheme or plan.tau != self.tau \
+                or not plan.fits(theta):
+            plan = plans[i] = Plan(self.scheme, theta, self.tau)
+        return plan
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_plans", None)  # closures over this object's operators: never copied
+        return state
 
     def scheme_read(self, state: torch.Tensor) -> torch.Tensor:
         """u from the scheme's state (the identity but for schemes with their own state)."""

@@ -1,0 +1,142 @@
+"""A scheme compiled against one control set: the step S_tau(theta) as a list of closures.
+
+``Scheme.step`` reads the scheme as data on every call: for each stage it looks up the operators
+by name, builds the field function, picks the integrator and computes h = fraction * tau. All of
+that depends only on (scheme, theta, tau), so ``Plan`` does it once and keeps, per stage, one
+closure ``run(u, context, saved) -> u`` over the operators themselves:
+
+    field      u <- then( I_h[post(sum_i F_i(pre(.)))](u) )     I the stage's integrator
+               (one field, Euler, h = 1, no embedding:  u <- then(u + F(u)))
+    project    u <- then(P(u)),   map  u <- then(s(u))
+    relax      u <- w u + (1 - w) u_saved
+    parallel   u <- (1/m) sum_b branch_b(u)
+
+A plan computes exactly what ``Scheme.step`` computes (the same operations in the same order;
+tests/test_plan.py checks equality for every named scheme and family) and holds its operators, so
+``Plan.fits(theta)`` can tell when a control set was changed after it was built. The evolution
+keeps one plan per control set (``Evolution.plan``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from ..operators.base import Context
+from .integrators import INTEGRATORS, euler
+
+__all__ = ["Plan"]
+
+Run = Callable[[torch.Tensor, Context | None, dict], torch.Tensor]
+
+
+def _chain(ops: tuple[nn.Module, ...], run: Run) -> Run:
+    """run, then the operators ``ops`` in order (a stage's ``then`` list)."""
+    if not ops:
+        return run
+
+    def chained(u, ctx, saved):
+        u = run(u, ctx, saved)
+        for op in ops:
+            u = op(u, ctx)
+        return u
+    return chained
+
+
+def _field(st, theta: Mapping[str, nn.Module], tau: float) -> Run:
+    ops = tuple(theta[n] for n in st.fields())
+    pre = tuple(theta[n] for n in st.pre)
+    post = tuple(theta[n] for n in st.post)
+    proj = theta[st.tangent] if st.tangent else None
+    integrate = INTEGRATORS[st.integrator]
+    h = st.fraction * tau
+    embed = ops[0].embed if ops[0].changes_width else None
+    first, rest = ops[0], ops[1:]
+    if not rest and not pre and not post and proj is None:
+        if integrate is euler and embed is None and h == 1.0:
+            def run(u, ctx, saved):  # euler(F, u, 1): u + F(u)
+                return u + first(u, ctx)
+            return run
+
+        def run(u, ctx, saved):
+            return integrate(lambda v: first(v, ctx), u, h, embed)
+        return run
+
+    def run(u, ctx, saved):
+        def field(v):  # post(sum_i F_i(pre(v)))
+            for op in pre:
+                v = op(v, ctx)
+            out = first(v, ctx)
+            for op in rest:
+                out = out + op(v, ctx)
+            for op in post:
+                out = op(out, ctx)
+            return out
+
+        f = field if proj is None else (lambda v: proj.tangent(v, field(v)))
+        return integrate(f, u, h, embed)
+    return run
+
+
+def _stage(st, theta: Mapping[str, nn.Module], tau: float) -> Run:
+    kind = st.kind
+    if kind == "relax":
+        w, ref = st.weight, st.operator
+
+        def run(u, ctx, saved):
+            return w * u + (1.0 - w) * saved[ref]
+    elif kind == "parallel":
+        branches = tuple(tuple(_stage(sub, theta, tau) for sub in b) for b in st.branches)
+        m = len(branches)
+
+        def run(u, ctx, saved):
+            out = None
+            for branch in branches:
+                v = u
+                for sub in branch:
+                    v = sub(v, ctx, saved)
+                out = v if out is None else out + v
+            return out / m
+    elif kind != "field":  # project, map: applied exactly
+        op = theta[st.operator]
+
+        def run(u, ctx, saved):
+            return op(u, ctx)
+    else:
+        run = _field(st, theta, tau)
+    return _chain(tuple(theta[n] for n in st.then), run)
+
+
+class Plan:
+    """S_tau(theta) for one scheme, control set and tau, compiled to closures (module doc).
+
+    ``plan(u, context, observe)`` is ``scheme.step(u, theta, tau, context, observe)``."""
+
+    def __init__(self, scheme, theta: Mapping[str, nn.Module], tau: float) -> None:
+        self.scheme = scheme
+        self.tau = tau
+        self.operators = tuple(theta.items())  # what it was built on (held: ids stay unique)
+        self.stages = tuple((_stage(st, theta, tau), st.save) for st in scheme.stages)
+
+    def fits(self, theta: Mapping[str, nn.Module]) -> bool:
+        """Whether ``theta`` still holds exactly the operators this plan was built on."""
+        items = self.operators
+        if len(theta) != len(items):
+            return False
+        for name, op in items:
+            if name not in theta or theta[name] is not op:
+                return False
+        return True
+
+    def __call__(self, u: torch.Tensor, context: Context | None = None,
+                 observe: Callable[[torch.Tensor, int], None] | None = None) -> torch.Tensor:
+        saved: dict[str, torch.Tensor] = {}
+        for j, (run, save) in enumerate(self.stages):
+            u = run(u, context, saved)
+            if save:
+                saved[save] = u
+            if observe is not None:
+                observe(u, j)
+        return u

@@ -1,0 +1,109 @@
+"""The compiled plan of a step (time/plan.py) computes exactly what the scheme as data computes:
+every family x named scheme x integrator x form, the same tensor bit for bit; it is rebuilt when
+a control set changes, never copied with a model, and the FFN's in-place activation leaves hooks
+and gradients as they were."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_registry import FAMILIES, OPTIONS, _refused, _tensor
+from torch import nn
+
+import splitformer
+from splitformer.time import Plan
+
+
+def _evolutions(model):
+    return [m for m in model.modules() if isinstance(m, splitformer.time.Evolution)]
+
+
+def _interpreted(model):
+    """The model with every evolution stepping through Scheme.step (the scheme read as data)."""
+    for evo in _evolutions(model):
+        def advance(i, state, context, observe=None, evo=evo):
+            return evo.scheme.step(state, evo.theta(i), evo.tau, context, observe)
+        evo.advance = advance
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_plan_equals_the_scheme_read_as_data(name):
+    model, inputs = FAMILIES[name]()
+    for scheme, integrator, form in [(None, None, None), *OPTIONS]:
+        if scheme is not None and _refused(name, scheme, form) is not None:
+            continue
+        m = model if scheme is None else model.with_scheme(scheme, integrator=integrator,
+                                                           form=form)
+        m = m.refine(2).eval()
+        with torch.no_grad():
+            planned = _tensor(m(*inputs))
+            reference = _tensor(_interpreted(copy.deepcopy(m))(*inputs))
+        assert torch.equal(planned, reference), (name, scheme, integrator, form)
+
+
+def _encoder():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 24, dropout=0.0, batch_first=True)
+    ref = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    return ref, splitformer.from_torch(ref).eval(), torch.randn(2, 5, 16)
+
+
+def test_plan_is_rebuilt_when_an_operator_of_theta_is_replaced():
+    ref, model, x = _encoder()
+    y = model(x)
+    evo = model.evolution
+    first = evo.plan(0)
+    assert evo.plan(0) is first  # kept
+    theta = evo.controls[0]
+    new = copy.deepcopy(theta["ffn"])
+    with torch.no_grad():
+        new.stages[1].weight.zero_()
+        new.stages[1].bias.zero_()
+    theta["ffn"] = new  # the FFN of step 0 now gives 0
+    assert evo.plan(0) is not first
+    ref.layers[0].linear2.weight.data.zero_()
+    ref.layers[0].linear2.bias.data.zero_()
+    torch.testing.assert_close(model(x), ref.eval()(x))
+    assert not torch.allclose(model(x), y)
+
+
+def test_plans_are_not_copied_with_the_model():
+    _, model, x = _encoder()
+    model(x)
+    assert model.evolution.__dict__.get("_plans")
+    twin = copy.deepcopy(model)
+    assert not twin.evolution.__dict__.get("_plans")
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(0.5)
+    assert not torch.allclose(twin(x), model(x))  # the copy runs its own weights
+
+
+def test_plan_is_exported_and_runs_a_step():
+    _, model, x = _encoder()
+    evo = model.evolution
+    plan = Plan(evo.scheme, evo.theta(0), evo.tau)
+    assert plan.fits(evo.theta(0)) and not plan.fits(evo.theta(1))
+    assert torch.equal(plan(x), evo.scheme.step(x, evo.theta(0), evo.tau))
+
+
+def test_in_place_relu_keeps_forward_hooks_and_gradients():
+    """The FFN writes ReLU into W_1 h + b_1 in place; a hook on the activation still sees its
+    input (the call goes through the module then), and gradients equal torch.nn's."""
+    ref, model, x = _encoder()
+    act = model.evolution.controls[0]["ffn"].activation
+    seen = []
+    handle = act.register_forward_hook(lambda m, a, out: seen.append((a[0].min(), out.min())))
+    model(x)
+    handle.remove()
+    assert seen and seen[0][0] < 0 and seen[0][1] == 0  # the input was not overwritten
+    ref.train()
+    model.train()
+    ref(x).square().mean().backward()
+    model(x).square().mean().backward()
+    g_ref = ref.layers[0].linear1.weight.grad
+    g = model.evolution.controls[0]["ffn"].stages[0].weight.grad
+    torch.testing.assert_close(g, g_ref)
