@@ -131,10 +131,11 @@ class FeedForward(Operator):
         return f"widths={self.widths}, J={self.num_stages}"
 
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
-        h = u
-        last = len(self.stages) - 1
+        lead = u.shape[:-1]
+        h = u.reshape(-1, u.shape[-1])  # tokens x features: each W_j h + b_j is a new matrix,
+        last = len(self.stages) - 1      # not a view, which the activation may overwrite
         for j, stage in enumerate(self.stages):
             h = stage(h)
-            if j < last:  # h = W_j h + b_j is new and ours: the activation may overwrite it
+            if j < last:
                 h = apply_dropout(self.dropout, self.activation.apply_(h))
-        return apply_dropout(self.out_dropout, h)
+        return apply_dropout(self.out_dropout, h.view(*lead, h.shape[-1]))

@@ -216,9 +216,10 @@ class Activation(Operator):
         """s(u), written into u where s has an in-place form whose gradient needs only its
         output (ReLU: max(u, 0) in place); else s(u) as a new tensor. For a hidden field that
         nothing else holds (the FFN's W_1 h + b_1): it saves one allocation of the lifted
-        field, and autograd still sees the same function."""
+        field, and autograd still sees the same function. Not in place on a view that
+        autograd tracks (its gradient would copy the whole base)."""
         if (self.name == "relu" and self._fn is F.relu and type(self).forward is Activation.forward
-                and not has_hooks(self)):
+                and not has_hooks(self) and (u._base is None or not u.requires_grad)):
             return torch.relu_(u)
         return self(u)
 

@@ -1,0 +1,283 @@
+"""What ``splitformer bench`` measures: a registry of suites, each a function of a ``Size``.
+
+Every suite measures its contenders in one process with the repeats interleaved
+(``timing.measure``) and returns rows (plain dicts, the JSON of ``splitformer bench``):
+
+    encoder   splitformer against nn.TransformerEncoder (post-LN and pre-LN), Hugging Face
+              BertModel (eager and sdpa) and timm's ViT, the same weights (``peers``)
+    schemes   Strang at Macaron parity against x-transformers' macaron encoder and Lie; Heun/RK2
+              against the ODE Transformer's RK2 block and Lie; parallel against timm's
+              parallel-scaling ViT (``scheme_peers``)
+    refine    the cost of ``refine(k)``: N_t = k L steps of tau = 1/k on the same controls
+    seq       splitformer against torch.nn at sequence lengths 64 .. 1024, tokens per batch fixed
+    memory    peak memory of one training step: torch.nn, and splitformer with each adjoint
+              (backprop, checkpoint, reversible on the reversible scheme)
+    flops     the forward pass's achieved FLOP/s as a fraction of the machine's float32 matmul
+              peak (a 2048 x 2048 ``torch.mm`` measured in the same run), and the training step's
+    compile   ``torch.compile(fullgraph=True)`` of torch.nn and splitformer: compiled against
+              eager and compiled against compiled
+
+A row holds ``suite``, ``size``, ``group`` (the contenders measured together), ``path``,
+``name``, ``median_s`` (and ``min_s``, ``max_s``, ``times_s``), ``ratios`` (median over the
+median of every other contender of the group), ``parameters`` and ``note``; suites add their own
+keys (``peak_bytes``, ``flops``, ``fraction_of_peak``, ``k``, ``seq``, ...). A group whose
+reference library does not import is one row with ``skipped`` (the reason). A new suite is a
+function added to ``SUITES``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from . import peers, scheme_peers
+from .scheme_peers import PeerUnavailable
+from .sizes import Size
+from .timing import Contender, matmul_peak, measure, peak_memory, step_fn
+
+__all__ = ["SUITES", "Options", "Suite", "run_suite"]
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to measure: ``repeats`` (>= 1; medians of >= 5 are what docs/performance.md
+    reports), ``warmup`` calls before timing, the ``paths`` of the timing suites, ``seed``,
+    the refinement factors ``ks`` and the sequence lengths ``seqs``."""
+
+    repeats: int = 5
+    warmup: int = 1
+    paths: tuple[str, ...] = ("train", "eval", "no_grad")
+    seed: int = 0
+    ks: tuple[int, ...] = (1, 2, 4)
+    seqs: tuple[int, ...] = (64, 128, 256, 512, 1024)
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    run: Callable[[Size, Options, Say], list[dict]]
+
+
+def _rows(suite: str, size: Size, group: str, path: str, contenders: list[Contender],
+          result: dict[str, dict[str, float]], **extra) -> list[dict]:
+    rows = []
+    for c in contenders:
+        r = result[c.name]
+        ratios = {o.name: r["median_s"] / result[o.name]["median_s"]
+                  for o in contenders if o.name != c.name}
+        rows.append({"suite": suite, "size": size.label, "group": group, "path": path,
+                     "name": c.name, **r, "ratios": ratios, "parameters": c.parameters,
+                     "note": c.note, **extra})
+    return rows
+
+
+def _skipped(suite: str, size: Size, group: str, reason: str) -> dict:
+    return {"suite": suite, "size": size.label, "group": group, "skipped": reason}
+
+
+def _groups(suite: str, size: Size, opts: Options, say: Say,
+            builders: list[tuple[str, Callable[[], list[Contender]]]],
+            paths: tuple[str, ...] | None = None) -> list[dict]:
+    rows: list[dict] = []
+    for group, build in builders:
+        try:
+            contenders = build()
+        except PeerUnavailable as e:
+            rows.append(_skipped(suite, size, group, str(e)))
+            continue
+        for path in paths or opts.paths:
+            say(f"{suite} {size.label}: {group}, {path}")
+            result = measure(contenders, path, repeats=opts.repeats, warmup=opts.warmup)
+            rows += _rows(suite, size, group, path, contenders, result)
+        del contenders
+    return rows
+
+
+def encoder(size: Size, opts: Options, say: Say) -> list[dict]:
+    s = opts.seed
+    return _groups("encoder", size, opts, say, [
+        ("torch.nn post-LN", lambda: peers.torch_encoder(size, seed=s)),
+        ("torch.nn pre-LN", lambda: peers.torch_encoder(size, norm_first=True, seed=s)),
+        ("Hugging Face BERT", lambda: peers.hf_bert(size, seed=s)),
+        ("timm ViT", lambda: peers.timm_vit(size, seed=s)),
+    ])
+
+
+def schemes(size: Size, opts: Options, say: Say) -> list[dict]:
+    s = opts.seed
+    paths = tuple(p for p in opts.paths if p != "eval") or opts.paths
+    return _groups("schemes", size, opts, say, [
+        ("Strang / Macaron", lambda: scheme_peers.strang_macaron(size, seed=s)),
+        ("Heun / RK2", lambda: scheme_peers.heun_rk2(size, seed=s)),
+        ("parallel", lambda: scheme_peers.parallel_block(size, seed=s)),
+    ], paths)
+
+
+def refine(size: Size, opts: Options, say: Say) -> list[dict]:
+    """The Lie network refined k times (N_t = k L, tau = 1/k): time against k."""
+    base = peers.torch_encoder(size, seed=opts.seed)[1]
+    contenders = [Contender(f"k={k}", base.model.refine(k), base.inputs,
+                            note=f"N_t = {k * size.layers}, tau = 1/{k}") for k in opts.ks]
+    rows = []
+    for path in [p for p in opts.paths if p != "eval"] or list(opts.paths):
+        say(f"refine {size.label}: k = {', '.join(map(str, opts.ks))}, {path}")
+        result = measure(contenders, path, repeats=opts.repeats, warmup=opts.warmup)
+        for k, row in zip(opts.ks, _rows("refine", size, "Lie refine(k)", path, contenders,
+                                          result), strict=True):
+            row.update(k=k, num_steps=k * size.layers,
+                       per_step_s=row["median_s"] / (k * size.layers))
+            rows.append(row)
+    return rows
+
+
+def seq(size: Size, opts: Options, say: Say) -> list[dict]:
+    """torch.nn against splitformer at each length in ``opts.seqs``, batch * seq held at
+    size.batch * size.seq (at least batch 1)."""
+    rows = []
+    tokens = size.batch * size.seq
+    for n in opts.seqs:
+        at = replace(size, seq=n, batch=max(1, tokens // n), name="")
+        rows += [dict(r, seq=n, batch=at.batch) for r in _groups(
+            "seq", at, opts, say, [(f"seq {n}", lambda at=at: peers.torch_encoder(
+                at, seed=opts.seed))], tuple(p for p in opts.paths if p != "eval"))]
+    return rows
+
+
+def memory(size: Size, opts: Options, say: Say) -> list[dict]:
+    """Peak bytes of one training step (forward, loss, backward) above the weights and input."""
+    ref, ours = peers.torch_encoder(size, seed=opts.seed)
+    model = ours.model
+    contenders = [ref, ours,
+                  Contender("splitformer checkpoint", model.with_adjoint("checkpoint"),
+                            ours.inputs, note="Lie, adjoint 'checkpoint'"),
+                  Contender("splitformer reversible", model.with_scheme("reversible")
+                            .with_adjoint("reversible"), ours.inputs,
+                            note="reversible scheme, adjoint 'reversible'")]
+    ours.note = "Lie, adjoint 'backprop'"
+    rows = []
+    peaks: dict[str, int] = {}
+    for c in contenders:
+        say(f"memory {size.label}: {c.name}")
+        run = step_fn(c, "train")
+        run()  # warm: lazily made buffers are not the step's
+        c.model.zero_grad(set_to_none=True)
+        peaks[c.name] = peak_memory(run)
+        c.model.zero_grad(set_to_none=True)
+    for c in contenders:
+        rows.append({"suite": "memory", "size": size.label, "group": "training step",
+                     "path": "train", "name": c.name, "peak_bytes": peaks[c.name],
+                     "ratios": {o.name: peaks[c.name] / peaks[o.name] for o in contenders
+                                if o.name != c.name and peaks[o.name]},
+                     "parameters": c.parameters, "note": c.note})
+    return rows
+
+
+def _peak(opts: Options) -> float:
+    return matmul_peak(2048, repeats=max(3, opts.repeats))
+
+
+def flops(size: Size, opts: Options, say: Say, *, compiled: bool = False) -> list[dict]:
+    """FLOP/s of the forward pass (no_grad) and of the training step (3 x the forward's
+    FLOPs: forward, and the two matmuls of the backward per forward matmul), as fractions of
+    the matmul peak measured before and after (their median)."""
+    contenders = peers.torch_encoder(size, seed=opts.seed)
+    say(f"flops {size.label}: matmul peak")
+    peak_runs = [_peak(opts)]
+    fwd = size.forward_flops()
+    rows = []
+    for path, work in (("no_grad", fwd), ("train", 3 * fwd)):
+        if path not in opts.paths:
+            continue
+        say(f"flops {size.label}: {path}")
+        result = measure(contenders, path, repeats=opts.repeats, warmup=opts.warmup)
+        for row in _rows("flops", size, "eager", path, contenders, result):
+            row.update(flops=work, flops_per_s=work / row["median_s"])
+            rows.append(row)
+    say(f"flops {size.label}: matmul peak")
+    peak_runs.append(_peak(opts))
+    peak = statistics.median(peak_runs)
+    for row in rows:
+        row.update(peak_flops_per_s=peak, fraction_of_peak=row["flops_per_s"] / peak)
+    return rows
+
+
+def _compiled(c: Contender, path: str) -> tuple[Contender, float]:
+    model = torch.compile(c.model, fullgraph=True)
+    wrapped = Contender(f"{c.name} compiled", _Compiled(c.model, model), c.inputs, c.kwargs,
+                        c.output, f"torch.compile(fullgraph=True) of {c.name}")
+    t0 = time.perf_counter()
+    step_fn(wrapped, path)()
+    return wrapped, time.perf_counter() - t0
+
+
+class _Compiled(torch.nn.Module):
+    """A compiled callable with its module's parameters and modes (for ``measure``)."""
+
+    def __init__(self, module: torch.nn.Module, compiled) -> None:
+        super().__init__()
+        self.module = module
+        self.__dict__["compiled"] = compiled
+
+    def forward(self, *args, **kwargs):
+        return self.compiled(*args, **kwargs)
+
+
+def compile_suite(size: Size, opts: Options, say: Say) -> list[dict]:
+    """Eager and compiled, torch.nn and splitformer, measured together on each path."""
+    rows = []
+    for path in [p for p in opts.paths if p != "eval"] or list(opts.paths):
+        eager = peers.torch_encoder(size, seed=opts.seed)
+        compiled = []
+        seconds = {}
+        for c in eager:
+            say(f"compile {size.label}: {c.name}, {path} (compiling)")
+            cc, s = _compiled(c, path)
+            compiled.append(cc)
+            seconds[cc.name] = s
+        say(f"compile {size.label}: {path}")
+        contenders = [*eager, *compiled]
+        result = measure(contenders, path, repeats=opts.repeats, warmup=opts.warmup)
+        for row in _rows("compile", size, "eager and compiled", path, contenders, result):
+            if row["name"] in seconds:
+                row["compile_s"] = seconds[row["name"]]
+            rows.append(row)
+        torch._dynamo.reset()
+    return rows
+
+
+SUITES: dict[str, Suite] = {s.name: s for s in (
+    Suite("encoder", "splitformer against torch.nn, Hugging Face BERT (eager, sdpa) and timm "
+          "ViT: train step, eval, eval under no_grad", encoder),
+    Suite("schemes", "Strang vs x-transformers macaron, Heun vs ODE-Transformer RK2, parallel "
+          "vs timm parallel-scaling ViT, each also against Lie", schemes),
+    Suite("refine", "cost against N_t: refine(k) of the Lie network", refine),
+    Suite("seq", "cost against sequence length (tokens per batch fixed), torch.nn and "
+          "splitformer", seq),
+    Suite("memory", "peak memory of a training step: torch.nn, splitformer with each adjoint",
+          memory),
+    Suite("flops", "forward and training FLOP/s as a fraction of the measured matmul peak",
+          flops),
+    Suite("compile", "torch.compile(fullgraph=True): compiled against eager and against "
+          "compiled torch.nn", compile_suite),
+)}
+
+
+def run_suite(name: str, size: Size, opts: Options | None = None,
+              say: Say | None = None) -> list[dict]:
+    """The rows of suite ``name`` at ``size`` (KeyError names the suites if unknown)."""
+    if name not in SUITES:
+        raise KeyError(f"unknown suite {name!r}; suites: {sorted(SUITES)}")
+    rows = SUITES[name].run(size, opts or Options(), say or (lambda _m: None))
+    for row in rows:
+        for key in ("median_s", "min_s", "max_s"):
+            if key in row and not math.isfinite(row[key]):
+                raise FloatingPointError(f"{name}: {row['name']} {key} = {row[key]}")
+    return rows
