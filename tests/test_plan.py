@@ -107,3 +107,38 @@ def test_in_place_relu_keeps_forward_hooks_and_gradients():
     g_ref = ref.layers[0].linear1.weight.grad
     g = model.evolution.controls[0]["ffn"].stages[0].weight.grad
     torch.testing.assert_close(g, g_ref)
+
+
+def test_updates_written_in_place_leave_kept_states_alone():
+    """Without autograd u + F(u) is written into F(u)'s memory; every kept state and substep
+    equals the run with autograd on (nothing kept is overwritten)."""
+    from splitformer.time import SaveAt
+
+    _, model, x = _encoder()
+    keep = SaveAt(steps=True, substeps=True)
+    with torch.no_grad():
+        fast = model.trajectory(x, saveat=keep)
+    slow = model.trajectory(x, saveat=keep)
+    assert len(fast.substeps) == len(slow.substeps) > 0
+    for a, b in zip(fast.states, slow.states, strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(fast.substeps, slow.substeps, strict=True):
+        assert torch.equal(a.state, b.state)
+
+
+def test_returns_new_is_declared_by_the_class_that_defines_forward():
+    from splitformer.operators import NonlocalAttention
+    from splitformer.operators.base import returns_new
+
+    op = NonlocalAttention(8, 2)
+    assert returns_new(op)
+
+    class Cached(NonlocalAttention):  # overrides forward without saying it returns new
+        def forward(self, u, context=None):
+            return super().forward(u, context)
+
+    assert not returns_new(Cached(8, 2))
+    handle = op.register_forward_hook(lambda m, a, out: out)
+    assert not returns_new(op)  # a hook may return anything
+    handle.remove()
+    assert returns_new(op)

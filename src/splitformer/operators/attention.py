@@ -168,6 +168,8 @@ class AttentionOperator(Operator):
         p = self.attn_dropout if self.training else 0.0
         return self.kernel(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p)
 
+    returns_new = True  # W_O (.) + b_O, a new tensor (operators.base.returns_new)
+
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         b, n, _ = u.shape
         heads = self.head_outputs(u, context)

@@ -32,7 +32,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-__all__ = ["OPERATOR_KINDS", "Context", "Operator", "apply_dropout", "has_hooks"]
+__all__ = ["OPERATOR_KINDS", "Context", "Operator", "apply_dropout", "has_hooks",
+           "returns_new"]
 
 OPERATOR_KINDS = ("field", "projection", "map")
 
@@ -107,3 +108,14 @@ def apply_dropout(dropout: nn.Module, u: torch.Tensor) -> torch.Tensor:
             and not has_hooks(dropout):
         return u
     return dropout(u)
+
+
+def returns_new(op: nn.Module) -> bool:
+    """Whether ``op(u, context)`` always returns a new tensor that nothing else holds, so that a
+    scheme may write the update into it (u + tau F(u) computed in F(u)'s memory when no
+    gradient is recorded). The class that defines ``forward`` says so with ``returns_new =
+    True`` (a subclass that overrides ``forward`` must say it again); never with a hook."""
+    for klass in type(op).__mro__:
+        if "forward" in vars(klass):
+            return vars(klass).get("returns_new", False) is True and not has_hooks(op)
+    return False

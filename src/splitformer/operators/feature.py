@@ -130,6 +130,8 @@ class FeedForward(Operator):
     def extra_repr(self) -> str:
         return f"widths={self.widths}, J={self.num_stages}"
 
+    returns_new = True  # W_J h + b_J, a new tensor (operators.base.returns_new)
+
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         lead = u.shape[:-1]
         h = u.reshape(-1, u.shape[-1])  # tokens x features: each W_j h + b_j is a new matrix,

@@ -6,7 +6,9 @@ that depends only on (scheme, theta, tau), so ``Plan`` does it once and keeps, p
 closure ``run(u, context, saved) -> u`` over the operators themselves:
 
     field      u <- then( I_h[post(sum_i F_i(pre(.)))](u) )     I the stage's integrator
-               (one field, Euler, h = 1, no embedding:  u <- then(u + F(u)))
+               (one field, Euler, h = 1, no embedding:  u <- then(u + F(u)); without autograd,
+               written into F(u)'s memory when the operator returns a new tensor:
+               ``operators.base.returns_new``)
     project    u <- then(P(u)),   map  u <- then(s(u))
     relax      u <- w u + (1 - w) u_saved
     parallel   u <- (1/m) sum_b branch_b(u)
@@ -24,7 +26,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from ..operators.base import Context
+from ..operators.base import Context, returns_new
 from .integrators import INTEGRATORS, euler
 
 __all__ = ["Plan"]
@@ -56,6 +58,13 @@ def _field(st, theta: Mapping[str, nn.Module], tau: float) -> Run:
     first, rest = ops[0], ops[1:]
     if not rest and not pre and not post and proj is None:
         if integrate is euler and embed is None and h == 1.0:
+            if returns_new(first):
+                def run(u, ctx, saved):  # euler(F, u, 1): u + F(u), in F(u)'s memory when
+                    if torch.is_grad_enabled():  # no gradient is recorded (F(u) + u: the
+                        return u + first(u, ctx)  # same sum, bit for bit)
+                    return first(u, ctx).add_(u)
+                return run
+
             def run(u, ctx, saved):  # euler(F, u, 1): u + F(u)
                 return u + first(u, ctx)
             return run
