@@ -10,29 +10,11 @@ import sys
 import pytest
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "_stubs"))
+from standin import import_timm  # noqa: E402
 
-def _install_torchvision_stub() -> None:
-    try:
-        import torchvision  # noqa: F401
-        return
-    except Exception:  # missing, or PyPI's build that does not import beside the CPU torch
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-    # Import timm with the stand-in on the path, then take the stand-in away again, so that
-    # nothing else (transformers checks for torchvision) sees a torchvision that is not there.
-    stubs = os.path.join(os.path.dirname(__file__), "_stubs")
-    sys.path.insert(0, stubs)
-    try:
-        import timm  # noqa: F401
-    except Exception:  # timm not installed: its tests skip
-        pass
-    finally:
-        sys.path.remove(stubs)
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-
-
-_install_torchvision_stub()
+sys.path.pop(0)
+import_timm()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # `make test` runs two xdist workers on two cores: one torch thread each (small tensors; more

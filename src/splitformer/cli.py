@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "experiment": "splitformer.commands.experiment",
     "analyze": "splitformer.commands.analyze",
     "report": "splitformer.commands.report",
+    "bench": "splitformer.commands.bench",
 }
 
 

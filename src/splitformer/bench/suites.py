@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..models.base import EvolutionModel
 from . import peers, scheme_peers
 from .scheme_peers import PeerUnavailable
 from .sizes import Size
@@ -49,7 +50,8 @@ Say = Callable[[str], None]
 class Options:
     """How to measure: ``repeats`` (>= 1; medians of >= 5 are what docs/performance.md
     reports), ``warmup`` calls before timing, the ``paths`` of the timing suites, ``seed``,
-    the refinement factors ``ks`` and the sequence lengths ``seqs``."""
+    the refinement factors ``ks``, the sequence lengths ``seqs`` and the ``torch.compile``
+    backend of the compile suite."""
 
     repeats: int = 5
     warmup: int = 1
@@ -57,6 +59,7 @@ class Options:
     seed: int = 0
     ks: tuple[int, ...] = (1, 2, 4)
     seqs: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    backend: str = "inductor"
 
 
 @dataclass(frozen=True)
@@ -74,9 +77,15 @@ def _rows(suite: str, size: Size, group: str, path: str, contenders: list[Conten
         ratios = {o.name: r["median_s"] / result[o.name]["median_s"]
                   for o in contenders if o.name != c.name}
         rows.append({"suite": suite, "size": size.label, "group": group, "path": path,
-                     "name": c.name, **r, "ratios": ratios, "parameters": c.parameters,
-                     "note": c.note, **extra})
+                     "name": c.name, "splitformer": _ours(c), **r, "ratios": ratios,
+                     "parameters": c.parameters, "note": c.note, **extra})
     return rows
+
+
+def _ours(c: Contender) -> bool:
+    """Whether the contender is a splitformer model (compiled or not)."""
+    model = getattr(c.model, "module", c.model)
+    return isinstance(model, EvolutionModel)
 
 
 def _skipped(suite: str, size: Size, group: str, reason: str) -> dict:
@@ -174,6 +183,7 @@ def memory(size: Size, opts: Options, say: Say) -> list[dict]:
     for c in contenders:
         rows.append({"suite": "memory", "size": size.label, "group": "training step",
                      "path": "train", "name": c.name, "peak_bytes": peaks[c.name],
+                     "splitformer": _ours(c),
                      "ratios": {o.name: peaks[c.name] / peaks[o.name] for o in contenders
                                 if o.name != c.name and peaks[o.name]},
                      "parameters": c.parameters, "note": c.note})
@@ -209,8 +219,8 @@ def flops(size: Size, opts: Options, say: Say, *, compiled: bool = False) -> lis
     return rows
 
 
-def _compiled(c: Contender, path: str) -> tuple[Contender, float]:
-    model = torch.compile(c.model, fullgraph=True)
+def _compiled(c: Contender, path: str, backend: str) -> tuple[Contender, float]:
+    model = torch.compile(c.model, fullgraph=True, backend=backend)
     wrapped = Contender(f"{c.name} compiled", _Compiled(c.model, model), c.inputs, c.kwargs,
                         c.output, f"torch.compile(fullgraph=True) of {c.name}")
     t0 = time.perf_counter()
@@ -239,7 +249,7 @@ def compile_suite(size: Size, opts: Options, say: Say) -> list[dict]:
         seconds = {}
         for c in eager:
             say(f"compile {size.label}: {c.name}, {path} (compiling)")
-            cc, s = _compiled(c, path)
+            cc, s = _compiled(c, path, opts.backend)
             compiled.append(cc)
             seconds[cc.name] = s
         say(f"compile {size.label}: {path}")

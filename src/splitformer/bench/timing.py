@@ -18,8 +18,11 @@ device: ``torch.cuda.max_memory_allocated``).
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -154,6 +157,25 @@ def matmul_peak(n: int = 2048, repeats: int = 5, device: torch.device | str = "c
     return 2.0 * n ** 3 / statistics.median(ts)
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null for a while (the profiler's C++ start/stop lines)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
 def peak_memory(fn: Callable[[], None], device: torch.device | str = "cpu") -> int:
     """Peak bytes held by tensors during ``fn()`` above what was held when it started.
 
@@ -170,7 +192,7 @@ def peak_memory(fn: Callable[[], None], device: torch.device | str = "cpu") -> i
         return int(torch.cuda.max_memory_allocated(dev) - base)
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events = [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
               if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]

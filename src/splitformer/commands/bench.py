@@ -1,0 +1,268 @@
+"""`splitformer bench`: speed and memory against torch.nn, Hugging Face, timm and x-transformers.
+
+    splitformer bench [SUITE ...] [--size NAME|key=value,...]... [--repeats 5] [--paths ...]
+                      [--threads N] [--out bench.json] [--json]
+
+Runs the suites of ``splitformer.bench.suites`` (default: encoder) at each size (default d256),
+every pair in one process with the repeats interleaved, and prints one table per suite: the
+median time of each contender and its ratio to the others of its group (below 1: faster). The
+JSON (every row, the machine, the options) is written to ``--out`` after each suite, through a
+temporary file, so an interrupted run keeps the suites it finished; ``--json`` prints it too.
+A group whose reference library does not import (timm needs torchvision) is a row saying so.
+docs/performance.md lists the commands behind each of its tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+from . import UsageError, bounded_int, positive_int, stripped
+
+HELP = ("time and memory of splitformer against torch.nn, Hugging Face BERT, timm ViT and "
+        "x-transformers, pairs interleaved in one process")
+
+EPILOG = ("exit status: 0 done; 1 a suite failed after its inputs were accepted (its error is "
+          "in the JSON, the other suites ran); 2 a bad input")
+
+
+def _suites() -> dict:
+    from ..bench.suites import SUITES
+    return SUITES
+
+
+def _sizes_arg(text: str):
+    from ..bench.sizes import SIZES, parse_size
+    text = text.strip()
+    try:
+        if "=" in text:
+            return [parse_size(text)]
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        if not names:
+            raise ValueError(f"expected one of {sorted(SIZES)} or key=value pairs, got {text!r}")
+        return [parse_size(n) for n in names]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _ints_arg(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, "
+                                         f"got {text!r}")
+    return values
+
+
+def _paths_arg(text: str) -> tuple[str, ...]:
+    from ..bench.timing import PATHS
+    values = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [v for v in values if v not in PATHS]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"expected paths from {', '.join(PATHS)} separated by "
+                                         f"commas, got {text!r}")
+    return values
+
+
+def _warmup_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("suites", nargs="*", metavar="SUITE", type=stripped,
+                   help="suites to run (default: encoder); --list shows them")
+    p.add_argument("--size", action="append", type=_sizes_arg, metavar="SIZE",
+                   help="tiny, d256 (default), d768, names separated by commas, or "
+                        "key=value pairs over d256 (dim, heads, layers, ff, batch, seq); "
+                        "repeatable")
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="timed calls of each contender, interleaved; the median is reported "
+                        "(default 5)")
+    p.add_argument("--warmup", type=_warmup_arg, default=1,
+                   help="untimed calls of each contender first (default 1)")
+    p.add_argument("--paths", type=_paths_arg, default=("train", "eval", "no_grad"),
+                   help="train (forward + backward), eval (eval mode, autograd on), no_grad, "
+                        "inference (inference_mode); default train,eval,no_grad")
+    p.add_argument("--ks", type=_ints_arg, default=(1, 2, 4),
+                   help="refinement factors of the refine suite (default 1,2,4)")
+    p.add_argument("--seqs", type=_ints_arg, default=(64, 128, 256, 512, 1024),
+                   help="sequence lengths of the seq suite (default 64,...,1024)")
+    p.add_argument("--backend", default="inductor", type=stripped,
+                   choices=["inductor", "aot_eager", "eager"],
+                   help="torch.compile backend of the compile suite (default inductor)")
+    p.add_argument("--threads", type=bounded_int(os.cpu_count() or 1, "(this machine's CPUs)"),
+                   default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
+    p.add_argument("--out", default="bench.json", metavar="FILE.json",
+                   help="where the JSON goes (default bench.json)")
+    p.add_argument("--json", action="store_true", help="print the JSON instead of tables")
+    p.add_argument("--list", action="store_true", help="list the suites and sizes, and exit")
+
+
+def _check_out(value: str) -> Path:
+    path = Path(value)
+    if not value.strip() or value.endswith(os.sep) or path.is_dir():
+        raise UsageError(f"argument --out: expected a file name, got {value!r}")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"argument --out: folder {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"argument --out: {value!r} is not writable")
+    return path
+
+
+def _write(path: Path, data: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".bench-", suffix=".json", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def machine() -> dict:
+    """What the numbers were measured on."""
+    import torch
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:,.1f}" if s < 10 else f"{s * 1e3:,.0f}"
+
+
+def _ratios(row: dict) -> str:
+    """A splitformer row's ratios to the other contenders of its group (the JSON has all)."""
+    if not row.get("splitformer"):
+        return ""
+    return ", ".join(f"{v:.3f}x {k}" for k, v in row.get("ratios", {}).items())
+
+
+def _extra(row: dict) -> str:
+    parts = []
+    if "peak_bytes" in row:
+        parts.append(f"peak {row['peak_bytes'] / 2**20:,.1f} MiB")
+    if "fraction_of_peak" in row:
+        parts.append(f"{row['flops_per_s'] / 1e9:,.1f} GFLOP/s = "
+                     f"{100 * row['fraction_of_peak']:.1f}% of matmul peak "
+                     f"{row['peak_flops_per_s'] / 1e9:,.1f}")
+    if "per_step_s" in row:
+        parts.append(f"N_t {row['num_steps']}, {_ms(row['per_step_s'])} ms/step")
+    if "compile_s" in row:
+        parts.append(f"compiled in {row['compile_s']:.1f} s")
+    if "seq" in row and row.get("suite") == "seq":
+        parts.append(f"batch {row['batch']} x seq {row['seq']}")
+    return "; ".join(parts)
+
+
+def print_tables(rows: list[dict], suite: str, describe: dict[str, str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"splitformer bench {suite}", title_justify="left")
+    for col, kw in (("size", {}), ("group", {}), ("path", {}), ("contender", {}),
+                    ("median ms", {"justify": "right"}),
+                    ("splitformer / other (median / median)", {}), ("", {})):
+        table.add_column(col, **kw)
+    for r in rows:
+        if "skipped" in r or "error" in r:
+            table.add_row(r["size"], r.get("group", ""), "", "",
+                          "", f"[yellow]{r.get('skipped') or r.get('error')}[/yellow]", "")
+            continue
+        table.add_row(r["size"], r["group"], r["path"], r["name"],
+                      _ms(r["median_s"]) if "median_s" in r else "", _ratios(r), _extra(r))
+    console = Console(width=max(120, Console().width))
+    console.print(table)
+    for label, text in describe.items():
+        console.print(f"  {label}: {text}")
+
+
+def run(args: argparse.Namespace) -> int:
+    suites = _suites()
+    if args.list:
+        from ..bench.sizes import SIZES
+        for name, s in suites.items():
+            print(f"{name:8} {s.description}")
+        for name, size in SIZES.items():
+            print(f"size {name:5} {size.describe()}")
+        return 0
+    names = list(dict.fromkeys(args.suites or ["encoder"]))
+    bad = [n for n in names if n not in suites]
+    if bad:
+        raise UsageError(f"argument SUITE: unknown suite {bad[0]!r} (suites: "
+                         f"{', '.join(suites)})")
+    out = _check_out(args.out)
+    from ..bench.sizes import SIZES
+    sizes = list({s: None for group in (args.size or [[SIZES["d256"]]]) for s in group})
+    import torch
+
+    from ..bench.suites import Options, run_suite
+    from .progress import Progress
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    opts = Options(repeats=args.repeats, warmup=args.warmup, paths=args.paths, seed=args.seed,
+                   ks=args.ks, seqs=args.seqs, backend=args.backend)
+    data = {"command": "splitformer bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == [
+                "bench"] else "splitformer bench",
+            "machine": machine(), "options": {**vars(opts)},
+            "sizes": {s.label: {**s.as_dict(), "forward_flops": s.forward_flops()}
+                      for s in sizes},
+            "suites": names, "rows": []}
+    progress = Progress(enabled=not args.json)
+    failed = 0
+    args._interrupted = f" (the suites finished so far are in {out})"
+    for name in names:
+        rows: list[dict] = []
+        for size in sizes:
+            try:
+                rows += run_suite(name, size, opts, progress)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as e:  # noqa: BLE001 - recorded, the other suites go on
+                failed += 1
+                text = str(e).splitlines()[0] if str(e) else ""
+                rows.append({"suite": name, "size": size.label,
+                             "error": f"{type(e).__name__}: {text}"})
+        progress.close()
+        data["rows"] += rows
+        _write(out, data)
+        if not args.json:
+            print_tables(rows, name, {s.label: s.describe() for s in sizes if not s.name} |
+                         {s.name: s.describe() for s in sizes if s.name})
+    if args.json:
+        print(json.dumps(data, indent=1))
+    else:
+        print(f"wrote {out}")
+    if failed:
+        errors = [r for r in data["rows"] if "error" in r]
+        sys.stderr.write(f"splitformer bench: {failed} suite run(s) failed: "
+                         f"{errors[0]['suite']} at {errors[0]['size']}: {errors[0]['error']}\n")
+        return 1
+    return 0
