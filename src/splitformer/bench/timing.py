@@ -119,6 +119,8 @@ def measure(contenders: Sequence[Contender], path: str, *, repeats: int = 5,
     interleaved. ``repeats`` >= 1 (the issue's tables use >= 5)."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     runs = [(c, step_fn(c, path), _device(c)) for c in contenders]
     for _c, run, dev in runs:
         for _ in range(warmup):

@@ -1,0 +1,152 @@
+"""`splitformer bench` and its parts: every suite of the registry runs and gives consistent rows;
+the timing harness interleaves; peak memory reads the allocator; the training step's peak
+memory is not above torch.nn's (a deterministic quantity, so a test); bad inputs are one line
+and exit 2."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from splitformer.bench import Contender, Size, measure, parse_size, peak_memory
+from splitformer.bench.suites import SUITES, Options, run_suite
+from splitformer.cli import main
+
+MICRO = Size(16, 2, 1, 32, 2, 8, "micro")
+OPTS = Options(repeats=1, warmup=0, ks=(1, 2), seqs=(4, 8), backend="eager")
+
+
+@pytest.mark.parametrize("name", sorted(SUITES))
+def test_every_suite_runs_and_its_ratios_are_its_medians(name):
+    rows = run_suite(name, MICRO, OPTS)
+    assert rows
+    timed = [r for r in rows if "median_s" in r]
+    by_group: dict[tuple, dict[str, float]] = {}
+    for r in timed:
+        assert math.isfinite(r["median_s"]) and r["median_s"] > 0
+        by_group.setdefault((r["size"], r["group"], r["path"]), {})[r["name"]] = r["median_s"]
+    for r in timed:
+        medians = by_group[(r["size"], r["group"], r["path"])]
+        for other, ratio in r["ratios"].items():
+            assert ratio == pytest.approx(r["median_s"] / medians[other])
+    assert any(r.get("splitformer") for r in rows if "skipped" not in r)
+    for r in rows:  # a peer that cannot run says why
+        assert "skipped" not in r or r["skipped"].strip()
+
+
+def test_measure_interleaves_the_repeats():
+    calls: list[str] = []
+
+    class Tick(nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+            self.w = nn.Parameter(torch.ones(1))
+
+        def forward(self, x):
+            calls.append(self.name)
+            return x * self.w
+
+    x = torch.ones(3)
+    result = measure([Contender("a", Tick("a"), (x,)), Contender("b", Tick("b"), (x,))],
+                     "no_grad", repeats=3, warmup=1)
+    assert calls == ["a", "b"] + ["a", "b"] * 3
+    assert set(result) == {"a", "b"} and len(result["a"]["times_s"]) == 3
+    with pytest.raises(ValueError, match="repeats"):
+        measure([], "no_grad", repeats=0)
+    with pytest.raises(ValueError, match="path"):
+        measure([], "backward")
+
+
+def test_peak_memory_reads_the_allocator():
+    n = 1 << 20
+
+    def one_block():
+        torch.empty(n, dtype=torch.uint8).fill_(1)
+
+    def two_blocks_alive():
+        a = torch.empty(n, dtype=torch.uint8)
+        b = torch.empty(n, dtype=torch.uint8)
+        a.fill_(1), b.fill_(1)
+
+    assert peak_memory(one_block) == n
+    assert peak_memory(two_blocks_alive) == 2 * n
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_training_step_peak_memory_is_not_above_torch_nn(norm_first):
+    """The issue's memory bar, at a small size: forward, loss, backward of from_torch(m) holds
+    at most what m's does (the allocator's own records: deterministic)."""
+    from splitformer.bench import peers
+    from splitformer.bench.timing import step_fn
+
+    size = Size(64, 4, 2, 256, 4, 32)
+    peaks = {}
+    for c in peers.torch_encoder(size, norm_first=norm_first):
+        run = step_fn(c, "train")
+        run()
+        c.model.zero_grad(set_to_none=True)
+        peaks[c.name] = peak_memory(run)
+    assert peaks["splitformer"] <= peaks["torch.nn"], peaks
+
+
+def test_sizes_parse_and_refuse():
+    assert parse_size("d768").dim == 768
+    s = parse_size("dim=32,heads=4")
+    assert (s.dim, s.heads, s.layers) == (32, 4, 6)
+    for bad, word in (("d999", "expected one of"), ("dim=x", "not an integer"),
+                      ("depth=3", "unknown key"), ("dim=30,heads=4", "must divide"),
+                      ("dim=0", "positive")):
+        with pytest.raises(ValueError, match=word):
+            parse_size(bad)
+    assert MICRO.forward_flops() == 1 * (8 * 16 * 16 * 16 + 4 * 2 * 64 * 16 + 4 * 16 * 16 * 32)
+
+
+def test_command_writes_json_and_prints_tables(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    code = main(["bench", "refine", "memory", "--size", "dim=16,heads=2,layers=1,ff=32,batch=2,"
+                 "seq=8", "--repeats", "1", "--warmup", "0", "--ks", "1,2", "--out", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["suites"] == ["refine", "memory"]
+    assert {r["suite"] for r in data["rows"]} == {"refine", "memory"}
+    assert data["machine"]["torch"] == torch.__version__
+    text = capsys.readouterr().out
+    assert "splitformer bench refine" in text and "peak" in text and str(out) in text
+    assert not list(tmp_path.glob(".bench-*"))  # no temporary file left
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["nosuch"], "SUITE"),
+    (["--repeats", "0"], "--repeats"),
+    (["--warmup", "-1"], "--warmup"),
+    (["--size", "dim=abc"], "--size"),
+    (["--size", "huge"], "--size"),
+    (["--paths", "train,backward"], "--paths"),
+    (["--ks", "0,1"], "--ks"),
+    (["--threads", "100000"], "--threads"),
+    (["--backend", "tvm"], "--backend"),
+    (["--out", "/nonexistent-folder/b.json"], "--out"),
+    (["--out", "."], "--out"),
+])
+def test_bad_inputs_are_one_line_and_exit_2(argv, flag, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "splitformer", "bench", *argv,
+                        *([] if "--out" in argv else ["--out", str(tmp_path / "b.json")])],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0], r.stderr
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_list_names_every_suite(capsys):
+    assert main(["bench", "--list"]) == 0
+    text = capsys.readouterr().out
+    for name in SUITES:
+        assert name in text
