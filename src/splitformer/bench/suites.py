@@ -241,8 +241,10 @@ class _Compiled(torch.nn.Module):
 
 
 def compile_suite(size: Size, opts: Options, say: Say) -> list[dict]:
-    """Eager and compiled, torch.nn and splitformer, measured together on each path."""
+    """Eager and compiled, torch.nn and splitformer, measured together on each path; with the
+    FLOP/s of each as a fraction of the matmul peak (measured before and after, as ``flops``)."""
     rows = []
+    peak_runs = [_peak(opts)]
     for path in [p for p in opts.paths if p != "eval"] or list(opts.paths):
         eager = peers.torch_encoder(size, seed=opts.seed)
         compiled = []
@@ -255,11 +257,17 @@ def compile_suite(size: Size, opts: Options, say: Say) -> list[dict]:
         say(f"compile {size.label}: {path}")
         contenders = [*eager, *compiled]
         result = measure(contenders, path, repeats=opts.repeats, warmup=opts.warmup)
+        work = size.forward_flops() * (3 if path == "train" else 1)
         for row in _rows("compile", size, "eager and compiled", path, contenders, result):
             if row["name"] in seconds:
                 row["compile_s"] = seconds[row["name"]]
+            row.update(flops=work, flops_per_s=work / row["median_s"])
             rows.append(row)
         torch._dynamo.reset()
+    peak_runs.append(_peak(opts))
+    peak = statistics.median(peak_runs)
+    for row in rows:
+        row.update(peak_flops_per_s=peak, fraction_of_peak=row["flops_per_s"] / peak)
     return rows
 
 
