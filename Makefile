@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[dev,hf,data]'
+	$(PIP) -e '.[dev,hf,data,bench]'
 	# timm is a test-only reference; its torchvision does not import beside the CPU torch, so it
 	# is installed without dependencies (tests/conftest.py supplies a stand-in for torchvision).
 	$(PIP) --no-deps 'timm>=1.0'
@@ -35,8 +35,10 @@ test-slow: $(STAMP)
 test-all: lint
 	$(PY) -m pytest -n 2 --dist loadfile -m ''
 
+# `splitformer bench` (default: the encoder suite at d256) with timm importable; the measurements
+# of docs/performance.md: bash benchmarks/performance.sh
 bench: $(STAMP)
-	$(PY) benchmarks/bench_encoder.py
+	$(PY) benchmarks/bench.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache

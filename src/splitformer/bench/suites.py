@@ -8,6 +8,8 @@ Every suite measures its contenders in one process with the repeats interleaved
     schemes   Strang at Macaron parity against x-transformers' macaron encoder and Lie; Heun/RK2
               against the ODE Transformer's RK2 block and Lie; parallel against timm's
               parallel-scaling ViT (``scheme_peers``)
+    costs     every named scheme and integrator on the same controls against Lie (registry:
+              a new scheme is picked up), with its field evaluations per step
     refine    the cost of ``refine(k)``: N_t = k L steps of tau = 1/k on the same controls
     seq       splitformer against torch.nn at sequence lengths 64 .. 1024, tokens per batch fixed
     memory    peak memory of one training step: torch.nn, and splitformer with each adjoint
@@ -128,6 +130,60 @@ def schemes(size: Size, opts: Options, say: Say) -> list[dict]:
         ("Heun / RK2", lambda: scheme_peers.heun_rk2(size, seed=s)),
         ("parallel", lambda: scheme_peers.parallel_block(size, seed=s)),
     ], paths)
+
+
+EVALUATIONS = {"euler": 1, "heun": 2, "rk2": 2, "rk4": 4}
+
+
+def field_evaluations(scheme) -> dict[str, int]:
+    """How many times one step evaluates each field operator (Euler 1, Heun 2, RK4 4 per
+    stage; parallel branches counted too)."""
+    counts: dict[str, int] = {}
+
+    def walk(stages):
+        for st in stages:
+            if st.kind == "parallel":
+                for branch in st.branches:
+                    walk(branch)
+            elif st.kind == "field":
+                for f in st.fields():
+                    counts[f] = counts.get(f, 0) + EVALUATIONS[st.integrator]
+
+    walk(scheme.stages)
+    return counts
+
+
+def costs(size: Size, opts: Options, say: Say) -> list[dict]:
+    """Every named scheme (``time.schemes.scheme_names``) with each integrator on the same
+    post-LN controls, against Lie: the cost of a step and the field evaluations behind it.
+    A scheme that refuses these controls (the paper's own) is a row saying why."""
+    from ..time import INTEGRATORS, scheme_names
+
+    base = peers.torch_encoder(size, seed=opts.seed)[1]
+    contenders = [Contender("lie", base.model, base.inputs, note="the network's Lie scheme")]
+    skipped = []
+    for name in scheme_names():
+        for integrator in dict.fromkeys(INTEGRATORS.values()):
+            label = f"{name} {integrator.__name__}"
+            if label == "lie euler":
+                continue
+            try:
+                model = base.model.with_scheme(name, integrator=integrator.__name__)
+            except ValueError as e:
+                skipped.append(_skipped("costs", size, label, str(e).splitlines()[0]))
+                break
+            ev = field_evaluations(model.evolution.scheme)
+            contenders.append(Contender(label, model, base.inputs, note=", ".join(
+                f"{k} x{v}" for k, v in ev.items())))
+    rows = []
+    for path in [p for p in opts.paths if p != "eval"] or list(opts.paths):
+        say(f"costs {size.label}: {len(contenders)} schemes, {path}")
+        result = measure(contenders, path, repeats=opts.repeats, warmup=opts.warmup)
+        for row in _rows("costs", size, "schemes on the Lie network's controls", path,
+                         contenders, result):
+            row["ratios"] = {"lie": row["ratios"]["lie"]} if row["name"] != "lie" else {}
+            rows.append(row)
+    return rows + skipped
 
 
 def refine(size: Size, opts: Options, say: Say) -> list[dict]:
@@ -276,6 +332,8 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
           "ViT: train step, eval, eval under no_grad", encoder),
     Suite("schemes", "Strang vs x-transformers macaron, Heun vs ODE-Transformer RK2, parallel "
           "vs timm parallel-scaling ViT, each also against Lie", schemes),
+    Suite("costs", "the cost of a step of every named scheme and integrator against Lie, on "
+          "the same controls", costs),
     Suite("refine", "cost against N_t: refine(k) of the Lie network", refine),
     Suite("seq", "cost against sequence length (tokens per batch fixed), torch.nn and "
           "splitformer", seq),

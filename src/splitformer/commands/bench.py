@@ -203,6 +203,32 @@ def print_tables(rows: list[dict], suite: str, describe: dict[str, str]) -> None
         console.print(f"  {label}: {text}")
 
 
+def _size_text(size) -> str:
+    if size.name:
+        return size.name
+    return ",".join(f"{k}={getattr(size, k)}" for k in ("dim", "heads", "layers", "ff", "batch",
+                                                         "seq"))
+
+
+def _command(names: list[str], sizes: list, args: argparse.Namespace) -> str:
+    """The command line that repeats this run (every option spelled out)."""
+    parts = ["splitformer bench", *names, "--size", ",".join(_size_text(s) for s in sizes)
+             if all(s.name for s in sizes) else " --size ".join(_size_text(s) for s in sizes),
+             "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+             "--paths", ",".join(args.paths)]
+    if "refine" in names:
+        parts += ["--ks", ",".join(map(str, args.ks))]
+    if "seq" in names:
+        parts += ["--seqs", ",".join(map(str, args.seqs))]
+    if "compile" in names:
+        parts += ["--backend", args.backend]
+    if args.threads:
+        parts += ["--threads", str(args.threads)]
+    if args.seed:
+        parts += ["--seed", str(args.seed)]
+    return " ".join(parts)
+
+
 def run(args: argparse.Namespace) -> int:
     suites = _suites()
     if args.list:
@@ -229,9 +255,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     opts = Options(repeats=args.repeats, warmup=args.warmup, paths=args.paths, seed=args.seed,
                    ks=args.ks, seqs=args.seqs, backend=args.backend)
-    data = {"command": "splitformer bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == [
-                "bench"] else "splitformer bench",
-            "machine": machine(), "options": {**vars(opts)},
+    data = {"command": _command(names, sizes, args), "machine": machine(),
+            "options": {**vars(opts)},
             "sizes": {s.label: {**s.as_dict(), "forward_flops": s.forward_flops()}
                       for s in sizes},
             "suites": names, "rows": []}
