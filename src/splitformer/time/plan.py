@@ -56,19 +56,35 @@ def _field(st, theta: Mapping[str, nn.Module], tau: float) -> Run:
     h = st.fraction * tau
     embed = ops[0].embed if ops[0].changes_width else None
     first, rest = ops[0], ops[1:]
-    if not rest and not pre and not post and proj is None:
-        if integrate is euler and embed is None and h == 1.0:
-            if returns_new(first):
-                def run(u, ctx, saved):  # euler(F, u, 1): u + F(u), in F(u)'s memory when
-                    if torch.is_grad_enabled():  # no gradient is recorded (F(u) + u: the
-                        return u + first(u, ctx)  # same sum, bit for bit)
+    if integrate is euler and embed is None and proj is None and not rest:
+        # euler(F, u, h) = u + h F(u), F = post(F_1(pre(.))); without autograd, written into
+        # F(u)'s memory when F(u) is new (operators.base.returns_new of the last operator):
+        # the same operation, the same bits
+        own = returns_new(post[-1] if post else first)
+        if not pre and not post and h == 1.0:
+            if own:
+                def run(u, ctx, saved):
+                    if torch.is_grad_enabled():
+                        return u + first(u, ctx)
                     return first(u, ctx).add_(u)
                 return run
 
-            def run(u, ctx, saved):  # euler(F, u, 1): u + F(u)
+            def run(u, ctx, saved):
                 return u + first(u, ctx)
             return run
 
+        def run(u, ctx, saved):
+            w = u
+            for op in pre:
+                w = op(w, ctx)
+            du = first(w, ctx)
+            for op in post:
+                du = op(du, ctx)
+            if own and not torch.is_grad_enabled():
+                return du.add_(u) if h == 1.0 else torch.add(u, du, alpha=h, out=du)
+            return u + du if h == 1.0 else torch.add(u, du, alpha=h)
+        return run
+    if not rest and not pre and not post and proj is None:
         def run(u, ctx, saved):
             return integrate(lambda v: first(v, ctx), u, h, embed)
         return run
