@@ -12,13 +12,11 @@ import json
 import sys
 from pathlib import Path
 
+from splitformer.bench.timing import ms
+
 
 def load(folder: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
-
-
-def ms(s: float) -> str:
-    return f"{s * 1e3:,.1f}" if s < 10 else f"{s * 1e3:,.0f}"
 
 
 def by(rows, *keys):
@@ -78,8 +76,8 @@ def schemes(d: dict) -> None:
     rows = d["rows"]
     print(header(["pair", "contender", "parameters", "path", "ms", "ratios (this / other)"]))
     for r in rows:
-        if "skipped" in r:
-            print(f"| {r['group']} | {r['skipped']} | | | | |")
+        if "skipped" in r or "error" in r:
+            print(f"| {r.get('group', '')} | {r.get('skipped') or r.get('error')} | | | | |")
             continue
         ratios = ", ".join(f"{v:.3f}x {k}" for k, v in r["ratios"].items())
         print(f"| {r['group']} | {r['name']} | {r['parameters']:,} | {r['path']} | "

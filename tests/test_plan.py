@@ -128,7 +128,7 @@ def test_updates_written_in_place_leave_kept_states_alone():
 
 def test_returns_new_is_declared_by_the_class_that_defines_forward():
     from splitformer.operators import NonlocalAttention
-    from splitformer.operators.base import returns_new
+    from splitformer.operators.base import returns_new, tree_has_hooks
 
     op = NonlocalAttention(8, 2)
     assert returns_new(op)
@@ -138,7 +138,67 @@ def test_returns_new_is_declared_by_the_class_that_defines_forward():
             return super().forward(u, context)
 
     assert not returns_new(Cached(8, 2))
-    handle = op.register_forward_hook(lambda m, a, out: out)
-    assert not returns_new(op)  # a hook may return anything
-    handle.remove()
-    assert returns_new(op)
+    assert not tree_has_hooks(op)
+    handle = op.kernel.register_forward_hook(lambda m, a, out: out)
+    assert tree_has_hooks(op) and returns_new(op)  # the class's promise; the hook is checked
+    handle.remove()  # when the update is made
+    assert not tree_has_hooks(op)
+
+
+def test_a_hook_added_later_keeps_what_it_saw():
+    """A forward hook on an operator, or on a module inside it, added after the plan was
+    built, keeps F(u) (or W_1 h + b_1) as it was made: nothing is written into it."""
+    _, model, x = _encoder()
+    theta = model.evolution.controls[0]
+    with torch.no_grad():
+        model(x)  # the plans exist
+        for module in (theta["attention"], theta["ffn"].stages[1], theta["ffn"].stages[0],
+                       theta["ffn"].out_dropout):
+            kept = []
+            handle = module.register_forward_hook(lambda m, a, out, kept=kept: kept.append(
+                (out, out.clone())))
+            model(x)
+            handle.remove()
+            assert kept and all(torch.equal(t, c) for t, c in kept), type(module).__name__
+
+
+def test_backward_hooks_on_bypassed_modules_still_fire():
+    _, model, x = _encoder()
+    model.train()
+    ffn = model.evolution.controls[0]["ffn"]
+    fired = []
+    ffn.dropout.register_full_backward_hook(lambda m, gi, go: fired.append("dropout"))
+    ffn.activation.register_full_backward_hook(lambda m, gi, go: fired.append("activation"))
+    model(x).square().mean().backward()
+    assert set(fired) == {"dropout", "activation"}
+
+
+def test_autocast_keeps_the_residual_in_the_states_dtype():
+    """Under autocast F(u) is bfloat16: the update u + F(u) stays in u's dtype, as Scheme.step
+    computes it."""
+    _, model, x = _encoder()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        planned = model(x)
+        reference = _interpreted(copy.deepcopy(model))(x)
+    assert planned.dtype == reference.dtype
+    assert torch.equal(planned, reference)
+
+
+def test_piecewise_linear_controls_keep_no_plan_between_grid_points():
+    _, model, x = _encoder()
+    smooth = model.with_controls_in_time("linear").refine(4)
+    smooth(x)
+    evo = smooth.evolution
+    kept = evo.__dict__.get("_plans", {})
+    assert all(isinstance(evo.theta(i), nn.Module) for i in kept)
+    assert evo.plan(5) is not evo.plan(5) or isinstance(evo.theta(5), nn.Module)
+
+
+def test_a_subclass_may_withdraw_the_promise():
+    from splitformer.operators import FeedForward
+    from splitformer.operators.base import returns_new
+
+    class Careful(FeedForward):
+        returns_new = False
+
+    assert returns_new(FeedForward([8, 16, 8])) and not returns_new(Careful([8, 16, 8]))

@@ -19,35 +19,84 @@ comparisons of the other schemes. A library that does not import raises ``PeerUn
 
 from __future__ import annotations
 
+import math
+
 import torch
+from torch import nn
 
 import splitformer
 
-from .scheme_peers import (
-    PATCH,
-    PeerUnavailable,
-    _input,
-    _noted,
-    _patch_grid,
-    _ratio,
-    _reason,
-    _torch_encoder,
-)
 from .sizes import Size
 from .timing import Contender
 
-__all__ = ["PeerUnavailable", "hf_bert", "timm_vit", "torch_encoder"]
+__all__ = ["PATCH", "PeerUnavailable", "hf_bert", "lie_contender", "noted", "patch_grid",
+           "reason", "sequence_input", "timm_vit", "torch_encoder", "torch_layers",
+           "width_ratio"]
+
+PATCH = 16  # the ViT pair's patch size (ViT-B/16's)
+
+
+class PeerUnavailable(Exception):
+    """The reference library of a comparison is not importable here (the message says why, in
+    one line)."""
+
+
+def reason(e: BaseException) -> str:
+    """An exception in one line: "Type: first line of its message"."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def noted(c: Contender, what: str) -> Contender:
+    """``c`` with its note: what it is, and its parameter count."""
+    c.note = f"{what}; {c.parameters:,} parameters"
+    return c
+
+
+def sequence_input(size: Size, seed: int) -> torch.Tensor:
+    """The (batch, seq, dim) float32 input of a sequence pair, from its own generator."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(size.batch, size.seq, size.dim, generator=g, dtype=torch.float32)
+
+
+def torch_layers(size: Size, ff: int, norm_first: bool, seed: int) -> nn.TransformerEncoder:
+    """``nn.TransformerEncoder`` at ``size`` with FFN width ``ff`` (ReLU, dropout 0, batch
+    first), its weights drawn after ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    layer = nn.TransformerEncoderLayer(size.dim, size.heads, ff, dropout=0.0, batch_first=True,
+                                       norm_first=norm_first, dtype=torch.float32)
+    return nn.TransformerEncoder(layer, size.layers, enable_nested_tensor=False)
+
+
+def lie_contender(size: Size, x: torch.Tensor, seed: int) -> Contender:
+    """The Lie scheme on the standard post-LN network at ``size``, on input ``x``."""
+    model = splitformer.from_torch(torch_layers(size, size.ff, False, seed)).with_scheme("lie")
+    return noted(Contender("lie", model, (x,)),
+                  f"splitformer Lie scheme, post-LN, ff {size.ff} (the standard encoder)")
+
+
+def width_ratio(width: int, dim: int) -> float:
+    """A multiplier r with int(dim * r) == width (how x-transformers and timm size hidden
+    layers)."""
+    r = width / dim
+    return r if int(dim * r) == width else (width + 0.5) / dim
+
+
+def patch_grid(seq: int) -> tuple[int, int]:
+    """(rows, cols) of patches with rows * cols == seq, as square as possible."""
+    rows = max(d for d in range(1, math.isqrt(seq) + 1) if seq % d == 0)
+    return rows, seq // rows
 
 
 def torch_encoder(size: Size, *, norm_first: bool = False, seed: int = 0) -> list[Contender]:
     """[torch.nn, splitformer]: ``nn.TransformerEncoder`` and ``from_torch`` of it."""
-    ref = _torch_encoder(size, size.ff, norm_first, seed)
+    ref = torch_layers(size, size.ff, norm_first, seed)
     ours = splitformer.from_torch(ref)
-    x = _input(size, seed)
+    x = sequence_input(size, seed)
     layout = "pre-LN" if norm_first else "post-LN"
     return [
-        _noted(Contender("torch.nn", ref, (x,)), f"nn.TransformerEncoder, {layout}, ReLU"),
-        _noted(Contender("splitformer", ours, (x,)),
+        noted(Contender("torch.nn", ref, (x,)), f"nn.TransformerEncoder, {layout}, ReLU"),
+        noted(Contender("splitformer", ours, (x,)),
                f"from_torch: {'pre-norm' if norm_first else 'Lie'} scheme, the same weights"),
     ]
 
@@ -57,7 +106,7 @@ def hf_bert(size: Size, *, seed: int = 0, vocab: int = 1024) -> list[Contender]:
     try:
         from transformers import BertConfig, BertModel
     except Exception as e:
-        raise PeerUnavailable(f"transformers does not import here: {_reason(e)}") from e
+        raise PeerUnavailable(f"transformers does not import here: {reason(e)}") from e
     def build(attn: str):
         config = BertConfig(vocab_size=vocab, hidden_size=size.dim,
                             num_hidden_layers=size.layers, num_attention_heads=size.heads,
@@ -75,11 +124,11 @@ def hf_bert(size: Size, *, seed: int = 0, vocab: int = 1024) -> list[Contender]:
     ids = torch.randint(0, vocab, (size.batch, size.seq), generator=g)
     mask = torch.ones_like(ids)
     return [
-        _noted(Contender("HF BERT eager", eager, (), {"input_ids": ids, "attention_mask": mask}),
+        noted(Contender("HF BERT eager", eager, (), {"input_ids": ids, "attention_mask": mask}),
                "transformers BertModel, attn_implementation='eager', GELU"),
-        _noted(Contender("HF BERT sdpa", sdpa, (), {"input_ids": ids, "attention_mask": mask}),
+        noted(Contender("HF BERT sdpa", sdpa, (), {"input_ids": ids, "attention_mask": mask}),
                "transformers BertModel, attn_implementation='sdpa'"),
-        _noted(Contender("splitformer", ours, (), {"input_ids": ids, "attention_mask": mask}),
+        noted(Contender("splitformer", ours, (), {"input_ids": ids, "attention_mask": mask}),
                "from_hf: embeddings, Lie scheme (post-LN), the same weights"),
     ]
 
@@ -91,16 +140,16 @@ def timm_vit(size: Size, *, seed: int = 0) -> list[Contender]:
     try:
         from timm.models.vision_transformer import VisionTransformer
     except Exception as e:
-        raise PeerUnavailable(f"timm does not import here: {_reason(e)}") from e
+        raise PeerUnavailable(f"timm does not import here: {reason(e)}") from e
     patches = size.seq - 1 if size.seq > 1 else 1
-    rows, cols = _patch_grid(patches)
+    rows, cols = patch_grid(patches)
     if rows == 1 and cols > 4:  # a long thin strip: use seq patches instead
-        rows, cols = _patch_grid(size.seq)
+        rows, cols = patch_grid(size.seq)
     torch.manual_seed(seed)
     ref = VisionTransformer(img_size=(rows * PATCH, cols * PATCH), patch_size=PATCH,
                             in_chans=3, num_classes=0, global_pool="token",
                             embed_dim=size.dim, depth=size.layers, num_heads=size.heads,
-                            mlp_ratio=_ratio(size.ff, size.dim), drop_rate=0.0,
+                            mlp_ratio=width_ratio(size.ff, size.dim), drop_rate=0.0,
                             pos_drop_rate=0.0, proj_drop_rate=0.0, attn_drop_rate=0.0,
                             drop_path_rate=0.0).float()
     ours = splitformer.from_timm(ref)
@@ -108,9 +157,9 @@ def timm_vit(size: Size, *, seed: int = 0) -> list[Contender]:
     images = torch.randn(size.batch, 3, rows * PATCH, cols * PATCH, generator=g)
     tokens = rows * cols + 1
     return [
-        _noted(Contender("timm ViT", ref, (images,)),
+        noted(Contender("timm ViT", ref, (images,)),
                f"timm VisionTransformer, pre-norm, GELU, {tokens} tokens ({rows}x{cols} "
                f"patches + class token)"),
-        _noted(Contender("splitformer", ours, (images,)),
+        noted(Contender("splitformer", ours, (images,)),
                "from_timm: pre-norm scheme, the same weights"),
     ]

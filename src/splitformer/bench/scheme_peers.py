@@ -31,61 +31,27 @@ one line why one cannot be.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 import splitformer
 
+from .peers import (
+    PATCH,
+    PeerUnavailable,
+    lie_contender,
+    noted,
+    patch_grid,
+    reason,
+    sequence_input,
+    torch_layers,
+    width_ratio,
+)
 from .sizes import Size
 from .timing import Contender
 
-__all__ = ["PATCH", "ODETransformerRK2", "PeerUnavailable", "heun_rk2", "parallel_block",
+__all__ = ["ODETransformerRK2", "PeerUnavailable", "heun_rk2", "parallel_block",
            "strang_macaron"]
-
-PATCH = 16  # the ViT pair's patch size (ViT-B/16's)
-
-
-class PeerUnavailable(Exception):
-    """The reference library of a comparison is not importable here (the message says why, in
-    one line)."""
-
-
-def _reason(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
-def _noted(c: Contender, what: str) -> Contender:
-    c.note = f"{what}; {c.parameters:,} parameters"
-    return c
-
-
-def _input(size: Size, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(size.batch, size.seq, size.dim, generator=g, dtype=torch.float32)
-
-
-def _torch_encoder(size: Size, ff: int, norm_first: bool, seed: int) -> nn.TransformerEncoder:
-    torch.manual_seed(seed)
-    layer = nn.TransformerEncoderLayer(size.dim, size.heads, ff, dropout=0.0, batch_first=True,
-                                       norm_first=norm_first, dtype=torch.float32)
-    return nn.TransformerEncoder(layer, size.layers, enable_nested_tensor=False)
-
-
-def _lie(size: Size, x: torch.Tensor, seed: int) -> Contender:
-    model = splitformer.from_torch(_torch_encoder(size, size.ff, False, seed)).with_scheme("lie")
-    return _noted(Contender("lie", model, (x,)),
-                  f"splitformer Lie scheme, post-LN, ff {size.ff} (the standard encoder)")
-
-
-def _ratio(width: int, dim: int) -> float:
-    """A multiplier r with int(dim * r) == width (how x-transformers and timm size hidden
-    layers)."""
-    r = width / dim
-    return r if int(dim * r) == width else (width + 0.5) / dim
-
 
 # -- Strang vs Macaron -----------------------------------------------------------------------
 def strang_macaron(size: Size, *, seed: int = 0) -> list[Contender]:
@@ -109,26 +75,26 @@ def strang_macaron(size: Size, *, seed: int = 0) -> list[Contender]:
     try:
         from x_transformers import Encoder
     except Exception as e:
-        raise PeerUnavailable(f"x-transformers does not import here: {_reason(e)}") from e
+        raise PeerUnavailable(f"x-transformers does not import here: {reason(e)}") from e
     half = size.ff // 2
     if half < 1:
         raise ValueError(f"strang_macaron needs ff >= 2 (a half-width FFN), got ff={size.ff}")
-    x = _input(size, seed)
-    ours = splitformer.from_torch(_torch_encoder(size, half, True, seed)).with_scheme(
+    x = sequence_input(size, seed)
+    ours = splitformer.from_torch(torch_layers(size, half, True, seed)).with_scheme(
         "strang", integrator="euler")
     torch.manual_seed(seed)
     peer = Encoder(dim=size.dim, depth=size.layers, heads=size.heads, macaron=True,
-                   ff_mult=_ratio(half, size.dim), attn_dim_head=size.dim // size.heads,
+                   ff_mult=width_ratio(half, size.dim), attn_dim_head=size.dim // size.heads,
                    attn_flash=True, ff_custom_activation=nn.ReLU(),
                    pre_norm_has_final_norm=False, norm_add_unit_offset=False).float()
     return [
-        _noted(Contender("strang", ours, (x,)),
+        noted(Contender("strang", ours, (x,)),
                f"splitformer Strang (euler), pre-LN, one FFN of width {half} evaluated over two "
                "half steps: G/2 A G/2"),
-        _noted(Contender("x-transformers macaron", peer, (x,)),
+        noted(Contender("x-transformers macaron", peer, (x,)),
                f"x-transformers Encoder(macaron=True), two FFNs of width {half} (x 0.5) per "
                "layer, bias-free LayerNorm and Q/K/V/O"),
-        _lie(size, x, seed),
+        lie_contender(size, x, seed),
     ]
 
 
@@ -168,28 +134,22 @@ def heun_rk2(size: Size, *, seed: int = 0) -> list[Contender]:
     integrator="heun")``: "norm1>attention:heun norm2>ffn:heun", Heun on each field in turn.
     ODE Transformer: ``ODETransformerRK2`` on the layers of the same torch.nn encoder (built
     from the same seed, so the same initial weights), Heun on the composite block."""
-    x = _input(size, seed)
-    ours = splitformer.from_torch(_torch_encoder(size, size.ff, True, seed)).with_scheme(
+    x = sequence_input(size, seed)
+    ours = splitformer.from_torch(torch_layers(size, size.ff, True, seed)).with_scheme(
         "prenorm", integrator="heun")
-    peer = ODETransformerRK2(list(_torch_encoder(size, size.ff, True, seed).layers))
+    peer = ODETransformerRK2(list(torch_layers(size, size.ff, True, seed).layers))
     return [
-        _noted(Contender("heun", ours, (x,)),
+        noted(Contender("heun", ours, (x,)),
                f"splitformer pre-norm scheme, Heun substeps per field, ff {size.ff} "
                "(2 A + 2 G per layer)"),
-        _noted(Contender("ode-transformer rk2", peer, (x,)),
+        noted(Contender("ode-transformer rk2", peer, (x,)),
                "ODE Transformer RK2 block (Li et al. 2022): y + (F(y) + F(y + F(y)))/2, F = "
                "pre-LN nn.TransformerEncoderLayer - identity (2 A + 2 G per layer)"),
-        _lie(size, x, seed),
+        lie_contender(size, x, seed),
     ]
 
 
 # -- parallel vs timm's parallel block ---------------------------------------------------------
-def _patch_grid(seq: int) -> tuple[int, int]:
-    """(rows, cols) of patches with rows * cols == seq, as square as possible."""
-    rows = max(d for d in range(1, math.isqrt(seq) + 1) if seq % d == 0)
-    return rows, seq // rows
-
-
 def parallel_block(size: Size, *, seed: int = 0) -> list[Contender]:
     """Parallel splitting: [splitformer parallel, timm ParallelScalingBlock].
 
@@ -208,11 +168,11 @@ def parallel_block(size: Size, *, seed: int = 0) -> list[Contender]:
     try:
         from timm.models.vision_transformer import ParallelScalingBlock, VisionTransformer
     except Exception as e:
-        raise PeerUnavailable(f"timm does not import here: {_reason(e)}") from e
-    rows, cols = _patch_grid(size.seq)
+        raise PeerUnavailable(f"timm does not import here: {reason(e)}") from e
+    rows, cols = patch_grid(size.seq)
     kwargs = dict(img_size=(rows * PATCH, cols * PATCH), patch_size=PATCH, in_chans=3,
                   num_classes=0, global_pool="", class_token=False, embed_dim=size.dim,
-                  depth=size.layers, num_heads=size.heads, mlp_ratio=_ratio(size.ff, size.dim),
+                  depth=size.layers, num_heads=size.heads, mlp_ratio=width_ratio(size.ff, size.dim),
                   drop_rate=0.0, pos_drop_rate=0.0, proj_drop_rate=0.0, attn_drop_rate=0.0,
                   drop_path_rate=0.0)
     g = torch.Generator().manual_seed(seed)
@@ -224,9 +184,9 @@ def parallel_block(size: Size, *, seed: int = 0) -> list[Contender]:
     peer = VisionTransformer(**kwargs, block_fn=ParallelScalingBlock).float()
     grid = f"{rows}x{cols} patches of {PATCH}"
     return [
-        _noted(Contender("parallel", ours, (images,)),
+        noted(Contender("parallel", ours, (images,)),
                f"splitformer parallel scheme on a timm ViT (two LayerNorms per layer), {grid}"),
-        _noted(Contender("timm parallel-scaling", peer, (images,)),
+        noted(Contender("timm parallel-scaling", peer, (images,)),
                f"timm VisionTransformer(block_fn=ParallelScalingBlock), one shared LayerNorm "
                f"per layer, {grid}"),
     ]

@@ -31,9 +31,14 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["PATHS", "Contender", "matmul_peak", "measure", "peak_memory", "step_fn"]
+__all__ = ["PATHS", "Contender", "matmul_peak", "measure", "ms", "peak_memory", "step_fn"]
 
 PATHS = ("train", "eval", "no_grad", "inference")
+
+
+def ms(seconds: float) -> str:
+    """Seconds as milliseconds for a table: one decimal below 10 s, none above."""
+    return f"{seconds * 1e3:,.1f}" if seconds < 10 else f"{seconds * 1e3:,.0f}"
 
 
 def _first_tensor(out: Any) -> torch.Tensor:

@@ -71,6 +71,16 @@ def _paths_arg(text: str) -> tuple[str, ...]:
     return values
 
 
+def _seed_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2 ** 63:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2^63), got {text!r}")
+    return value
+
+
 def _warmup_arg(text: str) -> int:
     try:
         value = int(text)
@@ -105,7 +115,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch.compile backend of the compile suite (default inductor)")
     p.add_argument("--threads", type=bounded_int(os.cpu_count() or 1, "(this machine's CPUs)"),
                    default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
+    p.add_argument("--seed", type=_seed_arg, default=0,
+                   help="seed of the weights and inputs (0 <= seed < 2^63)")
     p.add_argument("--out", default="bench.json", metavar="FILE.json",
                    help="where the JSON goes (default bench.json)")
     p.add_argument("--json", action="store_true", help="print the JSON instead of tables")
@@ -124,12 +135,17 @@ def _check_out(value: str) -> Path:
     return path
 
 
-def _write(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict) -> None:
+    """``data`` as JSON at ``path``, through a temporary file in the same folder (a reader
+    never sees half a file), with the permissions a new file gets here (umask)."""
     fd, tmp = tempfile.mkstemp(prefix=".bench-", suffix=".json", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1)
             f.write("\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -153,10 +169,6 @@ def machine() -> dict:
             "platform": platform.platform()}
 
 
-def _ms(s: float) -> str:
-    return f"{s * 1e3:,.1f}" if s < 10 else f"{s * 1e3:,.0f}"
-
-
 def _ratios(row: dict) -> str:
     """A splitformer row's ratios to the other contenders of its group (the JSON has all)."""
     if not row.get("splitformer"):
@@ -165,6 +177,7 @@ def _ratios(row: dict) -> str:
 
 
 def _extra(row: dict) -> str:
+    from ..bench.timing import ms
     parts = []
     if "peak_bytes" in row:
         parts.append(f"peak {row['peak_bytes'] / 2**20:,.1f} MiB")
@@ -173,7 +186,7 @@ def _extra(row: dict) -> str:
                      f"{100 * row['fraction_of_peak']:.1f}% of matmul peak "
                      f"{row['peak_flops_per_s'] / 1e9:,.1f}")
     if "per_step_s" in row:
-        parts.append(f"N_t {row['num_steps']}, {_ms(row['per_step_s'])} ms/step")
+        parts.append(f"N_t {row['num_steps']}, {ms(row['per_step_s'])} ms/step")
     if "compile_s" in row:
         parts.append(f"compiled in {row['compile_s']:.1f} s")
     if "seq" in row and row.get("suite") == "seq":
@@ -182,8 +195,11 @@ def _extra(row: dict) -> str:
 
 
 def print_tables(rows: list[dict], suite: str, describe: dict[str, str]) -> None:
+    """One rich table of a suite's rows, and what each size is."""
     from rich.console import Console
     from rich.table import Table
+
+    from ..bench.timing import ms
 
     table = Table(title=f"splitformer bench {suite}", title_justify="left")
     for col, kw in (("size", {}), ("group", {}), ("path", {}), ("contender", {}),
@@ -196,7 +212,7 @@ def print_tables(rows: list[dict], suite: str, describe: dict[str, str]) -> None
                           "", f"[yellow]{r.get('skipped') or r.get('error')}[/yellow]", "")
             continue
         table.add_row(r["size"], r["group"], r["path"], r["name"],
-                      _ms(r["median_s"]) if "median_s" in r else "", _ratios(r), _extra(r))
+                      ms(r["median_s"]) if "median_s" in r else "", _ratios(r), _extra(r))
     console = Console(width=max(120, Console().width))
     console.print(table)
     for label, text in describe.items():
@@ -243,9 +259,17 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise UsageError(f"argument SUITE: unknown suite {bad[0]!r} (suites: "
                          f"{', '.join(suites)})")
+    for name in names:
+        if not set(args.paths) & set(suites[name].paths):
+            raise UsageError(f"argument --paths: suite {name!r} measures "
+                             f"{', '.join(suites[name].paths)}; none of them is in "
+                             f"{','.join(args.paths)}")
     out = _check_out(args.out)
     from ..bench.sizes import SIZES
     sizes = list({s: None for group in (args.size or [[SIZES["d256"]]]) for s in group})
+    if "schemes" in names and any(s.ff < 2 for s in sizes):
+        raise UsageError("argument --size: the schemes suite needs ff >= 2 (Strang at "
+                         "Macaron's cost has FFNs of width ff / 2)")
     import torch
 
     from ..bench.suites import Options, run_suite
@@ -277,7 +301,11 @@ def run(args: argparse.Namespace) -> int:
                              "error": f"{type(e).__name__}: {text}"})
         progress.close()
         data["rows"] += rows
-        _write(out, data)
+        try:
+            write_json(out, data)
+        except OSError as e:
+            sys.stderr.write(f"splitformer bench: cannot write {out}: {e.strerror or e}\n")
+            return 1
         if not args.json:
             print_tables(rows, name, {s.label: s.describe() for s in sizes if not s.name} |
                          {s.name: s.describe() for s in sizes if s.name})

@@ -31,9 +31,10 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _m
 
 __all__ = ["OPERATOR_KINDS", "Context", "Operator", "apply_dropout", "has_hooks",
-           "returns_new"]
+           "returns_new", "tree_has_hooks"]
 
 OPERATOR_KINDS = ("field", "projection", "map")
 
@@ -93,12 +94,26 @@ class Operator(nn.Module):
         return type(self).tangent is not Operator.tangent
 
 
-def has_hooks(module: nn.Module) -> bool:
-    """Whether calling ``module`` would run a forward hook (its own or a global one)."""
-    from torch.nn.modules import module as m
+def _global_hooks() -> bool:
+    return bool(_m._global_forward_hooks or _m._global_forward_pre_hooks
+                or _m._global_backward_hooks or _m._global_backward_pre_hooks)
 
+
+def _own_hooks(module: nn.Module) -> bool:
     return bool(module._forward_hooks or module._forward_pre_hooks
-                or m._global_forward_hooks or m._global_forward_pre_hooks)
+                or module._backward_hooks or module._backward_pre_hooks)
+
+
+def has_hooks(module: nn.Module) -> bool:
+    """Whether calling ``module`` would run a hook, forward or backward, its own or a global
+    one (then it must be called as a module, never bypassed)."""
+    return _own_hooks(module) or _global_hooks()
+
+
+def tree_has_hooks(module: nn.Module) -> bool:
+    """Whether ``module`` or any module inside it has a hook (or a global hook is set): a hook
+    may keep a tensor the module makes, which must then not be written into."""
+    return _global_hooks() or any(_own_hooks(m) for m in module.modules())
 
 
 def apply_dropout(dropout: nn.Module, u: torch.Tensor) -> torch.Tensor:
@@ -111,11 +126,15 @@ def apply_dropout(dropout: nn.Module, u: torch.Tensor) -> torch.Tensor:
 
 
 def returns_new(op: nn.Module) -> bool:
-    """Whether ``op(u, context)`` always returns a new tensor that nothing else holds, so that a
-    scheme may write the update into it (u + tau F(u) computed in F(u)'s memory when no
-    gradient is recorded). The class that defines ``forward`` says so with ``returns_new =
-    True`` (a subclass that overrides ``forward`` must say it again); never with a hook."""
+    """Whether the class of ``op`` promises that ``op(u, context)`` returns a new tensor that
+    nothing else holds, so that a scheme may write the update into it (u + tau F(u) computed
+    in F(u)'s memory when no gradient is recorded). The class that defines ``forward`` says so
+    with ``returns_new = True`` (a subclass that overrides ``forward`` must say it again, and
+    one that sets it False is believed). A promise of the class only: with a hook on ``op`` or
+    inside it (``tree_has_hooks``, checked when the update is made) nothing is written."""
+    if getattr(type(op), "returns_new", False) is not True:
+        return False
     for klass in type(op).__mro__:
         if "forward" in vars(klass):
-            return vars(klass).get("returns_new", False) is True and not has_hooks(op)
+            return vars(klass).get("returns_new", False) is True
     return False

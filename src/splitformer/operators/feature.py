@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Context, Operator, apply_dropout
+from .base import Context, Operator, apply_dropout, tree_has_hooks
 from .projections import Activation
 
 __all__ = ["FeatureIntegral", "FeedForward"]
@@ -93,6 +93,11 @@ class FeedForward(Operator):
     ``widths`` lists the feature grids [N_y, N_1, ..., N_{J-1}, N_y]; the activation s acts
     on every hidden grid. Dropout, when set, acts on each hidden field (``dropout``) and on
     the output (``out_dropout``), as in torch.nn.TransformerEncoderLayer.
+
+    The field acts on each token alone: ``forward`` flattens u to a (tokens, N_y) matrix, so
+    its ``FeatureIntegral`` stages and activation see 2-D tensors (hooks on them too), and each
+    W_j h + b_j is a new matrix that ReLU overwrites in place (``Activation.apply_``; not where
+    a hook on the stage may hold it).
     """
 
     kind = "field"
@@ -138,6 +143,8 @@ class FeedForward(Operator):
         last = len(self.stages) - 1      # not a view, which the activation may overwrite
         for j, stage in enumerate(self.stages):
             h = stage(h)
-            if j < last:
-                h = apply_dropout(self.dropout, self.activation.apply_(h))
+            if j < last:  # in place only where no hook of the stage may hold W_j h + b_j
+                s = self.activation.apply_(h) if not tree_has_hooks(stage) else \
+                    self.activation(h)
+                h = apply_dropout(self.dropout, s)
         return apply_dropout(self.out_dropout, h.view(*lead, h.shape[-1]))

@@ -246,7 +246,9 @@ class Evolution(nn.Module):
         """Step i compiled (``time.plan.Plan``): built once and kept while the scheme, tau and
         the operators of theta(t_i + tau / 2) stay the same; rebuilt when one of them changes."""
         theta = self.theta(i)
-        if torch.compiler.is_compiling():  # traced once: nothing to keep
+        if torch.compiler.is_compiling() or not isinstance(theta, nn.Module):
+            # traced once, or a control set made for this time only (piecewise-linear controls
+            # between two grid points): nothing to keep
             return Plan(self.scheme, theta, self.tau)
         plans = self.__dict__.setdefault("_plans", {})
         plan = plans.get(i)
@@ -254,6 +256,11 @@ class Evolution(nn.Module):
                 or not plan.fits(theta):
             plan = plans[i] = Plan(self.scheme, theta, self.tau)
         return plan
+
+    def _replicate_for_data_parallel(self):
+        replica = super()._replicate_for_data_parallel()
+        replica.__dict__.pop("_plans", None)  # its own operators: its own plans
+        return replica
 
     def __getstate__(self):
         state = dict(self.__dict__)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from ..operators.base import Context, returns_new
+from ..operators.base import Context, returns_new, tree_has_hooks
 from .integrators import INTEGRATORS, euler
 
 __all__ = ["Plan"]
@@ -47,7 +47,19 @@ def _chain(ops: tuple[nn.Module, ...], run: Run) -> Run:
     return chained
 
 
+def _writable(du: torch.Tensor, u: torch.Tensor, op: nn.Module) -> bool:
+    """Whether u + h du may be written into du: no gradient is being recorded, du has u's
+    dtype and shape (under autocast F(u) may be bfloat16: the sum must stay in u's dtype), and
+    no hook on the operator or inside it may hold du."""
+    return (not torch.is_grad_enabled() and du.dtype == u.dtype and du.shape == u.shape
+            and not tree_has_hooks(op))
+
+
 def _field(st, theta: Mapping[str, nn.Module], tau: float) -> Run:
+    """A field stage: u <- I_h[post(sum_i F_i(pre(.)))](u), I the stage's integrator, h =
+    fraction * tau, pre/post the operators around the field (a pre-norm's projection), Pi_T
+    the tangent projection in the tangent form. Explicit Euler with one field is written out
+    (u + h F(u)); everything else goes through ``time.integrators``."""
     ops = tuple(theta[n] for n in st.fields())
     pre = tuple(theta[n] for n in st.pre)
     post = tuple(theta[n] for n in st.post)
@@ -60,13 +72,15 @@ def _field(st, theta: Mapping[str, nn.Module], tau: float) -> Run:
         # euler(F, u, h) = u + h F(u), F = post(F_1(pre(.))); without autograd, written into
         # F(u)'s memory when F(u) is new (operators.base.returns_new of the last operator):
         # the same operation, the same bits
-        own = returns_new(post[-1] if post else first)
+        last = post[-1] if post else first
+        own = returns_new(last)
         if not pre and not post and h == 1.0:
             if own:
                 def run(u, ctx, saved):
-                    if torch.is_grad_enabled():
-                        return u + first(u, ctx)
-                    return first(u, ctx).add_(u)
+                    du = first(u, ctx)
+                    if _writable(du, u, last):
+                        return du.add_(u)
+                    return u + du
                 return run
 
             def run(u, ctx, saved):
@@ -80,7 +94,7 @@ def _field(st, theta: Mapping[str, nn.Module], tau: float) -> Run:
             du = first(w, ctx)
             for op in post:
                 du = op(du, ctx)
-            if own and not torch.is_grad_enabled():
+            if own and _writable(du, u, last):
                 return du.add_(u) if h == 1.0 else torch.add(u, du, alpha=h, out=du)
             return u + du if h == 1.0 else torch.add(u, du, alpha=h)
         return run
@@ -106,6 +120,8 @@ def _field(st, theta: Mapping[str, nn.Module], tau: float) -> Run:
 
 
 def _stage(st, theta: Mapping[str, nn.Module], tau: float) -> Run:
+    """One stage as a closure ``run(u, context, saved) -> u`` (the kinds of the module doc),
+    followed by its ``then`` operators."""
     kind = st.kind
     if kind == "relax":
         w, ref = st.weight, st.operator
