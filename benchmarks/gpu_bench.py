@@ -3,10 +3,17 @@
     python benchmarks/gpu_bench.py [--out gpu_bench.json] [--repeats 5] [--sizes d256,d768]
     python benchmarks/gpu_bench.py --dry-run --out /tmp/gpu_bench.json   # CPU, tiny size
 
-What it measures (``splitformer.bench.timing``: repeats interleaved, medians, CUDA synchronised;
-sizes from ``splitformer.bench.sizes`` with GPU batches: d256 batch 128 / seq 256, d768 batch 64 /
-seq 512), ``splitformer.from_torch(nn.TransformerEncoder(...))`` (the Lie scheme) against that
-encoder at every size:
+Sizes: the networks of ``splitformer.bench.sizes.SIZES`` "d256" and "d768" with GPU batches,
+named apart from the CPU sizes (whose batch and seq differ) in the tables and the JSON:
+
+    gpu-d256   d256's network (d 256 / 8 heads / 6 layers / ff 1024), batch 128 / seq 256
+    gpu-d768   d768's network (d 768 / 12 heads / 12 layers / ff 3072), batch 64 / seq 512
+
+``--sizes`` takes d256 and d768 (as before the renaming) or the gpu- names for them.
+
+What it measures (``splitformer.bench.timing``: repeats interleaved, medians, CUDA synchronised),
+``splitformer.from_torch(nn.TransformerEncoder(...))`` (the Lie scheme) against that encoder at
+every size, both built by ``splitformer.bench.peers.torch_layers`` (seed 0, ReLU, dropout 0):
 
     peaks          square matmul FLOP/s in float32 and bfloat16 (``timing.matmul_peak``)
     fp32           float32, paths train (forward + backward) and no_grad
@@ -15,9 +22,12 @@ encoder at every size:
     bf16_cast      both models cast to bfloat16, inference path, same SDPA restriction
     cuda_graphs    inference replayed from a torch.cuda.CUDAGraph captured on static inputs,
                    float32 and bfloat16, next to eager (CUDA only)
-    schemes        under bf16 autocast: Strang with Euler substeps on half-width FFNs (Macaron
-                   parity), pre-norm and its Heun/RK2 version, as ratios to Lie (flops_ratio: the
-                   FLOP count's ratio)
+    schemes        under bf16 autocast: Strang with Euler substeps on the pre-LN network with
+                   half-width FFNs (Macaron parity), built as ``bench.scheme_peers.strang_macaron``
+                   builds it (``torch_layers(size, ff // 2, norm_first=True)``, then
+                   ``.with_scheme("strang", integrator="euler")``) so that its ratio to Lie (the
+                   post-LN network, full ff) compares with the CPU schemes suite's; pre-norm and
+                   its Heun/RK2 version; all as ratios to Lie (flops_ratio: the FLOP count's ratio)
     memory         peak bytes of one training step, float32 and bf16 autocast (``peak_memory``)
     compile        torch.compile(fullgraph=True) of both models, train and no_grad, compiled
                    against compiled (and against eager); at the first size only (compiling costs
@@ -41,44 +51,52 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import math
 import os
 import platform
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+
+def _import_library():
+    try:
+        import splitformer  # noqa: F401
+    except ImportError:  # run from a checkout without the package installed
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+
+_import_library()
+
+import splitformer  # noqa: E402
+from splitformer.bench import peers, timing  # noqa: E402
+from splitformer.bench import sizes as sizes_mod  # noqa: E402
+from splitformer.bench.peers import reason  # noqa: E402
+from splitformer.commands import positive_int  # noqa: E402
+from splitformer.commands.bench import write_json  # noqa: E402
+
 PARTS = ("peaks", "fp32", "bf16_autocast", "bf16_cast", "cuda_graphs", "schemes", "memory",
          "compile", "flops")
-GPU_SIZE_NAMES = ("d256", "d768")
+# --sizes name -> (name in the tables and the JSON, batch, seq); the network is SIZES[name]'s
+GPU_SIZES = {"d256": ("gpu-d256", 128, 256), "d768": ("gpu-d768", 64, 512)}
+GPU_SIZE_NAMES = tuple(name for name, _, _ in GPU_SIZES.values())
 PROG = "gpu_bench"
 
 
 # --------------------------------------------------------------------------------------------
-# arguments (checked before CUDA or splitformer is touched)
+# arguments (checked before CUDA is touched)
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2
         sys.stderr.write(f"{PROG}: {message}\n")
         sys.exit(2)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}")
-    return value
 
 
 def _positive_float(text: str) -> float:
@@ -91,13 +109,18 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _subset(choices: tuple[str, ...]):
+def _subset(choices: tuple[str, ...], aliases: dict[str, str] | None = None):
+    """argparse type: distinct names from ``choices``, each read through ``aliases`` (another
+    accepted name -> its choice)."""
+    aliases = aliases or {}
+
     def parse(text: str) -> list[str]:
-        names = [t.strip() for t in text.split(",") if t.strip()]
+        names = [aliases.get(t, t) for t in (t.strip() for t in text.split(",")) if t]
         bad = [n for n in names if n not in choices]
         if not names or bad or len(set(names)) != len(names):
+            shown = [a for a in aliases if aliases[a] in choices] or list(choices)
             raise argparse.ArgumentTypeError(
-                f"must be distinct names from {','.join(choices)}, got {text!r}")
+                f"must be distinct names from {','.join(shown)}, got {text!r}")
         return names
     return parse
 
@@ -108,10 +131,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true",
                    help="CPU, tiny size, 2 repeats, no CUDA graphs: checks every code path")
     p.add_argument("--out", default="gpu_bench.json", help="JSON file (default gpu_bench.json)")
-    p.add_argument("--repeats", type=_positive_int, default=5,
+    p.add_argument("--repeats", type=positive_int, default=5,
                    help="timed repeats per contender (default 5; the dry run takes at most 2)")
-    p.add_argument("--sizes", type=_subset(GPU_SIZE_NAMES), default=list(GPU_SIZE_NAMES),
-                   help="comma-separated subset of d256,d768 (default both)")
+    p.add_argument("--sizes", default=list(GPU_SIZE_NAMES),
+                   type=_subset(GPU_SIZE_NAMES, {k: v[0] for k, v in GPU_SIZES.items()}),
+                   help="comma-separated subset of d256,d768: the sizes gpu-d256 and gpu-d768 "
+                        "(which these names also select; default both)")
     p.add_argument("--parts", type=_subset(PARTS), default=list(PARTS),
                    help=f"comma-separated subset of {','.join(PARTS)} (default all)")
     p.add_argument("--budget-s", type=_positive_float, default=240.0,
@@ -121,13 +146,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # --------------------------------------------------------------------------------------------
 # the benchmark
-
-def _import_library():
-    try:
-        import splitformer  # noqa: F401
-    except ImportError:  # run from a checkout without the package installed
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-
 
 def _finite(v):
     if isinstance(v, float) and not math.isfinite(v):
@@ -139,35 +157,8 @@ def _finite(v):
     return v
 
 
-def write_json(path: str, data: dict) -> None:
-    """``data`` to ``path`` whole or not at all: a temporary file beside it, then os.replace."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".gpu_bench.", suffix=".json.tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(_finite(data), f, indent=1, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:500]
-
-
 class Bench:
     def __init__(self, args: argparse.Namespace):
-        import splitformer
-        from splitformer.bench import sizes as sizes_mod
-        from splitformer.bench import timing
-
         self.splitformer, self.timing = splitformer, timing
         self.backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
         self.flash_only = [SDPBackend.FLASH_ATTENTION]
@@ -180,8 +171,8 @@ class Bench:
         if self.dry:
             self.sizes = [sizes_mod.SIZES["tiny"]]
         else:
-            gpu = {"d256": replace(sizes_mod.SIZES["d256"], batch=128, seq=256),
-                   "d768": replace(sizes_mod.SIZES["d768"], batch=64, seq=512)}
+            gpu = {name: replace(sizes_mod.SIZES[cpu], batch=batch, seq=seq, name=name)
+                   for cpu, (name, batch, seq) in GPU_SIZES.items()}
             self.sizes = [gpu[n] for n in args.sizes]
         self.compile_backend = "eager" if self.dry else "inductor"
         self.t0 = time.perf_counter()
@@ -221,7 +212,9 @@ class Bench:
                 "parts": self.parts, "wall_s": self.elapsed(), "rows": self.rows}
 
     def save(self) -> None:
-        write_json(self.args.out, self.document())
+        out = Path(self.args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_json(out, _finite(self.document()))
 
     @contextlib.contextmanager
     def guard(self, part: str, size=None):
@@ -231,9 +224,9 @@ class Bench:
         except Exception as e:  # noqa: BLE001 - every failure is recorded, none stops the run
             where = f" at {size.name}" if size is not None else ""
             self.rows.append({"part": part, "size": getattr(size, "name", None),
-                              "status": "error", "error": _first_line(e)})
-            self.parts[part] = f"error{where}: {_first_line(e)}"
-            self.log(f"{part}{where} failed: {_first_line(e)}")
+                              "status": "error", "error": reason(e)})
+            self.parts[part] = f"error{where}: {reason(e)}"
+            self.log(f"{part}{where} failed: {reason(e)}")
             if self.cuda:
                 with contextlib.suppress(Exception):
                     torch.cuda.synchronize()
@@ -245,15 +238,11 @@ class Bench:
     # ---- models and inputs ------------------------------------------------------------------
 
     def encoder_pair(self, size, *, ff: int | None = None, norm_first: bool = False):
-        """(torch.nn encoder, splitformer.from_torch of it), on the device, seeded."""
+        """(torch.nn encoder, splitformer.from_torch of it), on the device: built by
+        ``peers.torch_layers`` (seed 0) on the CPU, then moved."""
         key = ("pair", size.name, ff or size.ff, norm_first)
         if key not in self._models:
-            torch.manual_seed(0)
-            with torch.device(self.device):
-                layer = nn.TransformerEncoderLayer(size.dim, size.heads, ff or size.ff,
-                                                   dropout=0.0, batch_first=True,
-                                                   norm_first=norm_first)
-                ref = nn.TransformerEncoder(layer, size.layers, enable_nested_tensor=False)
+            ref = peers.torch_layers(size, ff or size.ff, norm_first, 0).to(self.device)
             ours = self.splitformer.from_torch(ref).to(self.device)
             self._models[key] = (ref, ours)
         return self._models[key]
@@ -340,7 +329,7 @@ class Bench:
                 except RuntimeError as e:
                     why = [str(w.message).strip().splitlines()[0] for w in caught
                            if "flash" in str(w.message).lower()]
-                    out[name] = "refused: " + ("; ".join(why)[:400] or _first_line(e))
+                    out[name] = "refused: " + ("; ".join(why)[:400] or reason(e))
                 finally:
                     model.zero_grad(set_to_none=True)
         self.flash[size.name] = out
@@ -400,9 +389,9 @@ class Bench:
             except Exception as e:  # noqa: BLE001 - recorded, the other model still runs
                 self.rows.append({"part": "cuda_graphs", "size": size.name, "setting": setting,
                                   "contender": f"{name} graph", "status": "error",
-                                  "error": _first_line(e)})
-                self.parts["cuda_graphs"] = f"error: {name}: {_first_line(e)}"
-                self.log(f"CUDA graph capture of {name} failed: {_first_line(e)}")
+                                  "error": reason(e)})
+                self.parts["cuda_graphs"] = f"error: {name}: {reason(e)}"
+                self.log(f"CUDA graph capture of {name} failed: {reason(e)}")
         cs = [self.contender(n, m, x, "eager") for n, m in eager.items()]
         cs += [self.contender(f"{n} graph", g, x, "CUDAGraph replay") for n, g in graphs.items()]
         base = {"splitformer": "torch.nn"}
@@ -419,7 +408,8 @@ class Bench:
         for size in self.sizes:
             with self.guard("schemes", size):
                 _, lie = self.encoder_pair(size)
-                _, half = self.encoder_pair(size, ff=size.ff // 2)
+                # as bench.scheme_peers.strang_macaron: the pre-LN network with ff // 2
+                _, half = self.encoder_pair(size, ff=size.ff // 2, norm_first=True)
                 strang = half.with_scheme("strang", integrator="euler")
                 _, prenorm = self.encoder_pair(size, norm_first=True)
                 heun = prenorm.with_scheme("prenorm", integrator="heun")
@@ -428,8 +418,8 @@ class Bench:
                          "strang half-ff": replace(size, ff=size.ff // 2).forward_flops(2.0),
                          "prenorm": base, "heun": size.forward_flops(2.0, 2.0)}
                 notes = {"lie": "post-LN, Euler",
-                         "strang half-ff": f"Strang, Euler substeps, ff {size.ff // 2} "
-                                           "(Macaron parity)",
+                         "strang half-ff": f"Strang, Euler substeps, pre-LN, ff {size.ff // 2} "
+                                           "(Macaron parity, as scheme_peers.strang_macaron)",
                          "prenorm": "pre-LN, Euler", "heun": "pre-LN, Heun/RK2 substeps"}
                 x = self.x(size)
                 cs = [self.contender(n, self.wrap(m, autocast=True), x, notes[n])
@@ -490,9 +480,9 @@ class Bench:
                 except Exception as e:  # noqa: BLE001 - recorded, the other model still runs
                     self.rows.append({"part": "compile", "size": size.name,
                                       "contender": f"{name} compiled", "status": "error",
-                                      "error": _first_line(e)})
-                    self.parts["compile"] = f"error: {name}: {_first_line(e)}"
-                    self.log(f"compile of {name} failed: {_first_line(e)}")
+                                      "error": reason(e)})
+                    self.parts["compile"] = f"error: {name}: {reason(e)}"
+                    self.log(f"compile of {name} failed: {reason(e)}")
                 finally:
                     m.zero_grad(set_to_none=True)
             cs = [self.contender(n, m, x, "eager") for n, m in eager.items()]
@@ -691,7 +681,6 @@ def print_tables(doc: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    _import_library()
     if not args.dry_run and not torch.cuda.is_available():
         sys.stderr.write(f"{PROG}: no CUDA device; use --dry-run\n")
         return 2
