@@ -134,6 +134,9 @@ def test_command_writes_json_and_prints_tables(tmp_path, capsys):
     (["--backend", "tvm"], "--backend"),
     (["--out", "/nonexistent-folder/b.json"], "--out"),
     (["--out", "."], "--out"),
+    (["memory", "--paths", "no_grad"], "--paths"),
+    (["--seed", str(2 ** 70)], "--seed"),
+    (["schemes", "--size", "dim=16,heads=2,ff=1"], "--size"),
 ])
 def test_bad_inputs_are_one_line_and_exit_2(argv, flag, tmp_path):
     r = subprocess.run([sys.executable, "-m", "splitformer", "bench", *argv,
