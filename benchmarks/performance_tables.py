@@ -170,6 +170,18 @@ def flops(d: dict, compiled: bool = False) -> None:
     print()
 
 
+TABLES = {  # suite -> its table
+    "encoder": encoder,
+    "schemes": lambda d, name: schemes(d),
+    "costs": lambda d, name: costs(d),
+    "refine": lambda d, name: refine(d),
+    "seq": lambda d, name: seq(d),
+    "memory": lambda d, name: memory(d),
+    "flops": lambda d, name: flops(d),
+    "compile": lambda d, name: flops(d, compiled=True),
+}
+
+
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "results/performance")
     data = load(folder)
@@ -178,24 +190,7 @@ def main() -> None:
     machine(data)
     for name, d in data.items():
         print(f"### {name}: `{d['command']}`\n")
-        suite = d["suites"][0]
-        if suite == "encoder":
-            encoder(d, name)
-        elif suite == "schemes":
-            schemes(d)
-        elif suite == "costs":
-            costs(d)
-        elif suite == "refine":
-            refine(d)
-        elif suite == "seq":
-            seq(d)
-        elif suite == "memory":
-            memory(d)
-        elif suite == "flops":
-            flops(d)
-        elif suite == "compile":
-            flops(d, compiled=True)
-
+        TABLES[d["suites"][0]](d, name)
 
 if __name__ == "__main__":
     main()

@@ -6,8 +6,8 @@ that depends only on (scheme, theta, tau), so ``Plan`` does it once and keeps, p
 closure ``run(u, context, saved) -> u`` over the operators themselves:
 
     field      u <- then( I_h[post(sum_i F_i(pre(.)))](u) )     I the stage's integrator
-               (one field, Euler, h = 1, no embedding:  u <- then(u + F(u)); without autograd,
-               written into F(u)'s memory when the operator returns a new tensor:
+               (one field, Euler, no embedding:  u <- then(u + h F(u)); at h = 1 without
+               autograd, written into F(u)'s memory when the operator returns a new tensor:
                ``operators.base.returns_new``)
     project    u <- then(P(u)),   map  u <- then(s(u))
     relax      u <- w u + (1 - w) u_saved
@@ -94,9 +94,10 @@ def _field(st, theta: Mapping[str, nn.Module], tau: float) -> Run:
             du = first(w, ctx)
             for op in post:
                 du = op(du, ctx)
-            if own and _writable(du, u, last):
-                return du.add_(u) if h == 1.0 else torch.add(u, du, alpha=h, out=du)
-            return u + du if h == 1.0 else torch.add(u, du, alpha=h)
+            if h == 1.0:
+                return du.add_(u) if own and _writable(du, u, last) else u + du
+            return torch.add(u, du, alpha=h)  # (no out= form: forward AD, torch.func.jvp,
+            # has no derivative for it, and du.mul_(h).add_(u) rounds differently)
         return run
     if not rest and not pre and not post and proj is None:
         def run(u, ctx, saved):
