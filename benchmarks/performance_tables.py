@@ -54,8 +54,10 @@ def encoder(d: dict, title: str) -> None:
         if "skipped" in r or "error" in r:
             print(f"| {r.get('group', '')} | {r.get('skipped') or r.get('error')} |"
                   + " |" * (2 * len(paths)))
-    groups = by(rows, "group")
-    for (group,), rs in groups.items():
+    groups = by(rows, "size", "group")
+    several = len({size for size, _ in groups}) > 1
+    for (size, group), rs in groups.items():
+        group = f"{size} {group}" if several else group
         names = list(dict.fromkeys(r["name"] for r in rs))
         t = {(r["name"], r["path"]): r for r in rs}
         ours = [n for n in names if any(t[(n, p)].get("splitformer") for p in paths
@@ -182,15 +184,32 @@ TABLES = {  # suite -> its table
 }
 
 
-def main() -> None:
-    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "results/performance")
-    data = load(folder)
+def main() -> int:
+    args = sys.argv[1:]
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
+    folder = Path(args[0] if args else "results/performance")
+    if len(args) > 1 or not folder.is_dir():
+        print(f"performance_tables: expected one folder of `splitformer bench` JSON files, got "
+              f"{' '.join(args)!r}", file=sys.stderr)
+        return 2
+    data = {name: d for name, d in load(folder).items()
+            if isinstance(d, dict) and isinstance(d.get("suites"), list) and "rows" in d}
     if not data:
-        raise SystemExit(f"no JSON in {folder}: run benchmarks/performance.sh first")
+        print(f"performance_tables: no `splitformer bench` JSON in {folder}: run "
+              "benchmarks/performance.sh first", file=sys.stderr)
+        return 2
     machine(data)
     for name, d in data.items():
         print(f"### {name}: `{d['command']}`\n")
-        TABLES[d["suites"][0]](d, name)
+        for suite in d["suites"]:  # a file may hold several suites: one table each
+            if suite not in TABLES:
+                print(f"(no table for suite {suite!r})\n")
+                continue
+            TABLES[suite]({**d, "rows": [r for r in d["rows"] if r.get("suite") == suite]},
+                          name)
+    return 0
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -22,6 +22,7 @@ import torch
 from splitformer.bench import parse_size
 from splitformer.bench.peers import torch_encoder
 from splitformer.bench.timing import step_fn
+from splitformer.commands import positive_int
 
 MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation"}
 ATTENTION = ("flash_attention", "aten::_softmax", "aten::_softmax_backward_data",
@@ -61,19 +62,26 @@ def profile(run) -> tuple[dict[str, float], dict[str, float]]:
     return groups, ops
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="d256")
-    ap.add_argument("--path", default="train", choices=["train", "no_grad"])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--top", type=int, default=6, help="operations listed per network")
-    args = ap.parse_args()
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2
+        self.exit(2, f"profile_step: error: {' '.join(str(message).split())}\n")
+
+
+def _size(text: str):
     try:
-        size = parse_size(args.size)
+        return parse_size(text)
     except ValueError as e:
-        print(f"profile_step: argument --size: {e}", file=sys.stderr)
-        return 2
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def main() -> int:
+    ap = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default=parse_size("d256"), type=_size)
+    ap.add_argument("--path", default="train", choices=["train", "no_grad"])
+    ap.add_argument("--threads", type=positive_int, default=2)
+    ap.add_argument("--top", type=positive_int, default=6, help="operations listed per network")
+    args = ap.parse_args()
+    size = args.size
     torch.set_num_threads(args.threads)
     flops = size.forward_flops() * (3 if args.path == "train" else 1)
     print(f"{size.describe()}, path {args.path}, {args.threads} threads, "
@@ -91,4 +99,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:
+        print("profile_step: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None

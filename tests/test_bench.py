@@ -111,12 +111,15 @@ def test_sizes_parse_and_refuse():
 def test_command_writes_json_and_prints_tables(tmp_path, capsys):
     out = tmp_path / "b.json"
     code = main(["bench", "refine", "memory", "--size", "dim=16,heads=2,layers=1,ff=32,batch=2,"
-                 "seq=8", "--repeats", "1", "--warmup", "0", "--ks", "1,2", "--out", str(out)])
+                 "seq=8", "--repeats", "1", "--warmup", "0", "--ks", "1,2,2", "--out", str(out)])
     assert code == 0
     data = json.loads(out.read_text())
-    assert data["suites"] == ["refine", "memory"]
+    assert data["suites"] == ["refine", "memory"] == data["suites_done"]
+    assert data["complete"] is True
     assert {r["suite"] for r in data["rows"]} == {"refine", "memory"}
     assert data["machine"]["torch"] == torch.__version__
+    assert [r["k"] for r in data["rows"] if r["suite"] == "refine" and r["path"] == "train"] \
+        == [1, 2]  # k = 2 once
     text = capsys.readouterr().out
     assert "splitformer bench refine" in text and "peak" in text and str(out) in text
     assert not list(tmp_path.glob(".bench-*"))  # no temporary file left
@@ -137,6 +140,11 @@ def test_command_writes_json_and_prints_tables(tmp_path, capsys):
     (["memory", "--paths", "no_grad"], "--paths"),
     (["--seed", str(2 ** 70)], "--seed"),
     (["schemes", "--size", "dim=16,heads=2,ff=1"], "--size"),
+    (["--repeats", "1000000000"], "--repeats"),
+    (["--warmup", "1000"], "--warmup"),
+    (["refine", "--ks", "1,1000000"], "--ks"),
+    (["--size", "dim=4096,heads=8,batch=100000,seq=1024"], "--size"),
+    (["--out", "/proc/bench.json"], "--out"),
 ])
 def test_bad_inputs_are_one_line_and_exit_2(argv, flag, tmp_path):
     r = subprocess.run([sys.executable, "-m", "splitformer", "bench", *argv,

@@ -61,6 +61,16 @@ class Size:
         return float(self.layers * (attention_evaluations * attn + ff_evaluations * ffn))
 
 
+    def training_bytes(self) -> int:
+        """A rough float32 estimate of a training step's memory: weights, their gradients and
+        two optimizer-free copies, and about 12 fields of the token grid per layer (attention:
+        Q, K, V, outputs; FFN: the lifted field; norms) kept for the backward pass."""
+        weights = self.layers * (4 * self.dim ** 2 + 2 * self.dim * self.ff)
+        tokens = self.batch * self.seq
+        fields = self.layers * tokens * (10 * self.dim + 2 * self.ff)
+        return 4 * (3 * weights + fields)
+
+
 SIZES: dict[str, Size] = {
     "tiny": Size(64, 2, 2, 256, 8, 64, "tiny"),
     "d256": Size(256, 8, 6, 1024, 32, 128, "d256"),

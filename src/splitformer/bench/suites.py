@@ -12,6 +12,7 @@ Every suite measures its contenders in one process with the repeats interleaved
               a new scheme is picked up), with its field evaluations per step
     refine    the cost of ``refine(k)``: N_t = k L steps of tau = 1/k on the same controls
     seq       splitformer against torch.nn at sequence lengths 64 .. 1024, tokens per batch fixed
+              (up to batch 1)
     memory    peak memory of one training step: torch.nn, and splitformer with each adjoint
               (backprop, checkpoint, reversible on the reversible scheme)
     flops     the forward pass's achieved FLOP/s as a fraction of the machine's float32 matmul
@@ -217,13 +218,15 @@ def refine(size: Size, opts: Options, say: Say) -> list[dict]:
 
 
 def seq(size: Size, opts: Options, say: Say) -> list[dict]:
-    """torch.nn against splitformer at each length in ``opts.seqs``, batch * seq held at
-    size.batch * size.seq (at least batch 1)."""
+    """torch.nn against splitformer at each length in ``opts.seqs``, batch = max(1,
+    size.batch * size.seq // seq): the tokens per batch are held at size.batch * size.seq
+    while seq is at most that, and are seq (batch 1) beyond it; each row says its batch and
+    ``tokens``."""
     rows = []
     tokens = size.batch * size.seq
     for n in opts.seqs:
         at = replace(size, seq=n, batch=max(1, tokens // n), name="")
-        rows += [dict(r, seq=n, batch=at.batch) for r in _groups(
+        rows += [dict(r, seq=n, batch=at.batch, tokens=at.batch * n) for r in _groups(
             "seq", at, opts, say, [(f"seq {n}", lambda at=at: peers.torch_encoder(
                 at, seed=opts.seed))], tuple(p for p in opts.paths if p != "eval"))]
     return rows

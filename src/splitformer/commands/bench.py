@@ -50,9 +50,27 @@ def _sizes_arg(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+MAX_REPEATS = 1000   # timed calls per contender
+MAX_WARMUP = 100
+MAX_K = 64           # refine(k)
+MAX_SEQ = 1 << 16
+
+
+def _capped(parse, maximum: int, what: str):
+    def check(text: str):
+        value = parse(text)
+        for v in (value if isinstance(value, tuple) else (value,)):
+            if v > maximum:
+                raise argparse.ArgumentTypeError(f"expected at most {maximum} ({what}), "
+                                                 f"got {text!r}")
+        return value
+    check.__name__ = parse.__name__
+    return check
+
+
 def _ints_arg(text: str) -> tuple[int, ...]:
     try:
-        values = tuple(int(t) for t in text.split(",") if t.strip())
+        values = tuple(dict.fromkeys(int(t) for t in text.split(",") if t.strip()))
     except ValueError:
         values = ()
     if not values or min(values) < 1:
@@ -98,17 +116,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tiny, d256 (default), d768, names separated by commas, or "
                         "key=value pairs over d256 (dim, heads, layers, ff, batch, seq); "
                         "repeatable")
-    p.add_argument("--repeats", type=positive_int, default=5,
+    p.add_argument("--repeats", type=_capped(positive_int, MAX_REPEATS, "timed calls"),
+                   default=5,
                    help="timed calls of each contender, interleaved; the median is reported "
                         "(default 5)")
-    p.add_argument("--warmup", type=_warmup_arg, default=1,
+    p.add_argument("--warmup", type=_capped(_warmup_arg, MAX_WARMUP, "untimed calls"),
+                   default=1,
                    help="untimed calls of each contender first (default 1)")
     p.add_argument("--paths", type=_paths_arg, default=("train", "eval", "no_grad"),
                    help="train (forward + backward), eval (eval mode, autograd on), no_grad, "
                         "inference (inference_mode); default train,eval,no_grad")
-    p.add_argument("--ks", type=_ints_arg, default=(1, 2, 4),
+    p.add_argument("--ks", type=_capped(_ints_arg, MAX_K, "refinement factors"),
+                   default=(1, 2, 4),
                    help="refinement factors of the refine suite (default 1,2,4)")
-    p.add_argument("--seqs", type=_ints_arg, default=(64, 128, 256, 512, 1024),
+    p.add_argument("--seqs", type=_capped(_ints_arg, MAX_SEQ, "tokens"),
+                   default=(64, 128, 256, 512, 1024),
                    help="sequence lengths of the seq suite (default 64,...,1024)")
     p.add_argument("--backend", default="inductor", type=stripped,
                    choices=["inductor", "aot_eager", "eager"],
@@ -132,6 +154,13 @@ def _check_out(value: str) -> Path:
         raise UsageError(f"argument --out: folder {str(folder)!r} does not exist")
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise UsageError(f"argument --out: {value!r} is not writable")
+    try:  # what write_json will do: a temporary file in that folder
+        fd, probe = tempfile.mkstemp(prefix=".bench-", suffix=".json", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"argument --out: cannot write in {str(folder)!r}: "
+                         f"{e.strerror or e}") from None
     return path
 
 
@@ -150,6 +179,14 @@ def write_json(path: Path, data: dict) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory (0 where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def machine() -> dict:
@@ -201,19 +238,27 @@ def print_tables(rows: list[dict], suite: str, describe: dict[str, str]) -> None
 
     from ..bench.timing import ms
 
+    memory = any("peak_bytes" in r for r in rows)
+    extra = any(_extra(r) for r in rows)
     table = Table(title=f"splitformer bench {suite}", title_justify="left")
-    for col, kw in (("size", {}), ("group", {}), ("path", {}), ("contender", {}),
-                    ("median ms", {"justify": "right"}),
-                    ("splitformer / other (median / median)", {}), ("", {})):
+    columns = [("size", {}), ("group", {}), ("path", {}), ("contender", {}),
+               ("median ms", {"justify": "right"}),
+               ("splitformer / other" + (" (peak / peak)" if memory else " (median / median)"),
+                {})]
+    if extra:
+        columns.append(("peak memory" if memory else "", {}))
+    for col, kw in columns:
         table.add_column(col, **kw)
     for r in rows:
         if "skipped" in r or "error" in r:
-            table.add_row(r["size"], r.get("group", ""), "", "",
-                          "", f"[yellow]{r.get('skipped') or r.get('error')}[/yellow]", "")
+            cells = [r["size"], r.get("group", ""), "", "", "",
+                     f"[yellow]{r.get('skipped') or r.get('error')}[/yellow]"]
+            table.add_row(*cells, *([""] if extra else []))
             continue
-        table.add_row(r["size"], r["group"], r["path"], r["name"],
-                      ms(r["median_s"]) if "median_s" in r else "", _ratios(r), _extra(r))
-    console = Console(width=max(120, Console().width))
+        cells = [r["size"], r["group"], r["path"], r["name"],
+                 ms(r["median_s"]) if "median_s" in r else "", _ratios(r)]
+        table.add_row(*cells, *([_extra(r)] if extra else []))
+    console = Console()
     console.print(table)
     for label, text in describe.items():
         console.print(f"  {label}: {text}")
@@ -267,6 +312,14 @@ def run(args: argparse.Namespace) -> int:
     out = _check_out(args.out)
     from ..bench.sizes import SIZES
     sizes = list({s: None for group in (args.size or [[SIZES["d256"]]]) for s in group})
+    for size in sizes:
+        need = size.training_bytes()
+        have = _memory_bytes()
+        if have and need > have:
+            raise UsageError(f"argument --size: {size.describe()} needs about "
+                             f"{need / 2**30:,.1f} GiB for a training step (weights, gradients "
+                             f"and the activations autograd keeps); this machine has "
+                             f"{have / 2**30:,.1f} GiB")
     if "schemes" in names and any(s.ff < 2 for s in sizes):
         raise UsageError("argument --size: the schemes suite needs ff >= 2 (Strang at "
                          "Macaron's cost has FFNs of width ff / 2)")
@@ -284,9 +337,11 @@ def run(args: argparse.Namespace) -> int:
             "sizes": {s.label: {**s.as_dict(), "forward_flops": s.forward_flops()}
                       for s in sizes},
             "suites": names, "rows": []}
+    data["complete"] = False  # until the last suite is in
+    data["suites_done"] = []
     progress = Progress(enabled=not args.json)
     failed = 0
-    args._interrupted = f" (the suites finished so far are in {out})"
+    args._interrupted = f" (nothing written to {out})"
     for name in names:
         rows: list[dict] = []
         for size in sizes:
@@ -301,8 +356,12 @@ def run(args: argparse.Namespace) -> int:
                              "error": f"{type(e).__name__}: {text}"})
         progress.close()
         data["rows"] += rows
+        data["suites_done"].append(name)
+        data["complete"] = len(data["suites_done"]) == len(names)
         try:
             write_json(out, data)
+            args._interrupted = (f" ({out} holds the suites finished: "
+                                 f"{', '.join(data['suites_done'])}; \"complete\": false)")
         except OSError as e:
             sys.stderr.write(f"splitformer bench: cannot write {out}: {e.strerror or e}\n")
             return 1
