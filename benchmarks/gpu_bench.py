@@ -44,6 +44,12 @@ estimate from FLOP counts: not yet timed on a GPU); parts not started by --budge
 skipped, to stay under 5. ``--dry-run`` forces the CPU, the "tiny" size, at most 2 repeats,
 skips the CUDA graphs (recorded as skipped rows) and compiles with the "eager" backend: about
 5-15 seconds. Without --dry-run and without CUDA it exits 2 ("no CUDA device; use --dry-run").
+
+Errors are one line on stderr, never a traceback: a bad argument names it and what was expected
+(exit 2; --out is checked before any work: a file name, in a folder that exists -- missing
+folders are refused, not created -- and where a file can be created); Ctrl-C prints
+"gpu_bench: interrupted" and where the JSON of the finished parts is, if any was written (exit
+130); a failed write of the JSON says why (exit 1).
 """
 
 from __future__ import annotations
@@ -55,14 +61,13 @@ import math
 import os
 import platform
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
+PROG = "gpu_bench"
 
 
 def _import_library():
@@ -72,21 +77,30 @@ def _import_library():
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 
-_import_library()
+try:  # loading torch takes a second or two: Ctrl-C then is one line too
+    import torch
+    from torch import nn
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import splitformer  # noqa: E402
-from splitformer.bench import peers, timing  # noqa: E402
-from splitformer.bench import sizes as sizes_mod  # noqa: E402
-from splitformer.bench.peers import reason  # noqa: E402
-from splitformer.commands import positive_int  # noqa: E402
-from splitformer.commands.bench import write_json  # noqa: E402
+    _import_library()
+
+    import splitformer
+    from splitformer.bench import peers, timing
+    from splitformer.bench import sizes as sizes_mod
+    from splitformer.bench.peers import reason
+    from splitformer.commands import positive_int
+    from splitformer.commands.bench import write_json
+except KeyboardInterrupt:
+    if __name__ != "__main__":
+        raise
+    sys.stderr.write(f"{PROG}: interrupted\n")
+    sys.exit(130)
 
 PARTS = ("peaks", "fp32", "bf16_autocast", "bf16_cast", "cuda_graphs", "schemes", "memory",
          "compile", "flops")
 # --sizes name -> (name in the tables and the JSON, batch, seq); the network is SIZES[name]'s
 GPU_SIZES = {"d256": ("gpu-d256", 128, 256), "d768": ("gpu-d768", 64, 512)}
 GPU_SIZE_NAMES = tuple(name for name, _, _ in GPU_SIZES.values())
-PROG = "gpu_bench"
 
 
 # --------------------------------------------------------------------------------------------
@@ -125,6 +139,29 @@ def _subset(choices: tuple[str, ...], aliases: dict[str, str] | None = None):
     return parse
 
 
+def _out_problem(value: str) -> str | None:
+    """What is wrong with ``--out value`` (None: nothing): it must name a file (not a folder)
+    in a folder that exists (a missing one is refused, not created) and where a file can be
+    created, which is tried with a temporary file, deleted at once."""
+    path = Path(value)
+    if not value.strip() or value.endswith(os.sep) or path.is_dir():
+        return f"expected a file name, not a folder, got {value!r}"
+    if path.exists() and not path.is_file():
+        return f"expected a regular file, got {value!r}"
+    folder = path.parent  # Path("x.json").parent is Path(".")
+    if not folder.is_dir():
+        if folder.exists():
+            return f"{str(folder)!r} is not a folder"
+        return f"folder {str(folder)!r} does not exist"
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{PROG}-", suffix=".json", dir=folder)
+    except OSError as e:
+        return f"cannot create a file in folder {str(folder)!r} ({e.strerror or e})"
+    os.close(fd)
+    os.unlink(tmp)
+    return None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = _Parser(prog=PROG, description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,7 +178,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma-separated subset of {','.join(PARTS)} (default all)")
     p.add_argument("--budget-s", type=_positive_float, default=240.0,
                    help="parts not started after this many seconds are skipped (default 240)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    problem = _out_problem(args.out)
+    if problem:
+        p.error(f"argument --out: {problem}")  # one line, exit 2
+    return args
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,6 +196,10 @@ def _finite(v):
     if isinstance(v, (list, tuple)):
         return [_finite(x) for x in v]
     return v
+
+
+class WriteError(Exception):
+    """The JSON could not be written (the message is the one line main prints)."""
 
 
 class Bench:
@@ -176,6 +221,7 @@ class Bench:
             self.sizes = [gpu[n] for n in args.sizes]
         self.compile_backend = "eager" if self.dry else "inductor"
         self.t0 = time.perf_counter()
+        self.written = False  # whether the JSON was written (Ctrl-C says where it is then)
         self.rows: list[dict] = []
         self.parts: dict[str, str] = {}
         self.flash: dict[str, dict[str, str]] = {}
@@ -212,9 +258,12 @@ class Bench:
                 "parts": self.parts, "wall_s": self.elapsed(), "rows": self.rows}
 
     def save(self) -> None:
-        out = Path(self.args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_json(out, _finite(self.document()))
+        """Rewrites the JSON (atomically); an OSError becomes a WriteError (main: one line)."""
+        try:
+            write_json(Path(self.args.out), _finite(self.document()))
+        except OSError as e:
+            raise WriteError(f"cannot write {self.args.out}: {e.strerror or e}") from None
+        self.written = True
 
     @contextlib.contextmanager
     def guard(self, part: str, size=None):
@@ -680,11 +729,24 @@ def print_tables(doc: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if not args.dry_run and not torch.cuda.is_available():
-        sys.stderr.write(f"{PROG}: no CUDA device; use --dry-run\n")
-        return 2
-    return Bench(args).run()
+    """Exit status: 0, 1 (a part failed, or the JSON could not be written), 2 (a bad argument,
+    or no CUDA device without --dry-run), 130 (Ctrl-C); every error is one line on stderr."""
+    bench = None
+    try:
+        args = parse_args(argv)
+        if not args.dry_run and not torch.cuda.is_available():
+            sys.stderr.write(f"{PROG}: no CUDA device; use --dry-run\n")
+            return 2
+        bench = Bench(args)
+        return bench.run()
+    except WriteError as e:
+        sys.stderr.write(f"{PROG}: {e}\n")
+        return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT
+        kept = (f" (the parts finished so far are in {bench.args.out})"
+                if bench is not None and bench.written else "")
+        sys.stderr.write(f"{PROG}: interrupted{kept}\n")
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,17 +1,22 @@
 """benchmarks/gpu_bench.py on this CPU machine: the dry run (every part that can run on the CPU,
 the tiny size) writes JSON whose rows are complete and whose ratios are the medians' ratios; a
-bad --repeats and a missing CUDA device are one-line refusals with exit code 2; a part that fails
-is recorded and the others still run. No timing is asserted (benchmarks never are)."""
+bad --repeats, a bad --out (a folder, a missing folder, an unwritable one) and a missing CUDA
+device are one-line refusals with exit code 2, before any work; Ctrl-C is one line and exit code
+130; a failed write of the JSON is one line and exit code 1; a part that fails is recorded and the
+others still run. No timing is asserted (benchmarks never are)."""
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +37,22 @@ def _env() -> dict:
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
                           env=_env(), cwd=ROOT, timeout=timeout)
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("gpu_bench_under_test", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def _refusal(proc: subprocess.CompletedProcess) -> str:
+    """The one stderr line of a refusal with exit code 2 (and no traceback)."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
 
 
 def _positive(v) -> bool:
@@ -145,10 +166,87 @@ def test_without_dry_run_and_without_cuda_it_refuses_in_one_line(tmp_path):
     assert not out.exists()
 
 
+def test_out_a_folder_is_refused(tmp_path):
+    for value in (str(tmp_path), str(tmp_path) + os.sep):
+        line = _refusal(_run("--dry-run", "--out", value, timeout=60))
+        assert line == (f"gpu_bench: argument --out: expected a file name, not a folder, "
+                        f"got {value!r}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_in_a_missing_folder_is_refused_and_not_created(tmp_path):
+    missing = tmp_path / "missing" / "deeper"
+    line = _refusal(_run("--dry-run", "--out", str(missing / "x.json"), timeout=60))
+    assert line == f"gpu_bench: argument --out: folder {str(missing)!r} does not exist"
+    assert list(tmp_path.iterdir()) == []  # no folder made
+
+
+def test_out_in_an_unwritable_folder_is_refused(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes in a read-only folder anyway (/proc is tested instead)")
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        line = _refusal(_run("--dry-run", "--out", str(folder / "x.json"), timeout=60))
+        assert list(folder.iterdir()) == []  # the probe's temporary file is gone too
+    finally:
+        folder.chmod(0o700)
+    assert line.startswith(f"gpu_bench: argument --out: cannot create a file in folder "
+                           f"{str(folder)!r} (")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_out_under_proc_is_refused():
+    line = _refusal(_run("--dry-run", "--out", "/proc/x.json", timeout=60))
+    assert line.startswith("gpu_bench: argument --out: cannot create a file in folder '/proc' (")
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
+    out = tmp_path / "g.json"
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--dry-run", "--out", str(out)], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT,
+        # background jobs here start with SIGINT ignored; the child gets the default back
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err
+    # the progress lines ("gpu_bench: [  t s] part ...") come before; the interruption is one line
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("gpu_bench: [")]
+    if out.exists():  # a part had finished: the line says where its JSON is, and it is whole
+        assert lines == [f"gpu_bench: interrupted (the parts finished so far are in {out})"]
+        assert json.loads(out.read_text())["parts"]
+    else:
+        assert lines == ["gpu_bench: interrupted"]
+    assert [p.name for p in tmp_path.iterdir()] in ([], ["g.json"])  # no temporary file left
+
+
+def test_a_failed_write_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    bench = _load()
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(bench, "write_json", full)
+    out = tmp_path / "w.json"
+    assert bench.main(["--dry-run", "--out", str(out), "--parts", "peaks"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"gpu_bench: cannot write {out}: {os.strerror(errno.ENOSPC)}")
+    assert not out.exists()
+
+
 def test_a_failing_part_is_recorded_and_the_rest_run(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("gpu_bench_under_test", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _load()
 
     def broken(self):
         with self.guard("schemes", self.sizes[0]):
