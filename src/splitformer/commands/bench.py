@@ -89,24 +89,21 @@ def _paths_arg(text: str) -> tuple[str, ...]:
     return values
 
 
-def _seed_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value < 2 ** 63:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2^63), got {text!r}")
-    return value
+def _int_between(low: int, high: int, text_range: str):
+    """argparse type: an integer in [low, high) (one-line error naming the range)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value < high:
+            raise argparse.ArgumentTypeError(f"expected an integer {text_range}, got {text!r}")
+        return value
+    return parse
 
 
-def _warmup_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+_seed_arg = _int_between(0, 2 ** 63, "in [0, 2^63)")
+_warmup_arg = _int_between(0, 2 ** 63, ">= 0")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
