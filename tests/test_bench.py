@@ -127,6 +127,7 @@ def test_command_writes_json_and_prints_tables(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, flag", [
     (["nosuch"], "SUITE"),
+    (["refine,,memory"], "SUITE"),
     (["--repeats", "0"], "--repeats"),
     (["--warmup", "-1"], "--warmup"),
     (["--size", "dim=abc"], "--size"),
@@ -161,3 +162,13 @@ def test_list_names_every_suite(capsys):
     text = capsys.readouterr().out
     for name in SUITES:
         assert name in text
+
+
+def test_list_json_and_suites_as_a_comma_list(capsys, tmp_path):
+    assert main(["bench", "--list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert set(listed["suites"]) == set(SUITES) and "d768" in listed["sizes"]
+    out = tmp_path / "b.json"
+    assert main(["bench", "refine,memory", "--size", "dim=16,heads=2,layers=1,ff=32,batch=2,"
+                 "seq=8", "--repeats", "1", "--warmup", "0", "--ks", "1", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["suites"] == ["refine", "memory"]

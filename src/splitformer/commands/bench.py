@@ -107,8 +107,9 @@ _warmup_arg = _int_between(0, 2 ** 63, ">= 0")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("suites", nargs="*", metavar="SUITE", type=stripped,
-                   help="suites to run (default: encoder); --list shows them")
+    p.add_argument("suites", nargs="*", metavar="SUITE",
+                   help="suites to run, separated by spaces or commas (default: encoder); "
+                        "--list shows them")
     p.add_argument("--size", action="append", type=_sizes_arg, metavar="SIZE",
                    help="tiny, d256 (default), d768, names separated by commas, or "
                         "key=value pairs over d256 (dim, heads, layers, ff, batch, seq); "
@@ -291,12 +292,20 @@ def run(args: argparse.Namespace) -> int:
     suites = _suites()
     if args.list:
         from ..bench.sizes import SIZES
+        if args.json:
+            print(json.dumps({"suites": {n: {"description": s.description, "paths": s.paths}
+                                         for n, s in suites.items()},
+                              "sizes": {n: z.as_dict() for n, z in SIZES.items()}}, indent=1))
+            return 0
         for name, s in suites.items():
             print(f"{name:8} {s.description}")
         for name, size in SIZES.items():
             print(f"size {name:5} {size.describe()}")
         return 0
-    names = list(dict.fromkeys(args.suites or ["encoder"]))
+    given = [n.strip() for text in args.suites for n in text.split(",")]  # "a,b" or "a b"
+    if any(not n for n in given):
+        raise UsageError(f"argument SUITE: an empty suite name in {' '.join(args.suites)!r}")
+    names = list(dict.fromkeys(given or ["encoder"]))
     bad = [n for n in names if n not in suites]
     if bad:
         raise UsageError(f"argument SUITE: unknown suite {bad[0]!r} (suites: "
