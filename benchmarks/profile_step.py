@@ -13,7 +13,6 @@ docs/performance.md come from here.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import defaultdict
 
@@ -21,7 +20,7 @@ import torch
 
 from splitformer.bench import parse_size
 from splitformer.bench.peers import torch_encoder
-from splitformer.bench.timing import step_fn
+from splitformer.bench.timing import quiet_stderr, step_fn
 from splitformer.commands import positive_int
 
 MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation"}
@@ -43,16 +42,8 @@ def profile(run) -> tuple[dict[str, float], dict[str, float]]:
 
     for _ in range(2):
         run()
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    saved = os.dup(2)
-    os.dup2(devnull, 2)  # the profiler's start/stop lines
-    try:
-        with prof(activities=[ProfilerActivity.CPU]) as p:
-            run()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+    with quiet_stderr(), prof(activities=[ProfilerActivity.CPU]) as p:  # its C++ lines
+        run()
     groups: dict[str, float] = defaultdict(float)
     ops: dict[str, float] = defaultdict(float)
     for e in p.key_averages():

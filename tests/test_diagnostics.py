@@ -318,17 +318,24 @@ FAMILIES = {
 }
 
 
-def _finite_numbers(obj) -> None:
+def _leaves(obj):
+    """Every value of a JSON-like tree that is not a dict or a list."""
     if isinstance(obj, dict):
         for v in obj.values():
-            _finite_numbers(v)
+            yield from _leaves(v)
     elif isinstance(obj, list):
         for v in obj:
-            _finite_numbers(v)
-    elif isinstance(obj, float):
-        assert math.isfinite(obj)
+            yield from _leaves(v)
     else:
-        assert obj is None or isinstance(obj, (str, int))
+        yield obj
+
+
+def _finite_numbers(obj) -> None:
+    for v in _leaves(obj):
+        if isinstance(v, float):
+            assert math.isfinite(v)
+        else:
+            assert v is None or isinstance(v, (str, int))
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -730,20 +737,11 @@ def test_summary_numbers_are_numbers_of_the_data():
     text = summary_text(data)
     assert text == diag.summary()
     shown = set()
-
-    def walk(v):
-        if isinstance(v, dict):
-            for x in v.values():
-                walk(x)
-        elif isinstance(v, list):
-            for x in v:
-                walk(x)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+    for v in _leaves(data):
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
             shown.add(str(v) if isinstance(v, int) else f"{v:.4g}")
         elif isinstance(v, str):
             shown.update(re.findall(NUMBER, v))
-
-    walk(data)
     for number in re.findall(NUMBER, text):
         assert number in shown, number
 

@@ -266,6 +266,14 @@ def _peak(opts: Options) -> float:
     return matmul_peak(2048, repeats=max(3, opts.repeats))
 
 
+def _against_peak(rows: list[dict], peak_runs: list[float]) -> list[dict]:
+    """Each row's FLOP/s as a fraction of the median of the matmul peaks measured around it."""
+    peak = statistics.median(peak_runs)
+    for row in rows:
+        row.update(peak_flops_per_s=peak, fraction_of_peak=row["flops_per_s"] / peak)
+    return rows
+
+
 def flops(size: Size, opts: Options, say: Say, *, compiled: bool = False) -> list[dict]:
     """FLOP/s of the forward pass (no_grad) and of the training step (3 x the forward's
     FLOPs: forward, and the two matmuls of the backward per forward matmul; an upper bound by
@@ -287,10 +295,7 @@ def flops(size: Size, opts: Options, say: Say, *, compiled: bool = False) -> lis
             rows.append(row)
     say(f"flops {size.label}: matmul peak")
     peak_runs.append(_peak(opts))
-    peak = statistics.median(peak_runs)
-    for row in rows:
-        row.update(peak_flops_per_s=peak, fraction_of_peak=row["flops_per_s"] / peak)
-    return rows
+    return _against_peak(rows, peak_runs)
 
 
 def _compiled(c: Contender, path: str, backend: str) -> tuple[Contender, float]:
@@ -339,10 +344,7 @@ def compile_suite(size: Size, opts: Options, say: Say) -> list[dict]:
             rows.append(row)
         torch._dynamo.reset()
     peak_runs.append(_peak(opts))
-    peak = statistics.median(peak_runs)
-    for row in rows:
-        row.update(peak_flops_per_s=peak, fraction_of_peak=row["flops_per_s"] / peak)
-    return rows
+    return _against_peak(rows, peak_runs)
 
 
 _NOT_EVAL = ("train", "no_grad", "inference")  # eval with autograd adds nothing to these

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["PATHS", "Contender", "matmul_peak", "measure", "ms", "peak_memory", "step_fn"]
+__all__ = ["PATHS", "Contender", "matmul_peak", "measure", "ms", "peak_memory",
+           "quiet_stderr", "step_fn"]
 
 PATHS = ("train", "eval", "no_grad", "inference")
 
@@ -165,7 +166,7 @@ def matmul_peak(n: int = 2048, repeats: int = 5, device: torch.device | str = "c
 
 
 @contextlib.contextmanager
-def _quiet_stderr():
+def quiet_stderr():
     """File descriptor 2 to /dev/null for a while (the profiler's C++ start/stop lines)."""
     try:
         sys.stderr.flush()
@@ -199,7 +200,7 @@ def peak_memory(fn: Callable[[], None], device: torch.device | str = "cpu") -> i
         return int(torch.cuda.max_memory_allocated(dev) - base)
     from torch.profiler import ProfilerActivity, profile
 
-    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events = [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
               if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
