@@ -2,11 +2,12 @@
 
 ``from_hf(model_or_local_dir)`` accepts a loaded ``transformers`` model or a local folder written
 by ``save_pretrained`` (loaded with ``local_files_only=True``: no network). The family maps live in
-``hf_bert``, ``hf_vit``, ``hf_cvt`` and ``hf_gpt2``; ``FAMILIES`` lists the class names each
-handles. Every family's ``from_hf_model`` is check -> config -> build -> copy: it reads a typed
-config (a subclass of ``HFSource``) from the model, builds the splitformer model from it, copies
-the weight table, and the model keeps the config as its ``source``; ``to_hf`` rebuilds the
-transformers model from that source.
+``hf_bert``, ``hf_vit``, ``hf_cvt`` and ``hf_gpt2``; ``HF_CLASSES`` maps each transformers class
+name to the module that handles it (``FAMILIES``, its old name, is kept as an alias). Every
+family's ``from_hf_model`` is check -> config -> build -> copy: it reads a typed config (a
+subclass of ``HFSource``, a ``Source`` of kind "hf") from the model, builds the splitformer model
+from it, copies the weight table, and the model keeps the config as its ``source``; ``to_hf``
+rebuilds the transformers model from that source.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from .weights import check_no_hooks, source_field
+from ..models.base import EvolutionModel, Source
+from .weights import check_no_hooks
 
-__all__ = ["HFSource", "attn_implementation", "from_hf", "hf_config", "to_hf"]
+__all__ = ["HF_CLASSES", "HFSource", "attn_implementation", "from_hf", "hf_config", "to_hf"]
 
 # transformers class name -> module (relative to this package) with from_hf_model / to_hf_model
-FAMILIES: dict[str, str] = {
+HF_CLASSES: dict[str, str] = {
     "BertModel": "hf_bert",
     "BertForSequenceClassification": "hf_bert",
     "ViTModel": "hf_vit",
@@ -31,13 +33,15 @@ FAMILIES: dict[str, str] = {
     "GPT2Model": "hf_gpt2",
     "GPT2LMHeadModel": "hf_gpt2",
 }
+FAMILIES = HF_CLASSES  # the old name (deprecated): "family" is the model family
 
 
 @dataclass(frozen=True, kw_only=True)
-class HFSource:
+class HFSource(Source):
     """What every converted transformers model records: the class (``hf_class``), the config
     as ``config.to_dict()`` gives it, and the attention implementation (None: unset)."""
 
+    kind: ClassVar[str] = "hf"
     hf_class: str
     config: dict[str, Any]
     attn_implementation: str | None = None
@@ -58,11 +62,11 @@ def _load_local(path: str | os.PathLike) -> Any:
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     archs = getattr(config, "architectures", None) or []
     for arch in archs:
-        if arch in FAMILIES:
+        if arch in HF_CLASSES:
             cls = getattr(transformers, arch)
             return cls.from_pretrained(path, local_files_only=True)
     raise ValueError(f"the checkpoint in {str(path)!r} has architectures={archs}; supported: "
-                     f"{sorted(FAMILIES)}")
+                     f"{sorted(HF_CLASSES)}")
 
 
 def from_hf(model_or_local_dir: Any, **kwargs):
@@ -71,33 +75,31 @@ def from_hf(model_or_local_dir: Any, **kwargs):
     if isinstance(model, (str, os.PathLike)):
         model = _load_local(model)
     name = type(model).__name__
-    if name not in FAMILIES:
-        raise TypeError(f"from_hf supports {sorted(FAMILIES)}, got {name}")
+    if name not in HF_CLASSES:
+        raise TypeError(f"from_hf supports {sorted(HF_CLASSES)}, got {name}")
     check_no_hooks(model, "from_hf")
-    return _family(FAMILIES[name]).from_hf_model(model, **kwargs)
+    return _family(HF_CLASSES[name]).from_hf_model(model, **kwargs)
 
 
 def to_hf(model):
     """The transformers model with the same weights (the inverse map). TypeError when
     ``model`` is not a splitformer model, ValueError when it was not made by ``from_hf``."""
-    from ..models.base import EvolutionModel
-
     if not isinstance(model, EvolutionModel):
         raise TypeError(f"to_hf(model) expects a splitformer model made by from_hf (BERT, ViT, "
                         f"CvT or GPT-2: BertEncoderModel, ViT, ConvolutionalVisionTransformer, "
                         f"CausalDecoderModel), got {type(model).__name__}")
-    cls = source_field(getattr(model, "source", None), "hf_class")
-    if cls not in FAMILIES:
+    cls = model.source.field("hf_class")
+    if cls not in HF_CLASSES:
         raise ValueError("to_hf(model) needs a model made by from_hf (its source has "
                          f"hf_class={cls!r})")
-    return _family(FAMILIES[cls]).to_hf_model(model)
+    return _family(HF_CLASSES[cls]).to_hf_model(model)
 
 
 def hf_source(model, classes: tuple[str, ...], expected: type) -> HFSource:
     """``model.source`` as the family's typed config, after checking that it is one and that
     its class is one of ``classes`` (ValueError naming hf_class otherwise)."""
-    source = getattr(model, "source", None)
-    cls = source_field(source, "hf_class")
+    source = model.source if isinstance(model, EvolutionModel) else None
+    cls = source.field("hf_class") if source is not None else None
     if not isinstance(source, expected) or cls not in classes:
         raise ValueError(f"to_hf needs a model made by from_hf: model.source must be a "
                          f"{expected.__name__} with hf_class one of {list(classes)}, got "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from torch import nn
+
 __all__ = ["from_timm", "to_timm"]
 
 
@@ -10,7 +12,7 @@ def from_timm(model, **kwargs):
     from .timm_vit import from_timm_model
     from .weights import check_no_hooks
 
-    if hasattr(model, "named_modules"):
+    if isinstance(model, nn.Module):  # anything else: from_timm_model refuses it by type
         check_no_hooks(model, "from_timm")
     return from_timm_model(model, **kwargs)
 

@@ -53,11 +53,13 @@ from __future__ import annotations
 import functools
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import nn
 
+from ..models.base import Source
 from ..models.vit import ViT, build_vit, vit_scheme
+from ..operators import FeatureIntegral
 from .weights import Row, check_covered, check_softmax, copy_table, network_scheme, prefixed
 
 __all__ = ["TimmViTConfig", "build", "from_timm_model", "timm_config", "to_timm_model",
@@ -68,10 +70,13 @@ _ACTIVATIONS = {"GELUTanh": "gelu_tanh", "ReLU": "relu", "SiLU": "silu", "Tanh":
 
 
 @dataclass(frozen=True, kw_only=True)
-class TimmViTConfig:
+class TimmViTConfig(Source):
     """A timm VisionTransformer as splitformer reads it: the constructor arguments that rebuild
     it (``kwargs``), the norm and activation classes (module and name, imported only by
-    ``to_timm``) with the one norm eps, and what fixes our operators beyond ``kwargs``."""
+    ``to_timm``) with the one norm eps, and what fixes our operators beyond ``kwargs``; a
+    ``Source`` of kind "timm"."""
+
+    kind: ClassVar[str] = "timm"
 
     timm_class: str = "VisionTransformer"
     kwargs: dict[str, Any]
@@ -121,7 +126,7 @@ def weight_map(model: ViT) -> list[Row]:
             rows += [Row(f"{timm_name}.weight", f"{name}.weight"),
                      Row(f"{timm_name}.bias", f"{name}.bias"),
                      Row(f"{timm_name}.eps", f"{name}.eps", attr=True)]
-    if hasattr(model.head, "weight"):  # a linear classifier (not Identity, not None)
+    if isinstance(model.head, FeatureIntegral):  # a linear classifier (not Identity, not None)
         rows += [Row("head.weight", "head.weight"), Row("head.bias", "head.bias")]
     return rows
 

@@ -22,11 +22,13 @@ the config option, a value the config cannot represent.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+
+from ..models.base import keep_source
 
 __all__ = [
     "TRANSFORMS",
@@ -262,11 +264,10 @@ def check_covered(keys: Iterable[str], rows: Iterable[Row], what: str,
 
 
 def source_field(source: Any, name: str, default: Any = None) -> Any:
-    """Field ``name`` of a model's ``source``: a typed config (an attribute) or a dict (a key,
-    as the models' own builders record it)."""
-    if isinstance(source, Mapping):
-        return source.get(name, default)
-    return getattr(source, name, default)
+    """Field ``name`` of a model's ``source`` (deprecated: read ``model.source.field(name,
+    default)``, the declared ``models.base.Source``); a dict or None is read as
+    ``keep_source`` keeps it."""
+    return keep_source(source).field(name, default)
 
 
 def network_scheme(evolution, schemes: dict, target: str, where: str = "") -> str:
@@ -304,9 +305,10 @@ def check_softmax(evolution, target: str, names: Sequence[str] = ("attention", "
                 continue
             k = theta[name].kernel
             if type(k) is not SoftmaxKernel or k.scale != want:
+                scale = k.scale if k.takes_scale else None
                 raise ValueError(f"{target} needs the softmax kernel with scale "
                                  f"{'1/sqrt(d_h)' if want is None else want} in step {n} "
-                                 f"{name}, got {k!r} with scale {getattr(k, 'scale', None)}")
+                                 f"{name}, got {k!r} with scale {scale}")
 
 
 _HOOKS = {

@@ -28,12 +28,65 @@ __all__ = ["EvolutionModel", "TorchLayoutReadOut", "keep_source", "keep_steps", 
            "shared_copy"]
 
 
-def keep_source(source: Any) -> Any:
-    """What a model records of where it came from: a typed config (kept as is), a dict (copied)
-    or nothing (an empty dict)."""
-    if source is None:
-        return {}
-    return dict(source) if isinstance(source, dict) else source
+class Source:
+    """Where a model came from, read through two declared members (never by probing):
+
+    * ``kind``: what made it ("layer", "encoder", "decoder_layer", "decoder", "transformer" for
+      torch.nn, "hf", "timm", "training"; "" when nothing was recorded);
+    * ``field(name, default)``: one recorded value (a typed config's attribute).
+
+    The interop configs (``TorchConfig``, ``HFSource``, ``TimmViTConfig``) derive from it; a
+    record kept as a dict is a ``RecordSource``. Every model has one (``EvolutionModel.source``).
+    """
+
+    kind: str = ""
+
+    def field(self, name: str, default: Any = None) -> Any:
+        """The recorded value ``name`` (``default`` where there is none)."""
+        return getattr(self, name, default)
+
+
+class RecordSource(dict, Source):
+    """A source kept as a dict (JSON as it stands): ``field`` is ``get``; ``kind`` is the
+    record's "kind" entry (the models' own builders: ``{"kind": "decoder"}``), else "training"
+    for the record of a training family (``{"family", "config", "data"}``, no "kind" entry in
+    the checkpoint format), else ""."""
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return str(self.get("kind") or ("training" if "family" in self else ""))
+
+    def field(self, name: str, default: Any = None) -> Any:
+        return self.get(name, default)
+
+
+def keep_source(source: Any) -> Source:
+    """What a model records of where it came from: a ``Source`` (kept as is), a dict (copied
+    into a ``RecordSource``) or nothing (an empty one); TypeError for anything else."""
+    from collections.abc import Mapping
+
+    if isinstance(source, Source) and not isinstance(source, RecordSource):
+        return source
+    if source is None or isinstance(source, Mapping):
+        return RecordSource(source or {})
+    raise TypeError(f"source must be a splitformer Source (a config with kind and field), a "
+                    f"dict or None, got {type(source).__name__}")
+
+
+class _SourceAttribute:
+    """``model.source``: every assignment goes through ``keep_source``, so every model reads
+    one ``Source`` (an empty ``RecordSource`` until one is set)."""
+
+    def __get__(self, model: Any, owner: type | None = None) -> Any:
+        if model is None:
+            return self
+        source = model.__dict__.get("source")
+        if not isinstance(source, Source):  # unset, or pickled before this attribute existed
+            source = model.__dict__["source"] = keep_source(source)
+        return source
+
+    def __set__(self, model: Any, source: Any) -> None:
+        model.__dict__["source"] = keep_source(source)
 
 
 def shared_copy(module: nn.Module) -> nn.Module:
@@ -52,6 +105,7 @@ class EvolutionModel(nn.Module):
     """
 
     evolution: Evolution
+    source: Source = _SourceAttribute()  # type: ignore[assignment]  # where it came from
 
     # -- what a family supplies ------------------------------------------------------------
     def initial_condition(self, *inputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Context]:

@@ -443,7 +443,9 @@ def _rebuild(source: dict[str, Any], device: str | None = None) -> nn.Module:
 def _training_source(model: nn.Module) -> tuple[dict[str, Any] | None, str | None]:
     """(model.source as JSON, None) for a model that ``build_model`` rebuilds exactly (same
     modules, names and shapes), else (None, why not)."""
-    source = getattr(model, "source", None)
+    from ..models.base import EvolutionModel
+
+    source = model.source if isinstance(model, EvolutionModel) else None
     if not (isinstance(source, dict) and set(source) == {"family", "config", "data"}):
         return None, (f"{_describe_source(source)}, not a training family's "
                       f"{{'family', 'config', 'data'}}")

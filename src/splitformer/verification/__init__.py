@@ -2,9 +2,15 @@
 
 A check is a function ``fn(dtype) -> float`` that builds random-weight reference modules, runs
 the splitformer counterpart and returns the max abs difference. ``register`` adds one to the
-registry under a family; ``run_checks`` measures them in float64 and float32 against the
-tolerances (1e-10 and 1e-5). A check whose reference library is missing raises ``SkipCheck``.
-Family modules are imported lazily so that the core has no optional dependency.
+registry under a suite: the checks measured against one reference (core: the paper's claims
+against torch.nn; bert, vit, cvt, gpt2: transformers; timm; transformer: nn.Transformer).
+``run_checks`` measures them in float64 and float32 against the tolerances (1e-10 and 1e-5). A
+check whose reference library is missing raises ``SkipCheck``. Suite modules (``SUITES``) are
+imported lazily so that the core has no optional dependency.
+
+"Family" is the model family (``training.families``); the names that used it here for a suite
+are kept as deprecated aliases: ``FAMILY_MODULES`` = ``SUITES``, ``families()`` = ``suites()``,
+``Check.family`` = ``Check.suite``, and each result row carries ``"family"`` next to ``"suite"``.
 """
 
 from __future__ import annotations
@@ -15,12 +21,13 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Check", "SkipCheck", "TOLERANCES", "families", "register", "run_checks"]
+__all__ = ["SUITES", "Check", "SkipCheck", "TOLERANCES", "families", "register", "run_checks",
+           "suites"]
 
 TOLERANCES = {torch.float64: 1e-10, torch.float32: 1e-5}
 
-# family name -> module that registers its checks on import
-FAMILY_MODULES = {
+# suite name -> module that registers its checks on import
+SUITES: dict[str, str] = {
     "core": "splitformer.verification.core",
     "bert": "splitformer.verification.hf_bert",
     "vit": "splitformer.verification.hf_vit",
@@ -29,6 +36,7 @@ FAMILY_MODULES = {
     "gpt2": "splitformer.verification.hf_gpt2",
     "transformer": "splitformer.verification.torch_transformer",
 }
+FAMILY_MODULES = SUITES  # the old name (deprecated)
 
 
 class SkipCheck(Exception):
@@ -37,57 +45,74 @@ class SkipCheck(Exception):
 
 @dataclass(frozen=True)
 class Check:
-    family: str
+    """One row of the table: its suite, the mathematical side (``name``), the network side
+    (``reference``) and ``fn(dtype) -> max abs difference``."""
+
+    suite: str
     name: str  # the mathematical side
     reference: str  # the network side
     fn: Callable[[torch.dtype], float]
+
+    @property
+    def family(self) -> str:
+        """The old name of ``suite`` (deprecated)."""
+        return self.suite
 
 
 _REGISTRY: list[Check] = []
 
 
-def register(family: str, name: str, reference: str):
-    """Decorator: add ``fn(dtype) -> max abs difference`` to the table."""
+def register(suite: str, name: str, reference: str):
+    """Decorator: add ``fn(dtype) -> max abs difference`` to the table, in ``suite``."""
+    if suite not in SUITES:
+        raise ValueError(f"suite must be one of {suites()}, got {suite!r}")
 
     def deco(fn):
-        _REGISTRY.append(Check(family, name, reference, fn))
+        _REGISTRY.append(Check(suite, name, reference, fn))
         return fn
 
     return deco
 
 
-def families() -> list[str]:
-    return list(FAMILY_MODULES)
+def suites() -> list[str]:
+    """The suite names, in table order."""
+    return list(SUITES)
 
 
-def _load(family: str) -> str | None:
+families = suites  # the old name (deprecated)
+
+
+def _load(suite: str) -> str | None:
     try:
-        importlib.import_module(FAMILY_MODULES[family])
-    except ModuleNotFoundError as e:  # the family module itself is not written yet
-        if e.name == FAMILY_MODULES[family]:
+        importlib.import_module(SUITES[suite])
+    except ModuleNotFoundError as e:  # the suite module itself is not written yet
+        if e.name == SUITES[suite]:
             return "not available in this version"
         raise
     return None
 
 
 def run_checks(
-    family_filter: list[str] | None = None, progress: Callable[[str], None] | None = None
+    suite_filter: list[str] | None = None, progress: Callable[[str], None] | None = None
 ):
-    """Measure every registered check; yields result dicts (one per check)."""
-    wanted = family_filter or families()
-    for fam in wanted:
-        if fam not in FAMILY_MODULES:
-            raise ValueError(f"family must be one of {families()}, got {fam!r}")
-    missing = {fam: _load(fam) for fam in wanted}
-    for fam in wanted:
-        if missing[fam]:
-            yield {"family": fam, "name": fam, "reference": "-", "status": "SKIP",
-                   "reason": missing[fam], "errors": {}}
+    """Measure every registered check of the suites ``suite_filter`` (default: all); yields
+    result dicts (one per check: suite, name, reference, status, errors; "family" is the
+    suite's old key)."""
+    wanted = suite_filter or suites()
+    for suite in wanted:
+        if suite not in SUITES:
+            raise ValueError(f"suite must be one of {suites()}, got {suite!r}")
+    missing = {suite: _load(suite) for suite in wanted}
+    for suite in wanted:
+        if missing[suite]:
+            yield {"suite": suite, "family": suite, "name": suite, "reference": "-",
+                   "status": "SKIP", "reason": missing[suite], "errors": {}}
             continue
-        for chk in [c for c in _REGISTRY if c.family == fam]:
+        for chk in [c for c in _REGISTRY if c.suite == suite]:
             if progress:
-                progress(f"{fam}: {chk.name}")
-            row = {"family": fam, "name": chk.name, "reference": chk.reference, "errors": {}}
+                progress(f"{suite}: {chk.name}")
+            row = {"suite": suite, "family": suite, "name": chk.name,
+                   "reference": chk.reference, "errors": {}}
             try:
                 ok = True
                 for dtype, tol in TOLERANCES.items():
