@@ -47,7 +47,7 @@ class HFSource(Source):
     attn_implementation: str | None = None
 
 
-def _family(module_name: str):
+def _map_module(module_name: str):
     return importlib.import_module(f"{__package__}.{module_name}")
 
 
@@ -78,7 +78,7 @@ def from_hf(model_or_local_dir: Any, **kwargs):
     if name not in HF_CLASSES:
         raise TypeError(f"from_hf supports {sorted(HF_CLASSES)}, got {name}")
     check_no_hooks(model, "from_hf")
-    return _family(HF_CLASSES[name]).from_hf_model(model, **kwargs)
+    return _map_module(HF_CLASSES[name]).from_hf_model(model, **kwargs)
 
 
 def to_hf(model):
@@ -92,7 +92,7 @@ def to_hf(model):
     if cls not in HF_CLASSES:
         raise ValueError("to_hf(model) needs a model made by from_hf (its source has "
                          f"hf_class={cls!r})")
-    return _family(HF_CLASSES[cls]).to_hf_model(model)
+    return _map_module(HF_CLASSES[cls]).to_hf_model(model)
 
 
 def hf_source(model, classes: tuple[str, ...], expected: type) -> HFSource:

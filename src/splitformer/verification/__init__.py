@@ -2,15 +2,16 @@
 
 A check is a function ``fn(dtype) -> float`` that builds random-weight reference modules, runs
 the splitformer counterpart and returns the max abs difference. ``register`` adds one to the
-registry under a suite: the checks measured against one reference (core: the paper's claims
+registry under a group: the checks measured against one reference (core: the paper's claims
 against torch.nn; bert, vit, cvt, gpt2: transformers; timm; transformer: nn.Transformer).
 ``run_checks`` measures them in float64 and float32 against the tolerances (1e-10 and 1e-5). A
-check whose reference library is missing raises ``SkipCheck``. Suite modules (``SUITES``) are
+check whose reference library is missing raises ``SkipCheck``. Group modules (``GROUPS``) are
 imported lazily so that the core has no optional dependency.
 
-"Family" is the model family (``training.families``); the names that used it here for a suite
-are kept as deprecated aliases: ``FAMILY_MODULES`` = ``SUITES``, ``families()`` = ``suites()``,
-``Check.family`` = ``Check.suite``, and each result row carries ``"family"`` next to ``"suite"``.
+"Family" is the model family (``training.families``); the names that used it here for a group
+are kept as deprecated aliases: ``FAMILY_MODULES`` = ``GROUPS``, ``families()`` =
+``group_names()``, ``Check.family`` = ``Check.group``, and each result row carries ``"family"``
+next to ``"group"``.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SUITES", "Check", "SkipCheck", "TOLERANCES", "families", "register", "run_checks",
-           "suites"]
+__all__ = ["GROUPS", "Check", "SkipCheck", "TOLERANCES", "families", "group_names", "register",
+           "run_checks"]
 
 TOLERANCES = {torch.float64: 1e-10, torch.float32: 1e-5}
 
-# suite name -> module that registers its checks on import
-SUITES: dict[str, str] = {
+# group name -> module that registers its checks on import
+GROUPS: dict[str, str] = {
     "core": "splitformer.verification.core",
     "bert": "splitformer.verification.hf_bert",
     "vit": "splitformer.verification.hf_vit",
@@ -36,7 +37,7 @@ SUITES: dict[str, str] = {
     "gpt2": "splitformer.verification.hf_gpt2",
     "transformer": "splitformer.verification.torch_transformer",
 }
-FAMILY_MODULES = SUITES  # the old name (deprecated)
+FAMILY_MODULES = GROUPS  # the old name (deprecated)
 
 
 class SkipCheck(Exception):
@@ -45,73 +46,73 @@ class SkipCheck(Exception):
 
 @dataclass(frozen=True)
 class Check:
-    """One row of the table: its suite, the mathematical side (``name``), the network side
+    """One row of the table: its group, the mathematical side (``name``), the network side
     (``reference``) and ``fn(dtype) -> max abs difference``."""
 
-    suite: str
+    group: str
     name: str  # the mathematical side
     reference: str  # the network side
     fn: Callable[[torch.dtype], float]
 
     @property
     def family(self) -> str:
-        """The old name of ``suite`` (deprecated)."""
-        return self.suite
+        """The old name of ``group`` (deprecated)."""
+        return self.group
 
 
 _REGISTRY: list[Check] = []
 
 
-def register(suite: str, name: str, reference: str):
-    """Decorator: add ``fn(dtype) -> max abs difference`` to the table, in ``suite``."""
-    if suite not in SUITES:
-        raise ValueError(f"suite must be one of {suites()}, got {suite!r}")
+def register(group: str, name: str, reference: str):
+    """Decorator: add ``fn(dtype) -> max abs difference`` to the table, in ``group``."""
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {group_names()}, got {group!r}")
 
     def deco(fn):
-        _REGISTRY.append(Check(suite, name, reference, fn))
+        _REGISTRY.append(Check(group, name, reference, fn))
         return fn
 
     return deco
 
 
-def suites() -> list[str]:
-    """The suite names, in table order."""
-    return list(SUITES)
+def group_names() -> list[str]:
+    """The group names, in table order."""
+    return list(GROUPS)
 
 
-families = suites  # the old name (deprecated)
+families = group_names  # the old name (deprecated)
 
 
-def _load(suite: str) -> str | None:
+def _load(group: str) -> str | None:
     try:
-        importlib.import_module(SUITES[suite])
-    except ModuleNotFoundError as e:  # the suite module itself is not written yet
-        if e.name == SUITES[suite]:
+        importlib.import_module(GROUPS[group])
+    except ModuleNotFoundError as e:  # the group module itself is not written yet
+        if e.name == GROUPS[group]:
             return "not available in this version"
         raise
     return None
 
 
 def run_checks(
-    suite_filter: list[str] | None = None, progress: Callable[[str], None] | None = None
+    group_filter: list[str] | None = None, progress: Callable[[str], None] | None = None
 ):
-    """Measure every registered check of the suites ``suite_filter`` (default: all); yields
-    result dicts (one per check: suite, name, reference, status, errors; "family" is the
-    suite's old key)."""
-    wanted = suite_filter or suites()
-    for suite in wanted:
-        if suite not in SUITES:
-            raise ValueError(f"suite must be one of {suites()}, got {suite!r}")
-    missing = {suite: _load(suite) for suite in wanted}
-    for suite in wanted:
-        if missing[suite]:
-            yield {"suite": suite, "family": suite, "name": suite, "reference": "-",
-                   "status": "SKIP", "reason": missing[suite], "errors": {}}
+    """Measure every registered check of the groups ``group_filter`` (default: all); yields
+    result dicts (one per check: group, name, reference, status, errors; "family" is the
+    group's old key)."""
+    wanted = group_filter or group_names()
+    for group in wanted:
+        if group not in GROUPS:
+            raise ValueError(f"group must be one of {group_names()}, got {group!r}")
+    missing = {group: _load(group) for group in wanted}
+    for group in wanted:
+        if missing[group]:
+            yield {"group": group, "family": group, "name": group, "reference": "-",
+                   "status": "SKIP", "reason": missing[group], "errors": {}}
             continue
-        for chk in [c for c in _REGISTRY if c.suite == suite]:
+        for chk in [c for c in _REGISTRY if c.group == group]:
             if progress:
-                progress(f"{suite}: {chk.name}")
-            row = {"suite": suite, "family": suite, "name": chk.name,
+                progress(f"{group}: {chk.name}")
+            row = {"group": group, "family": group, "name": chk.name,
                    "reference": chk.reference, "errors": {}}
             try:
                 ok = True

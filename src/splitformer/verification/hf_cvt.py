@@ -1,4 +1,4 @@
-"""Family "cvt": Hugging Face CvT against its splitformer evolution (docs/math.md 3.7).
+"""Group "cvt": Hugging Face CvT against its splitformer evolution (docs/math.md 3.7).
 
 Each check builds a small random-weight ``transformers`` CvT (every weight and BatchNorm
 statistic drawn at random, so that no operator is the identity), converts it with ``from_hf``
@@ -15,7 +15,7 @@ import torch
 from . import SkipCheck, register
 from .references import maxdiff, require_transformers
 
-SUITE = "cvt"
+GROUP = "cvt"
 
 # Three stages, class token in the last one, K/V stride 2 (the defaults of CvT-13, scaled down).
 SMALL_CONFIG: dict[str, Any] = {
@@ -81,7 +81,7 @@ def _max(*pairs) -> float:
     return max(maxdiff(a, b) for a, b in pairs)
 
 
-@register(SUITE, "3 grid levels: R_s + pre-LN evolution, conv Q/K/V + BN(eval), K/V stride 2",
+@register(GROUP, "3 grid levels: R_s + pre-LN evolution, conv Q/K/V + BN(eval), K/V stride 2",
           "transformers CvtModel (last_hidden_state, cls_token_value)")
 def check_model(dtype: torch.dtype) -> float:
     from ..interop.hf import from_hf
@@ -94,7 +94,7 @@ def check_model(dtype: torch.dtype) -> float:
     return _max((a.last_hidden_state, b.last_hidden_state), (a.cls_token_value, b.cls_token_value))
 
 
-@register(SUITE, "read-out: LN(class token), mean, linear classifier",
+@register(GROUP, "read-out: LN(class token), mean, linear classifier",
           "transformers CvtForImageClassification (logits)")
 def check_classifier(dtype: torch.dtype) -> float:
     from ..interop.hf import from_hf
@@ -106,7 +106,7 @@ def check_classifier(dtype: torch.dtype) -> float:
         return _max((ref(x).logits, ours(x).logits))
 
 
-@register(SUITE, "train mode: BN batch statistics and running-stat updates, dropout 0",
+@register(GROUP, "train mode: BN batch statistics and running-stat updates, dropout 0",
           "transformers CvtModel.train() (outputs and BatchNorm buffers)")
 def check_train_batchnorm(dtype: torch.dtype) -> float:
     from ..interop.hf import from_hf, to_hf
@@ -127,7 +127,7 @@ def check_train_batchnorm(dtype: torch.dtype) -> float:
     return _max(*errs)
 
 
-@register(SUITE, "round trip to_hf(from_hf(m)): state dict (BN buffers included)",
+@register(GROUP, "round trip to_hf(from_hf(m)): state dict (BN buffers included)",
           "transformers CvtForImageClassification.state_dict()")
 def check_round_trip(dtype: torch.dtype) -> float:
     from ..interop.hf import from_hf, to_hf
