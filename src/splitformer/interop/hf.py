@@ -95,11 +95,11 @@ def to_hf(model):
     return _map_module(HF_CLASSES[cls]).to_hf_model(model)
 
 
-def hf_source(model, classes: tuple[str, ...], expected: type) -> HFSource:
+def hf_source(model: EvolutionModel, classes: tuple[str, ...], expected: type) -> HFSource:
     """``model.source`` as the family's typed config, after checking that it is one and that
     its class is one of ``classes`` (ValueError naming hf_class otherwise)."""
-    source = model.source if isinstance(model, EvolutionModel) else None
-    cls = source.field("hf_class") if source is not None else None
+    source = model.source
+    cls = source.field("hf_class")
     if not isinstance(source, expected) or cls not in classes:
         raise ValueError(f"to_hf needs a model made by from_hf: model.source must be a "
                          f"{expected.__name__} with hf_class one of {list(classes)}, got "
