@@ -68,7 +68,7 @@ def post_ln_reference(controls, dtype: torch.dtype, *, activation="relu") -> nn.
     a0 = theta0["attention"]
     paper = "ffn1" in theta0
     ff = theta0["ffn1"].out_dim if paper else theta0["ffn"].widths[1]
-    eps = 0.0 if paper else theta0["norm1"].eps  # the paper's SphereProjection: eps = 0
+    eps = 0.0 if isinstance(theta0["norm1"], SphereProjection) else theta0["norm1"].eps
     layer = nn.TransformerEncoderLayer(a0.dim, a0.num_heads, ff, dropout=0.0, batch_first=True,
                                        activation=activation, layer_norm_eps=eps, dtype=dtype)
     enc = nn.TransformerEncoder(layer, len(controls), enable_nested_tensor=False).eval()
