@@ -30,7 +30,25 @@ from .torch_encoder import (
     torch_target,
     weight_map,
 )
-from .torch_layers import TorchConfig, build_torch_stack, check_dropouts, check_plain, check_uniform
+from .torch_layers import (  # noqa: F401 - the rest were defined here before the front: kept
+    ATTENTION_ROWS,
+    NORM_ROWS,
+    TorchConfig,
+    activation_name,
+    build_torch_stack,
+    check_attention,
+    check_dropouts,
+    check_final_norm,
+    check_norms,
+    check_plain,
+    check_two_stages,
+    check_uniform,
+    final_norm,
+    layer_fields,
+    num_ffn_stages,
+    shared_fields,
+    torch_activation,
+)
 from .torch_transformer import from_torch_transformer, to_torch_transformer
 
 __all__ = ["ACCEPTED", "ENCODER_LAYER_MAP", "PAPER_LAYER_MAP", "TorchConfig", "build_encoder",
