@@ -23,6 +23,7 @@ from torch import nn
 
 from ..operators.base import Context
 from ..time import Evolution, SaveAt, Scheme, Trajectory
+from .kernels import set_kernel
 
 __all__ = ["EvolutionModel", "TorchLayoutReadOut", "keep_source", "keep_steps", "path_states",
            "shared_copy"]
@@ -122,10 +123,8 @@ class EvolutionModel(nn.Module):
 
     def with_kernel(self, kernel, **kwargs):
         """The same model (shared parameters) with ``kernel`` in every attention operator
-        (``operators.kernels.set_kernel``: a name or a Kernel; refused by name where a family
+        (``models.kernels.set_kernel``: a name or a Kernel; refused by name where a family
         or kernel cannot take it)."""
-        from ..operators.kernels import set_kernel
-
         return set_kernel(shared_copy(self), kernel, **kwargs)
 
     def validating(self, on: bool = True):

@@ -64,8 +64,9 @@ from ..operators import (
 )
 from ..operators.convolution import pair
 from ..operators.scaling import DiagonalScaling
-from ..time import Controls, Evolution, Scheme, TimeGrid
-from ..time.schemes import Field, lie, prenorm
+from ..time import Controls, Evolution, TimeGrid
+from ..time.schemes.families import LAYERSCALE_LAYOUT as LAYERSCALE_LAYOUT
+from ..time.schemes.families import prenorm_layerscale, vit_scheme
 from .base import EvolutionModel, keep_source
 from .blocks import block_controls
 from .outputs import ModelOutput
@@ -292,26 +293,6 @@ class Pooler(nn.Module):
 
     def forward(self, v: torch.Tensor) -> torch.Tensor:
         return self.activation(self.dense(v))
-
-
-LAYERSCALE_LAYOUT: tuple[Field, ...] = (
-    Field("attention", pre=("norm1",), post=("ls1",)),
-    Field("ffn", pre=("norm2",), post=("ls2",)),
-)
-
-
-def prenorm_layerscale() -> Scheme:
-    """Pre-LN with LayerScale: u += tau gamma_1 A(P1 u); u += tau gamma_2 G(P2 u)."""
-    s = lie(LAYERSCALE_LAYOUT)
-    return Scheme(s.stages, name="prenorm_layerscale",
-                  description="explicit Euler for u_t = A(P1 u) + G(P2 u) with per-feature "
-                              "steps tau(y) = tau gamma(y) (LayerScale as post operators)",
-                  order=1, meta=s.meta)
-
-
-def vit_scheme(layer_scale: bool) -> Scheme:
-    """The scheme of a pre-LN ViT block: ``prenorm`` or ``prenorm_layerscale``."""
-    return prenorm_layerscale() if layer_scale else prenorm()
 
 
 def vit_controls(
