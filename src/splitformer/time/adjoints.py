@@ -53,6 +53,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..operators.base import Context
 from .schemes.reversible import ReversibleScheme, reversible
+from .schemes.reversible import _CoupledStages as _CoupledStages  # (pickles from before)
 from .schemes.stages import Scheme
 
 if TYPE_CHECKING:
