@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import splitformer
+from splitformer.models.kernels import set_kernel
 from splitformer.operators import Context, DiagonalScaling, NonlocalAttention
 from splitformer.operators.kernels import (
     ALiBiKernel,
@@ -22,7 +23,6 @@ from splitformer.operators.kernels import (
     SinkhornKernel,
     SoftmaxKernel,
     probe_causality,
-    set_kernel,
 )
 
 

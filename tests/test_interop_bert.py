@@ -287,7 +287,7 @@ def test_to_hf_needs_the_network_form():
     # a Lie scheme with other substep integrators is not the network either
     with pytest.raises(ValueError, match="needs the scheme 'lie'"):
         splitformer.to_hf(ours.with_scheme("lie", integrator="heun"))
-    from splitformer.operators.kernels import set_kernel
+    from splitformer.models.kernels import set_kernel
 
     with pytest.raises(ValueError, match="softmax kernel"):
         splitformer.to_hf(set_kernel(from_hf_model(make_bert()), "alibi"))

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import splitformer
+from splitformer.models.kernels import set_kernel
 from splitformer.operators import Context, CrossAttention, NonlocalAttention
 from splitformer.operators.kernels import (
     ALiBiKernel,
@@ -18,7 +19,6 @@ from splitformer.operators.kernels import (
     SinkhornKernel,
     SoftmaxKernel,
     alibi_slopes,
-    set_kernel,
 )
 from splitformer.verification.references import TOL
 

@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..models.base import EvolutionModel
 from ..time import Evolution, Trajectory
 
 __all__ = ["ControlRegularity", "KineticEnergy", "RunningCost", "evolutions_of"]
@@ -52,15 +53,13 @@ def _check_weight(weight: Any, cls: str) -> float:
 
 
 def evolutions_of(model: Any) -> list[Evolution]:
-    """Every evolution of a model (``evolution_owners()``; an Evolution is its own), or []."""
+    """Every evolution of a model: those of an ``EvolutionModel``'s ``evolution_owners()``; an
+    Evolution is its own; anything else has none ([])."""
     if isinstance(model, Evolution):
         return [model]
-    owners = getattr(model, "evolution_owners", None)
-    if owners is not None:
-        evos = [getattr(o, "evolution", None) for o in owners()]
-    else:
-        evos = [getattr(model, "evolution", None)]
-    return [e for e in evos if isinstance(e, Evolution)]
+    if not isinstance(model, EvolutionModel):
+        return []
+    return [o.evolution for o in model.evolution_owners() if isinstance(o.evolution, Evolution)]
 
 
 @dataclass(frozen=True)

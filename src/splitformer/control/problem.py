@@ -4,7 +4,9 @@
     subject to u_i(0) = E(x_i) (the initial map),   u^{n+1} = S_tau(theta^n) u^n (the evolution)
 
 ``ControlProblem(model, loss, running_costs, adjoint)`` holds these pieces as values;
-``problem(inputs, target)`` runs the model's skeleton once and returns an ``Objective``:
+``problem(inputs, target)`` runs the model's skeleton once (``EvolutionModel.solve``, or
+``solve_along`` with ``SaveAt(steps=True)`` when a cost needs the path) and returns an
+``Objective``:
 
     u0, ctx = model.initial_condition(*inputs)          E
     path    = model.evolution(u0, ctx, SaveAt(...))     every grid point if a cost needs the
@@ -26,7 +28,8 @@ place* on every evolution of the model (``set_adjoint``), as ``validating`` sets
 mode: it changes how gradients are computed, never a value. ``adjoint=None`` keeps the model's.
 ``with_adjoint(model, adjoint)`` is the copy that shares the parameters instead.
 
-A model that is not an evolution model (no ``initial_condition`` / ``read_out``) is called as
+A model that is not an evolution model (not an ``models.base.EvolutionModel``, the skeleton that
+declares ``initial_condition``, ``read_out`` and ``evolution_owners()``) is called as
 ``model(*inputs)``; it has no path and no controls, so running costs are refused for it.
 """
 
@@ -39,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..models.base import EvolutionModel
 from ..time import SaveAt, Trajectory
 from ..time.adjoints import Adjoint, resolve_adjoint
 from .costs import ControlRegularity, RunningCost, evolutions_of
@@ -57,12 +61,11 @@ class Objective:
     output: Any = None
 
 
-def _owners(model: nn.Module, what: str) -> list:
-    owners = getattr(model, "evolution_owners", None)
-    if owners is None or not evolutions_of(model):
+def _owners(model: nn.Module, what: str) -> list[EvolutionModel]:
+    if not isinstance(model, EvolutionModel) or not evolutions_of(model):
         raise ValueError(f"{what}: model {type(model).__name__} has no evolution to set an "
                          "adjoint on")
-    return list(owners())
+    return list(model.evolution_owners())
 
 
 def set_adjoint(model: nn.Module, adjoint: str | Adjoint) -> nn.Module:
@@ -148,7 +151,7 @@ class ControlProblem(nn.Module):
                                  "twice (each running cost at most once, none named "
                                  "'terminal')")
             names.add(c.name)
-        evolution_model = hasattr(model, "initial_condition") and hasattr(model, "read_out")
+        evolution_model = isinstance(model, EvolutionModel)
         for c in costs:
             if c.needs_path and not (evolution_model and evolutions_of(model)):
                 raise ValueError(f"ControlProblem(running_costs): {type(c).__name__} needs the "
@@ -208,22 +211,9 @@ class ControlProblem(nn.Module):
         return Objective(total=total, terminal=terminal, parts=parts, output=output)
 
     def _solve(self, args: tuple, kwargs: dict) -> tuple[Any, Trajectory | None]:
-        """read_out(evolution(initial_condition(inputs))), keeping every grid point when a
-        running cost needs the path (and what the model asked for: hidden states)."""
-        model = self.model
-        u0, ctx = model.initial_condition(*args, **kwargs)
-        asked = ctx.extra.get("saveat")
+        """read_out(evolution(initial_condition(inputs))) through the model's own spine,
+        keeping every grid point when a running cost needs the path (the model keeps what it
+        asks for itself: hidden states)."""
         if not self.needs_path:
-            if asked is None:
-                return model.read_out(model.evolution(u0, ctx), ctx), None
-            traj = model.evolution(u0, ctx, asked)
-            ctx.extra["trajectory"] = traj
-            return model.read_out(traj.final, ctx), None
-        substeps = asked.substeps if asked is not None else False
-        path = model.evolution(u0, ctx, SaveAt(steps=True, substeps=substeps))
-        if asked is not None:
-            keep = asked.indices(model.evolution.grid)
-            ctx.extra["trajectory"] = Trajectory(path.times[keep],
-                                                 tuple(path.state_list[i] for i in keep),
-                                                 path.final, substeps=path.substeps)
-        return model.read_out(path.final, ctx), path
+            return self.model.solve(*args, **kwargs), None
+        return self.model.solve_along(*args, saveat=SaveAt(steps=True), **kwargs)

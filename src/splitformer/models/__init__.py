@@ -6,6 +6,7 @@ from .blocks import block_controls
 from .causal import CausalDecoderModel, CausalLM, causal_decoder
 from .embeddings import TokenEmbedding
 from .encoder import Encoder, network_encoder, paper_encoder
+from .kernels import set_kernel
 from .seq2seq import CrossDecoder, EncoderDecoderModel, encoder_decoder
 from .vit import TimmViT, ViT, ViTOutput, build_vit
 
@@ -26,5 +27,6 @@ __all__ = [
     "encoder_decoder",
     "network_encoder",
     "paper_encoder",
+    "set_kernel",
     "shared_copy",
 ]

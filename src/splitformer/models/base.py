@@ -23,9 +23,10 @@ from torch import nn
 
 from ..operators.base import Context
 from ..time import Evolution, SaveAt, Scheme, Trajectory
+from .kernels import set_kernel
 
-__all__ = ["EvolutionModel", "TorchLayoutReadOut", "keep_source", "keep_steps", "path_states",
-           "shared_copy"]
+__all__ = ["EvolutionModel", "RecordSource", "Source", "TorchLayoutReadOut", "keep_source",
+           "keep_steps", "path_states", "shared_copy"]
 
 
 class Source:
@@ -124,13 +125,34 @@ class EvolutionModel(nn.Module):
         a ``SaveAt``: e.g. ``output_hidden_states``), the evolution keeps them and the read-out
         finds the ``Trajectory`` in ``context.extra["trajectory"]``.
         """
+        return self._solve(inputs, kwargs, None)[0]
+
+    def solve_along(self, *inputs: Any, saveat: SaveAt, **kwargs: Any
+                    ) -> tuple[Any, Trajectory]:
+        """(read-out, path): ``solve`` in one run of the evolution that also keeps what
+        ``saveat`` asks for (besides what the read-out asks for). The path is u before the
+        read-out (batch first), as in ``trajectory``; the inputs are those of ``forward``."""
+        if not isinstance(saveat, SaveAt):
+            raise TypeError(f"solve_along(saveat): saveat must be a SaveAt, got "
+                            f"{type(saveat).__name__}")
+        return self._solve(inputs, kwargs, saveat)
+
+    def _solve(self, inputs: tuple, kwargs: dict, saveat: SaveAt | None
+               ) -> tuple[Any, Trajectory | None]:
+        """The spine: one run of the evolution keeping what the read-out asks for
+        (``context.extra["saveat"]``) and what ``saveat`` asks for; each gets its part."""
         u0, ctx = self.initial_condition(*inputs, **kwargs)
-        saveat = ctx.extra.get("saveat")
-        if saveat is None:
-            return self.read_out(self.evolution(u0, ctx), ctx)
-        traj = self.evolution(u0, ctx, saveat)
-        ctx.extra["trajectory"] = traj
-        return self.read_out(traj.final, ctx)
+        asked = ctx.extra.get("saveat")
+        if asked is None and saveat is None:
+            return self.read_out(self.evolution(u0, ctx), ctx), None
+        both = saveat if asked is None else asked if saveat is None else asked.union(saveat)
+        traj = self.evolution(u0, ctx, both)
+        grid = self.evolution.grid
+        if asked is not None:
+            ctx.extra["trajectory"] = traj if both is asked else asked.select(traj, both, grid)
+        path = None if saveat is None else traj if both is saveat else \
+            saveat.select(traj, both, grid)
+        return self.read_out(traj.final, ctx), path
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         return self.solve(*inputs, **kwargs)
@@ -176,10 +198,8 @@ class EvolutionModel(nn.Module):
 
     def with_kernel(self, kernel, **kwargs):
         """The same model (shared parameters) with ``kernel`` in every attention operator
-        (``operators.kernels.set_kernel``: a name or a Kernel; refused by name where a family
+        (``models.kernels.set_kernel``: a name or a Kernel; refused by name where a family
         or kernel cannot take it)."""
-        from ..operators.kernels import set_kernel
-
         return set_kernel(shared_copy(self), kernel, **kwargs)
 
     def validating(self, on: bool = True):

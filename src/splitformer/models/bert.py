@@ -275,6 +275,23 @@ class BertSequenceClassifier(BertEncoderModel):
         )
 
 
+def _check_sizes(vocab_size, max_position_embeddings, type_vocab_size, pad_token_id,
+                 num_labels) -> None:
+    """The integer arguments of ``bert_model``: sizes >= 1, the pad id inside the vocabulary,
+    num_labels None or >= 1 (ValueError naming the argument)."""
+    for name, value in (("vocab_size", vocab_size), ("max_position_embeddings",
+                        max_position_embeddings), ("type_vocab_size", type_vocab_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if pad_token_id is not None and not 0 <= pad_token_id < vocab_size:
+        raise ValueError(f"pad_token_id must be None or in [0, vocab_size={vocab_size}), got "
+                         f"{pad_token_id!r}")
+    if num_labels is not None and (isinstance(num_labels, bool) or not isinstance(
+            num_labels, int) or num_labels < 1):
+        raise ValueError(f"num_labels must be None (no classifier) or an int >= 1, got "
+                         f"{num_labels!r}")
+
+
 def bert_model(
     *,
     vocab_size: int = 30522,
@@ -304,17 +321,7 @@ def bert_model(
     ``num_labels`` given: a ``BertSequenceClassifier`` (pooler required); otherwise a
     ``BertEncoderModel``. ``classifier_dropout`` None means ``hidden_dropout_prob``, as in BERT.
     """
-    for name, value in (("vocab_size", vocab_size), ("max_position_embeddings",
-                        max_position_embeddings), ("type_vocab_size", type_vocab_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    if pad_token_id is not None and not 0 <= pad_token_id < vocab_size:
-        raise ValueError(f"pad_token_id must be None or in [0, vocab_size={vocab_size}), got "
-                         f"{pad_token_id!r}")
-    if num_labels is not None and (isinstance(num_labels, bool) or not isinstance(
-            num_labels, int) or num_labels < 1):
-        raise ValueError(f"num_labels must be None (no classifier) or an int >= 1, got "
-                         f"{num_labels!r}")
+    _check_sizes(vocab_size, max_position_embeddings, type_vocab_size, pad_token_id, num_labels)
     kw = {"device": device, "dtype": dtype}
     embedding = TokenEmbedding(
         vocab_size, max_position_embeddings, hidden_size, type_vocab_size=type_vocab_size,

@@ -53,7 +53,8 @@ from torch import nn
 from ..operators import Context, FeatureIntegral, FeedForward, LayerNormProjection, Operator
 from ..operators.convolution import ConvolutionalAttention, pair
 from ..time import Controls, Evolution, SaveAt, Scheme, Stage, TimeGrid, Trajectory
-from ..time.schemes import Field, prenorm
+from ..time.schemes.families import STOCHASTIC_DEPTH_LAYOUT as STOCHASTIC_DEPTH_LAYOUT
+from ..time.schemes.families import cvt_scheme
 from .base import EvolutionModel, keep_source
 from .blocks import block_controls
 from .outputs import ModelOutput
@@ -96,34 +97,6 @@ class StochasticDepth(Operator):
         shape = (v.shape[0],) + (1,) * (v.ndim - 1)
         mask = torch.floor(torch.rand(shape, dtype=v.dtype, device=v.device) + keep)
         return v.div(keep) * mask
-
-
-# The layout named schemes are built on when a stage has stochastic depth: D after each field
-# (the usual reading of drop_path, e.g. timm's). Hugging Face's second drop_path on the whole
-# state is a map stage, not a field, and is kept only by the scheme the model came with.
-STOCHASTIC_DEPTH_LAYOUT: tuple[Field, ...] = (
-    Field("attention", pre=("norm1",), post=("drop_path",)),
-    Field("ffn", pre=("norm2",), post=("drop_path",)),
-)
-
-
-def cvt_scheme(drop_path: bool) -> Scheme:
-    """The CvT layer as a scheme: ``prenorm`` when there is no stochastic depth, otherwise
-    pre-LN with D after the attention field and D on the state after the FFN step."""
-    if not drop_path:
-        return prenorm()
-    return Scheme(
-        (
-            Stage("attention", pre=("norm1",), post=("drop_path",)),
-            Stage("ffn", pre=("norm2",)),
-            Stage("drop_path", "map"),
-        ),
-        name="cvt_drop_path",
-        description="pre-LN with stochastic depth D: u += D(A(P1 u)); u = D(u + G(P2 u))",
-        order=1,
-        # named schemes rebuilt on this one put D after each field (ordinary stochastic depth)
-        meta={"layout": STOCHASTIC_DEPTH_LAYOUT},
-    )
 
 
 class ConvolutionalEmbedding(nn.Module):

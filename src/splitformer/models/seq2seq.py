@@ -41,7 +41,8 @@ from torch import nn
 
 from ..operators import Context, CrossAttention, FeedForward, LayerNormProjection, NonlocalAttention
 from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
-from ..time.schemes import SCHEMES, Field, lie, pre_norm_layout, prenorm
+from ..time.schemes import SCHEMES
+from ..time.schemes.families import DECODER_POST_LN, DECODER_PRE_LN, decoder_lie, decoder_prenorm
 from .base import EvolutionModel, TorchLayoutReadOut, keep_source, shared_copy
 from .blocks import block_controls
 from .encoder import Encoder, network_encoder
@@ -58,24 +59,6 @@ __all__ = [
     "encoder_decoder",
     "network_decoder",
 ]
-
-
-DECODER_POST_LN: tuple[Field, ...] = (
-    Field("attention", projection="norm1"),
-    Field("cross_attention", projection="norm2"),
-    Field("ffn", projection="norm3"),
-)
-DECODER_PRE_LN: tuple[Field, ...] = pre_norm_layout(DECODER_POST_LN)
-
-
-def decoder_lie(integrator: str = "euler", form: str = "raw") -> Scheme:
-    """Post-LN decoder step: u <- P1(u + tau A u); P2(u + tau C(u; M)); P3(u + tau G u)."""
-    return lie(DECODER_POST_LN, integrator, form)
-
-
-def decoder_prenorm(integrator: str = "euler", form: str = "raw") -> Scheme:
-    """Pre-LN decoder step: u += tau A(P1 u); u += tau C(P2 u; M); u += tau G(P3 u)."""
-    return prenorm(DECODER_POST_LN, integrator, form)
 
 
 def decoder_controls(

@@ -64,8 +64,9 @@ from ..operators import (
 )
 from ..operators.convolution import pair
 from ..operators.scaling import DiagonalScaling
-from ..time import Controls, Evolution, Scheme, TimeGrid
-from ..time.schemes import Field, lie, prenorm
+from ..time import Controls, Evolution, TimeGrid
+from ..time.schemes.families import LAYERSCALE_LAYOUT as LAYERSCALE_LAYOUT
+from ..time.schemes.families import prenorm_layerscale, vit_scheme
 from .base import EvolutionModel, keep_source
 from .blocks import block_controls
 from .outputs import ModelOutput
@@ -292,26 +293,6 @@ class Pooler(nn.Module):
 
     def forward(self, v: torch.Tensor) -> torch.Tensor:
         return self.activation(self.dense(v))
-
-
-LAYERSCALE_LAYOUT: tuple[Field, ...] = (
-    Field("attention", pre=("norm1",), post=("ls1",)),
-    Field("ffn", pre=("norm2",), post=("ls2",)),
-)
-
-
-def prenorm_layerscale() -> Scheme:
-    """Pre-LN with LayerScale: u += tau gamma_1 A(P1 u); u += tau gamma_2 G(P2 u)."""
-    s = lie(LAYERSCALE_LAYOUT)
-    return Scheme(s.stages, name="prenorm_layerscale",
-                  description="explicit Euler for u_t = A(P1 u) + G(P2 u) with per-feature "
-                              "steps tau(y) = tau gamma(y) (LayerScale as post operators)",
-                  order=1, meta=s.meta)
-
-
-def vit_scheme(layer_scale: bool) -> Scheme:
-    """The scheme of a pre-LN ViT block: ``prenorm`` or ``prenorm_layerscale``."""
-    return prenorm_layerscale() if layer_scale else prenorm()
 
 
 def vit_controls(
@@ -600,10 +581,7 @@ def build_vit(
     tensor). ``pooler=(out_dim, activation)`` adds HF's pooler; ``num_classes=None`` means no
     classifier, 0 an identity classifier, k > 0 a k-class feature integral.
     """
-    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(
-            num_classes, int) or num_classes < 0):
-        raise ValueError(f"num_classes must be None (no head), 0 (identity head) or an int > 0, "
-                         f"got {num_classes!r}")
+    _check_num_classes(num_classes)
     kw = {"device": device, "dtype": dtype}
     embedding = ImageEmbedding(
         image_size, patch_size, in_chans, dim, patch_bias=patch_bias, class_token=class_token,
@@ -611,12 +589,38 @@ def build_vit(
         dropout=embed_dropout,
         pre_norm=LayerNormProjection(dim, eps=norm_eps, **kw) if pre_norm else None, **kw,
     )
-    controls = vit_controls(
+    evolution = _vit_evolution(
         dim, num_heads, hidden_dim, depth, qkv_bias=qkv_bias, proj_bias=proj_bias,
         activation=activation, norm_eps=norm_eps, layer_scale=layer_scale,
         attn_dropout=attn_dropout, out_dropout=out_dropout, ffn_dropout=ffn_dropout, **kw,
     )
-    evolution = Evolution(controls, vit_scheme(layer_scale is not None), TimeGrid(depth, depth))
+    return _vit_model(
+        read_out, embedding, evolution, dim=dim, norm_eps=norm_eps, final_norm=final_norm,
+        pool=pool, pool_include_prefix=pool_include_prefix, fc_norm=fc_norm, pooler=pooler,
+        num_classes=num_classes, head_dropout=head_dropout, source=source, kw=kw,
+    )
+
+
+def _vit_evolution(dim: int, num_heads: int, hidden_dim: int, depth: int, *,
+                   layer_scale: float | None, **options: Any) -> Evolution:
+    """``vit_controls`` under ``vit_scheme`` on T = depth, tau = 1 (one block per step)."""
+    controls = vit_controls(dim, num_heads, hidden_dim, depth, layer_scale=layer_scale, **options)
+    return Evolution(controls, vit_scheme(layer_scale is not None), TimeGrid(depth, depth))
+
+
+def _check_num_classes(num_classes: int | None) -> None:
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(
+            num_classes, int) or num_classes < 0):
+        raise ValueError(f"num_classes must be None (no head), 0 (identity head) or an int > 0, "
+                         f"got {num_classes!r}")
+
+
+def _vit_model(read_out: str, embedding: ImageEmbedding, evolution: Evolution, *, dim: int,
+               norm_eps: float, final_norm: bool, pool: str | None, pool_include_prefix: bool,
+               fc_norm: bool, pooler: tuple[int, str] | None, num_classes: int | None,
+               head_dropout: float, source: dict[str, Any] | None, kw: dict) -> ViT:
+    """The read-out of ``build_vit`` around its embedding and evolution: the classifier head
+    (made first), then the final norm, fc_norm and pooler, in the ``read_out`` format."""
     head: nn.Module | None = None
     if num_classes is not None:
         head = FeatureIntegral(dim, num_classes, **kw) if num_classes > 0 else nn.Identity()

@@ -46,6 +46,10 @@ class AttentionOperator(Operator):
     operator was given: a kernel built by name (``set_kernel``) inherits it, and the operator
     keeps it while it holds a kernel without a scale (linear), so that putting softmax back
     restores the network. ``score_scale()`` is the scale in force.
+
+    It is the ``kernels.KernelSite`` its kernel acts in (``num_heads``, ``head_dim``,
+    ``relative_positions``, ``score_scale()``, ``has_default_scale()``): what a kernel may ask of
+    an operator is declared on the kernels' side, so that module never imports this one.
     """
 
     kind = "field"
@@ -66,7 +70,7 @@ class AttentionOperator(Operator):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.kernel: Kernel = kernel if kernel is not None else SoftmaxKernel()
-        self.scale: float | None = getattr(self.kernel, "scale", None)
+        self.scale: float | None = self.kernel.scale
         if isinstance(attn_dropout, bool) or not isinstance(attn_dropout, numbers.Real) or not (
                 0.0 <= attn_dropout < 1.0):
             raise ValueError(f"attn_dropout must be a number in [0, 1) (the dropout rate of the "
@@ -77,7 +81,7 @@ class AttentionOperator(Operator):
     def score_scale(self) -> float | None:
         """The score scale in force: the kernel's own when it has one, else ``scale``."""
         k = self.kernel
-        return k.scale if getattr(k, "takes_scale", False) else self.scale
+        return k.scale if k.takes_scale else self.scale
 
     def has_default_scale(self) -> bool:
         """Whether the score scale is 1/sqrt(d_h) (None, or that value)."""
@@ -127,13 +131,13 @@ class AttentionOperator(Operator):
         """Put ``kernel`` in (unchecked; see ``kernel_for``); a kernel with a score scale sets
         ``scale``."""
         self.kernel = kernel
-        if getattr(kernel, "takes_scale", False):
+        if kernel.takes_scale:
             self.scale = kernel.scale
 
     def set_kernel(self, kernel: Kernel | str, **options: Any) -> Kernel:
         """Check and install ``kernel`` (a name with ``options``, or an instance used as given;
-        see ``kernel_for``); returns the kernel installed. An instance warns as in
-        ``kernels.set_kernel`` (causality probe, a replaced non-default scale)."""
+        see ``kernel_for``); returns the kernel installed. An instance warns as
+        ``kernels.warn_about_instance`` says (causality probe, a replaced non-default scale)."""
         new = self.kernel_for(kernel, **options)
         if isinstance(kernel, Kernel):
             warn_about_instance(kernel, [(type(self).__name__, self)],

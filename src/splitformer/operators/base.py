@@ -71,11 +71,14 @@ class Operator(nn.Module):
 
     Subclasses set ``kind`` (one of ``OPERATOR_KINDS``) and implement ``forward``; a projection
     with a known tangent space overrides ``tangent``; a width-changing field sets
-    ``changes_width`` and overrides ``embed``.
+    ``changes_width`` and overrides ``embed``; a class whose ``forward`` returns a new tensor may
+    say so with ``returns_new = True`` (default False; see ``returns_new``).
     """
 
     kind: ClassVar[str] = "field"
     changes_width: bool = False
+    # the class's promise that forward returns a new tensor nothing else holds (``returns_new``)
+    returns_new: ClassVar[bool] = False
 
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         raise NotImplementedError
@@ -131,8 +134,9 @@ def returns_new(op: nn.Module) -> bool:
     in F(u)'s memory when no gradient is recorded). The class that defines ``forward`` says so
     with ``returns_new = True`` (a subclass that overrides ``forward`` must say it again, and
     one that sets it False is believed). A promise of the class only: with a hook on ``op`` or
-    inside it (``tree_has_hooks``, checked when the update is made) nothing is written."""
-    if getattr(type(op), "returns_new", False) is not True:
+    inside it (``tree_has_hooks``, checked when the update is made) nothing is written. A
+    module that is not an ``Operator`` promises nothing."""
+    if not isinstance(op, Operator) or type(op).returns_new is not True:
         return False
     for klass in type(op).__mro__:
         if "forward" in vars(klass):

@@ -22,8 +22,10 @@ queries the causal support is bottom-right aligned in every kernel: query x sits
 x + N_k - N_q (sdpa's own ``is_causal`` is top-left; it is used only where the two agree).
 
 ``KERNELS`` is the one registry of names (``KERNEL_NAMES``); ``Kernel.for_operator`` builds a
-kernel for a given attention operator (heads, head size) and ``set_kernel(model, kernel)``
-puts one into every attention operator of a model (``AttentionOperator.set_kernel``).
+kernel for a given attention operator (heads, head size). What a kernel may ask of that operator
+is declared here, ``KernelSite`` (``operators.attention.AttentionOperator`` is one), so this
+module never imports the attention module. ``AttentionOperator.set_kernel`` puts a kernel into
+one operator; the walk over a whole model is ``models.kernels.set_kernel``.
 """
 
 from __future__ import annotations
@@ -31,14 +33,11 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-if TYPE_CHECKING:
-    from .attention import AttentionOperator
 
 __all__ = [
     "ALiBiKernel",
@@ -46,6 +45,7 @@ __all__ = [
     "KERNELS",
     "KERNEL_NAMES",
     "Kernel",
+    "KernelSite",
     "LinearKernel",
     "RotaryKernel",
     "SinkhornKernel",
@@ -53,7 +53,6 @@ __all__ = [
     "alibi_slopes",
     "check_scale",
     "probe_causality",
-    "set_kernel",
     "warn_about_instance",
 ]
 
@@ -74,26 +73,50 @@ def check_scale(scale: Any, owner: str) -> float | None:
     return float(scale)
 
 
+class KernelSite(Protocol):
+    """What a kernel may ask of the attention operator it acts in (``for_operator``,
+    ``check_operator``, ``warn_about_instance``): the head coordinate, whether the token offset
+    x - x' is defined there, and the operator's score scale. ``AttentionOperator`` declares it."""
+
+    num_heads: int
+    head_dim: int
+
+    @property
+    def relative_positions(self) -> bool:
+        """Whether queries and keys lie on one token grid (x - x' is defined)."""
+
+    def relative_positions_reason(self) -> str:
+        """Why ``relative_positions`` is False (for error messages)."""
+
+    def score_scale(self) -> float | None:
+        """The score scale in force (None = 1/sqrt(d_h))."""
+
+    def has_default_scale(self) -> bool:
+        """Whether the score scale is 1/sqrt(d_h)."""
+
+
 class Kernel(nn.Module):
     """Base class of attention kernels (a value plugged into an ``AttentionOperator``).
 
     Class attributes: ``name`` (the registry name), ``takes_scale`` (the kernel has a score scale
     s, attribute ``scale``, None = 1/sqrt(d_h), that a kernel built by name inherits from the
     operator), ``relative`` (the kernel is a function of the token offset x - x', so it needs
-    queries and keys on one token grid).
+    queries and keys on one token grid). ``scale`` is None on a kernel without a score scale
+    (``takes_scale`` False); a kernel with one sets it in its constructor.
     """
 
     name: ClassVar[str] = "kernel"
     takes_scale: ClassVar[bool] = False
     relative: ClassVar[bool] = False
+    scale: float | None = None
 
     @classmethod
-    def for_operator(cls, op: AttentionOperator, **options: Any) -> Kernel:
+    def for_operator(cls, op: KernelSite, **options: Any) -> Kernel:
         """A kernel of this class for the attention operator ``op`` (heads, head size);
         ``options`` are the constructor's."""
         return cls(**options)
 
-    def check_operator(self, op: AttentionOperator) -> None:
+    def check_operator(self, op: KernelSite) -> None:
         """Raise ValueError (with the reason) if this kernel cannot act in ``op``."""
         if self.relative and not op.relative_positions:
             raise ValueError(
@@ -407,10 +430,10 @@ class ALiBiKernel(Kernel):
                              f"{tuple(self.slopes.shape)}")
 
     @classmethod
-    def for_operator(cls, op: AttentionOperator, **options: Any) -> ALiBiKernel:
+    def for_operator(cls, op: KernelSite, **options: Any) -> ALiBiKernel:
         return cls(op.num_heads, **options)
 
-    def check_operator(self, op: AttentionOperator) -> None:
+    def check_operator(self, op: KernelSite) -> None:
         super().check_operator(op)
         if self.slopes.numel() != op.num_heads:
             raise ValueError(f"the alibi kernel has {self.slopes.numel()} slopes (heads) but "
@@ -455,10 +478,10 @@ class RotaryKernel(Kernel):
         self.scale = check_scale(scale, "RotaryKernel")
 
     @classmethod
-    def for_operator(cls, op: AttentionOperator, **options: Any) -> RotaryKernel:
+    def for_operator(cls, op: KernelSite, **options: Any) -> RotaryKernel:
         return cls(op.head_dim, **options)
 
-    def check_operator(self, op: AttentionOperator) -> None:
+    def check_operator(self, op: KernelSite) -> None:
         super().check_operator(op)
         if self.head_dim != op.head_dim:
             raise ValueError(f"the rotary kernel has head_dim={self.head_dim} but "
@@ -563,7 +586,7 @@ def _is_builtin(kernel: Kernel) -> bool:
     return type(kernel) in KERNELS.values()
 
 
-def warn_about_instance(kernel: Kernel, targets: list[tuple[str, AttentionOperator]],
+def warn_about_instance(kernel: Kernel, targets: list[tuple[str, KernelSite]],
                         caller: str) -> None:
     """The warnings for a ``Kernel`` instance installed as given into the operators ``targets``
     (path, operator), before it is installed:
@@ -591,7 +614,7 @@ def warn_about_instance(kernel: Kernel, targets: list[tuple[str, AttentionOperat
                           "future tokens changed, so in a causal model (GPT-2, a decoder) token "
                           "x would see x' > x; make its forward honour is_causal",
                           UserWarning, stacklevel=3)
-    if not getattr(kernel, "takes_scale", False):
+    if not kernel.takes_scale:
         return
     changed = []
     for path, op in targets:
@@ -610,56 +633,3 @@ def warn_about_instance(kernel: Kernel, targets: list[tuple[str, AttentionOperat
                       f"replaces the operators' own scales ({'; '.join(changed[:5])}{more}): "
                       "the output changes; pass the kernel by name to keep each operator's "
                       "scale", UserWarning, stacklevel=3)
-
-
-def set_kernel(model: nn.Module, kernel: Kernel | str, **options: Any) -> nn.Module:
-    """Put ``kernel`` into every attention operator of ``model`` (every ``AttentionOperator``:
-    NonlocalAttention, CrossAttention, CvT's ConvolutionalAttention, ...); in place, returns
-    ``model``.
-
-    * A name (one of ``KERNEL_NAMES``, validated first) builds a fresh kernel per operator with
-      ``options`` (``Kernel.for_operator``: ALiBi takes the operator's heads, rotary its head
-      size). A kernel with a score scale inherits the operator's current scale unless
-      ``options`` give ``scale``, so ``set_kernel(model, "softmax")`` never changes a model
-      whose kernel is softmax (GPT-2's scale by layer, CvT's dim^-1/2). A kernel without a
-      scale (linear) is refused where the operator's scale is not 1/sqrt(d_h).
-    * A ``Kernel`` instance is used as given, without options: the same module is shared by
-      every operator (kernels are stateless values; a kernel with trainable parameters would be
-      tied across the operators). Its compatibility (heads, head size, grids) is still checked.
-
-    Every operator is checked before any is changed (all or nothing). ValueError, naming the
-    model's class, the kernel and the operator, when a name is unknown, the model has no
-    attention operator, or an operator cannot take the kernel. A Kernel instance of a class
-    that is not built in is probed for causality, and an instance whose scale replaces an
-    operator's own non-default scale is named: both warn (``warn_about_instance``).
-    """
-    from .attention import AttentionOperator
-
-    if isinstance(kernel, str):
-        kernel_class(kernel)
-        label = repr(kernel)
-    elif isinstance(kernel, Kernel):
-        if options:
-            raise ValueError(f"options {sorted(options)} are for a kernel built from a name; "
-                             f"{type(kernel).__name__} is used as given")
-        label = f"{type(kernel).__name__} ({kernel.name!r})"
-    else:
-        raise TypeError(f"kernel must be a Kernel or one of {sorted(KERNEL_NAMES)}, "
-                        f"got {type(kernel).__name__}")
-    ops = [(path or type(model).__name__, m) for path, m in model.named_modules()
-           if isinstance(m, AttentionOperator)]
-    if not ops:
-        raise ValueError(f"{type(model).__name__} has no attention operator to take the kernel "
-                         f"{label}")
-    plans = []
-    for path, op in ops:
-        try:
-            plans.append((op, op.kernel_for(kernel, **options)))
-        except ValueError as e:
-            raise ValueError(f"set_kernel({type(model).__name__}, {label}): {path} "
-                             f"({type(op).__name__}): {e}") from e
-    if isinstance(kernel, Kernel):
-        warn_about_instance(kernel, ops, f"set_kernel({type(model).__name__}, {label})")
-    for op, k in plans:
-        op.install_kernel(k)
-    return model

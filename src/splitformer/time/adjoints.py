@@ -10,7 +10,7 @@ gradient and differ only in what they keep in memory (diffrax's ``adjoint=``):
                    substeps of step i from u(t_i) (``torch.utils.checkpoint``, non-reentrant,
                    RNG state preserved, so dropout masks are the same). Memory:
                    N_t x state + the activations of one step. Equals Backprop to round-off.
-    Reversible()   the reversible scheme only (``ReversibleScheme``, below): nothing along the
+    Reversible()   the reversible scheme only (``ReversibleScheme``): nothing along the
                    path is kept; the backward pass rebuilds (u^i, v^i) from (u^{i+1}, v^{i+1})
                    by inverting the substeps exactly, x^i = x^{i+1} - h F(y), and recomputes
                    one substep's activations at a time. Activation memory does not grow with
@@ -28,27 +28,21 @@ In train mode a recomputation runs the operators a second time; buffers they upd
 (BatchNorm's running statistics) are restored afterwards, so every adjoint leaves the same
 buffers as Backprop.
 
-The reversible scheme (docs/math.md 3.9) runs on a doubled state (u, v), the RevNet/Reformer
-coupling written as a splitting. With the fields F_1, ..., F_m of the layout (attention A and
-the FFN G for an encoder), each with its projection *inside* it (the pre-norm reading: a
-projection substep cannot be inverted), one step is
+The reversible scheme itself (docs/math.md 3.9: the doubled state (u, v), its ``lift``, ``read``
+and compiled step) lives with the other schemes, ``time.schemes.reversible``; ``ReversibleScheme``
+and ``reversible`` are importable from here too. Its backward pass is below: each substep
+x <- x + h F(y) leaves y unchanged, so it is inverted exactly by x <- x - h F(y).
 
-    v <- v + h_1 F_1(P_1 u);   u <- u + h_2 F_2(P_2 v);   v <- v + h_3 F_3(P_3 u);  ...
-
-(odd fields update v from u, even fields u from v; h_j = tau). Each substep x <- x + h F(y)
-leaves y unchanged, so it is inverted exactly by x <- x - h F(y). The initial map is
-v(0) = u(0) = f; the read-out is w = (u + v) / 2 (symmetric in the two components; w(0) = f).
-In the limit tau -> 0 this integrates the coupled system v_t = A(P_1 u), u_t = G(P_2 v), not
-the single-state equation u_t = A(P_1 u) + G(P_2 u): it is another model, on the same controls.
-``form="tangent"`` integrates Pi_T(P y) F(P y) (the field's tangential part at the projected
-state, docs/math.md 3.5) instead of F(P y). Every integrator gives the same substep: with y
-frozen, x_t = F(y) is integrated exactly by Euler, Heun and RK4 alike.
+This module and ``time.evolution`` import each other, the one import circle of the package, and
+an honest one (diffrax has the same): an evolution holds an adjoint and asks it to run its
+steps, and an adjoint runs them through the evolution's own ``advance`` and ``theta``; the
+adjoints need the evolution only as a type (a TYPE_CHECKING import), never to build one.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -58,8 +52,9 @@ from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from ..operators.base import Context
-from .integrators import INTEGRATORS
-from .schemes import FORMS, POST_LN, SCHEMES, Layout, Scheme, Stage, pre_norm_layout
+from .schemes.reversible import ReversibleScheme, reversible
+from .schemes.reversible import _CoupledStages as _CoupledStages  # (pickles from before)
+from .schemes.stages import Scheme
 
 if TYPE_CHECKING:
     from .evolution import Evolution
@@ -206,121 +201,6 @@ def resolve_adjoint(adjoint: str | Adjoint, what: str = "adjoint") -> Adjoint:
                          f"{adjoint!r}")
     raise TypeError(f"{what} must be an adjoint name ({adjoint_names()}) or an Adjoint value, "
                     f"got {type(adjoint).__name__} {adjoint!r}")
-
-
-# -- the reversible scheme -------------------------------------------------------------------
-class _CoupledStages(tuple):
-    """The stages of a reversible scheme: equal only to the stages of another reversible
-    scheme. The same field stages act on the doubled state here, so a check that recognises a
-    network by its stages (``interop.weights.network_scheme``: pre-norm is "norm1>attention
-    norm2>ffn") must not take a reversible evolution for that network."""
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _CoupledStages) and tuple.__eq__(self, other)
-
-    def __ne__(self, other: object) -> bool:
-        return not self.__eq__(other)
-
-    def __hash__(self) -> int:
-        return hash(("reversible", tuple(self)))
-
-
-@dataclass(frozen=True)
-class ReversibleScheme(Scheme):
-    """The reversible splitting on the doubled state (u, v), stacked as one tensor
-    (2, B, N_x, N_y): stage j (a field stage, its projection in ``pre``) updates v for even j
-    and u for odd j, x <- x + h F_j(y) (see the module docstring). ``lift(f) = (f, f)``,
-    ``read((u, v)) = (u + v) / 2``."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "stages", _CoupledStages(self.stages))
-        for st in self.stages:
-            if st.kind != "field" or st.then or st.save:
-                raise ValueError(f"a reversible scheme holds field stages only (no then/save), "
-                                 f"got '{st}'")
-        if len(self.stages) < 2:
-            raise ValueError("a reversible scheme needs at least two fields (one updates v "
-                             "from u, the next u from v)")
-
-    def __str__(self) -> str:
-        return " ".join(f"{'uv'[self.target(j)]}+={st}" for j, st in enumerate(self.stages))
-
-    @staticmethod
-    def target(j: int) -> int:
-        """The component stage j updates: 1 (v) for even j, 0 (u) for odd j."""
-        return 1 if j % 2 == 0 else 0
-
-    @staticmethod
-    def lift(u0: torch.Tensor) -> torch.Tensor:
-        """The initial map: (u, v)(0) = (f, f)."""
-        return torch.stack((u0, u0))
-
-    @staticmethod
-    def read(state: torch.Tensor) -> torch.Tensor:
-        """The read-out of the doubled state: (u + v) / 2 (as a mean, which saves no tensor
-        for the backward pass: a checkpointed step reads substeps only in its first run)."""
-        return state.mean(dim=0)
-
-    def field(self, j: int, y: torch.Tensor, theta: Mapping[str, nn.Module],
-              context: Context | None) -> torch.Tensor:
-        """F_j(y) = post(sum_i F_i(pre(y))), or Pi_T(pre(y)) of it in the tangent form."""
-        st = self.stages[j]
-        w = y
-        for name in st.pre:
-            w = theta[name](w, context)
-        out = None
-        for name in st.fields():
-            f = theta[name](w, context)
-            out = f if out is None else out + f
-        for name in st.post:
-            out = theta[name](out, context)
-        if st.tangent:
-            out = theta[st.tangent].tangent(w, out)
-        return out
-
-    def step(self, u, theta, tau, context=None, observe=None):
-        parts = list(u.unbind(0))
-        for j, st in enumerate(self.stages):
-            t = self.target(j)
-            parts[t] = torch.add(parts[t], self.field(j, parts[1 - t], theta, context),
-                                 alpha=st.fraction * tau)
-            if observe is not None:
-                observe(torch.stack(parts), j)
-        return torch.stack(parts)
-
-
-def reversible(layout: Layout = POST_LN, integrator: str = "euler", form: str = "raw"
-               ) -> ReversibleScheme:
-    """The reversible splitting on the layout's fields, each with its projection inside it
-    (``pre_norm_layout``): v += tau F_1(P_1 u), u += tau F_2(P_2 v), ... (module docstring).
-
-    integrator: any of INTEGRATORS, all exact on x_t = F(y) with y frozen (the same scheme).
-    form: "raw" (F(P y)) or "tangent" (Pi_T(P y) F(P y); needs a projection in the layout).
-    """
-    if integrator not in INTEGRATORS:
-        raise ValueError(f"integrator must be one of {tuple(INTEGRATORS)}, got {integrator!r}")
-    if form not in FORMS:
-        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
-    layout = tuple(layout)
-    if len(layout) < 2:
-        raise ValueError(f"the reversible scheme needs at least two fields (one updates v from "
-                         f"u, the next u from v); this layout has {len(layout)}")
-    stages = []
-    for f, g in zip(layout, pre_norm_layout(layout), strict=True):
-        if form == "tangent" and f.projection is None:
-            raise ValueError(f"form='tangent' needs a projection after field {f.operator!r}; "
-                             "this layout has the projection inside the field (pre-norm)")
-        stages.append(Stage(g.operator, "field", "euler", 1.0, pre=g.pre, post=g.post,
-                            tangent=f.projection if form == "tangent" else None))
-    return ReversibleScheme(
-        tuple(stages), name="reversible",
-        description="reversible (RevNet) splitting on (u, v): v += tau A(P u), u += tau G(P v)",
-        order=1, meta={"integrator": integrator, "form": form,
-                       "layout": pre_norm_layout(layout)})  # as prenorm: projections inside
-
-
-SCHEMES.setdefault("reversible", reversible)
 
 
 # -- the reversible backward pass ------------------------------------------------------------

@@ -21,10 +21,12 @@ produces a NaN or an inf.
 (autograd through every substep, the default), "checkpoint" (u kept at step boundaries only,
 one step recomputed at a time in the backward pass) or "reversible" (the reversible scheme's
 steps inverted in the backward pass; needs ``with_scheme("reversible")``). It changes memory,
-never values: every adjoint gives the gradient of the same discrete evolution. A scheme with
-its own state (the reversible scheme's doubled state (u, v)) has its own initial map ``lift``
-and read-out ``read``: the evolution takes u(0) and returns u(T) (and keeps read-out states in
-a Trajectory), whatever the scheme's state.
+never values: every adjoint gives the gradient of the same discrete evolution. Every scheme
+declares its initial map ``lift``, its read-out ``read`` and its compiled step ``plan``
+(``time.schemes.stages.Scheme``; identities and the stage closures on the base, the doubled
+state (u, v) of the reversible scheme): the evolution runs ``lift``, then the plan of every
+step, then ``read``, and takes u(0) and returns u(T) (and keeps read-out states in a
+Trajectory), whatever the scheme's state.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from .controls import Controls
 from .grid import TimeGrid
 from .plan import Plan
 from .saveat import SaveAt, Substep, Trajectory
-from .schemes import SCHEMES, Layout, Scheme, layout_of, resolve
+from .schemes import SCHEMES, Layout, Scheme, resolve
 
 __all__ = ["Evolution", "NonFiniteError", "Trajectory"]
 
@@ -54,30 +56,6 @@ def _finite(u: torch.Tensor) -> bool:
 
 class NonFiniteError(FloatingPointError):
     """Raised in validation mode at the first substep that produced a NaN or an inf."""
-
-
-def _layout(scheme: Scheme) -> Layout | None:
-    try:
-        return layout_of(scheme)
-    except ValueError:
-        return None
-
-
-def _warn_unused_fields(scheme: Scheme, controls: Controls) -> None:
-    """Warn when the scheme applies none of some field operators of the controls."""
-    used = set(scheme.operators())
-    unused: list[str] = []
-    for theta in controls:
-        for name, op in theta.items():
-            if getattr(op, "kind", None) == "field" and name not in used and name not in unused:
-                unused.append(name)
-    if unused:
-        warnings.warn(
-            f"scheme {scheme.name!r} [{scheme}] leaves the field operators {unused} of the "
-            "controls unused: the evolution drops those terms of the equation; name them in "
-            "the scheme if they belong to it",
-            UserWarning, stacklevel=3,
-        )
 
 
 class Evolution(nn.Module):
@@ -107,8 +85,8 @@ class Evolution(nn.Module):
         self.scheme = resolve(scheme, layout)
         for theta in controls:
             self.scheme.check_controls(theta)
-        _warn_unused_fields(self.scheme, controls)
-        self.layout = tuple(layout) if layout is not None else _layout(self.scheme)
+        self.scheme.warn_unused_fields(controls, stacklevel=2)  # at the caller of Evolution()
+        self.layout = tuple(layout) if layout is not None else self.scheme.layout
         self.grid = grid if grid is not None else TimeGrid(controls.T, len(controls))
         if not isinstance(self.grid, TimeGrid):
             raise TypeError(f"grid must be a TimeGrid, got {type(self.grid).__name__}")
@@ -224,9 +202,8 @@ class Evolution(nn.Module):
                           substeps=subs or [])
 
     def _run(self, u0, context, keep, subs) -> torch.Tensor:
-        lift = getattr(self.scheme, "lift", None)
-        state = lift(u0) if lift is not None else u0
-        return self.scheme_read(self.adjoint.solve(self, state, context, keep, subs))
+        state = self.scheme.lift(u0)
+        return self.scheme.read(self.adjoint.solve(self, state, context, keep, subs))
 
     # -- what an adjoint runs ---------------------------------------------------------------
     def theta(self, i: int):
@@ -236,10 +213,7 @@ class Evolution(nn.Module):
     def advance(self, i: int, state: torch.Tensor, context: Context | None, observe=None
                 ) -> torch.Tensor:
         """Step i of the scheme on its state: S_tau(theta(t_i + tau / 2)) state, through the
-        step's compiled plan (``plan``; the same values as ``scheme.step``). A scheme with a
-        step of its own (the reversible scheme's doubled state) runs that step."""
-        if type(self.scheme).step is not Scheme.step:
-            return self.scheme.step(state, self.theta(i), self.tau, context, observe)
+        step's compiled plan (``plan``; the same values as ``scheme.step``), for every scheme."""
         return self.plan(i)(state, context, observe)
 
     def plan(self, i: int) -> Plan:
@@ -249,12 +223,12 @@ class Evolution(nn.Module):
         if torch.compiler.is_compiling() or not isinstance(theta, nn.Module):
             # traced once, or a control set made for this time only (piecewise-linear controls
             # between two grid points): nothing to keep
-            return Plan(self.scheme, theta, self.tau)
+            return self.scheme.plan(theta, self.tau)
         plans = self.__dict__.setdefault("_plans", {})
         plan = plans.get(i)
         if plan is None or plan.scheme is not self.scheme or plan.tau != self.tau \
                 or not plan.fits(theta):
-            plan = plans[i] = Plan(self.scheme, theta, self.tau)
+            plan = plans[i] = self.scheme.plan(theta, self.tau)
         return plan
 
     def _replicate_for_data_parallel(self):
@@ -268,9 +242,9 @@ class Evolution(nn.Module):
         return state
 
     def scheme_read(self, state: torch.Tensor) -> torch.Tensor:
-        """u from the scheme's state (the identity but for schemes with their own state)."""
-        read = getattr(self.scheme, "read", None)
-        return read(state) if read is not None else state
+        """u from the scheme's state (``scheme.read``: the identity but for schemes with their
+        own state)."""
+        return self.scheme.read(state)
 
     def observer(self, i: int, subs: list[Substep] | None):
         """What sees the state after every substep of step i (validation, kept substeps)."""

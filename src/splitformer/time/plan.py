@@ -15,8 +15,9 @@ closure ``run(u, context, saved) -> u`` over the operators themselves:
 
 A plan computes exactly what ``Scheme.step`` computes (the same operations in the same order;
 tests/test_plan.py checks equality for every named scheme and family) and holds its operators, so
-``Plan.fits(theta)`` can tell when a control set was changed after it was built. The evolution
-keeps one plan per control set (``Evolution.plan``).
+``Plan.fits(theta)`` can tell when a control set was changed after it was built. A scheme makes
+its plan (``Scheme.plan(theta, tau)``; the reversible scheme's is ``ReversiblePlan``) and the
+evolution keeps one plan per control set (``Evolution.plan``) and always runs it.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _field(st, theta: Mapping[str, nn.Module], tau: float) -> Run:
     """A field stage: u <- I_h[post(sum_i F_i(pre(.)))](u), I the stage's integrator, h =
     fraction * tau, pre/post the operators around the field (a pre-norm's projection), Pi_T
     the tangent projection in the tangent form. Explicit Euler with one field is written out
-    (u + h F(u)); everything else goes through ``time.integrators``."""
+    (u + h F(u), ``_euler``); everything else goes through ``time.integrators``."""
     ops = tuple(theta[n] for n in st.fields())
     pre = tuple(theta[n] for n in st.pre)
     post = tuple(theta[n] for n in st.post)
@@ -69,36 +70,7 @@ def _field(st, theta: Mapping[str, nn.Module], tau: float) -> Run:
     embed = ops[0].embed if ops[0].changes_width else None
     first, rest = ops[0], ops[1:]
     if integrate is euler and embed is None and proj is None and not rest:
-        # euler(F, u, h) = u + h F(u), F = post(F_1(pre(.))); without autograd, written into
-        # F(u)'s memory when F(u) is new (operators.base.returns_new of the last operator):
-        # the same operation, the same bits
-        last = post[-1] if post else first
-        own = returns_new(last)
-        if not pre and not post and h == 1.0:
-            if own:
-                def run(u, ctx, saved):
-                    du = first(u, ctx)
-                    if _writable(du, u, last):
-                        return du.add_(u)
-                    return u + du
-                return run
-
-            def run(u, ctx, saved):
-                return u + first(u, ctx)
-            return run
-
-        def run(u, ctx, saved):
-            w = u
-            for op in pre:
-                w = op(w, ctx)
-            du = first(w, ctx)
-            for op in post:
-                du = op(du, ctx)
-            if h == 1.0:
-                return du.add_(u) if own and _writable(du, u, last) else u + du
-            return torch.add(u, du, alpha=h)  # (no out= form: forward AD, torch.func.jvp,
-            # has no derivative for it, and du.mul_(h).add_(u) rounds differently)
-        return run
+        return _euler(first, pre, post, h)
     if not rest and not pre and not post and proj is None:
         def run(u, ctx, saved):
             return integrate(lambda v: first(v, ctx), u, h, embed)
@@ -117,6 +89,40 @@ def _field(st, theta: Mapping[str, nn.Module], tau: float) -> Run:
 
         f = field if proj is None else (lambda v: proj.tangent(v, field(v)))
         return integrate(f, u, h, embed)
+    return run
+
+
+def _euler(first: nn.Module, pre: tuple[nn.Module, ...], post: tuple[nn.Module, ...],
+           h: float) -> Run:
+    """euler(F, u, h) = u + h F(u), F = post(F_1(pre(.))), written out; without autograd,
+    written into F(u)'s memory when F(u) is new (operators.base.returns_new of the last
+    operator): the same operation, the same bits."""
+    last = post[-1] if post else first
+    own = returns_new(last)
+    if not pre and not post and h == 1.0:
+        if own:
+            def run(u, ctx, saved):
+                du = first(u, ctx)
+                if _writable(du, u, last):
+                    return du.add_(u)
+                return u + du
+            return run
+
+        def run(u, ctx, saved):
+            return u + first(u, ctx)
+        return run
+
+    def run(u, ctx, saved):
+        w = u
+        for op in pre:
+            w = op(w, ctx)
+        du = first(w, ctx)
+        for op in post:
+            du = op(du, ctx)
+        if h == 1.0:
+            return du.add_(u) if own and _writable(du, u, last) else u + du
+        return torch.add(u, du, alpha=h)  # (no out= form: forward AD, torch.func.jvp,
+        # has no derivative for it, and du.mul_(h).add_(u) rounds differently)
     return run
 
 
@@ -154,13 +160,20 @@ def _stage(st, theta: Mapping[str, nn.Module], tau: float) -> Run:
 class Plan:
     """S_tau(theta) for one scheme, control set and tau, compiled to closures (module doc).
 
-    ``plan(u, context, observe)`` is ``scheme.step(u, theta, tau, context, observe)``."""
+    ``plan(u, context, observe)`` is ``scheme.step(u, theta, tau, context, observe)``. A
+    scheme with a step of its own returns a subclass from ``Scheme.plan`` that overrides
+    ``compile`` (what is built once from theta) and ``__call__`` (one step): e.g.
+    ``time.schemes.reversible.ReversiblePlan``. ``fits`` and the kept operators are shared."""
 
     def __init__(self, scheme, theta: Mapping[str, nn.Module], tau: float) -> None:
         self.scheme = scheme
         self.tau = tau
         self.operators = tuple(theta.items())  # what it was built on (held: ids stay unique)
-        self.stages = tuple((_stage(st, theta, tau), st.save) for st in scheme.stages)
+        self.stages = self.compile(theta)
+
+    def compile(self, theta: Mapping[str, nn.Module]) -> tuple:
+        """Per stage of the scheme: its closure ``run(u, context, saved)`` and its save name."""
+        return tuple((_stage(st, theta, self.tau), st.save) for st in self.scheme.stages)
 
     def fits(self, theta: Mapping[str, nn.Module]) -> bool:
         """Whether ``theta`` still holds exactly the operators this plan was built on."""

@@ -62,6 +62,29 @@ class SaveAt:
             raise ValueError(f"SaveAt.ts must be finite times, got {ts}")
         object.__setattr__(self, "ts", ts)
 
+    def union(self, other: SaveAt) -> SaveAt:
+        """What this SaveAt or ``other`` asks for: one run keeps both (``select`` carves each
+        out again)."""
+        if not isinstance(other, SaveAt):
+            raise TypeError(f"SaveAt.union(other): other must be a SaveAt, got "
+                            f"{type(other).__name__}")
+        return SaveAt(steps=self.steps or other.steps, ts=tuple(sorted({*self.ts, *other.ts})),
+                      substeps=self.substeps or other.substeps)
+
+    def select(self, trajectory: Trajectory, kept: SaveAt, grid) -> Trajectory:
+        """The part of ``trajectory`` (a run that kept what ``kept`` asks for, a SaveAt that
+        includes this one, e.g. ``self.union(other)``) this SaveAt asks for: its grid points,
+        and the substeps only if it asks for them."""
+        position = {i: k for k, i in enumerate(kept.indices(grid))}
+        try:
+            keep = [position[i] for i in self.indices(grid)]
+        except KeyError as e:
+            raise ValueError(f"SaveAt.select: grid point {e.args[0]} is not in the trajectory "
+                             f"(kept by {kept}); pass the SaveAt it was run with") from None
+        return Trajectory(trajectory.times[keep], tuple(trajectory.state_list[k] for k in keep),
+                          trajectory.final,
+                          substeps=list(trajectory.substeps) if self.substeps else [])
+
     def indices(self, grid) -> list[int]:
         """The grid indices i whose u(t_i) is kept (sorted, unique). Every time of ``ts`` must
         be a grid point, also when ``steps`` keeps them all (ValueError naming it)."""

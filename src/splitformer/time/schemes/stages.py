@@ -37,48 +37,44 @@ map).
 e.g. the post-LN Lie scheme is "attention norm1:project ffn norm2:project" and pre-LN is
 "norm1>attention norm2>ffn".
 
-Named schemes are built on a *layout*: the fields of a family, each with the operators around
-it and the projection after it (``Field``). A family declares its layout once, next to its
-controls; ``SCHEMES`` maps every name to a builder ``(layout, **options) -> Scheme``, and
-``resolve`` is the one way in. "prenorm" is a layout transform (each field's projection moves
-inside it) followed by Lie.
+What a scheme declares (and all an evolution asks of it, ``time.evolution``):
+
+    lift(u0) -> state        the initial map onto the scheme's state (identity here)
+    read(state) -> u         the read-out of the state (identity here)
+    plan(theta, tau) -> Plan one step S_tau(theta) compiled (``time.plan.Plan``); what runs
+    step(u, theta, tau)      the same step read as data: the interpreter, the plan's oracle
+    layout                   its fields (``time.schemes.layouts.Field``), or None
+    unused_fields(controls)  the field operators of the controls it never applies
+
+A scheme with a state of its own (``time.schemes.reversible``: the doubled state (u, v))
+overrides lift, read, plan and step; the evolution never probes for them.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from ..operators.base import Context, Operator
-from .integrators import INTEGRATORS
+from ...operators.base import Context, Operator
+from ..integrators import INTEGRATORS
+from ..plan import Plan
+from .layouts import Field, Layout
 
 __all__ = [
     "FORMS",
-    "Field",
     "KINDS",
     "MAX_FRACTION",
-    "POST_LN",
-    "PRE_LN",
-    "SCHEMES",
     "SUFFIXES",
     "Scheme",
     "Stage",
     "layout_of",
-    "lie",
-    "paper_lie",
-    "parallel",
-    "pre_norm_layout",
-    "prenorm",
-    "resolve",
     "scheme_from_string",
-    "scheme_names",
-    "strang",
-    "unsplit",
 ]
 
 KINDS = ("field", "project", "map", "relax", "parallel")
@@ -126,6 +122,25 @@ class Stage:
     branches: tuple[tuple[Stage, ...], ...] = ()
 
     def __post_init__(self) -> None:
+        self._check_kind()
+        for name in ("pre", "post", "then"):
+            object.__setattr__(self, name, _names(getattr(self, name), f"Stage.{name}"))
+        self._check_branches()
+        f = self.fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not (
+                math.isfinite(f) and 0 < f <= MAX_FRACTION):
+            raise ValueError(f"Stage.fraction must be a number > 0 and <= {MAX_FRACTION:g} (a "
+                             f"fraction of tau; h = fraction * tau), got {f!r}")
+        if self.kind != "field":
+            self._check_not_field()
+        if self.kind == "parallel":
+            self._check_parallel()
+        elif self.branches:
+            raise ValueError(f"only a parallel Stage has branches (kind={self.kind!r})")
+        self._check_names()
+
+    def _check_kind(self) -> None:
+        """operator is a str, kind one of KINDS, integrator one of INTEGRATORS."""
         if not isinstance(self.operator, str):
             raise TypeError(f"Stage.operator must be a str (an operator name, 'a+b' for a sum of "
                             f"fields, or the saved state of a relax), got "
@@ -139,8 +154,9 @@ class Stage:
             raise ValueError(f"Stage.integrator must be one of {tuple(INTEGRATORS)}, got "
                              f"{self.integrator!r} (projections and maps: kind='project' or "
                              "kind='map')")
-        for name in ("pre", "post", "then"):
-            object.__setattr__(self, name, _names(getattr(self, name), f"Stage.{name}"))
+
+    def _check_branches(self) -> None:
+        """branches is a tuple of branches, each an iterable of stages (made tuples here)."""
         if isinstance(self.branches, (str, bytes)) or not isinstance(self.branches, Iterable):
             raise TypeError(f"Stage.branches must be a tuple of branches (tuples of Stage "
                             f"values), got {type(self.branches).__name__}")
@@ -150,31 +166,27 @@ class Stage:
                                 f"values, got a {type(b).__name__} (one stage st is the branch "
                                 "(st,))")
         object.__setattr__(self, "branches", tuple(tuple(b) for b in self.branches))
-        f = self.fraction
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not (
-                math.isfinite(f) and 0 < f <= MAX_FRACTION):
-            raise ValueError(f"Stage.fraction must be a number > 0 and <= {MAX_FRACTION:g} (a "
-                             f"fraction of tau; h = fraction * tau), got {f!r}")
-        if self.kind != "field":
-            self._check_not_field()
-        if self.kind == "parallel":
-            if not self.branches or not all(self.branches):
-                raise ValueError("a parallel Stage needs at least one branch, and every branch "
-                                 "at least one stage (an empty branch is the identity)")
-            for b in self.branches:
-                for st in b:
-                    if not isinstance(st, Stage):
-                        raise TypeError(f"parallel branches hold Stage values, got "
-                                        f"{type(st).__name__}")
-            for st in _flat(tuple(x for b in self.branches for x in b)):
-                if st.save:
-                    raise ValueError(
-                        f"stage '{st}' inside a parallel stage saves its state as "
-                        f"{st.save!r}: a parallel branch cannot save (the branches run on "
-                        "copies of u, so the state would belong to one branch only); put "
-                        "the @save on a stage before or after the parallel one")
-        elif self.branches:
-            raise ValueError(f"only a parallel Stage has branches (kind={self.kind!r})")
+
+    def _check_parallel(self) -> None:
+        """A parallel stage: at least one branch, none empty, Stage values only, none saving."""
+        if not self.branches or not all(self.branches):
+            raise ValueError("a parallel Stage needs at least one branch, and every branch "
+                             "at least one stage (an empty branch is the identity)")
+        for b in self.branches:
+            for st in b:
+                if not isinstance(st, Stage):
+                    raise TypeError(f"parallel branches hold Stage values, got "
+                                    f"{type(st).__name__}")
+        for st in _flat(tuple(x for b in self.branches for x in b)):
+            if st.save:
+                raise ValueError(
+                    f"stage '{st}' inside a parallel stage saves its state as "
+                    f"{st.save!r}: a parallel branch cannot save (the branches run on "
+                    "copies of u, so the state would belong to one branch only); put "
+                    "the @save on a stage before or after the parallel one")
+
+    def _check_names(self) -> None:
+        """Every operator name is a name; a relax's weight is in [0, 1]."""
         if self.kind == "relax":
             w = self.weight
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w <= 1.0:
@@ -259,6 +271,55 @@ class Scheme:
     def __str__(self) -> str:
         return " ".join(str(s) for s in self.stages)
 
+    # -- what the scheme declares (module docstring) -------------------------------------------
+    def lift(self, u0: torch.Tensor) -> torch.Tensor:
+        """The initial map onto the scheme's state: u(0) itself (a scheme with a state of its
+        own overrides it)."""
+        return u0
+
+    def read(self, state: torch.Tensor) -> torch.Tensor:
+        """u from the scheme's state: the state itself (overridden with ``lift``)."""
+        return state
+
+    def plan(self, theta: Mapping[str, nn.Module], tau: float) -> Plan:
+        """One step S_tau(theta) compiled against the control set ``theta`` (``time.plan``):
+        what the evolution runs. ``plan(theta, tau)(u, context, observe)`` equals
+        ``step(u, theta, tau, context, observe)``."""
+        return Plan(self, theta, tau)
+
+    @property
+    def layout(self) -> Layout | None:
+        """The fields named schemes are rebuilt on: the layout the scheme was built on, or the
+        one read off a Lie-type stage list; None when it has no plain layout."""
+        return _read_layout(self)
+
+    def unused_fields(self, controls: Iterable[Mapping[str, nn.Module]]) -> list[str]:
+        """The names of the field operators (kind "field") of the control sets ``controls``
+        that the scheme never applies, in the order they appear."""
+        used = set(self.operators())
+        unused: list[str] = []
+        for theta in controls:
+            for name, op in theta.items():
+                if isinstance(op, Operator) and op.kind == "field" and name not in used \
+                        and name not in unused:
+                    unused.append(name)
+        return unused
+
+    def warn_unused_fields(self, controls: Iterable[Mapping[str, nn.Module]],
+                           stacklevel: int = 1) -> None:
+        """Warn (UserWarning) when the scheme applies none of some field operators of the
+        controls (``unused_fields``): the evolution would drop those terms of the equation.
+        Unused projections and maps are not reported. ``stacklevel`` as seen from the caller
+        (1: the line that calls this method)."""
+        unused = self.unused_fields(controls)
+        if unused:
+            warnings.warn(
+                f"scheme {self.name!r} [{self}] leaves the field operators {unused} of the "
+                "controls unused: the evolution drops those terms of the equation; name them in "
+                "the scheme if they belong to it",
+                UserWarning, stacklevel=stacklevel + 1,
+            )
+
     def __deepcopy__(self, memo) -> Scheme:
         return self  # an immutable value: copies of a model share it
 
@@ -309,8 +370,9 @@ class Scheme:
         context: Context | None = None,
         observe: Callable[[torch.Tensor, int], None] | None = None,
     ) -> torch.Tensor:
-        """Advance u by one step of size tau with the controls theta; ``observe(u, j)`` sees
-        the state after every substep j (validation, saving substeps)."""
+        """Advance u by one step of size tau with the controls theta, reading the scheme as
+        data (the interpreter: the oracle ``plan`` is checked against, tests/test_plan.py);
+        ``observe(u, j)`` sees the state after every substep j (validation, saving substeps)."""
         saved: dict[str, torch.Tensor] = {}
         for j, st in enumerate(self.stages):
             u = _apply(st, u, theta, tau, context, saved)
@@ -465,33 +527,11 @@ def scheme_from_string(text: str, name: str = "custom") -> Scheme:
     return Scheme(tuple(_parse_stages(text)), name=name)
 
 
-# -- layouts and named schemes ---------------------------------------------------------------
-@dataclass(frozen=True)
-class Field:
-    """One term of a layout: a field operator, what composes around it, the projection after."""
 
-    operator: str
-    pre: tuple[str, ...] = ()
-    post: tuple[str, ...] = ()
-    projection: str | None = None
-
-
-Layout = tuple[Field, ...]
-POST_LN: Layout = (Field("attention", projection="norm1"), Field("ffn", projection="norm2"))
-PRE_LN: Layout = (Field("attention", pre=("norm1",)), Field("ffn", pre=("norm2",)))
-
-
-def pre_norm_layout(layout: Layout) -> Layout:
-    """The layout transform of pre-norm: each field's projection moves inside it,
-    P(u + tau F(u)) -> u + tau F(P u) (docs/math.md 3.2). Idempotent."""
-    return tuple(Field(f.operator, (f.projection,) if f.projection else f.pre, f.post, None)
-                 for f in layout)
-
-
-def layout_of(scheme: Scheme) -> Layout:
+def _read_layout(scheme: Scheme) -> Layout | None:
     """The fields of a scheme: ``scheme.meta["layout"]`` when the scheme was built from one
     (every named scheme is), else read off a Lie-type stage list (each field stage, and the
-    projection right after it)."""
+    projection right after it); None when it has no plain layout."""
     if scheme.meta.get("layout"):
         return tuple(scheme.meta["layout"])
     fields: list[Field] = []
@@ -499,8 +539,7 @@ def layout_of(scheme: Scheme) -> Layout:
     for j, st in enumerate(stages):
         if st.kind == "field":
             if st.then or st.save or "+" in st.operator:
-                fields = []  # not a plain layout (the paper's literal scheme, sums): none
-                break
+                return None  # not a plain layout (the paper's literal scheme, sums): none
             proj = None
             if j + 1 < len(stages) and stages[j + 1].kind == "project":
                 proj = stages[j + 1].operator
@@ -508,195 +547,16 @@ def layout_of(scheme: Scheme) -> Layout:
                 continue
             fields.append(Field(st.operator, st.pre, st.post, proj))
         elif st.kind in ("relax", "map"):
-            fields = []
-            break
-    if not fields:
+            return None
+    return tuple(fields) if fields else None
+
+
+def layout_of(scheme: Scheme) -> Layout:
+    """``scheme.layout``, or ValueError when the scheme has none (named schemes need one)."""
+    layout = scheme.layout
+    if layout is None:
         raise ValueError(
             f"scheme {scheme.name!r} has no plain field layout to rebuild named schemes from "
             "(write the new scheme as stages or a string instead)"
         )
-    return tuple(fields)
-
-
-def _field_stage(f: Field, integrator: str, fraction: float, form: str) -> list[Stage]:
-    if form == "tangent" and f.projection is None:
-        raise ValueError(f"form='tangent' needs a projection after field {f.operator!r}; this "
-                         "layout has the projection inside the field (pre-norm)")
-    out = [Stage(f.operator, "field", integrator, fraction, pre=f.pre, post=f.post,
-                 tangent=f.projection if form == "tangent" else None)]
-    if f.projection:
-        out.append(Stage(f.projection, "project"))
-    return out
-
-
-def _check_options(integrator: str, form: str) -> None:
-    if integrator not in INTEGRATORS:
-        raise ValueError(f"integrator must be one of {tuple(INTEGRATORS)}, got {integrator!r}")
-    if form not in FORMS:
-        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
-
-
-def _named(stages, name, description, order, integrator, form, layout) -> Scheme:
-    return Scheme(tuple(stages), name=name, description=description, order=order,
-                  meta={"integrator": integrator, "form": form, "layout": tuple(layout)})
-
-
-def lie(layout: Layout = POST_LN, integrator: str = "euler", form: str = "raw") -> Scheme:
-    """Lie splitting: each field in turn over the full step, each followed by its projection.
-
-    Post-LN layout, explicit Euler, raw form: u += tau A(u); P1; u += tau G(u); P2 (the post-LN
-    encoder at tau = 1). First order.
-    """
-    _check_options(integrator, form)
-    stages = [st for f in layout for st in _field_stage(f, integrator, 1.0, form)]
-    return _named(stages, "lie", "Lie splitting: fields in turn, each over the full step", 1,
-                  integrator, form, layout)
-
-
-def prenorm(layout: Layout = POST_LN, integrator: str = "euler", form: str = "raw") -> Scheme:
-    """Pre-norm: Lie on ``pre_norm_layout(layout)``, explicit Euler for u_t = A(P1 u) + G(P2 u)
-    split in two on the default layout (docs/math.md 3.2). No projection substeps, so the only
-    form is "raw"."""
-    if form != "raw":
-        raise ValueError("prenorm has no projection substeps: form must be 'raw'")
-    s = lie(pre_norm_layout(layout), integrator)
-    return _named(s.stages, "prenorm", "Lie splitting with each projection inside its field: "
-                  "u += tau F(P u)", 1, integrator, form, s.meta["layout"])
-
-
-def strang(layout: Layout = POST_LN, integrator: str = "heun", form: str = "raw") -> Scheme:
-    """Strang (symmetric) splitting: the last field over tau/2, ..., the first over tau, ...,
-    the last over tau/2. Two fields (attention A, FFN G): G/2, A, G/2 -- Macaron's layout.
-    Second order for the unprojected ODE with second-order substeps; with projections, second
-    order only in the tangent form (docs/math.md 3.5)."""
-    _check_options(integrator, form)
-    first, rest = layout[0], list(layout[1:])
-    stages: list[Stage] = []
-    for f in reversed(rest):
-        stages += _field_stage(f, integrator, 0.5, form)
-    stages += _field_stage(first, integrator, 1.0, form)
-    for f in rest:
-        stages += _field_stage(f, integrator, 0.5, form)
-    return _named(stages, "strang", "Strang splitting: symmetric half steps around the first "
-                  "field", 2, integrator, form, layout)
-
-
-def parallel(layout: Layout = POST_LN, integrator: str = "euler", form: str = "raw") -> Scheme:
-    """Parallel (additive) splitting, Tai-Glowinski: with m fields,
-
-        u <- P( (1/m) sum_i Phi_i(u) ),   Phi_i = field i over m tau (then its projection),
-
-    P the last field's projection (post-LN layouts). First order; the branches are independent.
-    """
-    _check_options(integrator, form)
-    m = len(layout)
-    branches = tuple(tuple(_field_stage(f, integrator, float(m), form)) for f in layout)
-    stages = [Stage("parallel", "parallel", branches=branches)]
-    if layout[-1].projection:
-        stages.append(Stage(layout[-1].projection, "project"))
-    return _named(stages, "parallel", "parallel splitting: average of the fields over m tau "
-                  "each", 1, integrator, form, layout)
-
-
-def unsplit(layout: Layout = POST_LN, integrator: str = "rk4", form: str = "tangent") -> Scheme:
-    """No splitting: the sum of all fields in one stage, then the (common) projection.
-
-    With form="tangent" and RK4 this integrates the projected ODE u_t = Pi_T(u)(A + G)(u) to
-    fourth order (used as the reference of convergence studies). Needs fields without pre/post
-    operators, so pre-norm layouts (ViT, GPT-2, pre-LN encoders) are refused.
-    """
-    _check_options(integrator, form)
-    if any(f.pre or f.post for f in layout):
-        raise ValueError("unsplit needs fields without pre/post operators (a pre-norm layout "
-                         "puts its projections inside the fields)")
-    proj = layout[-1].projection
-    if form == "tangent" and proj is None:
-        raise ValueError("unsplit with form='tangent' needs a projection after the last field")
-    ops = "+".join(f.operator for f in layout)
-    stages = [Stage(ops, "field", integrator, tangent=proj if form == "tangent" else None)]
-    if proj:
-        stages.append(Stage(proj, "project"))
-    return _named(stages, "unsplit", "the full field in one stage", None, integrator, form,
-                  layout)
-
-
-def paper_lie(num_ffn_stages: int = 2) -> Scheme:
-    """The paper's literal Lie scheme with M = 4 + J substeps (docs/math.md section 2).
-
-    Operators: attention, norm1, ffn1..ffnJ (weights in the (I + W_j) form), relu, norm2.
-    """
-    J = num_ffn_stages
-    if isinstance(J, bool) or not isinstance(J, int) or J < 1:
-        raise ValueError(f"num_ffn_stages must be an int >= 1, got {J!r}")
-    stages: list[Stage] = [Stage("attention"), Stage("norm1", "project", save="U2")]
-    for j in range(1, J):
-        stages.append(Stage(f"ffn{j}", then=("relu",)))
-    stages += [Stage(f"ffn{J}"), Stage("U2", "relax", weight=0.5), Stage("norm2", "project")]
-    return Scheme(
-        tuple(stages),
-        name="paper",
-        description=f"the paper's literal Lie scheme, M = {4 + J} substeps (exact at tau = 1)",
-        order=None,
-    )
-
-
-def _paper(layout: Layout | None = None, num_ffn_stages: int = 2) -> Scheme:
-    """Registry entry of "paper": its own operators (ffn1..ffnJ, relu), no layout."""
-    return paper_lie(num_ffn_stages)
-
-
-# name -> builder(layout, **options); every entry is a value users and the CLI can name
-SCHEMES: dict[str, Callable[..., Scheme]] = {
-    "lie": lie,
-    "prenorm": prenorm,
-    "strang": strang,
-    "parallel": parallel,
-    "unsplit": unsplit,
-    "paper": _paper,
-}
-
-
-def scheme_names() -> list[str]:
-    """Every name ``resolve`` accepts (the registry the CLI and the tests read)."""
-    return sorted(SCHEMES)
-
-
-def _options_of(builder: Callable[..., Scheme]) -> tuple[str, ...]:
-    code = builder.__code__
-    return code.co_varnames[1:code.co_argcount]
-
-
-def resolve(
-    scheme: str | Scheme | Iterable[Stage],
-    layout: Layout | None = None,
-    **options,
-) -> Scheme:
-    """A Scheme from a Scheme, a name (built on ``layout``, default post-LN; options:
-    integrator, form), a string form or a list of stages."""
-    if isinstance(scheme, str):
-        text = scheme.strip()
-        if text in SCHEMES:
-            builder = SCHEMES[text]
-            bad = sorted(set(options) - set(_options_of(builder)))
-            if bad:
-                raise ValueError(f"scheme {text!r} takes the options "
-                                 f"{list(_options_of(builder))}, got {bad}")
-            return builder(layout if layout is not None else POST_LN, **options)
-        if options:
-            raise ValueError(f"options {sorted(options)} apply to named schemes only "
-                             f"({scheme_names()}); {scheme!r} is not one of them")
-        if not any(c in text for c in " ,:>(~|*@<+") and not (
-                layout is not None and text in {f.operator for f in layout}):
-            raise ValueError(f"unknown scheme {scheme!r}; named schemes: {scheme_names()} (or "
-                             "a scheme string such as 'attention norm1:project ffn "
-                             "norm2:project')")
-        return scheme_from_string(text)
-    if options:
-        raise ValueError(f"options {sorted(options)} apply to named schemes only "
-                         f"({scheme_names()}), not to a {type(scheme).__name__}")
-    if isinstance(scheme, Scheme):
-        return scheme
-    if scheme is None or isinstance(scheme, (bytes, Stage)) or not isinstance(scheme, Iterable):
-        raise TypeError(f"scheme must be a name ({scheme_names()}), a scheme string, a Scheme "
-                        f"or a list of Stage values, got {scheme!r}")
-    return Scheme(tuple(scheme))
+    return layout
