@@ -135,6 +135,47 @@ def test_a_user_scheme_with_its_own_state_runs_by_its_declarations():
     assert "getattr(" not in inspect.getsource(evolution_module)
 
 
+@dataclass(frozen=True)
+class _Doubling(Scheme):
+    """A scheme that defines its step by overriding ``step`` alone: u <- 2 u + F(u)."""
+
+    def step(self, u, theta, tau, context=None, observe=None):
+        out = 2 * u + theta["f"](u, context)
+        if observe is not None:
+            observe(out, 0)
+        return out
+
+
+def test_a_scheme_that_overrides_step_alone_has_its_step_run():
+    torch.manual_seed(0)
+    c = torch.randn(3, 4, dtype=D)
+    u0 = torch.randn(2, 3, 4, dtype=D)
+    evo = Evolution(Controls([{"f": _Drift(c)} for _ in range(2)]), _Doubling((Stage("f"),)),
+                    TimeGrid(2, 2))
+    with torch.no_grad():
+        out = evo(u0)
+    # the compiled base plan would give u0 + 2 c (Euler on the stage list); the step gives
+    # 2 (2 u0 + c) + c
+    torch.testing.assert_close(out, 4 * u0 + 3 * c, rtol=0, atol=1e-12)
+    traj = evo(u0, saveat=SaveAt(steps=True, substeps=True))
+    assert len(traj.substeps) == 2
+
+
+def test_a_compiled_model_is_still_an_evolution_model_for_the_control_problem():
+    from splitformer.control import ControlProblem, KineticEnergy, evolutions_of
+
+    torch.manual_seed(0)
+    model = splitformer.network_encoder(8, 2, 16, 2).double()
+    x = torch.randn(2, 5, 8, dtype=D)
+    compiled = torch.compile(model)  # lazy: nothing is traced until it is called
+    assert evolutions_of(compiled) == evolutions_of(model) != []
+    loss = lambda out, target: (out - target).pow(2).mean()  # noqa: E731
+    plain = ControlProblem(model, loss, [KineticEnergy(0.1)])(x, torch.zeros_like(x))
+    wrapped = ControlProblem(compiled, loss, [KineticEnergy(0.1)])(x, torch.zeros_like(x))
+    torch.testing.assert_close(wrapped.total, plain.total, rtol=0, atol=0)
+    assert wrapped.parts["kinetic"] > 0
+
+
 def test_the_unused_field_warning_comes_from_the_scheme(monkeypatch):
     model = splitformer.network_encoder(8, 2, 16, 2)
     controls = model.evolution.controls

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..models.base import EvolutionModel
+from ..models.base import skeleton_of
 from ..time import Evolution, Trajectory
 
 __all__ = ["ControlRegularity", "KineticEnergy", "RunningCost", "evolutions_of"]
@@ -57,7 +57,8 @@ def evolutions_of(model: Any) -> list[Evolution]:
     Evolution is its own; anything else has none ([])."""
     if isinstance(model, Evolution):
         return [model]
-    if not isinstance(model, EvolutionModel):
+    model = skeleton_of(model)
+    if model is None:
         return []
     return [o.evolution for o in model.evolution_owners() if isinstance(o.evolution, Evolution)]
 

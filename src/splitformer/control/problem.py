@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models.base import EvolutionModel
+from ..models.base import EvolutionModel, skeleton_of
 from ..time import SaveAt, Trajectory
 from ..time.adjoints import Adjoint, resolve_adjoint
 from .costs import ControlRegularity, RunningCost, evolutions_of
@@ -62,7 +62,8 @@ class Objective:
 
 
 def _owners(model: nn.Module, what: str) -> list[EvolutionModel]:
-    if not isinstance(model, EvolutionModel) or not evolutions_of(model):
+    model = skeleton_of(model)
+    if model is None or not evolutions_of(model):
         raise ValueError(f"{what}: model {type(model).__name__} has no evolution to set an "
                          "adjoint on")
     return list(model.evolution_owners())
@@ -151,7 +152,7 @@ class ControlProblem(nn.Module):
                                  "twice (each running cost at most once, none named "
                                  "'terminal')")
             names.add(c.name)
-        evolution_model = isinstance(model, EvolutionModel)
+        evolution_model = skeleton_of(model) is not None
         for c in costs:
             if c.needs_path and not (evolution_model and evolutions_of(model)):
                 raise ValueError(f"ControlProblem(running_costs): {type(c).__name__} needs the "
@@ -214,6 +215,7 @@ class ControlProblem(nn.Module):
         """read_out(evolution(initial_condition(inputs))) through the model's own spine,
         keeping every grid point when a running cost needs the path (the model keeps what it
         asks for itself: hidden states)."""
+        model = skeleton_of(self.model)
         if not self.needs_path:
-            return self.model.solve(*args, **kwargs), None
-        return self.model.solve_along(*args, saveat=SaveAt(steps=True), **kwargs)
+            return model.solve(*args, **kwargs), None
+        return model.solve_along(*args, saveat=SaveAt(steps=True), **kwargs)

@@ -124,8 +124,9 @@ def to_torch_transformer(model: CrossDecoder | EncoderDecoderModel) -> nn.Module
     if isinstance(model, CrossDecoder):
         return to_torch_decoder(model)
     if not isinstance(model, EncoderDecoderModel):
-        raise TypeError(f"to_torch(model) expects a splitformer Encoder, CrossDecoder or "
-                        f"EncoderDecoderModel, got {type(model).__name__}")
+        raise TypeError(f"to_torch_transformer(model) expects a splitformer CrossDecoder or "
+                        f"EncoderDecoderModel (an Encoder goes through to_torch), got "
+                        f"{type(model).__name__}")
     enc_config = torch_target(model.encoder)
     if enc_config.kind != "encoder":  # pragma: no cover - a pair's encoder has kind encoder
         raise ValueError("the encoder of a pair must be an nn.TransformerEncoder")

@@ -26,7 +26,8 @@ from ..time import Evolution, SaveAt, Scheme, Trajectory
 from .kernels import set_kernel
 
 __all__ = ["EvolutionModel", "RecordSource", "Source", "TorchLayoutReadOut", "keep_source",
-           "keep_steps", "path_states", "shared_copy"]
+           "keep_steps", "path_states", "shared_copy",
+           "skeleton_of"]
 
 
 class Source:
@@ -88,6 +89,13 @@ class _SourceAttribute:
 
     def __set__(self, model: Any, source: Any) -> None:
         model.__dict__["source"] = keep_source(source)
+
+
+def skeleton_of(model: Any) -> EvolutionModel | None:
+    """The ``EvolutionModel`` a module is, or wraps through ``torch.compile`` (its
+    ``_orig_mod``: the compiled wrapper forwards every attribute to it); None otherwise."""
+    inner = getattr(model, "_orig_mod", model)  # torch's OptimizedModule: a foreign object
+    return inner if isinstance(inner, EvolutionModel) else None
 
 
 def shared_copy(module: nn.Module) -> nn.Module:

@@ -30,7 +30,7 @@ from torch import nn
 from ..operators.base import Context, returns_new, tree_has_hooks
 from .integrators import INTEGRATORS, euler
 
-__all__ = ["Plan"]
+__all__ = ["Plan", "StepPlan"]
 
 Run = Callable[[torch.Tensor, Context | None, dict], torch.Tensor]
 
@@ -195,3 +195,17 @@ class Plan:
             if observe is not None:
                 observe(u, j)
         return u
+
+
+class StepPlan(Plan):
+    """The plan of a scheme that defines its step by overriding ``Scheme.step`` only: each
+    call runs ``scheme.step(u, theta, tau, context, observe)`` on the control set it was built
+    on (nothing is compiled, so the user's step is never bypassed)."""
+
+    def compile(self, theta: Mapping[str, nn.Module]) -> tuple:
+        self.theta = theta
+        return ()
+
+    def __call__(self, u: torch.Tensor, context: Context | None = None,
+                 observe: Callable[[torch.Tensor, int], None] | None = None) -> torch.Tensor:
+        return self.scheme.step(u, self.theta, self.tau, context, observe)

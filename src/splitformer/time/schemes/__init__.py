@@ -27,13 +27,8 @@ from .families import prenorm_layerscale as prenorm_layerscale
 from .families import vit_scheme as vit_scheme
 from .layouts import POST_LN, PRE_LN, Field, pre_norm_layout
 from .layouts import Layout as Layout
-from .named import _check_options as _check_options
-from .named import _field_stage as _field_stage
-from .named import _named as _named
-from .named import _paper as _paper
 from .named import lie, paper_lie, parallel, prenorm, strang, unsplit
 from .registry import SCHEMES, resolve, scheme_names
-from .registry import _options_of as _options_of
 from .reversible import ReversiblePlan as ReversiblePlan
 from .reversible import ReversibleScheme as ReversibleScheme
 from .reversible import reversible as reversible
@@ -47,8 +42,6 @@ from .stages import (
     layout_of,
     scheme_from_string,
 )
-from .stages import _flat as _flat
-from .stages import _parse_stages as _parse_stages
 
 __all__ = [
     "FORMS",

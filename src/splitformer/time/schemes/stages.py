@@ -63,7 +63,7 @@ from torch import nn
 
 from ...operators.base import Context, Operator
 from ..integrators import INTEGRATORS
-from ..plan import Plan
+from ..plan import Plan, StepPlan
 from .layouts import Field, Layout
 
 __all__ = [
@@ -284,7 +284,10 @@ class Scheme:
     def plan(self, theta: Mapping[str, nn.Module], tau: float) -> Plan:
         """One step S_tau(theta) compiled against the control set ``theta`` (``time.plan``):
         what the evolution runs. ``plan(theta, tau)(u, context, observe)`` equals
-        ``step(u, theta, tau, context, observe)``."""
+        ``step(u, theta, tau, context, observe)``. A subclass that overrides ``step`` but
+        not ``plan`` has its ``step`` run (``StepPlan``): the evolution never bypasses it."""
+        if type(self).step is not Scheme.step:
+            return StepPlan(self, theta, tau)
         return Plan(self, theta, tau)
 
     @property
