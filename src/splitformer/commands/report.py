@@ -21,17 +21,18 @@ temporary folder and moved into place at the end, so an interrupted run leaves D
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
-import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..files import atomic_folder, write_atomic
 from . import UsageError
 
 HELP = ("gather the JSON outputs of verify, convergence, experiment and analyze into one "
@@ -86,60 +87,90 @@ def check_out(value: str | None, flag: str = "--out") -> Path:
     return out
 
 
-class Staging:
-    """Files written into a temporary folder, then moved into ``out`` at once.
+class Stage:
+    """The temporary folder being written (``folder``) and, once ``commit(order)`` is called,
+    the names of the files to keep, in the order they are moved into ``out`` (the page
+    last)."""
 
-    A fresh ``out``: the temporary folder is made next to it (with the folders above it that
-    are missing) and renamed to ``out`` by ``commit``. An existing ``out``: the temporary folder
-    is made inside it and ``commit`` moves its files into ``out`` one by one (``os.replace``:
-    each file is replaced at once), in the order given (the page last). ``discard`` (on an
-    error or Ctrl-C) removes the temporary folder and the folders made for it, so that ``out``
-    is left as it was."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = out
-        self.existed = out.is_dir()
-        self.made: list[Path] = []
-        if self.existed:
-            parent = out
-        else:
-            parent = out.absolute().parent
-            missing = []
-            while not parent.exists():
-                missing.append(parent)
-                parent = parent.parent
-            for folder in reversed(missing):
-                folder.mkdir()
-                self.made.append(folder)
-            parent = out.absolute().parent
-        while True:  # os.mkdir, not mkdtemp: the folder gets the usual permissions
-            tmp = parent / f".{out.absolute().name or 'out'}.tmp-{secrets.token_hex(4)}"
-            try:
-                tmp.mkdir()
-            except FileExistsError:
-                continue
-            break
-        self.folder = tmp
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.order: list[str] | None = None
 
     def commit(self, order: Sequence[str]) -> None:
-        """Move the files named in ``order`` (in that order; the rest of the temporary folder
-        is dropped) into ``out``."""
-        if not self.existed:
-            for name in {p.name for p in self.folder.iterdir()} - set(order):
-                _remove(self.folder / name)
-            os.rename(self.folder, self.out)
-            return
-        for name in order:
-            os.replace(self.folder / name, self.out / name)
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self.order = list(order)
 
-    def discard(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-        for folder in reversed(self.made):
-            try:
-                folder.rmdir()  # only if empty
-            except OSError:
-                break
+
+class _Discarded(Exception):
+    """The stage ended without a commit: nothing is kept."""
+
+
+@contextlib.contextmanager
+def staging(out: Path) -> Iterator[Stage]:
+    """``with staging(out) as stage:`` write into ``stage.folder``, then ``stage.commit(order)``;
+    on leaving the block the files named in ``order`` (the rest of the folder is dropped)
+    reach ``out``:
+
+    * a fresh ``out`` (``files.atomic_folder``): the folder is built next to it (with the
+      folders above it that are missing) and appears at ``out`` at once;
+    * an existing ``out``: the folder is built inside it and its files replace those of
+      ``out`` one by one (``files.write_atomic``: each file at once), in the order given.
+
+    An error or Ctrl-C in the block (or no commit) removes the temporary folder and the
+    folders made for it, so that ``out`` is left as it was."""
+    if out.is_dir():
+        yield from _staged_into(out)
+    else:
+        yield from _staged_fresh(out)
+
+
+def _staged_fresh(out: Path) -> Iterator[Stage]:
+    made = _make_parents(out)
+    try:
+        with atomic_folder(out) as folder:
+            stage = Stage(folder)
+            yield stage
+            if stage.order is None:
+                raise _Discarded
+            for name in {p.name for p in folder.iterdir()} - set(stage.order):
+                _remove(folder / name)
+    except _Discarded:
+        _remove_made(made)
+    except BaseException:
+        _remove_made(made)
+        raise
+
+
+def _staged_into(out: Path) -> Iterator[Stage]:
+    folder = Path(tempfile.mkdtemp(prefix=f".{out.absolute().name or 'out'}.tmp-", dir=out))
+    try:
+        stage = Stage(folder)
+        yield stage
+        for name in stage.order or ():
+            write_atomic(out / name, (folder / name).read_bytes())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _make_parents(out: Path) -> list[Path]:
+    """Make the missing folders above ``out``; the ones made, outermost first."""
+    missing = []
+    parent = out.absolute().parent
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    made = []
+    for folder in reversed(missing):
+        folder.mkdir()
+        made.append(folder)
+    return made
+
+
+def _remove_made(made: list[Path]) -> None:
+    for folder in reversed(made):
+        try:
+            folder.rmdir()  # only if empty
+        except OSError:
+            break
 
 
 def _remove(path: Path) -> None:
@@ -505,16 +536,11 @@ def run(args: argparse.Namespace) -> int:
     data = {"inputs": inputs, **data}
     sections.insert(0, Section("Inputs", "What this page gathers, one section each.",
                                data="inputs"))
-    stage = None
     try:
-        stage = Staging(out)
-        write_report(stage.folder, args.title, sections, data)
-        stage.commit(["index.html"])
-    except BaseException as e:
-        if stage is not None:
-            stage.discard()
-        if not isinstance(e, OSError):
-            raise
+        with staging(out) as stage:
+            write_report(stage.folder, args.title, sections, data)
+            stage.commit(["index.html"])
+    except OSError as e:
         print(f"splitformer report: error: {type(e).__name__}: "
               f"{' '.join(str(e).split())[:300]}", file=sys.stderr)
         return 1
