@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..files import write_atomic
 from . import UsageError, bounded_int, positive_int, stripped
 
 HELP = ("time and memory of splitformer against torch.nn, Hugging Face BERT, timm ViT and "
@@ -153,9 +154,8 @@ def _check_out(value: str) -> Path:
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise UsageError(f"argument --out: {value!r} is not writable")
     try:  # what write_json will do: a temporary file in that folder
-        fd, probe = tempfile.mkstemp(prefix=".bench-", suffix=".json", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
+        with tempfile.NamedTemporaryFile(prefix=".bench-", suffix=".json", dir=folder):
+            pass
     except OSError as e:
         raise UsageError(f"argument --out: cannot write in {str(folder)!r}: "
                          f"{e.strerror or e}") from None
@@ -163,20 +163,9 @@ def _check_out(value: str) -> Path:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """``data`` as JSON at ``path``, through a temporary file in the same folder (a reader
-    never sees half a file), with the permissions a new file gets here (umask)."""
-    fd, tmp = tempfile.mkstemp(prefix=".bench-", suffix=".json", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``data`` as JSON at ``path`` at once (``files.write_atomic``: a reader never sees half
+    a file; the permissions a new file gets here, umask)."""
+    write_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 def _memory_bytes() -> int:
@@ -229,8 +218,11 @@ def _extra(row: dict) -> str:
     return "; ".join(parts)
 
 
-def print_tables(rows: list[dict], suite: str, describe: dict[str, str]) -> None:
-    """One rich table of a suite's rows, and what each size is."""
+def print_tables(rows: list[dict], suite: str, describe: dict[str, str],
+                 console=None) -> None:
+    """One rich table of a suite's rows, and what each size is (on ``console``, default a
+    ``rich.console.Console()`` of the terminal). Every column folds what does not fit its width
+    onto the next line, never cutting it short: a missing peer's whole reason is shown."""
     from rich.console import Console
     from rich.table import Table
 
@@ -246,7 +238,7 @@ def print_tables(rows: list[dict], suite: str, describe: dict[str, str]) -> None
     if extra:
         columns.append(("peak memory" if memory else "", {}))
     for col, kw in columns:
-        table.add_column(col, **kw)
+        table.add_column(col, overflow="fold", **kw)
     for r in rows:
         if "skipped" in r or "error" in r:
             cells = [r["size"], r.get("group", ""), "", "", "",
@@ -256,7 +248,7 @@ def print_tables(rows: list[dict], suite: str, describe: dict[str, str]) -> None
         cells = [r["size"], r["group"], r["path"], r["name"],
                  ms(r["median_s"]) if "median_s" in r else "", _ratios(r)]
         table.add_row(*cells, *([_extra(r)] if extra else []))
-    console = Console()
+    console = Console() if console is None else console
     console.print(table)
     for label, text in describe.items():
         console.print(f"  {label}: {text}")
