@@ -32,7 +32,7 @@ def test_a_missing_peers_reason_is_shown_whole_on_a_narrow_console(monkeypatch):
         buffer = io.StringIO()
         console = Console(file=buffer, width=width, force_terminal=False, color_system=None)
         # the terminal's console, as print_tables makes it, is this narrow one
-        monkeypatch.setattr("rich.console.Console", lambda *a, **k: console)
+        monkeypatch.setattr("rich.console.Console", lambda *a, c=console, **k: c)
         bench.print_tables(rows, "vit", {})
         text = buffer.getvalue()
         assert "…" not in text, text
