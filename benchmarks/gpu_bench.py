@@ -154,11 +154,10 @@ def _out_problem(value: str) -> str | None:
             return f"{str(folder)!r} is not a folder"
         return f"folder {str(folder)!r} does not exist"
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{PROG}-", suffix=".json", dir=folder)
+        with tempfile.NamedTemporaryFile(prefix=f".{PROG}-", suffix=".json", dir=folder):
+            pass
     except OSError as e:
         return f"cannot create a file in folder {str(folder)!r} ({e.strerror or e})"
-    os.close(fd)
-    os.unlink(tmp)
     return None
 
 

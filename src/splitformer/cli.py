@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(modname)
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP,
                            epilog=getattr(mod, "EPILOG", None))
+        p.set_defaults(_interrupted="")  # a command's add_arguments may say what Ctrl-C keeps
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run, _parser=p)
     return parser
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "command", None):
+    if not args.command:
         parser.error(f"a command is required ({', '.join(COMMANDS)})")  # exits with status 2
         return 2
     try:
@@ -68,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         args._parser.error(str(e))  # exits with status 2
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT
-        note = getattr(args, "_interrupted", "")
-        sys.stderr.write(f"{args._parser.prog}: interrupted{note}\n")
+        sys.stderr.write(f"{args._parser.prog}: interrupted{args._interrupted}\n")
         return 130
     except BrokenPipeError:  # the reader went away (| head): nothing more to say
         devnull = os.open(os.devnull, os.O_WRONLY)

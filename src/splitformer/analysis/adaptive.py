@@ -328,6 +328,48 @@ class FixedDepths:
 
 # -- the API -----------------------------------------------------------------------------------
 
+def _doubling(model: EvolutionModel, inputs: tuple, logits, levels: tuple[int, ...], n0: int):
+    """(e_k, the accepted read-outs, N_t of each accepted run, the work up to each level) of
+    the doubling estimate: runs at every level k and 2 k, shared where they meet."""
+    runs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for k in sorted(set(levels) | {2 * k for k in levels}):
+        m = model.refine(k).eval()
+        runs[k] = _run(m, inputs, logits, _label(k, _num_steps(m), m))
+    est = [_relative(runs[k][0], runs[2 * k][0]) for k in levels]
+    out = [runs[2 * k][1] for k in levels]
+    level_steps = tuple(2 * k * n0 for k in levels)
+    grids: set[int] = set()
+    level_work = []
+    for k in levels:
+        grids |= {k, 2 * k}
+        level_work.append(n0 * sum(grids))
+    return est, out, level_steps, level_work
+
+
+def _lie_strang(model: EvolutionModel, inputs: tuple, logits, levels: tuple[int, ...],
+                n0: int):
+    """The same for the Lie-Strang estimate: at each level the model under lie and strang."""
+    pair = []
+    for name in ("lie", "strang"):
+        try:
+            pair.append(model.with_scheme(name))
+        except ValueError as e:
+            raise ArgumentError("estimate", f"'lie-strang' rebuilds the model's "
+                                            f"evolutions under the named schemes lie "
+                                            f"and strang, and this model cannot: {e}; "
+                                            f"use estimate='doubling'") from e
+    est, out = [], []
+    for k in levels:
+        lie_k, strang_k = (p.refine(k).eval() for p in pair)
+        u_lie, _ = _run(lie_k, inputs, logits, _label(k, _num_steps(lie_k), lie_k))
+        u_strang, z = _run(strang_k, inputs, logits, _label(k, _num_steps(strang_k), strang_k))
+        est.append(_relative(u_lie, u_strang))
+        out.append(z)
+    level_steps = tuple(k * n0 for k in levels)
+    level_work = [2 * n0 * sum(levels[:j + 1]) for j in range(len(levels))]
+    return est, out, level_steps, level_work
+
+
 def adaptive_depth(
     model: EvolutionModel,
     inputs: torch.Tensor | tuple,
@@ -362,39 +404,8 @@ def adaptive_depth(
     logits = _check_logits(logits)
     n0 = _num_steps(model)
     with torch.no_grad():
-        if estimator == "doubling":
-            runs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-            for k in sorted(set(levels) | {2 * k for k in levels}):
-                m = model.refine(k).eval()
-                runs[k] = _run(m, inputs, logits, _label(k, _num_steps(m), m))
-            est = [_relative(runs[k][0], runs[2 * k][0]) for k in levels]
-            out = [runs[2 * k][1] for k in levels]
-            level_steps = tuple(2 * k * n0 for k in levels)
-            grids: set[int] = set()
-            level_work = []
-            for k in levels:
-                grids |= {k, 2 * k}
-                level_work.append(n0 * sum(grids))
-        else:
-            pair = []
-            for name in ("lie", "strang"):
-                try:
-                    pair.append(model.with_scheme(name))
-                except ValueError as e:
-                    raise ArgumentError("estimate", f"'lie-strang' rebuilds the model's "
-                                                    f"evolutions under the named schemes lie "
-                                                    f"and strang, and this model cannot: {e}; "
-                                                    f"use estimate='doubling'") from e
-            est, out = [], []
-            for k in levels:
-                lie_k, strang_k = (p.refine(k).eval() for p in pair)
-                u_lie, _ = _run(lie_k, inputs, logits, _label(k, _num_steps(lie_k), lie_k))
-                u_strang, z = _run(strang_k, inputs, logits,
-                                   _label(k, _num_steps(strang_k), strang_k))
-                est.append(_relative(u_lie, u_strang))
-                out.append(z)
-            level_steps = tuple(k * n0 for k in levels)
-            level_work = [2 * n0 * sum(levels[:j + 1]) for j in range(len(levels))]
+        run = _doubling if estimator == "doubling" else _lie_strang
+        est, out, level_steps, level_work = run(model, inputs, logits, levels, n0)
     return _select(estimator, tol, levels, n0, level_steps, tuple(level_work),
                    torch.stack(est), torch.stack(out))
 

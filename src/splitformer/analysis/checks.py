@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 import torch
 
+from ..operators.base import Operator
 from ..time import Evolution
 from ..time.schemes import layout_of
 
@@ -168,7 +169,8 @@ def check_u_ref(u_ref, u0: torch.Tensor, evo: Evolution, argument: str = "u_ref"
     if not isinstance(u_ref, torch.Tensor):
         raise ArgumentError(argument, f"expected a torch.Tensor, u(T) for u0 (e.g. from "
                                       f"reference_solution), got {type(u_ref).__name__}")
-    widening = any(getattr(op, "changes_width", False) for op in evo.controls[0].values())
+    widening = any(isinstance(op, Operator) and op.changes_width
+                   for op in evo.controls[0].values())
     same = (u_ref.shape[:-1] == u0.shape[:-1] and u_ref.dim() == u0.dim()) if widening \
         else u_ref.shape == u0.shape
     if not same:
@@ -186,7 +188,7 @@ def _field_operators(evo: Evolution) -> list[str]:
     out = [f.operator for f in evo.layout or ()]
     for theta in evo.controls:
         for name, op in theta.items():
-            if getattr(op, "kind", None) == "field" and name not in out:
+            if isinstance(op, Operator) and op.kind == "field" and name not in out:
                 out.append(name)
     return out
 

@@ -312,20 +312,40 @@ def convergence(
     ks = check_ks(ks, ref_k)
     check_model(model, base)
     check_u0(u0, model, base)
+    evo, named = _scheme_checked(base, scheme, integrator, form)
+    check_reference(evo, reference)
+    if u_ref is not None:
+        check_u_ref(u_ref, u0, base)
+    meta = evo.scheme.meta if named else {}
+    u_ref, ref_label = _reference(base, evo, u0, ref_k, reference, u_ref, context)
+    taus, errors = _errors(base, evo, u0, u_ref, ks, context)
+    order, pairwise = _orders(taus, errors, ks)
+    return ConvergenceResult(
+        scheme=scheme.strip() if isinstance(scheme, str) else evo.scheme.name,
+        scheme_text=str(evo.scheme), integrator=meta.get("integrator"), form=meta.get("form"),
+        taus=taus, errors=errors, order=order, pairwise_orders=pairwise,
+        reference=ref_label, configuration=configuration_name,
+    )
+
+
+def _scheme_checked(base: Evolution, scheme: str | Scheme, integrator: str | None,
+                    form: str | None) -> tuple[Evolution, bool]:
+    """(``base`` under ``scheme``, whether it is a named scheme); integrator and form only
+    with a named one."""
     options = {k: v for k, v in (("integrator", integrator), ("form", form)) if v is not None}
     named = isinstance(scheme, str) and scheme.strip() in scheme_names()
     if options and not named:
         raise ValueError(f"integrator and form are options of the named schemes "
                          f"{scheme_names()}; scheme {scheme!r} sets them per stage "
                          "(e.g. 'attention:heun~norm1 norm1:project')")
-    evo = with_scheme_checked(base, scheme, **options)
-    check_reference(evo, reference)
-    if u_ref is not None:
-        check_u_ref(u_ref, u0, base)
-    meta = evo.scheme.meta if named else {}
-    # every tau = 2^-k must divide the unit control intervals: T stays, N_t = T 2^k
-    T = int(round(base.T))
-    unit = Evolution(evo.controls, evo.scheme, TimeGrid(T, T))
+    return with_scheme_checked(base, scheme, **options), named
+
+
+def _reference(base: Evolution, evo: Evolution, u0: torch.Tensor, ref_k: int, reference: str,
+               u_ref: torch.Tensor | None, context: Context | None
+               ) -> tuple[torch.Tensor, str]:
+    """(u_ref, what it is): the given one, or the reference run (``reference``: "auto" is the
+    projected ODE when the scheme has a common projection, else the same scheme)."""
     if reference == "auto":
         reference = "projected-ode" if has_common_projection(evo) else "same-scheme"
     if u_ref is not None:
@@ -339,6 +359,15 @@ def convergence(
     if not torch.isfinite(u_ref).all():
         raise NonFiniteError(f"the reference u(T) ({ref_label}) is not finite: the evolution "
                              "blew up (weights too large for this T?); no errors to measure")
+    return u_ref, ref_label
+
+
+def _errors(base: Evolution, evo: Evolution, u0: torch.Tensor, u_ref: torch.Tensor,
+            ks: tuple[int, ...], context: Context | None) -> tuple[list[float], list[float]]:
+    """(taus, max |u_tau(T) - u_ref(T)|) for tau = 2^-k, k in ``ks``."""
+    # every tau = 2^-k must divide the unit control intervals: T stays, N_t = T 2^k
+    T = int(round(base.T))
+    unit = Evolution(evo.controls, evo.scheme, TimeGrid(T, T))
     taus, errors = [], []
     for k in ks:
         u = _run(unit.refine(2**k), u0, context)
@@ -350,6 +379,13 @@ def convergence(
                                  f"this step size; start ks at a larger k")
         taus.append(2.0**-k)
         errors.append((u - u_ref).abs().max().item())
+    return taus, errors
+
+
+def _orders(taus: list[float], errors: list[float], ks: tuple[int, ...]
+            ) -> tuple[float, list[float | None]]:
+    """(the fitted order, the order between each pair of consecutive taus, None where an
+    error is at the round-off floor)."""
     order = fit_order(taus, errors)
     if not math.isfinite(order):
         shown = ", ".join(f"{e:.1e}" for e in errors)
@@ -359,12 +395,7 @@ def convergence(
     pairwise = [math.log2(errors[i] / errors[i + 1])
                 if errors[i] > FLOOR and errors[i + 1] > FLOOR else None
                 for i in range(len(errors) - 1)]
-    return ConvergenceResult(
-        scheme=scheme.strip() if isinstance(scheme, str) else evo.scheme.name,
-        scheme_text=str(evo.scheme), integrator=meta.get("integrator"), form=meta.get("form"),
-        taus=taus, errors=errors, order=order, pairwise_orders=pairwise,
-        reference=ref_label, configuration=configuration_name,
-    )
+    return order, pairwise
 
 
 def plot(results: list[ConvergenceResult], path: str, title: str = "") -> None:

@@ -192,67 +192,19 @@ def _curves(diag, e, folder, name, label) -> Figure:
     steps, first = ev["steps"], ev["initial"]
     times = ev["times"]
     tau = diag.model["evolutions"][e]["tau"]
-    grid_t = times
     mid = [times[s["step"]] + tau / 2 for s in steps]
     fig = _new(13.0, 6.2)
     axes = fig.subplots(2, 4, squeeze=False).ravel()
     for key, ax, title in (("norm", axes[0], "norm ||u||"),
                            ("cosine_similarity", axes[3], "cosine similarity of tokens"),
                            ("effective_rank", axes[4], "effective rank")):
-        _plot(ax, grid_t, [first[key]] + [s[key] for s in steps])
+        _plot(ax, times, [first[key]] + [s[key] for s in steps])
         ax.set_title(title, fontsize=9)
     _plot(axes[1], mid, [s["velocity"] for s in steps])
     axes[1].set_title("velocity ||u^{n+1} - u^n|| / tau", fontsize=9)
-    lips = [s["lipschitz"] for s in steps]
-    known = [x for x in lips if x is not None]
-    if _plot(axes[2], mid, lips) and min(known) > 0 and max(known) > 10 * min(known):
-        axes[2].set_yscale("log")
-    loose = [(m, s["lipschitz"]) for m, s in zip(mid, steps, strict=True)
-             if s["lipschitz"] is not None and s.get("lipschitz_converged") is False]
-    if loose:
-        axes[2].plot([p[0] for p in loose], [p[1] for p in loose], "o", ms=7, mfc="white",
-                     color="C3", label="not converged")
-        axes[2].legend(fontsize=7)
-    axes[2].set_title("Lipschitz estimate of the step", fontsize=9)
-    ops: list[str] = []
-    for s in steps:
-        for a in s.get("attention") or []:
-            if a["operator"] not in ops:
-                ops.append(a["operator"])
-    drawn = False
-    for i, op in enumerate(ops):
-        recs = [next((a for a in s.get("attention") or [] if a["operator"] == op), None)
-                for s in steps]
-        ent = [None if r is None or r["entropy"] is None or None in r["entropy"]
-               else sum(r["entropy"]) / len(r["entropy"]) for r in recs]
-        colour = f"C{i % 10}"
-        if _plot(axes[5], mid, ent, label=f"{op} (mean over heads)", color=colour):
-            drawn = True
-            uni = [None if r is None else r["entropy_uniform"] for r in recs]
-            pts = [(m, u) for m, u in zip(mid, uni, strict=True) if u is not None]
-            if pts:
-                axes[5].plot([p[0] for p in pts], [p[1] for p in pts], "--", color=colour,
-                             lw=1, label=f"{op}: uniform over its support")
-    if drawn:
-        axes[5].legend(fontsize=6)
-    axes[5].set_title("attention entropy", fontsize=9)
-    labels: list[str] = []
-    for s in steps:
-        for sub in s["substeps"]:
-            if sub["label"] not in labels:
-                labels.append(sub["label"])
-    bottom = [0.0] * len(steps)
-    width = 0.8 * tau
-    for lab in labels:
-        vals = [sum(sub["share"] or 0.0 for sub in s["substeps"] if sub["label"] == lab)
-                for s in steps]
-        axes[6].bar(mid, vals, width=width, bottom=bottom, label=lab)
-        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    if labels:
-        axes[6].legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.18),
-                       ncol=min(len(labels), 3), frameon=False)
-    axes[6].set_title("substep shares of the step's increments", fontsize=9)
-    axes[6].set_ylim(0, 1.05)
+    _lipschitz_panel(axes[2], mid, steps)
+    _entropy_panel(axes[5], mid, steps)
+    _shares_panel(axes[6], mid, steps, tau)
     relu = _substep_mean(steps, "relu_active")
     if any(x is not None for x in relu):
         _plot(axes[7], mid, relu)
@@ -275,6 +227,68 @@ def _curves(diag, e, folder, name, label) -> Figure:
                  "value at this path's state), the attention entropy of each attention substep "
                  "with the entropy of the kernel uniform over its support dashed, the substep "
                  f"shares, and {ffn}.")
+
+
+def _lipschitz_panel(ax, mid: list[float], steps) -> None:
+    """The Lipschitz estimates at the step midpoints (log scale over a decade), the ones that
+    did not converge ringed."""
+    lips = [s["lipschitz"] for s in steps]
+    known = [x for x in lips if x is not None]
+    if _plot(ax, mid, lips) and min(known) > 0 and max(known) > 10 * min(known):
+        ax.set_yscale("log")
+    loose = [(m, s["lipschitz"]) for m, s in zip(mid, steps, strict=True)
+             if s["lipschitz"] is not None and s.get("lipschitz_converged") is False]
+    if loose:
+        ax.plot([p[0] for p in loose], [p[1] for p in loose], "o", ms=7, mfc="white",
+                color="C3", label="not converged")
+        ax.legend(fontsize=7)
+    ax.set_title("Lipschitz estimate of the step", fontsize=9)
+
+
+def _entropy_panel(ax, mid: list[float], steps) -> None:
+    """Each attention operator's entropy (mean over heads), its uniform entropy dashed."""
+    ops: list[str] = []
+    for s in steps:
+        for a in s.get("attention") or []:
+            if a["operator"] not in ops:
+                ops.append(a["operator"])
+    drawn = False
+    for i, op in enumerate(ops):
+        recs = [next((a for a in s.get("attention") or [] if a["operator"] == op), None)
+                for s in steps]
+        ent = [None if r is None or r["entropy"] is None or None in r["entropy"]
+               else sum(r["entropy"]) / len(r["entropy"]) for r in recs]
+        colour = f"C{i % 10}"
+        if _plot(ax, mid, ent, label=f"{op} (mean over heads)", color=colour):
+            drawn = True
+            uni = [None if r is None else r["entropy_uniform"] for r in recs]
+            pts = [(m, u) for m, u in zip(mid, uni, strict=True) if u is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "--", color=colour,
+                        lw=1, label=f"{op}: uniform over its support")
+    if drawn:
+        ax.legend(fontsize=6)
+    ax.set_title("attention entropy", fontsize=9)
+
+
+def _shares_panel(ax, mid: list[float], steps, tau: float) -> None:
+    """The substeps' shares of each step's increments, stacked."""
+    labels: list[str] = []
+    for s in steps:
+        for sub in s["substeps"]:
+            if sub["label"] not in labels:
+                labels.append(sub["label"])
+    bottom = [0.0] * len(steps)
+    for lab in labels:
+        vals = [sum(sub["share"] or 0.0 for sub in s["substeps"] if sub["label"] == lab)
+                for s in steps]
+        ax.bar(mid, vals, width=0.8 * tau, bottom=bottom, label=lab)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    if labels:
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.18),
+                  ncol=min(len(labels), 3), frameon=False)
+    ax.set_title("substep shares of the step's increments", fontsize=9)
+    ax.set_ylim(0, 1.05)
 
 
 def _substep_mean(steps, key: str) -> list[float | None]:
@@ -377,14 +391,10 @@ def _check_grid(image_grid, skip_tokens) -> tuple[tuple[int, int] | None, int | 
     return grid, skip_tokens
 
 
-def draw(diag: Diagnostics, folder: str | os.PathLike, *, times: Sequence[float] | None = None,
-         image_grid: tuple[int, int] | None = None, skip_tokens: int | None = None,
-         example: int = 0) -> list[Figure]:
-    """Write the figures of ``diag`` (module docstring) into ``folder`` (created if needed),
-    each as ``<name>.png`` and ``<name>.svg``; returns them in order. ``times``: the times of
-    the heat maps (numbers in [0, T], each drawn at the nearest grid point; default t_0, T/2,
-    T). ``image_grid`` (rows, cols) and ``skip_tokens``: the patch grid of the tokens (see the
-    module docstring). ``example``: the input drawn in the heat maps, PCA and patch figures."""
+def _checked_draw(diag, folder, times, image_grid, skip_tokens, example):
+    """draw's arguments checked (ArgumentError naming the first bad one): (the folder as a
+    Path, the heat maps' times or None, the example, the patch plan: evolution -> (grid,
+    skipped tokens))."""
     if not isinstance(diag, Diagnostics):
         raise ArgumentError("diag", f"expected the Diagnostics that analyze() returns, got "
                                     f"{type(diag).__name__}")
@@ -408,6 +418,12 @@ def draw(diag: Diagnostics, folder: str | os.PathLike, *, times: Sequence[float]
             0 <= example < diag.batch):
         raise ArgumentError("example", f"expected an input index in [0, {diag.batch - 1}], got "
                                        f"{example!r}")
+    return folder, times, example, _patch_plan(diag, grid, skip_tokens)
+
+
+def _patch_plan(diag, grid, skip_tokens) -> dict[int, tuple[tuple[int, int], int]]:
+    """The evolutions whose tokens hold the patch grid: evolution -> (grid, tokens before it);
+    a given grid that fits none is an ArgumentError."""
     patch_plan: dict[int, tuple[tuple[int, int], int]] = {}
     for e, info in enumerate(diag.model["evolutions"]):
         n = info["tokens"]
@@ -424,6 +440,19 @@ def draw(diag: Diagnostics, folder: str | os.PathLike, *, times: Sequence[float]
         extra = f" after {plural(skip_tokens, 'skipped token')}" if skip_tokens is not None else ""
         raise ArgumentError("image_grid", f"{grid[0]} x {grid[1]} = {grid[0] * grid[1]} patches"
                                           f"{extra} fit no evolution (token counts {counts})")
+    return patch_plan
+
+
+def draw(diag: Diagnostics, folder: str | os.PathLike, *, times: Sequence[float] | None = None,
+         image_grid: tuple[int, int] | None = None, skip_tokens: int | None = None,
+         example: int = 0) -> list[Figure]:
+    """Write the figures of ``diag`` (module docstring) into ``folder`` (created if needed),
+    each as ``<name>.png`` and ``<name>.svg``; returns them in order. ``times``: the times of
+    the heat maps (numbers in [0, T], each drawn at the nearest grid point; default t_0, T/2,
+    T). ``image_grid`` (rows, cols) and ``skip_tokens``: the patch grid of the tokens (see the
+    module docstring). ``example``: the input drawn in the heat maps, PCA and patch figures."""
+    folder, times, example, patch_plan = _checked_draw(diag, folder, times, image_grid,
+                                                       skip_tokens, example)
     folder.mkdir(parents=True, exist_ok=True)
     several = len(diag.evolutions) > 1
     out: list[Figure] = []

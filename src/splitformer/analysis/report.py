@@ -4,14 +4,14 @@
     write_report(folder, title, sections, data) -> Path          (folder/index.html)
 
 ``sections`` is a list of ``Section(title, text, figures, data, pre, columns)``: a heading,
-some text (blank lines separate paragraphs; ``pre=True`` keeps it as typed), figures (objects
-with ``name``, ``title``, ``caption``, ``svg`` and ``png`` paths, such as
-``analysis.figures.Figure``), the top-level key of ``data`` whose tables the section shows and,
-for a dict there holding parallel lists (a convergence result's ``taus`` and ``errors``),
-``columns``: (column title, key) pairs whose lists are shown side by side as one table, a row
-per index (a list shorter than the longest is aligned to its end: the order between two taus
-stands in the row of the second), after the table of the dict's other values. Keys of
-``data`` that no section claims are shown at the end, under "Data".
+some text (blank lines separate paragraphs; ``pre=True`` keeps it as typed), figures
+(``FigureLike``: ``name``, ``title``, ``caption`` and the ``svg`` and ``png`` paths, such as
+``analysis.figures.Figure`` or a ``FigureFile``), the top-level key of ``data`` whose tables
+the section shows and, for a dict there holding parallel lists (a convergence result's
+``taus`` and ``errors``), ``columns``: (column title, key) pairs whose lists are shown side by
+side as one table, a row per index (a list shorter than the longest is aligned to its end: the
+order between two taus stands in the row of the second), after the table of the dict's other
+values. Keys of ``data`` that no section claims are shown at the end, under "Data".
 
 Every number in the tables comes from ``data`` through one function (``_tables``) that walks it:
 a dict's plain values become a two-column table, a list of records a table with a column per
@@ -42,9 +42,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["SVG_LIMIT", "FigureFile", "Section", "html_report", "number_text", "write_report"]
+from ..files import write_atomic
+
+__all__ = ["SVG_LIMIT", "FigureFile", "FigureLike", "Section", "html_report", "number_text",
+           "write_report"]
 
 SVG_LIMIT = 2_000_000  # bytes; a larger SVG is replaced by its PNG
 
@@ -70,6 +73,26 @@ footer{margin-top:3rem;font-size:.8rem;color:#777}
 """
 
 
+class FigureLike(Protocol):
+    """What the page reads of a figure: its name (the file stem), title, caption and files
+    (either may be None)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def title(self) -> str: ...
+
+    @property
+    def caption(self) -> str: ...
+
+    @property
+    def png(self) -> Path | None: ...
+
+    @property
+    def svg(self) -> Path | None: ...
+
+
 @dataclass(frozen=True)
 class FigureFile:
     """A figure on disk (the shape of ``analysis.figures.Figure``)."""
@@ -87,7 +110,7 @@ class Section:
 
     title: str
     text: str = ""
-    figures: Sequence[Any] = field(default_factory=tuple)
+    figures: Sequence[FigureLike] = field(default_factory=tuple)
     data: str | None = None
     pre: bool = False
     columns: Sequence[tuple[str, str]] = ()
@@ -321,11 +344,10 @@ def _inline_svg(text: str, prefix: str) -> str:
     return text
 
 
-def _figure_html(fig: Any, index: int) -> str:
-    title = str(getattr(fig, "title", "") or getattr(fig, "name", "") or f"figure {index}")
-    caption = str(getattr(fig, "caption", "") or "")
-    svg = getattr(fig, "svg", None)
-    png = getattr(fig, "png", None)
+def _figure_html(fig: FigureLike, index: int) -> str:
+    title = str(fig.title or fig.name or f"figure {index}")
+    caption = str(fig.caption or "")
+    svg, png = fig.svg, fig.png
     body = None
     if svg is not None and Path(svg).is_file() and (
             Path(svg).stat().st_size <= SVG_LIMIT or png is None or not Path(png).is_file()):
@@ -337,7 +359,7 @@ def _figure_html(fig: Any, index: int) -> str:
     if body is None:
         return (f"<figure><p><em>figure {html.escape(title)}: no file</em></p>"
                 f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-    name = re.sub(r"[^A-Za-z0-9_-]+", "-", str(getattr(fig, "name", "") or "figure"))
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", str(fig.name or "figure"))
     return (f'<figure id="fig{index}-{name}">{body}<figcaption><strong>{html.escape(title)}.'
             f"</strong> {html.escape(caption)}</figcaption></figure>")
 
@@ -419,12 +441,8 @@ def html_report(title: str, sections: Sequence[Section], data: Mapping[str, Any]
 
 def write_report(folder: str | os.PathLike, title: str, sections: Sequence[Section],
                  data: Mapping[str, Any]) -> Path:
-    """Write ``html_report(...)`` to ``folder/index.html`` (the folder is made) and return
-    that path."""
+    """Write ``html_report(...)`` to ``folder/index.html`` at once (``files.write_atomic``;
+    the folder is made) and return that path."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "index.html"
-    tmp = out / ".index.html.tmp"
-    tmp.write_text(html_report(title, sections, data), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_atomic(out / "index.html", html_report(title, sections, data))

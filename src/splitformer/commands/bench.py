@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..files import write_atomic
 from . import UsageError, bounded_int, positive_int, stripped
 
 HELP = ("time and memory of splitformer against torch.nn, Hugging Face BERT, timm ViT and "
@@ -153,9 +154,8 @@ def _check_out(value: str) -> Path:
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise UsageError(f"argument --out: {value!r} is not writable")
     try:  # what write_json will do: a temporary file in that folder
-        fd, probe = tempfile.mkstemp(prefix=".bench-", suffix=".json", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
+        with tempfile.NamedTemporaryFile(prefix=".bench-", suffix=".json", dir=folder):
+            pass
     except OSError as e:
         raise UsageError(f"argument --out: cannot write in {str(folder)!r}: "
                          f"{e.strerror or e}") from None
@@ -163,20 +163,9 @@ def _check_out(value: str) -> Path:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """``data`` as JSON at ``path``, through a temporary file in the same folder (a reader
-    never sees half a file), with the permissions a new file gets here (umask)."""
-    fd, tmp = tempfile.mkstemp(prefix=".bench-", suffix=".json", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``data`` as JSON at ``path`` at once (``files.write_atomic``: a reader never sees half
+    a file; the permissions a new file gets here, umask)."""
+    write_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 def _memory_bytes() -> int:
@@ -229,8 +218,11 @@ def _extra(row: dict) -> str:
     return "; ".join(parts)
 
 
-def print_tables(rows: list[dict], suite: str, describe: dict[str, str]) -> None:
-    """One rich table of a suite's rows, and what each size is."""
+def print_tables(rows: list[dict], suite: str, describe: dict[str, str],
+                 console=None) -> None:
+    """One rich table of a suite's rows, and what each size is (on ``console``, default a
+    ``rich.console.Console()`` of the terminal). Every column folds what does not fit its width
+    onto the next line, never cutting it short: a missing peer's whole reason is shown."""
     from rich.console import Console
     from rich.table import Table
 
@@ -246,7 +238,7 @@ def print_tables(rows: list[dict], suite: str, describe: dict[str, str]) -> None
     if extra:
         columns.append(("peak memory" if memory else "", {}))
     for col, kw in columns:
-        table.add_column(col, **kw)
+        table.add_column(col, overflow="fold", **kw)
     for r in rows:
         if "skipped" in r or "error" in r:
             cells = [r["size"], r.get("group", ""), "", "", "",
@@ -256,7 +248,7 @@ def print_tables(rows: list[dict], suite: str, describe: dict[str, str]) -> None
         cells = [r["size"], r["group"], r["path"], r["name"],
                  ms(r["median_s"]) if "median_s" in r else "", _ratios(r)]
         table.add_row(*cells, *([_extra(r)] if extra else []))
-    console = Console()
+    console = Console() if console is None else console
     console.print(table)
     for label, text in describe.items():
         console.print(f"  {label}: {text}")
@@ -291,18 +283,59 @@ def _command(names: list[str], sizes: list, args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     suites = _suites()
     if args.list:
-        from ..bench.sizes import SIZES
-        if args.json:
-            print(json.dumps({"suites": {n: {"description": s.description, "paths": s.paths}
-                                         for n, s in suites.items()},
-                              "sizes": {n: z.as_dict() for n, z in SIZES.items()}}, indent=1))
-            return 0
-        for name, s in suites.items():
-            print(f"{name:8} {s.description}")
-        for name, size in SIZES.items():
-            print(f"size {name:5} {size.describe()}")
+        _print_list(suites, args.json)
         return 0
-    given = [n.strip() for text in args.suites for n in text.split(",")]  # "a,b" or "a b"
+    names = _suite_names(args, suites)
+    out = _check_out(args.out)
+    sizes = _sizes(args, names)
+    import torch
+
+    from ..bench.suites import Options
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    opts = Options(repeats=args.repeats, warmup=args.warmup, paths=args.paths, seed=args.seed,
+                   ks=args.ks, seqs=args.seqs, backend=args.backend)
+    data = {"command": _command(names, sizes, args), "machine": machine(),
+            "options": {**vars(opts)},
+            "sizes": {s.label: {**s.as_dict(), "forward_flops": s.forward_flops()}
+                      for s in sizes},
+            "suites": names, "rows": []}
+    data["complete"] = False  # until the last suite is in
+    data["suites_done"] = []
+    failed = _run_suites(args, names, sizes, opts, out, data)
+    if failed is None:
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=1))
+    else:
+        print(f"wrote {out}")
+    if failed:
+        errors = [r for r in data["rows"] if "error" in r]
+        sys.stderr.write(f"splitformer bench: {failed} suite run(s) failed: "
+                         f"{errors[0]['suite']} at {errors[0]['size']}: {errors[0]['error']}\n")
+        return 1
+    return 0
+
+
+def _print_list(suites: dict, as_json: bool) -> None:
+    """--list: the suites (with the paths each measures) and the named sizes."""
+    from ..bench.sizes import SIZES
+    if as_json:
+        print(json.dumps({"suites": {n: {"description": s.description, "paths": s.paths}
+                                     for n, s in suites.items()},
+                          "sizes": {n: z.as_dict() for n, z in SIZES.items()}}, indent=1))
+        return
+    for name, s in suites.items():
+        print(f"{name:8} {s.description}")
+    for name, size in SIZES.items():
+        print(f"size {name:5} {size.describe()}")
+
+
+def _suite_names(args: argparse.Namespace, suites: dict) -> list[str]:
+    """The suites asked for ("a,b" or "a b"; default encoder), each known and measuring one of
+    --paths."""
+    given = [n.strip() for text in args.suites for n in text.split(",")]
     if any(not n for n in given):
         raise UsageError(f"argument SUITE: an empty suite name in {' '.join(args.suites)!r}")
     names = list(dict.fromkeys(given or ["encoder"]))
@@ -315,7 +348,11 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"argument --paths: suite {name!r} measures "
                              f"{', '.join(suites[name].paths)}; none of them is in "
                              f"{','.join(args.paths)}")
-    out = _check_out(args.out)
+    return names
+
+
+def _sizes(args: argparse.Namespace, names: list[str]) -> list:
+    """The sizes asked for (default d256), each fitting this machine's memory."""
     from ..bench.sizes import SIZES
     sizes = list({s: None for group in (args.size or [[SIZES["d256"]]]) for s in group})
     for size in sizes:
@@ -329,22 +366,17 @@ def run(args: argparse.Namespace) -> int:
     if "schemes" in names and any(s.ff < 2 for s in sizes):
         raise UsageError("argument --size: the schemes suite needs ff >= 2 (Strang at "
                          "Macaron's cost has FFNs of width ff / 2)")
-    import torch
+    return sizes
 
-    from ..bench.suites import Options, run_suite
+
+def _run_suites(args: argparse.Namespace, names: list[str], sizes: list, opts, out: Path,
+                data: dict) -> int | None:
+    """Run each suite at each size into ``data``, writing ``out`` after each suite and
+    printing its table; the number of failed suite runs, or None when ``out`` could not be
+    written (said on stderr)."""
+    from ..bench.suites import run_suite
     from .progress import Progress
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    opts = Options(repeats=args.repeats, warmup=args.warmup, paths=args.paths, seed=args.seed,
-                   ks=args.ks, seqs=args.seqs, backend=args.backend)
-    data = {"command": _command(names, sizes, args), "machine": machine(),
-            "options": {**vars(opts)},
-            "sizes": {s.label: {**s.as_dict(), "forward_flops": s.forward_flops()}
-                      for s in sizes},
-            "suites": names, "rows": []}
-    data["complete"] = False  # until the last suite is in
-    data["suites_done"] = []
     progress = Progress(enabled=not args.json)
     failed = 0
     args._interrupted = f" (nothing written to {out})"
@@ -370,17 +402,8 @@ def run(args: argparse.Namespace) -> int:
                                  f"{', '.join(data['suites_done'])}; \"complete\": false)")
         except OSError as e:
             sys.stderr.write(f"splitformer bench: cannot write {out}: {e.strerror or e}\n")
-            return 1
+            return None
         if not args.json:
             print_tables(rows, name, {s.label: s.describe() for s in sizes if not s.name} |
                          {s.name: s.describe() for s in sizes if s.name})
-    if args.json:
-        print(json.dumps(data, indent=1))
-    else:
-        print(f"wrote {out}")
-    if failed:
-        errors = [r for r in data["rows"] if "error" in r]
-        sys.stderr.write(f"splitformer bench: {failed} suite run(s) failed: "
-                         f"{errors[0]['suite']} at {errors[0]['size']}: {errors[0]['error']}\n")
-        return 1
-    return 0
+    return failed

@@ -372,6 +372,15 @@ def run(args: argparse.Namespace) -> int:
             plot([res], args.plot, title=f"{args.scheme} on '{args.model}'")
         except Exception as e:  # after the run: report, keep the results
             plot_error = f"argument --plot: could not write {args.plot!r}: {e}"
+    _print_result(res, args, plot_error)
+    if plot_error:
+        print(f"splitformer convergence: error: {' '.join(plot_error.split())}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_result(res, args: argparse.Namespace, plot_error: str | None) -> None:
+    """The result: one JSON object (--json), or the table of tau, error and order."""
     if args.json:
         out = res.as_dict()
         out["controls"] = args.controls
@@ -394,7 +403,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"observed order (least squares): {res.order:.3f}")
         if args.plot and not plot_error:
             print(f"plot written to {args.plot}")
-    if plot_error:
-        print(f"splitformer convergence: error: {' '.join(plot_error.split())}", file=sys.stderr)
-        return 1
-    return 0

@@ -21,17 +21,18 @@ temporary folder and moved into place at the end, so an interrupted run leaves D
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
-import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..files import atomic_folder, write_atomic
 from . import UsageError
 
 HELP = ("gather the JSON outputs of verify, convergence, experiment and analyze into one "
@@ -86,60 +87,90 @@ def check_out(value: str | None, flag: str = "--out") -> Path:
     return out
 
 
-class Staging:
-    """Files written into a temporary folder, then moved into ``out`` at once.
+class Stage:
+    """The temporary folder being written (``folder``) and, once ``commit(order)`` is called,
+    the names of the files to keep, in the order they are moved into ``out`` (the page
+    last)."""
 
-    A fresh ``out``: the temporary folder is made next to it (with the folders above it that
-    are missing) and renamed to ``out`` by ``commit``. An existing ``out``: the temporary folder
-    is made inside it and ``commit`` moves its files into ``out`` one by one (``os.replace``:
-    each file is replaced at once), in the order given (the page last). ``discard`` (on an
-    error or Ctrl-C) removes the temporary folder and the folders made for it, so that ``out``
-    is left as it was."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = out
-        self.existed = out.is_dir()
-        self.made: list[Path] = []
-        if self.existed:
-            parent = out
-        else:
-            parent = out.absolute().parent
-            missing = []
-            while not parent.exists():
-                missing.append(parent)
-                parent = parent.parent
-            for folder in reversed(missing):
-                folder.mkdir()
-                self.made.append(folder)
-            parent = out.absolute().parent
-        while True:  # os.mkdir, not mkdtemp: the folder gets the usual permissions
-            tmp = parent / f".{out.absolute().name or 'out'}.tmp-{secrets.token_hex(4)}"
-            try:
-                tmp.mkdir()
-            except FileExistsError:
-                continue
-            break
-        self.folder = tmp
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.order: list[str] | None = None
 
     def commit(self, order: Sequence[str]) -> None:
-        """Move the files named in ``order`` (in that order; the rest of the temporary folder
-        is dropped) into ``out``."""
-        if not self.existed:
-            for name in {p.name for p in self.folder.iterdir()} - set(order):
-                _remove(self.folder / name)
-            os.rename(self.folder, self.out)
-            return
-        for name in order:
-            os.replace(self.folder / name, self.out / name)
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self.order = list(order)
 
-    def discard(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-        for folder in reversed(self.made):
-            try:
-                folder.rmdir()  # only if empty
-            except OSError:
-                break
+
+class _Discarded(Exception):
+    """The stage ended without a commit: nothing is kept."""
+
+
+@contextlib.contextmanager
+def staging(out: Path) -> Iterator[Stage]:
+    """``with staging(out) as stage:`` write into ``stage.folder``, then ``stage.commit(order)``;
+    on leaving the block the files named in ``order`` (the rest of the folder is dropped)
+    reach ``out``:
+
+    * a fresh ``out`` (``files.atomic_folder``): the folder is built next to it (with the
+      folders above it that are missing) and appears at ``out`` at once;
+    * an existing ``out``: the folder is built inside it and its files replace those of
+      ``out`` one by one (``files.write_atomic``: each file at once), in the order given.
+
+    An error or Ctrl-C in the block (or no commit) removes the temporary folder and the
+    folders made for it, so that ``out`` is left as it was."""
+    if out.is_dir():
+        yield from _staged_into(out)
+    else:
+        yield from _staged_fresh(out)
+
+
+def _staged_fresh(out: Path) -> Iterator[Stage]:
+    made = _make_parents(out)
+    try:
+        with atomic_folder(out) as folder:
+            stage = Stage(folder)
+            yield stage
+            if stage.order is None:
+                raise _Discarded
+            for name in {p.name for p in folder.iterdir()} - set(stage.order):
+                _remove(folder / name)
+    except _Discarded:
+        _remove_made(made)
+    except BaseException:
+        _remove_made(made)
+        raise
+
+
+def _staged_into(out: Path) -> Iterator[Stage]:
+    folder = Path(tempfile.mkdtemp(prefix=f".{out.absolute().name or 'out'}.tmp-", dir=out))
+    try:
+        stage = Stage(folder)
+        yield stage
+        for name in stage.order or ():
+            write_atomic(out / name, (folder / name).read_bytes())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _make_parents(out: Path) -> list[Path]:
+    """Make the missing folders above ``out``; the ones made, outermost first."""
+    missing = []
+    parent = out.absolute().parent
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    made = []
+    for folder in reversed(missing):
+        folder.mkdir()
+        made.append(folder)
+    return made
+
+
+def _remove_made(made: list[Path]) -> None:
+    for folder in reversed(made):
+        try:
+            folder.rmdir()  # only if empty
+        except OSError:
+            break
 
 
 def _remove(path: Path) -> None:
@@ -347,86 +378,101 @@ class _Shape:
 def check_shape(kind: str, doc: Any, path: Path) -> None:
     """The keys of ``doc`` that the page shows have the types its command writes (numbers
     finite), or UsageError naming ``path`` and the first key that does not."""
-    c = _Shape(kind, doc, path)
-    if kind == "analyze":
-        model = c.obj(doc["model"], "model")
-        c.optional(model, "class", "model", c.string)
-        evo_info = c.records(model.get("evolutions", []), "model.evolutions")
-        evos = c.records(doc["evolutions"], "evolutions", nonempty=True)
-        if len(evo_info) not in (0, len(evos)):
-            c.fail("model.evolutions", evo_info, f"{plural(len(evos), 'record')}, one per "
-                   "evolution of 'evolutions'")
-        for key in ("source", "input", "activation", "lipschitz_settings", "definitions"):
-            c.optional(doc, key, "", c.obj)
-        c.optional(doc, "batch", "", c.integer)
-        if "notes" in doc and (not isinstance(doc["notes"], list)
-                               or not all(isinstance(n, str) for n in doc["notes"])):
-            c.fail("notes", doc["notes"], "an array of strings")
-        if "figures" in doc and (not isinstance(doc["figures"], list) or not all(
-                isinstance(f, (dict, str)) for f in doc["figures"])):
-            c.fail("figures", doc["figures"], "an array of figure records")
-        for i, ev in enumerate(evos):
-            where = f"evolutions.{i}"
-            for key in ("kinetic_energy", "lipschitz_product"):
-                c.optional(ev, key, where, lambda v, k: c.number(v, k, null=True))
-            c.optional(ev, "initial", where, c.obj)
-            if "times" in ev:
-                times = ev["times"]
-                if not isinstance(times, list):
-                    c.fail(f"{where}.times", times, "an array of numbers")
-                for j, t in enumerate(times):
-                    c.number(t, f"{where}.times.{j}")
-            steps = c.records(ev.get("steps"), f"{where}.steps")
-            for j, st in enumerate(steps):
-                sw = f"{where}.steps.{j}"
-                c.integer(st.get("step"), f"{sw}.step")
-                for key in ("t", "t_end", "norm", "velocity", "lipschitz", "lipschitz_change",
-                            "cosine_similarity", "effective_rank"):
-                    c.optional(st, key, sw, lambda v, k: c.number(v, k, null=True))
-                for key in ("substeps", "attention"):
-                    c.optional(st, key, sw, lambda v, k: c.records(v, k))
-    elif kind == "convergence":
-        c.number(doc["order"], "order")
-        taus, errors = doc["taus"], doc["errors"]
-        if not isinstance(taus, list) or len(taus) < 2:
-            c.fail("taus", taus, "an array of at least two step sizes")
-        for i, t in enumerate(taus):
-            c.number(t, f"taus.{i}", positive=True)
-        if not isinstance(errors, list) or len(errors) != len(taus):
-            c.fail("errors", errors, f"an array of {len(taus)} errors, one per tau")
-        for i, e in enumerate(errors):
-            c.number(e, f"errors.{i}", low=0)
-        if "pairwise_orders" in doc:
-            po = doc["pairwise_orders"]
-            if not isinstance(po, list) or len(po) != len(taus) - 1:
-                c.fail("pairwise_orders", po, f"an array of {len(taus) - 1} orders, one per "
-                       "pair of consecutive taus")
-            for i, o in enumerate(po):
-                c.number(o, f"pairwise_orders.{i}", null=True)
-        for key in ("scheme", "scheme_text", "integrator", "reference"):
-            c.optional(doc, key, "", c.string)
-    elif kind == "verify":
-        tol = c.obj(doc["tolerances"], "tolerances")
-        for k, v in tol.items():
-            c.number(v, f"tolerances.{k}", low=0)
-        for i, row in enumerate(c.records(doc["rows"], "rows")):
-            c.string(row.get("name"), f"rows.{i}.name")
-            c.optional(row, "status", f"rows.{i}", c.string)
-            if "errors" in row:
-                errs = c.obj(row["errors"], f"rows.{i}.errors")
-                for k, v in errs.items():
-                    c.number(v, f"rows.{i}.errors.{k}", null=True, low=0)
-        c.optional(doc, "failed", "", c.integer)
-    elif kind == "experiment":
-        for i, row in enumerate(c.records(doc["rows"], "rows", nonempty=True)):
-            c.string(row.get("label"), f"rows.{i}.label")
-            c.string(row.get("metric"), f"rows.{i}.metric")
-            stat = row.get(row["metric"])
-            if stat is not None:
-                c.obj(stat, f"rows.{i}.{row['metric']}")
-                for key in ("mean", "std"):
-                    c.number(stat.get(key), f"rows.{i}.{row['metric']}.{key}")
-            c.optional(row, "parameters", f"rows.{i}", c.integer)
+    _SHAPES[kind](_Shape(kind, doc, path), doc)
+
+
+def _analyze_shape(c: _Shape, doc: Any) -> None:
+    model = c.obj(doc["model"], "model")
+    c.optional(model, "class", "model", c.string)
+    evo_info = c.records(model.get("evolutions", []), "model.evolutions")
+    evos = c.records(doc["evolutions"], "evolutions", nonempty=True)
+    if len(evo_info) not in (0, len(evos)):
+        c.fail("model.evolutions", evo_info, f"{plural(len(evos), 'record')}, one per "
+               "evolution of 'evolutions'")
+    for key in ("source", "input", "activation", "lipschitz_settings", "definitions"):
+        c.optional(doc, key, "", c.obj)
+    c.optional(doc, "batch", "", c.integer)
+    if "notes" in doc and (not isinstance(doc["notes"], list)
+                           or not all(isinstance(n, str) for n in doc["notes"])):
+        c.fail("notes", doc["notes"], "an array of strings")
+    if "figures" in doc and (not isinstance(doc["figures"], list) or not all(
+            isinstance(f, (dict, str)) for f in doc["figures"])):
+        c.fail("figures", doc["figures"], "an array of figure records")
+    for i, ev in enumerate(evos):
+        _evolution_shape(c, ev, f"evolutions.{i}")
+
+
+def _evolution_shape(c: _Shape, ev: dict[str, Any], where: str) -> None:
+    for key in ("kinetic_energy", "lipschitz_product"):
+        c.optional(ev, key, where, lambda v, k: c.number(v, k, null=True))
+    c.optional(ev, "initial", where, c.obj)
+    if "times" in ev:
+        times = ev["times"]
+        if not isinstance(times, list):
+            c.fail(f"{where}.times", times, "an array of numbers")
+        for j, t in enumerate(times):
+            c.number(t, f"{where}.times.{j}")
+    steps = c.records(ev.get("steps"), f"{where}.steps")
+    for j, st in enumerate(steps):
+        sw = f"{where}.steps.{j}"
+        c.integer(st.get("step"), f"{sw}.step")
+        for key in ("t", "t_end", "norm", "velocity", "lipschitz", "lipschitz_change",
+                    "cosine_similarity", "effective_rank"):
+            c.optional(st, key, sw, lambda v, k: c.number(v, k, null=True))
+        for key in ("substeps", "attention"):
+            c.optional(st, key, sw, lambda v, k: c.records(v, k))
+
+
+def _convergence_shape(c: _Shape, doc: Any) -> None:
+    c.number(doc["order"], "order")
+    taus, errors = doc["taus"], doc["errors"]
+    if not isinstance(taus, list) or len(taus) < 2:
+        c.fail("taus", taus, "an array of at least two step sizes")
+    for i, t in enumerate(taus):
+        c.number(t, f"taus.{i}", positive=True)
+    if not isinstance(errors, list) or len(errors) != len(taus):
+        c.fail("errors", errors, f"an array of {len(taus)} errors, one per tau")
+    for i, e in enumerate(errors):
+        c.number(e, f"errors.{i}", low=0)
+    if "pairwise_orders" in doc:
+        po = doc["pairwise_orders"]
+        if not isinstance(po, list) or len(po) != len(taus) - 1:
+            c.fail("pairwise_orders", po, f"an array of {len(taus) - 1} orders, one per "
+                   "pair of consecutive taus")
+        for i, o in enumerate(po):
+            c.number(o, f"pairwise_orders.{i}", null=True)
+    for key in ("scheme", "scheme_text", "integrator", "reference"):
+        c.optional(doc, key, "", c.string)
+
+
+def _verify_shape(c: _Shape, doc: Any) -> None:
+    tol = c.obj(doc["tolerances"], "tolerances")
+    for k, v in tol.items():
+        c.number(v, f"tolerances.{k}", low=0)
+    for i, row in enumerate(c.records(doc["rows"], "rows")):
+        c.string(row.get("name"), f"rows.{i}.name")
+        c.optional(row, "status", f"rows.{i}", c.string)
+        if "errors" in row:
+            errs = c.obj(row["errors"], f"rows.{i}.errors")
+            for k, v in errs.items():
+                c.number(v, f"rows.{i}.errors.{k}", null=True, low=0)
+    c.optional(doc, "failed", "", c.integer)
+
+
+def _experiment_shape(c: _Shape, doc: Any) -> None:
+    for i, row in enumerate(c.records(doc["rows"], "rows", nonempty=True)):
+        c.string(row.get("label"), f"rows.{i}.label")
+        c.string(row.get("metric"), f"rows.{i}.metric")
+        stat = row.get(row["metric"])
+        if stat is not None:
+            c.obj(stat, f"rows.{i}.{row['metric']}")
+            for key in ("mean", "std"):
+                c.number(stat.get(key), f"rows.{i}.{row['metric']}.{key}")
+        c.optional(row, "parameters", f"rows.{i}", c.integer)
+
+
+_SHAPES = {"analyze": _analyze_shape, "convergence": _convergence_shape,
+           "verify": _verify_shape, "experiment": _experiment_shape}
 
 
 # -- the page -----------------------------------------------------------------------------------
@@ -462,14 +508,36 @@ def _owned_folders(name: str, path: Path) -> set[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.report import Section, write_report
+    from ..analysis.report import write_report
 
     if not args.title.strip():
         raise UsageError("argument --title: expected a title, got an empty one")
     out = check_out(args.out)
+    read = _read_all(args.files, out, args.out)  # every input checked first
+    data, inputs, sections = _page(read)
+    try:
+        with staging(out) as stage:
+            write_report(stage.folder, args.title, sections, data)
+            stage.commit(["index.html"])
+    except OSError as e:
+        print(f"splitformer report: error: {type(e).__name__}: "
+              f"{' '.join(str(e).split())[:300]}", file=sys.stderr)
+        return 1
+    report = (out / "index.html").resolve()
+    if args.json:
+        print(json.dumps({"report": str(report), "inputs": inputs}))
+    else:
+        print(f"report: {report} ({plural(len(read), 'input')}: "
+              f"{', '.join(i['key'] for i in inputs)})")
+    return 0
+
+
+def _read_all(files: list[str], out: Path, given_out: str) -> list[tuple]:
+    """(name, kind, data, path, figures) of each FILE, each read and checked; a file given
+    twice, or an --out that is the folder of an input, is refused."""
     read = []
     seen: dict[Path, str] = {}
-    for name in args.files:  # every input checked first
+    for name in files:
         kind, doc, path, figures = read_input(name)
         key = path.resolve()
         if key in seen:
@@ -478,9 +546,17 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"argument FILE: {same}; give each input once")
         seen[key] = name
         if out.resolve() in _owned_folders(name, path):
-            raise UsageError(f"argument --out: {args.out!r} is the folder of input {name!r}; "
+            raise UsageError(f"argument --out: {given_out!r} is the folder of input {name!r}; "
                              "the page would replace its index.html: choose another folder")
         read.append((name, kind, doc, path, figures))
+    return read
+
+
+def _page(read: list[tuple]) -> tuple[dict[str, Any], list[dict[str, Any]], list[Any]]:
+    """(the page's data, its "inputs" records, its sections): one section per input, keyed
+    by kind (a second of a kind gets "-2"), titles made unique."""
+    from ..analysis.report import Section
+
     data: dict[str, Any] = {}
     inputs = []
     sections = []
@@ -505,23 +581,4 @@ def run(args: argparse.Namespace) -> int:
     data = {"inputs": inputs, **data}
     sections.insert(0, Section("Inputs", "What this page gathers, one section each.",
                                data="inputs"))
-    stage = None
-    try:
-        stage = Staging(out)
-        write_report(stage.folder, args.title, sections, data)
-        stage.commit(["index.html"])
-    except BaseException as e:
-        if stage is not None:
-            stage.discard()
-        if not isinstance(e, OSError):
-            raise
-        print(f"splitformer report: error: {type(e).__name__}: "
-              f"{' '.join(str(e).split())[:300]}", file=sys.stderr)
-        return 1
-    report = (out / "index.html").resolve()
-    if args.json:
-        print(json.dumps({"report": str(report), "inputs": inputs}))
-    else:
-        print(f"report: {report} ({plural(len(read), 'input')}: "
-              f"{', '.join(i['key'] for i in inputs)})")
-    return 0
+    return data, inputs, sections

