@@ -23,7 +23,7 @@ from splitformer.commands import verify as verify_cmd
 from splitformer.operators.kernels import KERNELS
 from splitformer.time.integrators import INTEGRATORS
 from splitformer.time.schemes import FORMS, scheme_names, strang, unsplit
-from splitformer.verification import families
+from splitformer.verification import group_names
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def verify_rows() -> list[dict]:
 
 
 def test_verify_json_core_passes(capsys):
-    rc = main(["verify", "--family", "core", "--json"])
+    rc = main(["verify", "--group", "core", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["failed"] == 0
     names = " ".join(r["name"] for r in out["rows"])
@@ -61,14 +61,14 @@ def test_python_dash_m_and_help():
     assert "verify" in r.stdout
     r = subprocess.run([sys.executable, "-m", "splitformer", "verify", "--help"],
                        capture_output=True, text=True, check=True)
-    assert "--json" in r.stdout and "--family" in r.stdout
+    assert "--json" in r.stdout and "--group" in r.stdout
     r = subprocess.run([sys.executable, "-m", "splitformer", "verify", "--family", "nope"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 
 def test_verify_every_family(verify_rows):
-    fams = {r["family"] for r in verify_rows if r["status"] == "PASS"}
+    fams = {r["group"] for r in verify_rows if r["status"] == "PASS"}
     # timm runs here because the test set-up makes `import timm` work
     assert fams == {"core", "bert", "vit", "cvt", "timm", "gpt2", "transformer"}
 
@@ -230,8 +230,8 @@ def test_verify_restores_the_thread_count(monkeypatch):
 
 
 def test_argparse_errors_are_one_line_too(capsys):
-    line = _usage_error(capsys, ["verify", "--family", "nope"])
-    assert "argument --family: invalid choice: 'nope'" in line
+    line = _usage_error(capsys, ["verify", "--group", "nope"])
+    assert "argument --group/--family: invalid choice: 'nope'" in line
     line = _usage_error(capsys, ["nonesuch"])
     assert line.startswith("splitformer: error: ")
 
@@ -257,8 +257,8 @@ def test_seed_ref_k_and_ks_bounds_are_accepted_and_documented():
 
 
 @pytest.mark.parametrize("argv,dest,value", [
-    (["verify", "--family", "core "], "family", ["core"]),
-    (["verify", "--family", " bert", "--family", "\tvit\n"], "family", ["bert", "vit"]),
+    (["verify", "--group", "core "], "group", ["core"]),
+    (["verify", "--family", " bert", "--group", "\tvit\n"], "group", ["bert", "vit"]),
     (["convergence", "--scheme", "lie "], "scheme", "lie"),
     (["convergence", "--integrator", " heun "], "integrator", "heun"),
     (["convergence", "--substep-form", "tangent "], "substep_form", "tangent"),
@@ -384,7 +384,7 @@ def test_choices_come_from_the_registries():
     help_text = " ".join(conv.format_help().split())
     assert f"a named scheme ({', '.join(scheme_names())})" in help_text
     assert f"a configuration ({', '.join(CONFIGURATIONS)})" in help_text
-    assert list(_choices(_subparser("verify"), "--family")) == families()
+    assert list(_choices(_subparser("verify"), "--group")) == group_names()
     for parser in (conv, _subparser("verify")):  # no kernel choice today; if one comes, it reads
         for action in parser._actions:           # the registry
             if "kernel" in action.dest:
@@ -397,13 +397,13 @@ def test_verify_table_fits_100_columns(capsys, monkeypatch, verify_rows):
     """Every row of `splitformer verify` (all families, as measured), and SKIP / FAIL rows with
     long reasons, print within 100 columns, and nothing is cut."""
     extra = [
-        {"family": "timm", "name": "pre-LN ViT (class token, token pooling) = prenorm scheme",
+        {"group": "timm", "name": "pre-LN ViT (class token, token pooling) = prenorm scheme",
          "reference": "timm VisionTransformer model(x), forward_features(x)", "status": "SKIP",
          "reason": "timm cannot be imported (ModuleNotFoundError: No module named "
                    "'torchvision') " * 2, "errors": {}},
-        {"family": "nonesuch", "name": "nonesuch", "reference": "-", "status": "SKIP",
+        {"group": "nonesuch", "name": "nonesuch", "reference": "-", "status": "SKIP",
          "reason": "not available in this version", "errors": {}},
-        {"family": "core", "name": "x" * 150, "reference": "y" * 120, "status": "FAIL",
+        {"group": "core", "name": "x" * 150, "reference": "y" * 120, "status": "FAIL",
          "errors": {"float64": 3.5e-3, "float32": float("nan")}},
     ]
     rows = verify_rows + extra

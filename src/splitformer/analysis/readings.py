@@ -27,7 +27,7 @@ from ..operators.projections import (
 )
 from ..time import Evolution
 from ..time.controls import _Interpolated
-from ..time.schemes import Stage
+from ..time.schemes import Scheme, Stage
 
 __all__ = ["constraint_residual", "has_own_state", "kernel_matrix"]
 
@@ -35,10 +35,9 @@ _READING_RANK = {"projection": 2, "proximal map": 1, "neither": 0}
 
 
 def has_own_state(scheme: Any) -> bool:
-    """Whether ``scheme`` steps its own state (the reversible scheme's doubled (u, v), made
-    from u by its ``lift``). The one place that asks; it reads ``Scheme.lift`` by getattr until
-    the scheme base class declares it."""
-    return getattr(scheme, "lift", None) is not None
+    """Whether ``scheme`` steps a state of its own (the reversible scheme's doubled (u, v)):
+    its class overrides the declared initial map ``Scheme.lift`` (the identity)."""
+    return isinstance(scheme, Scheme) and type(scheme).lift is not Scheme.lift
 
 
 def _blended(op) -> tuple[nn.Module, dict[str, torch.Tensor]] | None:

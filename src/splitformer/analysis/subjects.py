@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..models.base import EvolutionModel
+
 __all__ = ["CHARS", "Encoded", "ImageSpec", "InputError", "Notes", "SourceFacts", "Subject",
            "char_encoder", "image_grid", "plural", "read_json", "source_facts",
            "training_subject", "unknown_mark"]
@@ -209,12 +211,12 @@ class SourceFacts:
 
 
 def source_facts(model: Any) -> SourceFacts:
-    """``model.source`` read once (module docstring); the one getattr stays until the models
-    declare their ``source``."""
+    """``model.source`` read once (module docstring): declared on every ``EvolutionModel``
+    (``models.base.Source``); a module of another library has none."""
     from ..interop.hf import HFSource
     from ..interop.hf_vit import HFViTConfig
 
-    src = getattr(model, "source", None)
+    src = model.source if isinstance(model, EvolutionModel) else None
     if not isinstance(src, HFSource):
         return SourceFacts(src)
     vit = isinstance(src, HFViTConfig)

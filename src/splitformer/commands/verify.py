@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from ..verification import TOLERANCES, families, run_checks
+from ..verification import TOLERANCES, group_names, run_checks
 from . import bounded_int, stripped
 from .progress import Progress
 
@@ -23,8 +23,10 @@ MAX_THREADS = max(256, os.cpu_count() or 1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--family", action="append", choices=families(), default=None, type=stripped,
-                   help="only these families (repeatable); default: all")
+    p.add_argument("--group", "--family", dest="group", action="append", choices=group_names(),
+                   default=None, type=stripped,
+                   help="only these groups of checks, each against one reference library "
+                   "(repeatable; --family is the old name); default: all")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--threads", default=None,
                    type=bounded_int(MAX_THREADS, f"(torch threads; this machine has "
@@ -38,8 +40,8 @@ def _fmt(err: float | None) -> str:
 
 
 def format_table(rows: list[dict], width: int = WIDTH) -> list[str]:
-    """The rows as one block per family: status, the two errors, then the continuous model and
-    (under it) the reference network, wrapped so that no line is longer than ``width``."""
+    """The rows as one block per group of checks: status, the two errors, then the continuous
+    model and (under it) the reference network, wrapped so that no line is longer than ``width``."""
     cols = [
         ("status", [r["status"] for r in rows]),
         ("float64", [_fmt(r["errors"].get("float64")) for r in rows]),
@@ -58,11 +60,11 @@ def format_table(rows: list[dict], width: int = WIDTH) -> list[str]:
              + "  continuous model (splitformer)",
              " " * indent + "vs network (reference)",
              "  ".join("-" * w for w in [*widths, text_width])]
-    family = None
+    group = None
     for i, r in enumerate(rows):
-        if r["family"] != family:
-            family = r["family"]
-            lines += ["", family]
+        if r["group"] != group:
+            group = r["group"]
+            lines += ["", group]
         text = wrap(r["name"])
         if r.get("reference", "-") != "-":
             text += wrap(r["reference"], "vs ", "   ")
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    wanted = list(dict.fromkeys(args.family)) if args.family else None  # repeats once
+    wanted = list(dict.fromkeys(args.group)) if args.group else None  # repeats once
     progress = Progress(enabled=not args.json)
     with warnings.catch_warnings():
         # the reference libraries warn about their own paths (nested tensors, mask types)
