@@ -14,7 +14,6 @@ from ..operators.base import Context
 from ..time import Evolution
 from .checks import ArgumentError, check_seed
 from .readings import has_own_state
-from .subjects import plural
 
 __all__ = ["LIPSCHITZ_ITERATIONS", "LIPSCHITZ_TOL", "LipschitzEstimate", "check_int",
            "check_real", "step_lipschitz"]
@@ -81,7 +80,8 @@ def step_lipschitz(evolution: Evolution, step: int, state: torch.Tensor,
     nsteps = int(evolution.num_steps)
     if not is_index(step) or not 0 <= step < nsteps:
         raise ArgumentError("step", f"expected a step index in [0, {nsteps - 1}] (the "
-                                    f"evolution has {plural(nsteps, 'step')}), got {step!r}")
+                                    f"evolution has {nsteps} step{'' if nsteps == 1 else 's'}), "
+                                    f"got {step!r}")
     if not isinstance(state, torch.Tensor) or state.dim() != 3 or not state.is_floating_point():
         what = (f"{state.dtype} of shape {tuple(state.shape)}" if isinstance(state, torch.Tensor)
                 else type(state).__name__)

@@ -2,8 +2,8 @@
 
 The command is thin: its arguments and their checks, the progress line, the report folder and
 the output. What MODEL is and how inputs reach it live on the analysis side: MODEL is resolved
-by ``analysis.resolve.load_subject`` to a ``Subject`` (``analysis.subjects``) and the input made
-by ``analysis.inputs.model_inputs`` (images: ``analysis.images``); the diagnostics are
+by ``subjects.resolve.load_subject`` to a ``Subject`` (``subjects.subject``) and the input made
+by ``subjects.inputs.model_inputs`` (images: ``subjects.images``); the diagnostics are
 ``analysis.diagnostics.analyze``, the figures ``analysis.figures.draw``, the page
 ``analysis.report.write_report``.
 
@@ -65,12 +65,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..analysis.images import fit_file_image as _fit_file_image  # noqa: F401 (moved there)
-from ..analysis.images import read_image as _read_image  # noqa: F401 (moved there)
-from ..analysis.inputs import check_utf8, model_inputs
-from ..analysis.resolve import BUILTINS, HF_TYPES
-from ..analysis.resolve import load_subject as _resolve
-from ..analysis.subjects import Encoded, ImageSpec, InputError, Notes, Subject, image_grid
+from ..subjects.images import fit_file_image as _fit_file_image  # noqa: F401 (moved there)
+from ..subjects.images import read_image as _read_image  # noqa: F401 (moved there)
+from ..subjects.inputs import check_utf8, model_inputs
+from ..subjects.resolve import BUILTINS, HF_TYPES
+from ..subjects.resolve import load_subject as _resolve
+from ..subjects.subject import Encoded, ImageSpec, InputError, Notes, Subject, image_grid
 from . import UsageError, bounded_int, stripped
 from .progress import Progress
 from .report import check_out, staging
@@ -213,7 +213,7 @@ def _stale(out: Path, figs: list[Any]) -> list[str]:
 
 
 def load_subject(spec: str) -> Subject:
-    """MODEL -> its Subject (``analysis.resolve.load_subject``); a bad MODEL is a UsageError."""
+    """MODEL -> its Subject (``subjects.resolve.load_subject``); a bad MODEL is a UsageError."""
     with _usage():
         return _resolve(spec)
 

@@ -1,9 +1,9 @@
 """What ``splitformer analyze`` analyses: a *subject*, a loaded model and how inputs reach it.
 
-A ``Subject`` is the seam between resolving MODEL (``analysis.resolve``: a built-in name, a
+A ``Subject`` is the seam between resolving MODEL (``subjects.resolve``: a built-in name, a
 ``splitformer.save`` or training-run folder, a local Hugging Face folder through
-``analysis.hf_subjects``) and preparing its inputs (``analysis.inputs``, with the images of
-``analysis.images``); the diagnostics (``analysis.diagnostics.analyze(subject.model,
+``subjects.hf``) and preparing its inputs (``subjects.inputs``, with the images of
+``subjects.images``); the diagnostics (``analysis.diagnostics.analyze(subject.model,
 inputs)``) see only the model and the prepared inputs.
 
 A MODEL or an input that cannot be analysed raises ``InputError``, one line naming the argument
@@ -11,10 +11,9 @@ as the command line spells it (``argument MODEL: ...``, ``argument --text: ...``
 turns it into its usage error (exit status 2). What preparing an input changes or assumes goes
 to a ``Notes`` (the data's ``"notes"``), each line also passed to its ``say`` as it comes.
 
-The model's recorded source is read in one place, ``source_facts``: the ``source`` dict of a
-model built by ``training.families``, or the ``hf_class`` / ``config`` / ``patch_size`` /
-``image_size`` of the record ``from_hf`` attaches (its attributes read by getattr until that
-record has a declared type).
+The model's recorded source (``models.base.Source``) is read in one place, ``source_facts``:
+the record of a model built by ``training.families``, or the ``hf_class`` / ``config`` /
+``patch_size`` / ``image_size`` of the typed config ``from_hf`` attaches.
 """
 
 from __future__ import annotations

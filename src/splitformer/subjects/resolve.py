@@ -1,4 +1,4 @@
-"""MODEL resolved to a ``Subject`` (``analysis.subjects``): ``load_subject(spec)``.
+"""MODEL resolved to a ``Subject`` (``subjects.subject``): ``load_subject(spec)``.
 
 MODEL is one of
 
@@ -7,7 +7,7 @@ MODEL is one of
 * a ``splitformer train`` run folder (``config.json`` and a checkpoint: ``latest`` /
   ``ckpt-*``): its newest complete checkpoint, rebuilt from the recorded source;
 * a local Hugging Face folder (``config.json`` with ``model_type`` in ``HF_TYPES``, as
-  ``save_pretrained`` writes it): ``analysis.hf_subjects``; nothing is downloaded, ever.
+  ``save_pretrained`` writes it): ``subjects.hf``; nothing is downloaded, ever.
 
 Anything else is an ``InputError`` naming MODEL and what the folder holds. The subject's
 ``source`` records what MODEL was (the data's ``"source"``): its kind, the name or the path as
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .hf_subjects import hf_subject, load_hf
-from .subjects import (
+from .hf import hf_subject, load_hf
+from .subject import (
     CHARS,
     InputError,
     Subject,

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .subjects import ImageSpec, InputError, Subject
+from .subject import ImageSpec, InputError, Subject
 
 __all__ = ["RESAMPLE", "channel_note", "fit_file_image", "fit_image", "image_prepared",
            "preparation", "read_image", "size_notes"]

@@ -1,4 +1,4 @@
-"""A local Hugging Face folder as a ``Subject`` (``analysis.subjects``): the model through
+"""A local Hugging Face folder as a ``Subject`` (``subjects.subject``): the model through
 ``splitformer.from_hf`` (nothing is downloaded, ever) and how inputs reach it.
 
 A text model (BERT, GPT-2) encodes with the folder's own tokenizer (``hf_text_subject``); an
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .images import RESAMPLE
-from .subjects import Encoded, ImageSpec, InputError, Subject, read_json, source_facts
+from .subject import Encoded, ImageSpec, InputError, Subject, read_json, source_facts
 
 __all__ = ["TOKENIZER_FILES", "hf_image_spec", "hf_subject", "hf_text_subject", "load_hf"]
 
@@ -207,7 +207,7 @@ def _tokenizer(folder: Path, flag: str) -> Any:
 def load_hf(folder: Path, config: dict[str, Any]) -> Any:
     """The model of a local Hugging Face folder through ``from_hf`` (the first architecture
     of its config that splitformer reads, else the base model of its model_type), quietly."""
-    from ..interop.hf import FAMILIES, from_hf
+    from ..interop.hf import HF_CLASSES, from_hf
 
     try:
         import transformers
@@ -215,7 +215,7 @@ def load_hf(folder: Path, config: dict[str, Any]) -> Any:
         raise InputError("argument MODEL: a Hugging Face folder needs transformers (pip install "
                          "'splitformer[hf]')") from None
     base = {"bert": "BertModel", "vit": "ViTModel", "cvt": "CvtModel", "gpt2": "GPT2Model"}
-    archs = [a for a in (config.get("architectures") or []) if a in FAMILIES]
+    archs = [a for a in (config.get("architectures") or []) if a in HF_CLASSES]
     cls_name = archs[0] if archs else base[config["model_type"]]
     verbosity = transformers.logging.get_verbosity()
     bars = transformers.utils.logging.is_progress_bar_enabled()

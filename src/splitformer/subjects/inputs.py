@@ -4,9 +4,9 @@ the data's ``"input"``).
 
 A text is encoded by the subject (its tokenizer, or the characters of its vocabulary) and
 truncated to the model's length (a warning); an image file is read and prepared
-(``analysis.images``); a sample is the first N test examples of a data set of
+(``subjects.images``); a sample is the first N test examples of a data set of
 ``training.data`` that fits the model (checked before the count). What is changed or assumed
-is a note (``analysis.subjects.Notes``); what cannot be analysed an ``InputError``.
+is a note (``subjects.subject.Notes``); what cannot be analysed an ``InputError``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .images import (
     read_image,
     size_notes,
 )
-from .subjects import Encoded, InputError, Notes, Subject, plural
+from .subject import Encoded, InputError, Notes, Subject, plural
 
 __all__ = ["check_utf8", "model_inputs"]
 
