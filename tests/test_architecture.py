@@ -19,6 +19,13 @@ MAX_FUNCTION_LINES = 60
 MAX_LONG_FUNCTIONS = 10
 MAX_LITERAL_GETATTR = 60
 ALLOWED_CIRCLES = {("splitformer.time.adjoints", "splitformer.time.evolution")}
+# docs/architecture.md's layers, lowest first; a module may import its own layer and those below
+LAYERS = {
+    "files": 0, "operators": 1, "time": 2, "models": 3,
+    "interop": 4, "verification": 4, "analysis": 4, "control": 4, "bench": 4,
+    "training": 5, "experiments": 6, "subjects": 6, "commands": 7, "cli": 7, "__main__": 7,
+    "": 7,  # the package itself: the public face, re-exports from every layer
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -59,6 +66,22 @@ def _imports(name: str, path: Path, tree: ast.Module, modules) -> set[str]:
     return out
 
 
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def upward_imports() -> list[str]:
+    """Imports from a layer to one above it (at any depth of the code: lazy imports count)."""
+    trees = _trees()
+    out = []
+    for name, (path, tree) in trees.items():
+        for target in sorted(_imports(name, path, tree, trees)):
+            if LAYERS[_layer(target)] > LAYERS[_layer(name)]:
+                out.append(f"{name} -> {target}")
+    return out
+
+
 def circles() -> set[tuple[str, str]]:
     trees = _trees()
     graph = {n: _imports(n, p, t, trees) for n, (p, t) in trees.items()}
@@ -92,6 +115,15 @@ def literal_getattrs() -> list[str]:
                 out.append(f"{path.relative_to(SRC)}:{node.lineno} {node.func.id}("
                            f"{ast.unparse(node.args[0])}, {node.args[1].value!r})")
     return out
+
+
+def test_every_package_is_in_a_layer():
+    assert {_layer(m) for m in _modules()} <= set(LAYERS), sorted(
+        {_layer(m) for m in _modules()} - set(LAYERS))
+
+
+def test_imports_go_one_way():
+    assert not upward_imports(), upward_imports()
 
 
 def test_no_import_circle_but_the_evolution_and_its_adjoints():
@@ -129,3 +161,4 @@ if __name__ == "__main__":
         print(f"  {n:4d} {f}")
     print("literal getattr/hasattr:", len(literal_getattrs()))
     print("two-file import circles:", sorted(circles()))
+    print("imports from a layer to one above it:", upward_imports())

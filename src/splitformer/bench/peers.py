@@ -24,8 +24,7 @@ import math
 import torch
 from torch import nn
 
-import splitformer
-
+from ..interop import from_hf, from_timm, from_torch
 from .sizes import Size
 from .timing import Contender
 
@@ -70,7 +69,7 @@ def torch_layers(size: Size, ff: int, norm_first: bool, seed: int) -> nn.Transfo
 
 def lie_contender(size: Size, x: torch.Tensor, seed: int) -> Contender:
     """The Lie scheme on the standard post-LN network at ``size``, on input ``x``."""
-    model = splitformer.from_torch(torch_layers(size, size.ff, False, seed)).with_scheme("lie")
+    model = from_torch(torch_layers(size, size.ff, False, seed)).with_scheme("lie")
     return noted(Contender("lie", model, (x,)),
                   f"splitformer Lie scheme, post-LN, ff {size.ff} (the standard encoder)")
 
@@ -91,7 +90,7 @@ def patch_grid(seq: int) -> tuple[int, int]:
 def torch_encoder(size: Size, *, norm_first: bool = False, seed: int = 0) -> list[Contender]:
     """[torch.nn, splitformer]: ``nn.TransformerEncoder`` and ``from_torch`` of it."""
     ref = torch_layers(size, size.ff, norm_first, seed)
-    ours = splitformer.from_torch(ref)
+    ours = from_torch(ref)
     x = sequence_input(size, seed)
     layout = "pre-LN" if norm_first else "post-LN"
     return [
@@ -119,7 +118,7 @@ def hf_bert(size: Size, *, seed: int = 0, vocab: int = 1024) -> list[Contender]:
 
     eager, sdpa = build("eager"), build("sdpa")
     sdpa.load_state_dict(eager.state_dict())
-    ours = splitformer.from_hf(eager)
+    ours = from_hf(eager)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (size.batch, size.seq), generator=g)
     mask = torch.ones_like(ids)
@@ -152,7 +151,7 @@ def timm_vit(size: Size, *, seed: int = 0) -> list[Contender]:
                             mlp_ratio=width_ratio(size.ff, size.dim), drop_rate=0.0,
                             pos_drop_rate=0.0, proj_drop_rate=0.0, attn_drop_rate=0.0,
                             drop_path_rate=0.0).float()
-    ours = splitformer.from_timm(ref)
+    ours = from_timm(ref)
     g = torch.Generator().manual_seed(seed)
     images = torch.randn(size.batch, 3, rows * PATCH, cols * PATCH, generator=g)
     tokens = rows * cols + 1

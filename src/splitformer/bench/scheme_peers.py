@@ -34,8 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import splitformer
-
+from ..interop import from_timm, from_torch
 from .peers import (
     PATCH,
     PeerUnavailable,
@@ -80,7 +79,7 @@ def strang_macaron(size: Size, *, seed: int = 0) -> list[Contender]:
     if half < 1:
         raise ValueError(f"strang_macaron needs ff >= 2 (a half-width FFN), got ff={size.ff}")
     x = sequence_input(size, seed)
-    ours = splitformer.from_torch(torch_layers(size, half, True, seed)).with_scheme(
+    ours = from_torch(torch_layers(size, half, True, seed)).with_scheme(
         "strang", integrator="euler")
     torch.manual_seed(seed)
     peer = Encoder(dim=size.dim, depth=size.layers, heads=size.heads, macaron=True,
@@ -135,7 +134,7 @@ def heun_rk2(size: Size, *, seed: int = 0) -> list[Contender]:
     ODE Transformer: ``ODETransformerRK2`` on the layers of the same torch.nn encoder (built
     from the same seed, so the same initial weights), Heun on the composite block."""
     x = sequence_input(size, seed)
-    ours = splitformer.from_torch(torch_layers(size, size.ff, True, seed)).with_scheme(
+    ours = from_torch(torch_layers(size, size.ff, True, seed)).with_scheme(
         "prenorm", integrator="heun")
     peer = ODETransformerRK2(list(torch_layers(size, size.ff, True, seed).layers))
     return [
@@ -179,7 +178,7 @@ def parallel_block(size: Size, *, seed: int = 0) -> list[Contender]:
     images = torch.randn(size.batch, 3, rows * PATCH, cols * PATCH, generator=g,
                          dtype=torch.float32)
     torch.manual_seed(seed)
-    ours = splitformer.from_timm(VisionTransformer(**kwargs).float()).with_scheme("parallel")
+    ours = from_timm(VisionTransformer(**kwargs).float()).with_scheme("parallel")
     torch.manual_seed(seed)
     peer = VisionTransformer(**kwargs, block_fn=ParallelScalingBlock).float()
     grid = f"{rows}x{cols} patches of {PATCH}"
