@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..time.schemes import scheme_names
+from ..training import FAMILIES
 from ..training.config import Setting, settings, tau_list
 from . import UsageError, bounded_int
 from .train import flag_of
@@ -62,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for key, s in _sweep_settings().items():
         more = ("; one list per flag: repeat the flag for an axis" if key in _LIST_KEYS
                 else " (several values, comma-separated or the flag repeated: an axis)")
-        p.add_argument(s.flag, dest=key, action="append", default=None, help=s.text() + more)
+        p.add_argument(s.flag, dest=key, action="append", default=None,
+                       help=s.text(families=FAMILIES) + more)
     p.set_defaults(_interrupted="; finished runs are kept in --out (run the same command "
                    "again to continue)")
 

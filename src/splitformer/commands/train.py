@@ -30,7 +30,8 @@ HELP = "train a model family (scheme, kernel, tau, adjoint, running costs) on re
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="a TOML file of settings (flags override)")
     for key, s in settings().items():  # every TrainConfig key: its flag (training.config)
-        p.add_argument(s.flag, dest=key, type=s.parse, default=None, help=s.text())
+        p.add_argument(s.flag, dest=key, type=s.parse, default=None,
+                       help=s.text(families=FAMILIES))
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the run in DIR from its last complete checkpoint")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")

@@ -56,8 +56,13 @@ class Setting:
     help: str | Callable[[], str]
     parse: Callable[[str], Any] = str
 
-    def text(self) -> str:
-        return self.help() if callable(self.help) else self.help
+    def text(self, **registries: Any) -> str:
+        """The help; ``{name}`` in it lists a registry the caller gives as ``name=`` (sorted,
+        comma-separated): ``{families}``, the model families, which import this module."""
+        if callable(self.help):
+            return self.help()
+        listed = {k: ", ".join(sorted(v)) for k, v in registries.items()}
+        return self.help.format(**listed) if "{" in self.help else self.help
 
 
 def _setting(default: Any, flag: str, help: str | Callable[[], str],
@@ -90,11 +95,11 @@ def tau_list(text: str) -> tuple[float, ...]:
     return values
 
 
-# the registries a help lists (imported when a help is shown: they import this module)
-def _names(registry: str) -> str:
-    from . import data, families
+# the registries a help lists (imported when a help is shown)
+def _data_sets() -> str:
+    from .data import DATASETS
 
-    return ", ".join(sorted({"FAMILIES": families.FAMILIES, "DATASETS": data.DATASETS}[registry]))
+    return ", ".join(sorted(DATASETS))
 
 
 def _scheme_names() -> list[str]:
@@ -128,9 +133,8 @@ class TrainConfig:
     # Each field carries its Setting (flag, argparse type, help): the one table that
     # `splitformer train`, `splitformer experiment` and the TOML reader take the keys from.
     # the model: a family and its data, the three choices (scheme, kernel, time grid), its size
-    family: str = _setting("vit", "--family", lambda: "model family: " + _names("FAMILIES"),
-                           _name)
-    data: str = _setting("digits", "--data", lambda: "data set: " + _names("DATASETS"), _name)
+    family: str = _setting("vit", "--family", "model family: {families}", _name)
+    data: str = _setting("digits", "--data", lambda: "data set: " + _data_sets(), _name)
     data_dir: str | None = _setting(None, "--data-dir",
                                     "folder of the data set's files (default: the package's)")
     scheme: str = _setting("network", "--scheme", lambda: (  # a name of SCHEMES, or a string

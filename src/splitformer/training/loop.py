@@ -9,12 +9,18 @@ split after every epoch, writes metrics as JSON lines (``metrics.jsonl``) and re
 metrics. It is deterministic for a given seed: the batches of epoch e are drawn from a generator
 seeded with (seed, e), so a resumed run sees the same batches as an uninterrupted one.
 
+The run's time grid is computed once (``training.grid.TrainGrid``: T, tau, N_t, the choices).
 Random time step per batch (``tau_choices``): optimiser step s runs its batch on the model
-refined to ``tau_at(cfg, s)``, drawn uniformly from the choices by a generator seeded with
-(seed, s), so a resumed run draws the same taus. Each choice tau / k is ``model.refine(k)`` of
-the model at the config's tau (the same parameters; its own control problem, so a running cost
-reads the refined path); each logged step records its "tau". Evaluation stays at the config's
-tau. Not under torchrun (refused).
+refined to ``grid.tau_at(s)``, drawn uniformly from the choices by a generator seeded with
+(seed, s), so a resumed run and every rank draw the same taus. Each choice tau / k is
+``model.refine(k)`` of the model at the config's tau (the same parameters; its own control
+problem, so a running cost reads the refined path: ``_Variants``); each logged step records
+its "tau". Evaluation stays at the config's tau.
+
+The run folder is locked by rank 0 for the run (``files.FolderLock``): a second writer is
+refused naming this process. Its files go through ``splitformer.files``: config.json and
+final.json atomically, each metrics.jsonl row appended and fsynced; on resume metrics.jsonl is
+read with ``files.read_jsonl`` (a torn last line dropped, a corrupt one before it refused).
 
 Under torchrun (``WORLD_SIZE`` > 1) the same loop runs data parallel (``training.distributed``):
 ``batch_size`` stays the global batch, each rank takes its contiguous shard of it, the model is
