@@ -13,9 +13,7 @@ from splitformer.cli import build_parser, main
 from splitformer.commands import UsageError
 from splitformer.commands.train import config_of
 from splitformer.training import ConfigError, TrainConfig
-from splitformer.training import loop as fit_module
 from splitformer.training.data import load_dataset
-from splitformer.training.distributed import Ranks
 from splitformer.training.loop import evaluate, fit, tau_at
 
 TINY = {"width": 16, "heads": 2, "depth": 2, "epochs": 2, "batch_size": 128, "log_every": 1,
@@ -172,14 +170,6 @@ def test_a_resumed_random_tau_run_equals_the_uninterrupted_one(tmp_path, digits,
     assert _same_parameters(resumed.model, whole.model) <= 1e-6
     with pytest.raises(ConfigError, match="differs in \\['tau_choices'\\]"):
         fit(cfg.replace(tau_choices=(1.0, 0.5)), resume=tmp_path / "cut", data=digits)
-
-
-def test_data_parallel_training_refuses_tau_choices(tmp_path):
-    cfg = TrainConfig(**TINY, tau_choices=(1.0, 0.5))
-    with pytest.raises(ConfigError, match="tau_choices is not supported by the data-parallel"):
-        fit_module._fit(cfg, out=tmp_path / "ddp", progress=False, data=None, resume=None,
-                        ranks=Ranks(0, 2))
-    assert not (tmp_path / "ddp").exists()
 
 
 # -- the command line ----------------------------------------------------------------------------

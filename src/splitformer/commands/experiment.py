@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from ..time.schemes import scheme_names
+from ..training import FAMILIES
+from ..training.config import Setting, settings, tau_list
 from . import UsageError, bounded_int
-from .train import _FLAGS, tau_list
+from .train import flag_of
 
 # keys whose one value is a comma-separated list: several values only by repeating the flag
 _LIST_KEYS = ("tau_choices",)
@@ -58,15 +60,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="train nothing: tabulate and draw the finished runs in --out")
     p.add_argument("--json", action="store_true", help="print the table's rows as JSON")
     p.add_argument("--no-progress", action="store_true", help="no line per run on stderr")
-    for flag, (key, kind, text) in _FLAGS.items():
-        if key == "out":
-            continue
+    for key, s in _sweep_settings().items():
         more = ("; one list per flag: repeat the flag for an axis" if key in _LIST_KEYS
                 else " (several values, comma-separated or the flag repeated: an axis)")
-        p.add_argument(flag, dest=key, action="append", default=None, help=text + more)
-        p.set_defaults(**{f"_kind_{key}": kind})
+        p.add_argument(s.flag, dest=key, action="append", default=None,
+                       help=s.text(families=FAMILIES) + more)
     p.set_defaults(_interrupted="; finished runs are kept in --out (run the same command "
                    "again to continue)")
+
+
+def _sweep_settings() -> dict[str, Setting]:
+    """The TrainConfig keys a sweep takes from flags: all but ``out`` (the sweep places each
+    run's folder; ``--out`` is the sweep's)."""
+    return {k: s for k, s in settings().items() if k != "out"}
 
 
 def _values(key: str, given: list[str], kind: Any, flag: str) -> list[Any]:
@@ -114,11 +120,11 @@ def sweep_of(args: argparse.Namespace):
         else:
             doc, name = {}, "sweep"
         doc.setdefault("axes", {})
-        for flag, (key, _, _) in _FLAGS.items():
+        for key, s in _sweep_settings().items():
             given = getattr(args, key, None)
-            if key == "out" or given is None:
+            if given is None:
                 continue
-            values = _values(key, given, getattr(args, f"_kind_{key}"), flag)
+            values = _values(key, given, s.parse, s.flag)
             doc["axes"][key] = values
             doc.get("base", {}).pop(key, None)
         evaluate = dict(doc.get("evaluate", {}))
@@ -144,7 +150,7 @@ def sweep_of(args: argparse.Namespace):
             doc.setdefault("sweep", {})["name"] = args.name
         sweep = Sweep.from_dict(doc, name=name)
     except SweepError as e:
-        given = {k for _, (k, _, _) in _FLAGS.items() if getattr(args, k, None) is not None}
+        given = {k for k in _sweep_settings() if getattr(args, k, None) is not None}
         raise UsageError(_flag_of(str(e), given)) from None
     if args.only:
         labels = [r.label for r in sweep.runs()]
@@ -158,20 +164,24 @@ def sweep_of(args: argparse.Namespace):
 def _flag_of(message: str, given: set[str]) -> str:
     """Name the flag of a config key in a sweep error (``...: lr must be ...``) when that key
     came from a flag (``given``); an error of the file's keys keeps the file's words."""
-    for flag, (key, _, _) in _FLAGS.items():
-        if key in given and (f": {key} " in message or message.startswith(f"{key} ")):
-            return f"argument {flag}: {message}"
-    return message
+    flag = flag_of(message, given)
+    if flag is None:
+        table = settings()
+        key = next((k for k in given if f": {k} " in message), None)
+        flag = table[key].flag if key is not None else None
+    return f"argument {flag}: {message}" if flag else message
 
 
 def _check_out(out: Path) -> None:
     """The results folder exists or can be made, and can be written (before any training)."""
+    from ..files import write_atomic
+
     if out.exists() and not out.is_dir():
         raise UsageError(f"argument --out: {str(out)!r} is a file, expected a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
-        probe.write_text("")
+        write_atomic(probe, "")
         probe.unlink()
     except OSError as e:
         raise UsageError(f"argument --out: cannot write into {str(out)!r} "
@@ -186,64 +196,94 @@ def _read(path: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..experiments import RunError, finished, markdown, run_sweep, summarise
-    from ..experiments.plots import draw_all
-    from ..experiments.sweep import skipped_lines
-    from ..training import DATASETS, FAMILIES, DatasetError, load_dataset
-    from ..training.families import build_model
+    from ..experiments import RunError, run_sweep
+    from ..files import CorruptFileError, FolderLockedError
 
+    _need_matplotlib()
     sweep = sweep_of(args)
     out = Path(args.sweep_out) if args.sweep_out else Path("results") / sweep.name
     _check_out(out)
     runs = [r for r in sweep.runs() if not args.only or r.label in args.only]
-    for r in runs:  # every model checked before anything trains
-        for key, names in (("family", FAMILIES), ("data", DATASETS)):
-            if getattr(r.config, key) not in names:
-                raise UsageError(f"argument --{key}: expected one of {sorted(names)}, got "
-                                 f"{getattr(r.config, key)!r}")
-    if not args.table_only:
-        checked: set[str] = set()
-        for r in runs:
-            key = json.dumps({k: v for k, v in r.config.to_dict().items() if k != "seed"},
-                             sort_keys=True)
-            if key in checked:
-                continue
-            checked.add(key)
-            try:
-                build_model(r.config, load_dataset(r.config.data, r.config.data_dir))
-            except DatasetError as e:
-                raise UsageError(f"argument --data: {e}") from None
-            except ValueError as e:  # a scheme or kernel the family refuses; a bad size
-                raise UsageError(f"{r.label}: {str(e).splitlines()[0]}") from None
-    show = not args.no_progress and not args.json
-    total = len(runs)
-    count = {"n": 0}
+    _check_runs(runs, build=not args.table_only)
     t_start = time.perf_counter()
-
-    def tell(kind: str, run, row) -> None:
-        if not show:
-            return
-        if kind == "skip":
-            count["n"] += 1
-            print(f"[{count['n']}/{total}] {run.label} seed {run.seed}: done already",
-                  file=sys.stderr)
-        elif kind == "done":
-            count["n"] += 1
-            print(f"[{count['n']}/{total}] {run.label} seed {run.seed}: {row['metric']} "
-                  f"{row['value']:.4f} ({row['seconds_per_epoch']:.1f} s/epoch)",
-                  file=sys.stderr)
-        elif kind == "failed":
-            count["n"] += 1
-            print(f"[{count['n']}/{total}] {run.label} seed {run.seed}: failed", file=sys.stderr)
-
     if not args.table_only:
+        tell = _Progress(len(runs), show=not args.no_progress and not args.json)
         try:
             run_sweep(sweep, out, jobs=args.jobs, on_event=tell, select={r.id for r in runs})
+        except (FolderLockedError, CorruptFileError) as e:  # another sweep; a corrupt file
+            raise UsageError(f"argument --out: {' '.join(str(e).split())}") from None
         except RunError as e:  # runs that failed after the sweep was accepted
             print(f"splitformer experiment: error: {' '.join(str(e).split())[:600]}",
                   file=sys.stderr)
             return 1
-    # the table and figures hold every finished run of the sweep (--only trains fewer)
+    return _tabulate(sweep, out, args, t_start)
+
+
+def _need_matplotlib() -> None:
+    """The figures need matplotlib (a dependency of the package): refused in one line before
+    any training when it cannot be imported."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("splitformer experiment draws its figures with matplotlib, which "
+                         "cannot be imported here; install it (pip install matplotlib, or "
+                         "reinstall splitformer with its dependencies)") from None
+
+
+def _check_runs(runs: list, build: bool) -> None:
+    """Every run's family and data set are known and (``build``) every model builds, before
+    anything trains (one model per config up to the seed)."""
+    from ..training import DATASETS, FAMILIES, DatasetError, load_dataset
+    from ..training.families import build_model
+
+    for r in runs:
+        for key, names in (("family", FAMILIES), ("data", DATASETS)):
+            if getattr(r.config, key) not in names:
+                raise UsageError(f"argument --{key}: expected one of {sorted(names)}, got "
+                                 f"{getattr(r.config, key)!r}")
+    if not build:
+        return
+    checked: set[str] = set()
+    for r in runs:
+        key = json.dumps({k: v for k, v in r.config.to_dict().items() if k != "seed"},
+                         sort_keys=True)
+        if key in checked:
+            continue
+        checked.add(key)
+        try:
+            build_model(r.config, load_dataset(r.config.data, r.config.data_dir))
+        except DatasetError as e:
+            raise UsageError(f"argument --data: {e}") from None
+        except ValueError as e:  # a scheme or kernel the family refuses; a bad size
+            raise UsageError(f"{r.label}: {str(e).splitlines()[0]}") from None
+
+
+class _Progress:
+    """``run_sweep``'s ``on_event``: a line on stderr per finished, skipped or failed run."""
+
+    def __init__(self, total: int, show: bool) -> None:
+        self.total, self.show, self.count = total, show, 0
+
+    def __call__(self, kind: str, run, row) -> None:
+        if not self.show or kind == "start":
+            return
+        self.count += 1
+        what = {"skip": "done already", "failed": "failed"}.get(kind)
+        if what is None:  # done
+            what = (f"{row['metric']} {row['value']:.4f} ({row['seconds_per_epoch']:.1f} "
+                    "s/epoch)")
+        print(f"[{self.count}/{self.total}] {run.label} seed {run.seed}: {what}",
+              file=sys.stderr)
+
+
+def _tabulate(sweep, out: Path, args: argparse.Namespace, t_start: float) -> int:
+    """The table (table.md, table.json) and figures of every finished run of the sweep in
+    ``out`` (--only trains fewer), printed."""
+    from ..experiments import finished, markdown, summarise
+    from ..experiments.plots import draw_all
+    from ..experiments.sweep import skipped_lines
+    from ..files import write_atomic
+
     results = finished(sweep, out)
     bad = skipped_lines(out / "results.jsonl")
     if bad and not args.json:
@@ -253,8 +293,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"argument --out: {str(out)!r} holds no finished run of this sweep "
                          "(results.jsonl)")
     rows = summarise(results)
-    (out / "table.md").write_text(markdown(rows))
-    (out / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
+    write_atomic(out / "table.md", markdown(rows))
+    write_atomic(out / "table.json", json.dumps(rows, indent=2) + "\n")
     figures = draw_all(results, rows, out, sweep.name)
     if args.json:
         print(json.dumps({"rows": rows, "out": str(out),
@@ -264,4 +304,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n{len(results)} runs in {str(out)!r} (table.md, table.json, "
               f"{len(figures)} figures); {time.perf_counter() - t_start:.0f} s")
     return 0
-

@@ -14,79 +14,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from fractions import Fraction
 from pathlib import Path
 
-from ..control import adjoint_names
-from ..operators.kernels import KERNEL_NAMES
-from ..time.integrators import INTEGRATORS
-from ..time.schemes import scheme_names
+from ..files import CorruptFileError, FolderLockedError
 from ..training import DATASETS, FAMILIES, ConfigError, DatasetError, TrainConfig
-from ..training.checkpoints import CheckpointError, latest_checkpoint
-from . import UsageError, stripped
+from ..training.checkpoints import CheckpointError, latest_checkpoint, recorded_config
+from ..training.config import settings, tau_list
+from . import UsageError
+
+__all__ = ["HELP", "add_arguments", "config_of", "run", "tau_list"]
 
 HELP = "train a model family (scheme, kernel, tau, adjoint, running costs) on real data"
 
 
-def tau_list(text: str) -> tuple[float, ...]:
-    """argparse type of --tau-choices: comma-separated time steps ("1,0.5,0.25" or "1,1/2,1/4")
-    as a tuple of floats; anything else is a one-line usage error. (Whether each divides the
-    config's tau is the config's check.)"""
-    try:
-        values = tuple(float(Fraction(part.strip())) for part in text.split(","))
-    except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated time steps such as '1,0.5,0.25' or '1,1/2,1/4', got "
-            f"{text!r}") from None
-    return values
-
-
-# flag -> (config key, type, help); every TrainConfig key has one
-_FLAGS: dict[str, tuple[str, object, str]] = {
-    "--family": ("family", stripped, f"model family: {', '.join(sorted(FAMILIES))}"),
-    "--data": ("data", stripped, f"data set: {', '.join(sorted(DATASETS))}"),
-    "--data-dir": ("data_dir", str, "folder of the data set's files (default: the package's)"),
-    "--scheme": ("scheme", str, "'network' (the family's own), a name ("
-                 + ", ".join(scheme_names()) + ") or a scheme string"),
-    "--integrator": ("integrator", stripped, f"substep integrator: {', '.join(INTEGRATORS)} "
-                     "(default: the scheme's own)"),
-    "--kernel": ("kernel", stripped, f"attention kernel: {', '.join(sorted(KERNEL_NAMES))}"),
-    "--tau": ("tau", float, "time step (T = depth; tau must divide T)"),
-    "--tau-choices": ("tau_choices", tau_list, "train with a random time step per batch, "
-                      "drawn from these (comma-separated, e.g. '1,0.5,0.25'; each = tau / k)"),
-    "--steps": ("steps", int, "N_t, the number of time steps (a multiple of depth)"),
-    "--depth": ("depth", int, "L, the number of control sets (T = L)"),
-    "--width": ("width", int, "feature width N_y"),
-    "--heads": ("heads", int, "attention heads"),
-    "--ffn-ratio": ("ffn_ratio", float, "hidden width of the FFN / width"),
-    "--patch": ("patch", int, "patch size (vit, cvt)"),
-    "--dropout": ("dropout", float, "dropout rate"),
-    "--seq-len": ("seq_len", int, "characters per example (lm)"),
-    "--adjoint": ("adjoint", stripped, f"gradient: {', '.join(adjoint_names())}"),
-    "--kinetic": ("kinetic", float, "weight of the kinetic energy of the path"),
-    "--control-reg": ("control_reg", float, "weight of the control regularity"),
-    "--epochs": ("epochs", int, "epochs"),
-    "--batch-size": ("batch_size", int, "examples per optimiser step"),
-    "--lr": ("lr", float, "peak learning rate"),
-    "--weight-decay": ("weight_decay", float, "weight decay (matrices only)"),
-    "--optimizer": ("optimizer", stripped, "adamw or sgd"),
-    "--momentum": ("momentum", float, "SGD momentum"),
-    "--schedule": ("schedule", stripped, "cosine or constant (after the warm-up)"),
-    "--warmup": ("warmup", float, "fraction of the steps with a linear warm-up"),
-    "--grad-clip": ("grad_clip", float, "gradient norm clip"),
-    "--seed": ("seed", int, "seed (runs are deterministic for a seed)"),
-    "--out": ("out", str, "run folder (default: a fresh folder under runs/)"),
-    "--checkpoint-every": ("checkpoint_every", int, "optimiser steps between checkpoints "
-                           "(0: every epoch)"),
-    "--log-every": ("log_every", int, "optimiser steps between metrics lines"),
-    "--threads": ("threads", int, "torch threads"),
-}
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="a TOML file of settings (flags override)")
-    for flag, (key, kind, text) in _FLAGS.items():
-        p.add_argument(flag, dest=key, type=kind, default=None, help=text)
+    for key, s in settings().items():  # every TrainConfig key: its flag (training.config)
+        p.add_argument(s.flag, dest=key, type=s.parse, default=None,
+                       help=s.text(families=FAMILIES))
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the run in DIR from its last complete checkpoint")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
@@ -95,39 +40,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "--resume DIR)")
 
 
+def flag_of(message: str, given: set[str]) -> str | None:
+    """The flag of the config key a ConfigError message starts with (``"lr must be ..."``),
+    when that key is in ``given``; else None."""
+    table = settings()
+    key = next((k for k in given if message.startswith(k + " ")), None)
+    return table[key].flag if key is not None else None
+
+
 def config_of(args: argparse.Namespace) -> TrainConfig:
-    """Defaults <- the TOML file <- the flags (a resumed run: its recorded config <- flags)."""
-    flags = {key: getattr(args, key) for key, _, _ in _FLAGS.values()}
+    """Defaults <- the TOML file <- the flags (a resumed run: its recorded config <- flags).
+    A bad value is named by its flag, or by the file and key it came from."""
+    flags = {key: v for key in settings() if (v := getattr(args, key)) is not None}
     try:
         if args.resume is not None:
-            if latest_checkpoint(args.resume) is None:
-                raise UsageError(f"argument --resume: {args.resume!r} holds no complete "
-                                 "checkpoint")
-            if (Path(args.resume) / "final.json").exists():
-                raise UsageError(f"argument --resume: the run in {args.resume!r} is complete "
-                                 "(final.json); nothing to resume")
-            base = TrainConfig.from_dict(json.loads(
-                (Path(args.resume) / "config.json").read_text()))
-            changed = sorted(k for k, v in flags.items()
-                             if v is not None and getattr(base, k) != v)
-            if changed:
-                raise UsageError(f"argument --resume: the run was made with other values of "
-                                 f"{changed}; resume it without changing them")
-        elif args.config is not None:
-            base = TrainConfig.from_toml(args.config)
-        else:
-            base = TrainConfig()
-        cfg = base.replace(**flags)
+            return _resumed_config(args.resume, flags)
+        values = TrainConfig.toml_values(args.config) if args.config is not None else {}
+        cfg = TrainConfig.from_dict({**values, **flags})
     except ConfigError as e:
-        flag = next((f for f, (k, _, _) in _FLAGS.items() if str(e).startswith(k + " ")), None)
-        raise UsageError(f"argument {flag}: {e}" if flag else str(e)) from None
-    except (OSError, ValueError) as e:
-        raise UsageError(f"argument --resume: {e}") from None
+        flag = flag_of(str(e), set(flags))
+        from_file = args.config is not None and not str(e).startswith("config file ")
+        raise UsageError(f"argument {flag}: {e}" if flag
+                         else f"config file {str(args.config)!r}: {e}" if from_file
+                         else str(e)) from None
     for key, names in (("family", FAMILIES), ("data", DATASETS)):
         if getattr(cfg, key) not in names:
             raise UsageError(f"argument --{key}: expected one of {sorted(names)}, got "
                              f"{getattr(cfg, key)!r}")
     return cfg
+
+
+def _resumed_config(folder: str, flags: dict) -> TrainConfig:
+    """The config a run folder was made with (config.json, or, without it, its newest
+    checkpoint's record); a flag may repeat a recorded value, not change it."""
+    try:
+        if latest_checkpoint(folder) is None:
+            raise UsageError(f"argument --resume: {folder!r} holds no complete checkpoint")
+        if (Path(folder) / "final.json").exists():
+            raise UsageError(f"argument --resume: the run in {folder!r} is complete "
+                             "(final.json); nothing to resume")
+        base = recorded_config(folder)
+    except (OSError, ValueError) as e:  # CheckpointError and ConfigError included
+        raise UsageError(f"argument --resume: {e}") from None
+    changed = sorted(k for k, v in flags.items() if getattr(base, k) != v)
+    if changed:
+        raise UsageError(f"argument --resume: the run was made with other values of "
+                         f"{changed}; resume it without changing them")
+    return base
 
 
 def run(args: argparse.Namespace) -> int:
@@ -171,6 +130,8 @@ def _run(args: argparse.Namespace, main: bool) -> int:
         return 1
     except CheckpointError as e:
         raise UsageError(f"argument --resume: {e}") from None
+    except (FolderLockedError, CorruptFileError) as e:  # another writer; a corrupt metrics file
+        raise UsageError(" ".join(str(e).split())) from None
     except ConfigError as e:
         raise UsageError(str(e)) from None
     if not main:

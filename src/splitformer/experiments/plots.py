@@ -29,10 +29,18 @@ def _plt():
 
 
 def _save(fig, stem: Path) -> list[Path]:
+    """``fig`` as PNG and SVG next to ``stem``, each written at once (``files.write_atomic``:
+    a figure is never half-drawn on disk)."""
+    import io
+
+    from ..files import write_atomic
+
     paths = []
     for ext in ("png", "svg"):
         p = stem.with_suffix(f".{ext}")
-        fig.savefig(p, dpi=120, bbox_inches="tight")
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format=ext, dpi=120, bbox_inches="tight")
+        write_atomic(p, buffer.getvalue())
         paths.append(p)
     _plt().close(fig)
     return paths

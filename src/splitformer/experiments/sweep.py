@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..files import FolderLock, append_line, write_atomic
 from ..training.config import ConfigError, TrainConfig, read_toml
 from .evaluation import Evaluation
 
@@ -301,7 +302,11 @@ def _show(value: Any) -> str:
 
 # -- results -------------------------------------------------------------------------------------
 def read_results(path: str | Path) -> list[dict[str, Any]]:
-    """The lines of results.jsonl (a line cut short by a kill, or not JSON, is skipped)."""
+    """The results of results.jsonl. A line that is not a run's result (cut short by a kill,
+    not JSON, or JSON without id, config and value) is skipped, wherever it is: each line is a
+    record of its own, and ``skipped_lines`` names the skipped ones (the command prints them).
+    (Not ``files.read_jsonl``, which refuses a corrupt line before the last: results.jsonl
+    keeps every other run's result readable.)"""
     p = Path(path)
     if not p.exists():
         return []
@@ -311,9 +316,13 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(row, dict) and {"id", "config", "value"} <= set(row):
+        if _is_result(row):
             rows.append(row)
     return rows
+
+
+def _is_result(row: Any) -> bool:
+    return isinstance(row, dict) and {"id", "config", "value"} <= set(row)
 
 
 def skipped_lines(path: str | Path) -> list[int]:
@@ -331,7 +340,7 @@ def skipped_lines(path: str | Path) -> list[int]:
         except json.JSONDecodeError:
             bad.append(n)
             continue
-        if not (isinstance(row, dict) and {"id", "config", "value"} <= set(row)):
+        if not _is_result(row):
             bad.append(n)
     return bad
 
@@ -365,16 +374,6 @@ def finished(sweep: Sweep, out: str | Path,
         if row is not None:
             done.append({**row, "label": run.label, "id": run.id})
     return done
-
-
-def _append(path: Path, row: dict[str, Any]) -> None:
-    text = path.read_text() if path.exists() else ""
-    if text and not text.endswith("\n"):  # a line cut short by a kill
-        path.write_text(text[: text.rfind("\n") + 1])
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def execute(run: Run, out: Path, metric: str, run_dir: Path | None = None) -> dict[str, Any]:
@@ -451,16 +450,41 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int = 1,
     """Do every run of ``sweep`` (``select``: of those ids only) that has no line of its own in
     ``out/results.jsonl`` (module docstring); returns their lines, in the sweep's order.
     ``on_event(kind, run, row)`` is told "skip", "start", "done" and "failed" (row None).
-    Raises ``RunError`` after the others finished when runs failed."""
+    Raises ``RunError`` after the others finished when runs failed.
+
+    The sweep's folder is locked for the whole sweep (``files.FolderLock``, held by this
+    process; each run's folder is locked by the process that trains it): a second sweep on
+    ``out`` is refused with ``files.FolderLockedError`` naming this process."""
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
         raise SweepError(f"jobs must be an integer >= 1, got {jobs!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps(sweep.to_dict(), indent=2) + "\n")
-    results_path = out / "results.jsonl"
-    rows = read_results(results_path)
-    runs = [r for r in sweep.runs() if select is None or r.id in select]
-    tell = on_event or (lambda kind, run, row: None)
+    with FolderLock(out, what="sweep folder"):
+        write_atomic(out / "sweep.json", json.dumps(sweep.to_dict(), indent=2) + "\n")
+        results_path = out / "results.jsonl"
+        runs = [r for r in sweep.runs() if select is None or r.id in select]
+        tell = on_event or (lambda kind, run, row: None)
+        todo = _todo(runs, out, read_results(results_path), tell)
+
+        def finish(run: Run, row: dict[str, Any]) -> None:
+            append_line(results_path, json.dumps(row))
+            tell("done", run, row)
+
+        if jobs == 1 or len(todo) <= 1:
+            failures = _run_here(todo, out, sweep, tell, finish)
+        else:
+            failures = _run_in_pool(todo, out, sweep, jobs, tell, finish)
+    if failures:
+        raise RunError(f"{len(failures)} of {len(todo)} runs failed (the others are in "
+                       f"{str(results_path)!r}): " + "; ".join(failures))
+    return finished(sweep, out, {r.id for r in runs})
+
+
+def _todo(runs: list[Run], out: Path, rows: list[dict[str, Any]],
+          tell: Callable[[str, Run, dict[str, Any] | None], None]
+          ) -> list[tuple[Run, Path | None]]:
+    """The runs to do, each with the folder to evaluate it from (trained with another
+    evaluation) or None (new); the runs done already are told "skip"."""
     todo: list[tuple[Run, Path | None]] = []
     for run in runs:
         row = _match(rows, run)
@@ -470,56 +494,60 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int = 1,
         else:  # new, or trained with another evaluation: evaluate it from its folder
             folder = run_dir_of(out, row) if row is not None else None
             todo.append((run, folder if folder is not None and folder.exists() else None))
+    return todo
+
+
+def _run_here(todo: list[tuple[Run, Path | None]], out: Path, sweep: Sweep, tell,
+              finish: Callable[[Run, dict[str, Any]], None]) -> list[str]:
+    """The runs one after the other in this process; returns the failures."""
     failures: list[str] = []
+    for run, folder in todo:
+        tell("start", run, None)
+        try:
+            row = execute(run, out, sweep.metric_of(run), folder)
+        except Exception as e:  # the others still run; named at the end
+            failures.append(_failure(run, e))
+            tell("failed", run, None)
+            continue
+        finish(run, row)
+    return failures
 
-    def finish(run: Run, row: dict[str, Any]) -> None:
-        _append(results_path, row)
-        tell("done", run, row)
 
-    if jobs == 1 or len(todo) <= 1:
+def _run_in_pool(todo: list[tuple[Run, Path | None]], out: Path, sweep: Sweep, jobs: int, tell,
+                 finish: Callable[[Run, dict[str, Any]], None]) -> list[str]:
+    """The runs in ``jobs`` worker processes (threads = cores / workers each); returns the
+    failures. Ctrl-C or an error here stops the workers and keeps what is done."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    failures: list[str] = []
+    workers = min(jobs, len(todo))
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    pool = cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
+                                  initializer=_die_with_parent)
+    try:
+        futures = {}
         for run, folder in todo:
             tell("start", run, None)
+            task = (run, str(out), sweep.metric_of(run), str(folder) if folder else None,
+                    threads)
+            futures[pool.submit(_worker, task)] = run
+        for fut in cf.as_completed(futures):
+            run = futures[fut]
             try:
-                row = execute(run, out, sweep.metric_of(run), folder)
-            except Exception as e:  # the others still run; named at the end
+                row = fut.result()
+            except Exception as e:
                 failures.append(_failure(run, e))
                 tell("failed", run, None)
                 continue
             finish(run, row)
-    else:
-        import concurrent.futures as cf
-        import multiprocessing as mp
-
-        workers = min(jobs, len(todo))
-        threads = max(1, len(os.sched_getaffinity(0)) // workers)
-        pool = cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
-                                      initializer=_die_with_parent)
-        try:
-            futures = {}
-            for run, folder in todo:
-                tell("start", run, None)
-                task = (run, str(out), sweep.metric_of(run), str(folder) if folder else None,
-                        threads)
-                futures[pool.submit(_worker, task)] = run
-            for fut in cf.as_completed(futures):
-                run = futures[fut]
-                try:
-                    row = fut.result()
-                except Exception as e:
-                    failures.append(_failure(run, e))
-                    tell("failed", run, None)
-                    continue
-                finish(run, row)
-        except BaseException:  # Ctrl-C or an error here: stop the workers, keep what is done
-            for proc in list(getattr(pool, "_processes", {}).values()):
-                proc.kill()
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown()
-    if failures:
-        raise RunError(f"{len(failures)} of {len(todo)} runs failed (the others are in "
-                       f"{str(results_path)!r}): " + "; ".join(failures))
-    return finished(sweep, out, {r.id for r in runs})
+    except BaseException:
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return failures
 
 
 def iter_labels(rows: list[dict[str, Any]]) -> Iterator[str]:

@@ -21,65 +21,176 @@ sorted from the largest tau down, so "1,0.5" and "0.5,1" are the same config.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "TrainConfig", "read_toml", "refinement"]
+__all__ = ["MAX_STEPS", "ConfigError", "Setting", "TrainConfig", "read_toml", "refinement",
+           "settings", "tau_list"]
 
 
 class ConfigError(ValueError):
     """A bad configuration value: the message names the key and what was expected."""
 
 
+# at most this many time steps N_t in one forward pass (the config's, and each tau_choices
+# variant's N_t * k): a tau of 1e-300 would otherwise be accepted and the run never take a step
+MAX_STEPS = 10_000
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How a ``TrainConfig`` key is given on the command line: its ``flag``, ``parse`` (the
+    argparse type that reads the flag's text into the key's value) and ``help`` (a string, or a
+    function giving it, for a help that lists a registry: the registries import the config)."""
+
+    flag: str
+    help: str | Callable[[], str]
+    parse: Callable[[str], Any] = str
+
+    def text(self, **registries: Any) -> str:
+        """The help; ``{name}`` in it lists a registry the caller gives as ``name=`` (sorted,
+        comma-separated): ``{families}``, the model families, which import this module."""
+        if callable(self.help):
+            return self.help()
+        listed = {k: ", ".join(sorted(v)) for k, v in registries.items()}
+        return self.help.format(**listed) if "{" in self.help else self.help
+
+
+def _setting(default: Any, flag: str, help: str | Callable[[], str],
+             parse: Callable[[str], Any] = str) -> Any:
+    """A dataclass field with its default and its ``Setting`` (in the field's metadata)."""
+    return dataclasses.field(default=default, metadata={"setting": Setting(flag, help, parse)})
+
+
+def settings() -> dict[str, Setting]:
+    """Every ``TrainConfig`` key and its ``Setting``, in the order of the fields (the order of
+    ``splitformer train --help``)."""
+    return {f.name: f.metadata["setting"] for f in fields(TrainConfig)}
+
+
+def _name(text: str) -> str:
+    """argparse type of a name (a choice): the text without surrounding whitespace."""
+    return text.strip()
+
+
+def tau_list(text: str) -> tuple[float, ...]:
+    """argparse type of --tau-choices: comma-separated time steps ("1,0.5,0.25" or "1,1/2,1/4")
+    as a tuple of floats; anything else is a one-line usage error. (Whether each divides the
+    config's tau is the config's check.)"""
+    try:
+        values = tuple(float(Fraction(part.strip())) for part in text.split(","))
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated time steps such as '1,0.5,0.25' or '1,1/2,1/4', got "
+            f"{text!r}") from None
+    return values
+
+
+# the registries a help lists (imported when a help is shown)
+def _data_sets() -> str:
+    from .data import DATASETS
+
+    return ", ".join(sorted(DATASETS))
+
+
+def _scheme_names() -> list[str]:
+    from ..time.schemes import scheme_names
+
+    return scheme_names()
+
+
+def _integrators() -> Any:
+    from ..time.integrators import INTEGRATORS
+
+    return INTEGRATORS
+
+
+def _kernel_names() -> Any:
+    from ..operators.kernels import KERNEL_NAMES
+
+    return KERNEL_NAMES
+
+
+def _adjoint_names() -> list[str]:
+    from ..control import adjoint_names
+
+    return adjoint_names()
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Every setting of a training run (see the module docstring; docs/training.md)."""
 
-    # the model: a family, its size, and the three choices (scheme, kernel, time grid)
-    family: str = "vit"
-    width: int = 64
-    heads: int = 4
-    depth: int = 4
-    ffn_ratio: float = 2.0
-    patch: int | None = None  # ViT/CvT patch size; None: about 4 x 4 patches
-    scheme: str = "network"  # "network" (the family's own), a name of SCHEMES, or a string
-    integrator: str | None = None  # None: the scheme's own
-    kernel: str = "softmax"
-    steps: int | None = None  # N_t; None: = depth (tau = 1), or T / tau when tau is given
-    tau: float | None = None
+    # Each field carries its Setting (flag, argparse type, help): the one table that
+    # `splitformer train`, `splitformer experiment` and the TOML reader take the keys from.
+    # the model: a family and its data, the three choices (scheme, kernel, time grid), its size
+    family: str = _setting("vit", "--family", "model family: {families}", _name)
+    data: str = _setting("digits", "--data", lambda: "data set: " + _data_sets(), _name)
+    data_dir: str | None = _setting(None, "--data-dir",
+                                    "folder of the data set's files (default: the package's)")
+    scheme: str = _setting("network", "--scheme", lambda: (  # a name of SCHEMES, or a string
+        "'network' (the family's own), a name (" + ", ".join(_scheme_names())
+        + ") or a scheme string"))
+    integrator: str | None = _setting(None, "--integrator", lambda: (  # None: the scheme's own
+        f"substep integrator: {', '.join(_integrators())} (default: the scheme's own)"), _name)
+    kernel: str = _setting("softmax", "--kernel", lambda: (
+        f"attention kernel: {', '.join(sorted(_kernel_names()))}"), _name)
+    tau: float | None = _setting(None, "--tau", "time step (T = depth; tau must divide T)",
+                                 float)
     # random time step per batch: each optimiser step draws one of these (each = tau / k, k >= 1)
-    tau_choices: tuple[float, ...] | None = None
-    dropout: float = 0.1
-    # the data
-    data: str = "digits"
-    data_dir: str | None = None
-    seq_len: int = 64  # language modelling: characters per example
+    tau_choices: tuple[float, ...] | None = _setting(
+        None, "--tau-choices", "train with a random time step per batch, drawn from these "
+        "(comma-separated, e.g. '1,0.5,0.25'; each = tau / k)", lambda text: tau_list(text))
+    # N_t; None: = depth (tau = 1), or T / tau when tau is given
+    steps: int | None = _setting(None, "--steps",
+                                 "N_t, the number of time steps (a multiple of depth)", int)
+    depth: int = _setting(4, "--depth", "L, the number of control sets (T = L)", int)
+    width: int = _setting(64, "--width", "feature width N_y", int)
+    heads: int = _setting(4, "--heads", "attention heads", int)
+    ffn_ratio: float = _setting(2.0, "--ffn-ratio", "hidden width of the FFN / width", float)
+    # ViT/CvT patch size; None: about 4 x 4 patches
+    patch: int | None = _setting(None, "--patch", "patch size (vit, cvt)", int)
+    dropout: float = _setting(0.1, "--dropout", "dropout rate", float)
+    seq_len: int = _setting(64, "--seq-len", "characters per example (lm)", int)
     # the control problem
-    adjoint: str = "backprop"
-    kinetic: float = 0.0  # weight of the kinetic energy sum_n tau |(u^{n+1} - u^n) / tau|^2
-    control_reg: float = 0.0  # weight of sum_n |theta^{n+1} - theta^n|^2 / tau
+    adjoint: str = _setting("backprop", "--adjoint", lambda: (
+        f"gradient: {', '.join(_adjoint_names())}"), _name)
+    # weight of the kinetic energy sum_n tau |(u^{n+1} - u^n) / tau|^2
+    kinetic: float = _setting(0.0, "--kinetic", "weight of the kinetic energy of the path",
+                              float)
+    # weight of sum_n |theta^{n+1} - theta^n|^2 / tau
+    control_reg: float = _setting(0.0, "--control-reg", "weight of the control regularity",
+                                  float)
     # the optimiser
-    epochs: int = 50
-    batch_size: int = 64
-    lr: float = 2e-3
-    weight_decay: float = 0.05
-    optimizer: str = "adamw"
-    momentum: float = 0.9
-    schedule: str = "cosine"
-    warmup: float = 0.05  # fraction of all optimiser steps with a linear warm-up
-    grad_clip: float | None = 1.0
-    seed: int = 0
+    epochs: int = _setting(50, "--epochs", "epochs", int)
+    batch_size: int = _setting(64, "--batch-size", "examples per optimiser step", int)
+    lr: float = _setting(2e-3, "--lr", "peak learning rate", float)
+    weight_decay: float = _setting(0.05, "--weight-decay", "weight decay (matrices only)", float)
+    optimizer: str = _setting("adamw", "--optimizer", "adamw or sgd", _name)
+    momentum: float = _setting(0.9, "--momentum", "SGD momentum", float)
+    schedule: str = _setting("cosine", "--schedule", "cosine or constant (after the warm-up)",
+                             _name)
+    # fraction of all optimiser steps with a linear warm-up
+    warmup: float = _setting(0.05, "--warmup", "fraction of the steps with a linear warm-up",
+                             float)
+    grad_clip: float | None = _setting(1.0, "--grad-clip", "gradient norm clip", float)
+    seed: int = _setting(0, "--seed", "seed (runs are deterministic for a seed)", int)
     # the run
-    out: str | None = None  # None: a fresh folder under runs/
-    checkpoint_every: int = 0  # optimiser steps between checkpoints; 0: every epoch
-    log_every: int = 10
-    threads: int | None = None
+    out: str | None = _setting(None, "--out",  # None: a fresh folder under runs/
+                               "run folder (default: a fresh folder under runs/)")
+    checkpoint_every: int = _setting(0, "--checkpoint-every",  # 0: every epoch
+                                     "optimiser steps between checkpoints (0: every epoch)", int)
+    log_every: int = _setting(10, "--log-every", "optimiser steps between metrics lines", int)
+    threads: int | None = _setting(None, "--threads", "torch threads", int)
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
@@ -144,6 +255,10 @@ class TrainConfig:
         if self.tau is not None:
             if not (math.isfinite(self.tau) and self.tau > 0):
                 raise ConfigError(f"tau must be a finite number > 0, got {self.tau!r}")
+            if not T / self.tau <= MAX_STEPS + 0.5:
+                raise ConfigError(f"tau must give at most {MAX_STEPS} time steps per forward "
+                                  f"pass (MAX_STEPS), got tau={self.tau:g}: N_t = T / tau = "
+                                  f"{T / self.tau:g}")
             n = round(T / self.tau)
             if abs(n * self.tau - T) > 1e-9 * T:
                 raise ConfigError(f"tau={self.tau:g} must divide T = depth = {T}")
@@ -155,6 +270,9 @@ class TrainConfig:
         if n < 1 or n % T:
             raise ConfigError(f"steps must be a positive multiple of depth={T} (one control set "
                               f"per unit of time), got {n}")
+        if n > MAX_STEPS:
+            raise ConfigError(f"steps must be at most {MAX_STEPS} time steps per forward pass "
+                              f"(MAX_STEPS), got {n}")
         return n
 
     def refinements(self) -> tuple[int, ...] | None:
@@ -172,6 +290,10 @@ class TrainConfig:
         for c in self.tau_choices:
             if not (math.isfinite(c) and c > 0):
                 raise ConfigError(f"tau_choices must hold finite numbers > 0, got {c!r}")
+            if not self.depth / c <= MAX_STEPS + 0.5:
+                raise ConfigError(f"tau_choices must give at most {MAX_STEPS} time steps per "
+                                  f"forward pass (MAX_STEPS), got {c:g}: N_t = T / tau = "
+                                  f"{self.depth / c:g}")
             k = refinement(tau, c, "tau_choices")
             if k in ks:
                 raise ConfigError(f"tau_choices must not repeat a time step, got {c:g} twice "
@@ -200,14 +322,36 @@ class TrainConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> TrainConfig:
-        """Keys at the top level of the file, or in a ``[train]`` table."""
+        """Keys at the top level of the file, or in a ``[train]`` table; a bad key or value is
+        refused naming the file and the key."""
+        values = cls.toml_values(path)
+        try:
+            return cls.from_dict(values)
+        except ConfigError as e:
+            raise ConfigError(f"config file {str(path)!r}: {e}") from None
+
+    @classmethod
+    def toml_values(cls, path: str | Path) -> dict[str, Any]:
+        """The keys of a config file (top level or ``[train]``), each known and of its field's
+        type (``ConfigError`` naming the file and the key); the values' ranges and how they
+        fit together are checked when a config is built from them."""
         p = Path(path)
         values = read_toml(p)
         if "train" in values:
             if set(values) != {"train"} or not isinstance(values["train"], dict):
                 raise ConfigError(f"config file {str(p)!r}: put every key in [train] or none")
             values = values["train"]
-        return cls.from_dict(values)
+        unknown = sorted(set(values) - set(cls.keys()))
+        if unknown:
+            raise ConfigError(f"config file {str(p)!r}: unknown keys {unknown}; known: "
+                              f"{sorted(cls.keys())}")
+        hints = typing.get_type_hints(cls)
+        for key, value in values.items():
+            try:
+                _check_type(key, value, hints[key])
+            except ConfigError as e:
+                raise ConfigError(f"config file {str(p)!r}: {e}") from None
+        return values
 
     def to_dict(self) -> dict[str, Any]:
         """Every key and its value, JSON-friendly (``tau_choices`` as a list of floats), so that
@@ -221,6 +365,8 @@ def read_toml(path: str | Path, error: type[ValueError] = ConfigError,
     """The tables of a TOML file; a missing or invalid file raises ``error`` naming it (one
     line)."""
     p = Path(path)
+    if p.is_dir():
+        raise error(f"{what} {str(p)!r} is a folder, expected a TOML file")
     if not p.is_file():
         raise error(f"{what} {str(p)!r} does not exist")
     try:

@@ -9,12 +9,18 @@ split after every epoch, writes metrics as JSON lines (``metrics.jsonl``) and re
 metrics. It is deterministic for a given seed: the batches of epoch e are drawn from a generator
 seeded with (seed, e), so a resumed run sees the same batches as an uninterrupted one.
 
+The run's time grid is computed once (``training.grid.TrainGrid``: T, tau, N_t, the choices).
 Random time step per batch (``tau_choices``): optimiser step s runs its batch on the model
-refined to ``tau_at(cfg, s)``, drawn uniformly from the choices by a generator seeded with
-(seed, s), so a resumed run draws the same taus. Each choice tau / k is ``model.refine(k)`` of
-the model at the config's tau (the same parameters; its own control problem, so a running cost
-reads the refined path); each logged step records its "tau". Evaluation stays at the config's
-tau. Not under torchrun (refused).
+refined to ``grid.tau_at(s)``, drawn uniformly from the choices by a generator seeded with
+(seed, s), so a resumed run and every rank draw the same taus. Each choice tau / k is
+``model.refine(k)`` of the model at the config's tau (the same parameters; its own control
+problem, so a running cost reads the refined path: ``_Variants``); each logged step records
+its "tau". Evaluation stays at the config's tau.
+
+The run folder is locked by rank 0 for the run (``files.FolderLock``): a second writer is
+refused naming this process. Its files go through ``splitformer.files``: config.json and
+final.json atomically, each metrics.jsonl row appended and fsynced; on resume metrics.jsonl is
+read with ``files.read_jsonl`` (a torn last line dropped, a corrupt one before it refused).
 
 Under torchrun (``WORLD_SIZE`` > 1) the same loop runs data parallel (``training.distributed``):
 ``batch_size`` stays the global batch, each rank takes its contiguous shard of it, the model is
@@ -42,12 +48,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..control import ControlProblem, ControlRegularity, KineticEnergy
+from ..files import FolderLock, FolderLockedError, append_line, read_jsonl, write_atomic
 from . import distributed
 from .checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import ConfigError, TrainConfig
 from .data import Dataset, load_dataset
 from .distributed import Ranks
 from .families import FAMILIES, build_model
+from .grid import TrainGrid
 
 __all__ = ["FitResult", "TrainingError", "fit", "evaluate", "new_run_dir", "tau_at"]
 
@@ -132,24 +140,42 @@ def control_problem(model: nn.Module, data: Dataset, cfg: TrainConfig) -> Contro
 
 def tau_at(cfg: TrainConfig, step: int) -> float:
     """The time step of optimiser step ``step``: one of ``cfg.tau_choices`` drawn uniformly by
-    a generator seeded with (seed, step) (the same for a resumed run), or the config's tau
-    T / N_t without ``tau_choices``."""
-    if cfg.tau_choices is None:
-        return cfg.depth / cfg.num_steps()
-    g = random.Random(f"tau_choices {cfg.seed} {step}")  # a str seed: sha512, not hash()
-    return cfg.tau_choices[g.randrange(len(cfg.tau_choices))]
+    a generator seeded with (seed, step) (the same for a resumed run and on every rank), or the
+    config's tau T / N_t without ``tau_choices`` (``TrainGrid.tau_at``)."""
+    return TrainGrid.of(cfg).tau_at(step)
 
 
-def _step_on(problem: ControlProblem, cfg: TrainConfig, batch: tuple):
-    """(objective, correct predictions or None, examples) of one batch."""
+def _step_on(problem: nn.Module, cfg: TrainConfig, batch: tuple, k: int = 1):
+    """(objective, correct predictions or None, examples) of one batch, on the variant
+    refined ``k`` times (``problem``: a ``_Variants``, or DistributedDataParallel of one)."""
     family = FAMILIES[cfg.family]
     if len(batch) == 1:  # language modelling: the ids are input and target
         (ids,) = batch
-        return problem(family.inputs(ids), ids), None, ids.shape[0]
+        return problem(family.inputs(ids), ids, k=k), None, ids.shape[0]
     x, y = batch
-    obj = problem(family.inputs(x), y)
+    obj = problem(family.inputs(x), y, k=k)
     correct = int((family.read(obj.output).argmax(-1) == y).sum())
     return obj, correct, y.shape[0]
+
+
+class _Variants(nn.Module):
+    """The control problem of each refinement a step may train at: k -> the problem on
+    ``model.refine(k)`` (shared parameters, its own train/eval flag and path, so a running cost
+    reads the refined path; k = 1 is the model itself). One module, so that one
+    DistributedDataParallel holds every variant's (shared) parameters once."""
+
+    def __init__(self, model: nn.Module, data: Dataset, cfg: TrainConfig,
+                 ks: tuple[int, ...]) -> None:
+        super().__init__()
+        problems = {}
+        for k in ks:
+            variant = model if k == 1 else model.refine(k)
+            variant.train()
+            problems[str(k)] = control_problem(variant, data, cfg)
+        self.problems = nn.ModuleDict(problems)
+
+    def forward(self, inputs: tuple, target: torch.Tensor, k: int = 1):
+        return self.problems[str(k)](inputs, target)
 
 
 @torch.no_grad()
@@ -250,146 +276,228 @@ def fit(cfg: TrainConfig, *, out: str | Path | None = None, progress: bool = Fal
 
 def _fit(cfg: TrainConfig, *, out: str | Path | None, progress: bool, data: Dataset | None,
          resume: str | Path | None, ranks: Ranks) -> FitResult:
-    if cfg.tau_choices is not None and ranks.distributed:
-        raise ConfigError("tau_choices is not supported by the data-parallel path (torchrun) "
-                          "yet; train in one process or leave tau_choices unset")
+    grid = TrainGrid.of(cfg)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    run_dir = _run_folder(cfg, out, resume, ranks)
+    lock = _claim(run_dir, resume, ranks)
+    try:
+        run = _Run(cfg, grid, data if data is not None else load_dataset(cfg.data, cfg.data_dir),
+                   run_dir, ranks)
+        if resume is not None:  # every rank loads the checkpoint
+            run.restore()
+        run.open_log(resumed=resume is not None)
+        return run.train(progress)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_folder(cfg: TrainConfig, out: str | Path | None, resume: str | Path | None,
+                ranks: Ranks) -> Path:
+    """The run's folder: ``resume``'s (with a complete checkpoint), ``out`` or ``cfg.out``, or
+    a fresh one under runs/ (rank 0's name on every rank)."""
     if resume is not None:
         run_dir = Path(resume)
         if latest_checkpoint(run_dir) is None:
             raise ConfigError(f"resume: {str(run_dir)!r} holds no complete checkpoint")
-    elif out is not None or cfg.out is not None:
-        run_dir = Path(out if out is not None else cfg.out)
-        if any((run_dir / name).exists() for name in ("metrics.jsonl", "latest", "final.json")):
-            raise ConfigError(f"out: {str(run_dir)!r} holds a run already; resume it (--resume) "
-                              "or choose another folder")
-    else:
-        run_dir = new_run_dir()
-        if ranks.distributed:  # rank 0's stamp
-            run_dir = Path(distributed.broadcast_object(str(run_dir)))
-    data = data if data is not None else load_dataset(cfg.data, cfg.data_dir)
-    seed_everything(cfg.seed)
-    model = build_model(cfg, data)
-    if ranks.device.type != "cpu":
-        model = model.to(ranks.device)
-    model.train()
-    problem = control_problem(model, data, cfg)
-    optimizer = _optimizer(model, cfg)
-    per_epoch = len(batches(data, cfg, 0))
-    total = per_epoch * cfg.epochs
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, total))
-    step = 0
-    seconds_before = 0.0  # training seconds of earlier attempts (a resumed run)
-    if resume is not None:  # every rank loads the checkpoint
-        state = load_checkpoint(run_dir, model=model, optimizer=optimizer, scheduler=scheduler)
-        if state.get("config") != cfg.to_dict():
-            changed = sorted(k for k, v in cfg.to_dict().items()
-                             if state.get("config", {}).get(k) != v)
-            raise ConfigError(f"resume: the run in {str(run_dir)!r} was made with another "
-                              f"config (differs in {changed}); resume it without changing them")
-        step = int(state["step"])
-        seconds_before = float(state.get("seconds", 0.0))
-    # tau_choices: one control problem per refinement k, on model.refine(k) (shared parameters,
-    # its own train/eval flag; k = 1 is the model itself); without it, the problem alone
-    problems = {1: problem}
-    for k in cfg.refinements() or ():
-        if k not in problems:
-            variant = model.refine(k)
-            variant.train()
-            problems[k] = control_problem(variant, data, cfg)
-    tau = cfg.depth / cfg.num_steps()
-    # DistributedDataParallel (a single process: the problem itself); it holds the model, so
-    # the running costs see its evolutions
-    engine = distributed.wrap(problem) if ranks.distributed else problem
-    log = None
+        return run_dir
+    if out is not None or cfg.out is not None:
+        return Path(out if out is not None else cfg.out)
+    run_dir = new_run_dir()
+    if ranks.distributed:  # rank 0's stamp
+        run_dir = Path(distributed.broadcast_object(str(run_dir)))
+    return run_dir
+
+
+_RUN_FILES = ("metrics.jsonl", "latest", "final.json")
+
+
+def _claim(run_dir: Path, resume: str | Path | None, ranks: Ranks) -> FolderLock | None:
+    """Rank 0 locks the run folder (``files.FolderLock``: a second writer is refused naming
+    this process) and checks that a new run's folder holds no run yet; every rank gets the
+    same error."""
+    lock, error = None, None
     if ranks.main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-        history = _metrics_until(run_dir / "metrics.jsonl", step)
-        log = (run_dir / "metrics.jsonl").open("a" if resume is not None else "w")
+        try:
+            lock = FolderLock(run_dir, what="run folder").acquire()
+            if resume is None and any((run_dir / n).exists() for n in _RUN_FILES):
+                error = ConfigError(f"out: {str(run_dir)!r} holds a run already; resume it "
+                                    "(--resume) or choose another folder")
+        except FolderLockedError as e:
+            error = e
     if ranks.distributed:
-        distributed.barrier()  # rank 0 has cut metrics.jsonl back to the checkpoint's step
-    if not ranks.main:
-        history = _metrics_until(run_dir / "metrics.jsonl", step, rewrite=False)
+        text = distributed.broadcast_object(None if error is None
+                                            else [type(error).__name__, str(error)])
+        if text is not None and error is None:
+            kind = FolderLockedError if text[0] == "FolderLockedError" else ConfigError
+            error = kind(text[1])
+    if error is not None:
+        if lock is not None:
+            lock.release()
+        raise error
+    return lock
 
-    def record(row: dict[str, Any]) -> None:
-        history.append(row)
-        if log is not None:
-            log.write(json.dumps(row) + "\n")
-            log.flush()
 
-    def checkpoint(epoch: int) -> None:
-        if ranks.main:
-            save_checkpoint(run_dir, model=model, optimizer=optimizer, scheduler=scheduler,
-                            state={"step": step, "epoch": epoch, "config": cfg.to_dict(),
-                                   "seconds": seconds_before + time.perf_counter() - start})
+class _Run:
+    """One training run's state: the model, its variants (``_Variants``, under DDP wrapped),
+    the optimiser and schedule, the step, the metrics log; ``train`` runs the loop."""
 
-    if step and step % per_epoch == 0 and step < total:
-        # a kill between an epoch's last checkpoint and its test-set row: the row is made now
-        # (the model is the one that row was for), so the resumed log loses nothing
-        done = step // per_epoch - 1
-        if not any(r.get("epoch") == done and "lr" not in r for r in history):
-            record({"epoch": done, "step": step, **_evaluate(model, data, cfg, ranks)})
-    start = time.perf_counter()
-    bar = _Bar(total, enabled=progress)
-    bar.update(step, None, None, 0.0)
-    try:
-        for epoch in range(step // per_epoch, cfg.epochs):
-            seen, t0 = 0, time.perf_counter()
-            for batch in batches(data, cfg, epoch)[step - epoch * per_epoch:]:
-                if ranks.distributed:
-                    obj, weight, parts, correct, n = _shard_step(engine, cfg, batch, ranks,
-                                                                 step)
-                    loss = obj.total * weight
-                else:
-                    step_tau = tau_at(cfg, step)
-                    obj, correct, n = _step_on(problems[round(tau / step_tau)], cfg, batch)
-                    loss = obj.total
-                    parts = {**{k: v.item() for k, v in obj.parts.items()},
-                             "loss": loss.item()}
-                if not math.isfinite(parts["loss"]):
-                    kept = (f"the last good checkpoint is kept in {str(run_dir)!r}"
-                            if latest_checkpoint(run_dir) is not None
-                            else "no checkpoint was written yet")
-                    raise TrainingError(f"the loss is {parts['loss']} at step {step} (epoch "
-                                        f"{epoch}); {kept}; lower lr or check the data")
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.grad_clip is not None:
-                    nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                seen += n
-                rate = seen / max(time.perf_counter() - t0, 1e-9)
-                if step % cfg.log_every == 0 or step == total:
-                    row = {"step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0],
-                           **parts, "examples_per_s": rate}
-                    if cfg.tau_choices is not None:
-                        row["tau"] = step_tau
-                    if correct is not None:
-                        row["accuracy"] = correct / n
-                    record(row)
-                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                    checkpoint(epoch)
-                bar.update(step, parts["loss"], correct / n if correct is not None else None,
-                           rate)
-            record({"epoch": epoch, "step": step, **_evaluate(model, data, cfg, ranks)})
-            if not cfg.checkpoint_every:
-                checkpoint(epoch + 1)
-    finally:
-        bar.close()
-        if log is not None:
-            log.close()
-    if cfg.checkpoint_every and step % cfg.checkpoint_every:
-        checkpoint(cfg.epochs)
-    seconds = seconds_before + time.perf_counter() - start
-    metrics = {**_evaluate(model, data, cfg, ranks), "epochs": cfg.epochs, "seconds": seconds,
-               "parameters": sum(p.numel() for p in model.parameters()), "steps": step}
-    if ranks.main:
-        (run_dir / "final.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    return FitResult(metrics, model, run_dir, history)
+    def __init__(self, cfg: TrainConfig, grid: TrainGrid, data: Dataset, run_dir: Path,
+                 ranks: Ranks) -> None:
+        self.cfg, self.grid, self.data, self.run_dir, self.ranks = cfg, grid, data, run_dir, ranks
+        seed_everything(cfg.seed)
+        model = build_model(cfg, data)
+        if ranks.device.type != "cpu":
+            model = model.to(ranks.device)
+        model.train()
+        self.model = model
+        variants = _Variants(model, data, cfg, grid.ks())
+        # DistributedDataParallel (a single process: the variants themselves); it holds the
+        # model, so the running costs see its evolutions
+        self.engine = distributed.wrap(variants) if ranks.distributed else variants
+        self.optimizer = _optimizer(model, cfg)
+        self.per_epoch = len(batches(data, cfg, 0))
+        self.total = self.per_epoch * cfg.epochs
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
+                                                           lr_factor(cfg, self.total))
+        self.step = 0
+        self.seconds_before = 0.0  # training seconds of earlier attempts (a resumed run)
+        self.start = time.perf_counter()
+        self.history: list[dict[str, Any]] = []
+        self.metrics_path = run_dir / "metrics.jsonl"
+
+    def restore(self) -> None:
+        """Load the run folder's last checkpoint (the same config, or refused naming the keys
+        that differ)."""
+        state = load_checkpoint(self.run_dir, model=self.model, optimizer=self.optimizer,
+                                scheduler=self.scheduler)
+        mine = self.cfg.to_dict()
+        if state.get("config") != mine:
+            changed = sorted(k for k, v in mine.items() if state.get("config", {}).get(k) != v)
+            raise ConfigError(f"resume: the run in {str(self.run_dir)!r} was made with another "
+                              f"config (differs in {changed}); resume it without changing them")
+        self.step = int(state["step"])
+        self.seconds_before = float(state.get("seconds", 0.0))
+
+    def open_log(self, resumed: bool) -> None:
+        """Rank 0 writes config.json (back, on a resume) and cuts metrics.jsonl back to the
+        checkpoint's step (a torn last line cut, a corrupt middle refused); every rank reads
+        the rows up to that step."""
+        if self.ranks.main:
+            write_atomic(self.run_dir / "config.json",
+                         json.dumps(self.cfg.to_dict(), indent=2) + "\n")
+            if not resumed:
+                write_atomic(self.metrics_path, "")
+            self.history = _metrics_until(self.metrics_path, self.step)
+        if self.ranks.distributed:
+            distributed.barrier()  # rank 0 has cut metrics.jsonl back to the checkpoint's step
+        if not self.ranks.main:
+            self.history = _metrics_until(self.metrics_path, self.step, rewrite=False)
+
+    def record(self, row: dict[str, Any]) -> None:
+        self.history.append(row)
+        if self.ranks.main:
+            append_line(self.metrics_path, json.dumps(row))
+
+    def checkpoint(self, epoch: int) -> None:
+        if self.ranks.main:
+            seconds = self.seconds_before + time.perf_counter() - self.start
+            save_checkpoint(self.run_dir, model=self.model, optimizer=self.optimizer,
+                            scheduler=self.scheduler,
+                            state={"step": self.step, "epoch": epoch,
+                                   "config": self.cfg.to_dict(), "seconds": seconds})
+
+    def test_row(self, epoch: int) -> None:
+        """The test-set row of ``epoch`` (the model at the end of it)."""
+        self.record({"epoch": epoch, "step": self.step,
+                     **_evaluate(self.model, self.data, self.cfg, self.ranks)})
+
+    def mend_test_row(self) -> None:
+        """A kill between an epoch's last checkpoint and its test-set row (with
+        ``checkpoint_every`` dividing the epoch's last step, the last epoch's included): the
+        row is made now (the model is the one that row was for), so the log loses nothing."""
+        step, per_epoch = self.step, self.per_epoch
+        if step and step % per_epoch == 0 and step <= self.total:
+            done = step // per_epoch - 1
+            if not any(r.get("epoch") == done and "lr" not in r for r in self.history):
+                self.test_row(done)
+
+    def train(self, progress: bool) -> FitResult:
+        """The epochs left, the last checkpoint, the final metrics (final.json)."""
+        cfg = self.cfg
+        self.mend_test_row()
+        self.start = time.perf_counter()
+        bar = _Bar(self.total, enabled=progress)
+        bar.update(self.step, None, None, 0.0)
+        try:
+            for epoch in range(self.step // self.per_epoch, cfg.epochs):
+                self.epoch(epoch, bar)
+        finally:
+            bar.close()
+        if cfg.checkpoint_every and self.step % cfg.checkpoint_every:
+            self.checkpoint(cfg.epochs)
+        seconds = self.seconds_before + time.perf_counter() - self.start
+        metrics = {**_evaluate(self.model, self.data, cfg, self.ranks), "epochs": cfg.epochs,
+                   "seconds": seconds, "steps": self.step,
+                   "parameters": sum(p.numel() for p in self.model.parameters())}
+        if self.ranks.main:
+            write_atomic(self.run_dir / "final.json", json.dumps(metrics, indent=2) + "\n")
+        return FitResult(metrics, self.model, self.run_dir, self.history)
+
+    def epoch(self, epoch: int, bar: _Bar) -> None:
+        """The batches of ``epoch`` left after the step reached (a logged row every
+        ``log_every`` steps, checkpoints), then its test row (and the epoch's checkpoint)."""
+        cfg = self.cfg
+        seen, t0 = 0, time.perf_counter()
+        for batch in batches(self.data, cfg, epoch)[self.step - epoch * self.per_epoch:]:
+            parts, correct, n, step_tau = self.optimise(batch, epoch)
+            seen += n
+            rate = seen / max(time.perf_counter() - t0, 1e-9)
+            if self.step % cfg.log_every == 0 or self.step == self.total:
+                row = {"step": self.step, "epoch": epoch,
+                       "lr": self.scheduler.get_last_lr()[0], **parts, "examples_per_s": rate}
+                if cfg.tau_choices is not None:
+                    row["tau"] = step_tau
+                if correct is not None:
+                    row["accuracy"] = correct / n
+                self.record(row)
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                self.checkpoint(epoch)
+            bar.update(self.step, parts["loss"], correct / n if correct is not None else None,
+                       rate)
+        self.test_row(epoch)
+        if not cfg.checkpoint_every:
+            self.checkpoint(epoch + 1)
+
+    def optimise(self, batch: tuple, epoch: int):
+        """One optimiser step on ``batch`` at the step's tau: (logged parts with "loss",
+        correct predictions or None, examples, the step's tau)."""
+        cfg, step = self.cfg, self.step
+        k, step_tau = self.grid.refinement_at(step), self.grid.tau_at(step)
+        if self.ranks.distributed:
+            obj, weight, parts, correct, n = _shard_step(self.engine, cfg, batch, self.ranks,
+                                                         step, k)
+            loss = obj.total * weight
+        else:
+            obj, correct, n = _step_on(self.engine, cfg, batch, k)
+            loss = obj.total
+            parts = {**{name: v.item() for name, v in obj.parts.items()}, "loss": loss.item()}
+        if not math.isfinite(parts["loss"]):
+            kept = (f"the last good checkpoint is kept in {str(self.run_dir)!r}"
+                    if latest_checkpoint(self.run_dir) is not None
+                    else "no checkpoint was written yet")
+            raise TrainingError(f"the loss is {parts['loss']} at step {step} (epoch {epoch}); "
+                                f"{kept}; lower lr or check the data")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip is not None:
+            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return parts, correct, n, step_tau
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:
@@ -397,7 +505,8 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
     return ((seed * 1_000_003 + step) * 10_007 + rank) % 2**63
 
 
-def _shard_step(engine: nn.Module, cfg: TrainConfig, batch: tuple, ranks: Ranks, step: int):
+def _shard_step(engine: nn.Module, cfg: TrainConfig, batch: tuple, ranks: Ranks, step: int,
+                k: int = 1):
     """This rank's part of the global ``batch``: (its objective, the weight of its objective in
     ``backward``, the global batch's logged parts and "loss", its correct predictions or None,
     its size). The rank's objective is a mean over its shard of n_r examples; weighted by
@@ -414,7 +523,7 @@ def _shard_step(engine: nn.Module, cfg: TrainConfig, batch: tuple, ranks: Ranks,
     if share == 0:
         local = tuple(t[:1] for t in batch)
     local = tuple(t.to(ranks.device) for t in local)
-    obj, correct, _ = _step_on(engine, cfg, local)
+    obj, correct, _ = _step_on(engine, cfg, local, k)
     names = list(obj.parts)
     values = torch.stack([obj.parts[k].detach().reshape(()) for k in names]
                          + [obj.total.detach().reshape(())]).double() * share
@@ -429,13 +538,13 @@ def _shard_step(engine: nn.Module, cfg: TrainConfig, batch: tuple, ranks: Ranks,
 
 def _metrics_until(path: Path, step: int, rewrite: bool = True) -> list[dict[str, Any]]:
     """The logged rows up to ``step`` (a resumed run drops what came after its checkpoint;
-    ``rewrite``: also in the file)."""
+    ``rewrite``: also in the file). A torn last line (a kill or a full disk) is dropped; a
+    corrupt line before it raises ``files.CorruptFileError`` naming the file and the line."""
     if step == 0 or not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("step", 0) <= step]
+    rows = [r for r in read_jsonl(path) if isinstance(r, dict) and r.get("step", 0) <= step]
     if rewrite:
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
     return rows
 
 

@@ -1,0 +1,62 @@
+"""The time grid of a training run, computed once from its config: ``TrainGrid``.
+
+    grid = TrainGrid.of(cfg)
+    grid.T, grid.tau, grid.num_steps      T = depth, tau = T / N_t, N_t (at most MAX_STEPS)
+    grid.choices, grid.refinements        tau_choices (largest first) and their k = tau / choice
+    grid.refinement_at(step)              the k that optimiser step ``step`` trains at
+    grid.tau_at(step)                     its time step, tau / k
+
+Without ``tau_choices`` every step trains at the config's tau (k = 1). With them, step s draws
+one choice uniformly by a generator seeded with (seed, s) (a str seed: sha512, not ``hash()``),
+so a resumed run and every rank of a data-parallel run draw the same tau at the same step.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from .config import TrainConfig
+
+__all__ = ["TrainGrid"]
+
+
+@dataclass(frozen=True)
+class TrainGrid:
+    """T, N_t and the random time steps of a ``TrainConfig`` (module docstring)."""
+
+    T: int
+    num_steps: int
+    choices: tuple[float, ...] | None
+    refinements: tuple[int, ...] | None
+    seed: int
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> TrainGrid:
+        """The grid of ``cfg`` (its checks: ``TrainConfig.num_steps``, ``refinements``)."""
+        return cls(cfg.depth, cfg.num_steps(), cfg.tau_choices, cfg.refinements(), cfg.seed)
+
+    @property
+    def tau(self) -> float:
+        """The config's time step T / N_t (evaluation runs at it)."""
+        return self.T / self.num_steps
+
+    def ks(self) -> tuple[int, ...]:
+        """Every refinement a step may train at: 1 (the model itself) and the choices' k's."""
+        return tuple(dict.fromkeys((1, *(self.refinements or ()))))
+
+    def _draw(self, step: int) -> int:
+        g = random.Random(f"tau_choices {self.seed} {step}")
+        return g.randrange(len(self.choices))
+
+    def refinement_at(self, step: int) -> int:
+        """k of optimiser step ``step``: the step trains on ``model.refine(k)``."""
+        if self.choices is None:
+            return 1
+        return self.refinements[self._draw(step)]
+
+    def tau_at(self, step: int) -> float:
+        """The time step of optimiser step ``step``: the drawn choice, or T / N_t."""
+        if self.choices is None:
+            return self.tau
+        return self.choices[self._draw(step)]
