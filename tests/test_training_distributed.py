@@ -57,3 +57,36 @@ def test_two_ranks_with_adamw_what_holds(tmp_path):
           f"{key_bias:.1e}, logged losses {loss:.1e}")
     assert rest <= 1e-6 and loss <= 1e-5
     assert 1e-6 < key_bias <= 1e-3  # round-off turned into steps: why SGD is the exact test
+
+
+def test_a_corrupt_log_stops_every_rank_in_one_line(tmp_path, cut_fit):
+    """Resuming under torchrun a run whose metrics.jsonl is corrupt in the middle: rank 0 finds
+    it and every rank stops with the one-line error (``loop._rank0_error``). Before, the other
+    rank waited at a barrier rank 0 never reached; torchrun's agent then killed it, but a
+    launcher that does not tear the job down (srun, mpirun) would hang. Which ranks get to print
+    before the agent stops the job is a race, so this checks the one line, not its count."""
+    import os
+    import subprocess
+    import sys
+
+    from test_distributed import _free_port
+
+    cut_fit(TrainConfig(**TINY, checkpoint_every=4), 5, out=tmp_path / "cut")
+    log = tmp_path / "cut" / "metrics.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    assert len(lines) >= 3
+    log.write_text(lines[0] + '{"step": 2, "loss": \n' + "".join(lines[2:]))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+                        "-m", "splitformer", "train", "--resume", str(tmp_path / "cut")],
+                       capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert r.returncode != 0
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("splitformer train: error")]
+    # one line per rank that got to print it (the launcher stops the other rank once one fails)
+    assert 1 <= len(errors) <= 2, r.stderr[-3000:]
+    assert all("metrics.jsonl: line 2" in ln for ln in errors), errors
+    # no traceback of ours (the launcher prints its own ChildFailedError summary)
+    assert "splitformer/" not in r.stderr.replace(str(tmp_path), ""), r.stderr[-4000:]

@@ -48,7 +48,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..control import ControlProblem, ControlRegularity, KineticEnergy
-from ..files import FolderLock, FolderLockedError, append_line, read_jsonl, write_atomic
+from ..files import (
+    CorruptFileError,
+    FolderLock,
+    FolderLockedError,
+    append_line,
+    read_jsonl,
+    write_atomic,
+)
 from . import distributed
 from .checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import ConfigError, TrainConfig
@@ -327,17 +334,27 @@ def _claim(run_dir: Path, resume: str | Path | None, ranks: Ranks) -> FolderLock
                                     "(--resume) or choose another folder")
         except FolderLockedError as e:
             error = e
-    if ranks.distributed:
-        text = distributed.broadcast_object(None if error is None
-                                            else [type(error).__name__, str(error)])
-        if text is not None and error is None:
-            kind = FolderLockedError if text[0] == "FolderLockedError" else ConfigError
-            error = kind(text[1])
+    error = _rank0_error(error, ranks)
     if error is not None:
         if lock is not None:
             lock.release()
         raise error
     return lock
+
+
+_SHARED_ERRORS = {e.__name__: e for e in (ConfigError, FolderLockedError, CorruptFileError)}
+
+
+def _rank0_error(error: Exception | None, ranks: Ranks) -> Exception | None:
+    """The error rank 0 met (a locked folder, a refused folder, a corrupt log), on every rank:
+    under torchrun the other ranks would otherwise wait at the next collective forever."""
+    if not ranks.distributed:
+        return error
+    text = distributed.broadcast_object(None if error is None
+                                        else [type(error).__name__, str(error)])
+    if text is not None and error is None:
+        error = _SHARED_ERRORS.get(text[0], ConfigError)(text[1])
+    return error
 
 
 class _Run:
@@ -385,14 +402,21 @@ class _Run:
         """Rank 0 writes config.json (back, on a resume) and cuts metrics.jsonl back to the
         checkpoint's step (a torn last line cut, a corrupt middle refused); every rank reads
         the rows up to that step."""
+        error = None
         if self.ranks.main:
             write_atomic(self.run_dir / "config.json",
                          json.dumps(self.cfg.to_dict(), indent=2) + "\n")
             if not resumed:
                 write_atomic(self.metrics_path, "")
-            self.history = _metrics_until(self.metrics_path, self.step)
-        if self.ranks.distributed:
-            distributed.barrier()  # rank 0 has cut metrics.jsonl back to the checkpoint's step
+            try:
+                self.history = _metrics_until(self.metrics_path, self.step)
+            except CorruptFileError as e:
+                error = e
+        # every rank learns of a corrupt log, after rank 0 has cut metrics.jsonl back to the
+        # checkpoint's step (the broadcast is the barrier)
+        error = _rank0_error(error, self.ranks)
+        if error is not None:
+            raise error
         if not self.ranks.main:
             self.history = _metrics_until(self.metrics_path, self.step, rewrite=False)
 
