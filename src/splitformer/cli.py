@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, modname in COMMANDS.items():
         mod = importlib.import_module(modname)
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP,
-                           epilog=getattr(mod, "EPILOG", None))
+                           epilog=mod.EPILOG)
         p.set_defaults(_interrupted="")  # a command's add_arguments may say what Ctrl-C keeps
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run, _parser=p)

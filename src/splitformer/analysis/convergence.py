@@ -172,7 +172,8 @@ def trained_configuration(*, seed: int = 0, steps: int = 150, train_projections:
     try:
         from sklearn.datasets import load_digits
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("the 'trained' configuration needs scikit-learn (splitformer[data])") \
+        raise ImportError("the 'trained' configuration needs scikit-learn, a dependency of "
+                          "splitformer that does not import here (pip install scikit-learn)") \
             from e
     seed = check_seed(seed)
     model, _ = smooth_configuration(seed=seed, dtype=dtype)

@@ -167,7 +167,8 @@ def _plot_formats() -> list[str]:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError:
         raise argparse.ArgumentTypeError(
-            "needs matplotlib (pip install 'splitformer[data]')") from None
+            "needs matplotlib, a dependency of splitformer that does not import here "
+            "(pip install matplotlib)") from None
     return sorted(FigureCanvasAgg.get_supported_filetypes())
 
 

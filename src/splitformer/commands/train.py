@@ -25,6 +25,7 @@ from . import UsageError
 __all__ = ["HELP", "add_arguments", "config_of", "run", "tau_list"]
 
 HELP = "train a model family (scheme, kernel, tau, adjoint, running costs) on real data"
+EPILOG: str | None = None  # nothing after the options in --help
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -20,6 +20,7 @@ WIDTH = 100  # every line of the table fits this many columns
 # torch crashes (segmentation fault) on absurd thread counts: at most 256, or the number of
 # CPUs where that is larger
 MAX_THREADS = max(256, os.cpu_count() or 1)
+EPILOG: str | None = None  # nothing after the options in --help
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -135,8 +135,8 @@ def read_image(path: str, notes: list[str]) -> tuple[Any, dict[str, Any]]:
         import numpy as np
         from PIL import Image, UnidentifiedImageError
     except ImportError:
-        raise InputError("argument --image: reading images needs Pillow (pip install "
-                         "'splitformer[data]')") from None
+        raise InputError("argument --image: reading images needs Pillow, a dependency of "
+                         "splitformer that does not import here (pip install pillow)") from None
     bomb = (Image.DecompressionBombWarning, Image.DecompressionBombError)
     info: dict[str, Any] = {}
     try:
