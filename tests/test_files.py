@@ -100,3 +100,56 @@ def test_a_second_process_is_refused_naming_the_first(tmp_path):
     with FolderLock(tmp_path) as lock:  # a killed holder leaves no stale lock
         assert lock.held
     assert not lock.held
+
+
+def test_a_second_lock_in_the_same_process_is_refused_as_its_own(tmp_path):
+    first = FolderLock(tmp_path).acquire()
+    with pytest.raises(FolderLockedError, match="in use by this process already"):
+        FolderLock(tmp_path).acquire()  # flock alone would grant it: another fd, same process
+    first.release()
+    with FolderLock(tmp_path):
+        pass
+    dropped = FolderLock(tmp_path).acquire()
+    del dropped  # a lock object dropped without release frees the folder
+    with FolderLock(tmp_path):
+        pass
+
+
+def test_a_failed_lock_file_write_keeps_no_lock(tmp_path, monkeypatch):
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(28, "full")))
+    with pytest.raises(OSError):
+        FolderLock(tmp_path).acquire()
+    monkeypatch.setattr(os, "write", real)
+    holder = subprocess.run([sys.executable, "-c", _HOLD.replace("time.sleep(60)", ""),
+                             str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert holder.returncode == 0 and holder.stdout.strip() == "held", holder.stderr
+
+
+def test_a_failed_swap_keeps_the_previous_folder(tmp_path, monkeypatch):
+    final = tmp_path / "out"
+    with atomic_folder(final) as tmp:
+        (tmp / "x").write_text("1")
+    real = os.rename
+    calls = {"n": 0}
+
+    def rename(a, b):
+        calls["n"] += 1
+        if calls["n"] == 2:  # final -> old went through; tmp -> final fails
+            raise OSError(5, "I/O error")
+        return real(a, b)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(OSError), atomic_folder(final) as tmp:
+        (tmp / "x").write_text("2")
+    monkeypatch.setattr(os, "rename", real)
+    assert (final / "x").read_text() == "1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_whole_last_line_without_its_newline_is_kept(tmp_path):
+    p = tmp_path / "r.jsonl"
+    p.write_text('{"a": 1}\n{"a": 2}')  # read_jsonl reads it: append_line must not cut it
+    assert read_jsonl(p) == [{"a": 1}, {"a": 2}]
+    append_line(p, '{"a": 3}')
+    assert read_jsonl(p) == [{"a": 1}, {"a": 2}, {"a": 3}]

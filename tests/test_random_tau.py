@@ -90,6 +90,9 @@ def test_the_drawn_taus_follow_the_seed():
     assert set(counts) == {1.0, 0.5, 0.25}
     assert all(60 <= n <= 140 for n in counts.values()), counts  # about 100 each
     assert tau_at(TrainConfig(depth=4, steps=8), 3) == 0.5  # without choices: the config's tau
+    # the sequence itself, as the code of 2026-12-01 (032d4af) drew it: a run checkpointed by
+    # an older version resumes on the same draws
+    assert a[:12] == [0.5, 0.5, 0.5, 1.0, 0.25, 1.0, 1.0, 1.0, 0.5, 1.0, 0.5, 0.25]
 
 
 def test_each_logged_step_records_its_drawn_tau(tmp_path, digits):

@@ -192,6 +192,30 @@ def test_a_bad_value_in_a_config_file_names_the_file_and_key(tmp_path, capsys):
         ["train", "--config", str(path), "--lr", "0.01"])) == TrainConfig(epochs=3, lr=0.01)
 
 
+def test_a_flag_that_fails_beside_a_config_file_is_the_flags(tmp_path, capsys):
+    """A value that is wrong only with the file's other values (heads must divide the file's
+    width; tau must divide the file's depth) is the flag's, not the file's."""
+    path = tmp_path / "run.toml"
+    path.write_text("width = 64\ndepth = 4\n")
+    err = _one_line_usage_error(capsys, ["train", "--config", str(path), "--heads", "3"])
+    assert err.startswith("splitformer train: error: argument --heads: heads=3"), err
+    assert str(path) not in err
+    err = _one_line_usage_error(capsys, ["train", "--config", str(path), "--tau", "0.3"])
+    assert err.startswith("splitformer train: error: argument --tau: tau=0.3"), err
+
+
+def test_a_config_file_on_resume_may_repeat_the_run_not_change_it(tmp_path, cut_fit, capsys):
+    run = tmp_path / "run"
+    cfg = _cut_run(cut_fit, run, steps=3)
+    other = tmp_path / "other.toml"
+    other.write_text(f"lr = {cfg.lr * 10}\n")
+    err = _one_line_usage_error(capsys, ["train", "--resume", str(run), "--config", str(other)])
+    assert "argument --resume" in err and "['lr']" in err  # before: silently ignored
+    same = tmp_path / "same.toml"
+    same.write_text(f"lr = {cfg.lr}\n")
+    assert main(["train", "--resume", str(run), "--config", str(same), "--json"]) == 0
+
+
 def test_a_folder_given_as_config_is_named_a_folder(tmp_path, capsys):
     err = _one_line_usage_error(capsys, ["train", "--config", str(tmp_path)])
     assert "is a folder" in err and "does not exist" not in err

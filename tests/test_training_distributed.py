@@ -56,15 +56,16 @@ def test_two_ranks_with_adamw_what_holds(tmp_path):
     print(f"\nAdamW, 2 ranks vs 1 process: parameters but the key bias {rest:.1e}, key bias "
           f"{key_bias:.1e}, logged losses {loss:.1e}")
     assert rest <= 1e-6 and loss <= 1e-5
-    assert 1e-6 < key_bias <= 1e-3  # round-off turned into steps: why SGD is the exact test
+    assert key_bias <= 1e-3  # round-off turned into lr-sized steps: why SGD is the exact test
 
 
 def test_a_corrupt_log_stops_every_rank_in_one_line(tmp_path, cut_fit):
     """Resuming under torchrun a run whose metrics.jsonl is corrupt in the middle: rank 0 finds
     it and every rank stops with the one-line error (``loop._rank0_error``). Before, the other
     rank waited at a barrier rank 0 never reached; torchrun's agent then killed it, but a
-    launcher that does not tear the job down (srun, mpirun) would hang. Which ranks get to print
-    before the agent stops the job is a race, so this checks the one line, not its count."""
+    launcher that does not tear the job down (srun, mpirun) would hang. (Under torchrun the old
+    code also ended, the agent killing the waiting rank, so this test shows the one line; the
+    fix is for launchers that wait.)"""
     import os
     import subprocess
     import sys
@@ -85,8 +86,8 @@ def test_a_corrupt_log_stops_every_rank_in_one_line(tmp_path, cut_fit):
                        capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     assert r.returncode != 0
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("splitformer train: error")]
-    # one line per rank that got to print it (the launcher stops the other rank once one fails)
-    assert 1 <= len(errors) <= 2, r.stderr[-3000:]
+    # rank 0 reports it (the other ranks exit with the same status, silently: commands.train)
+    assert len(errors) == 1, r.stderr[-3000:]
     assert all("metrics.jsonl: line 2" in ln for ln in errors), errors
     # no traceback of ours (the launcher prints its own ChildFailedError summary)
     assert "splitformer/" not in r.stderr.replace(str(tmp_path), ""), r.stderr[-4000:]

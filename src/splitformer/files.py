@@ -1,6 +1,7 @@
 """Files that are never half-written, and folders that one process writes at a time.
 
-The one room for writing to disk; everything splitformer writes goes through here:
+The one room for writing to disk; everything splitformer writes goes through here, directly or
+into a folder that ``atomic_folder`` builds (an analyze report's figures):
 
 * ``write_atomic(path, data)``: data goes into a temporary file in the same folder, is
   flushed and fsynced, gets the permissions a new file gets here (the umask), and is renamed
@@ -9,15 +10,19 @@ The one room for writing to disk; everything splitformer writes goes through her
 * ``atomic_folder(final)``: a context manager yielding a temporary folder next to ``final``;
   on a clean exit its files are fsynced, it is renamed to ``final`` (an existing ``final`` is
   swapped out and removed), and the parent folder is fsynced; on an error it is removed.
-* ``append_line(path, line)``: one line appended and fsynced, after cutting a torn last line
-  (a kill or a full disk leaves one) so that the new line starts a line of its own.
+* ``save_figure(fig, path)``: a matplotlib figure through ``write_atomic``.
+* ``append_line(path, line)``: one line appended to a JSON-lines file and fsynced, after
+  cutting a torn last line (a kill or a full disk leaves one; a whole JSON value that only
+  lost its newline is kept) so that the new line starts a line of its own.
 * ``read_jsonl(path)``: the JSON objects of a JSON-lines file; a torn last line is dropped
   (and, with ``repair=True``, cut off the file), a corrupt line before it is refused with
   ``CorruptFileError`` naming the file and the line.
 * ``FolderLock(folder)``: an exclusive lock (``fcntl.flock`` on ``folder/.lock``, which records
   the holder's process id); a second writer gets ``FolderLockedError`` naming the first's
-  process. The lock is released when the holder exits, however it exits (the kernel drops a
-  flock with the process), so a stale lock file never blocks a later run.
+  process (or, in the holding process, says it holds it already). The lock is released when
+  the holder exits, however it exits (the kernel drops a flock with the process; the file is
+  opened non-inheritable, so a program it starts does not keep it, though a child made by a
+  bare ``fork()`` shares it until it exits), so a stale lock file never blocks a later run.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ __all__ = [
     "FolderLockedError",
     "append_line",
     "atomic_folder",
+    "remove_path",
+    "save_figure",
     "fsync_dir",
     "read_jsonl",
     "write_atomic",
@@ -46,6 +53,7 @@ __all__ = [
 ]
 
 LOCK_NAME = ".lock"
+_HELD: set[str] = set()  # the folders this process holds (a flock does not refuse its own fd)
 
 
 class CorruptFileError(ValueError):
@@ -102,7 +110,20 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
     return path
 
 
-def _remove(path: Path) -> None:
+def save_figure(fig: Any, path: str | os.PathLike, **savefig: Any) -> Path:
+    """A matplotlib figure written to ``path`` at once (``write_atomic``), in the format its
+    suffix names; ``savefig``: matplotlib's options (dpi, bbox_inches, ...)."""
+    import io
+
+    path = Path(path)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.suffix.lstrip(".") or None, **savefig)
+    return write_atomic(path, buffer.getvalue())
+
+
+def remove_path(path: str | os.PathLike) -> None:
+    """Remove a file, a link or a folder with everything in it; nothing if it is not there."""
+    path = Path(path)
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
@@ -132,14 +153,18 @@ def atomic_folder(final: str | os.PathLike) -> Iterator[Path]:
         if final.exists():
             old = parent / f".{final.name}.old-{secrets.token_hex(4)}"
             os.rename(final, old)
-            os.rename(tmp, final)
+            try:
+                os.rename(tmp, final)
+            except BaseException:
+                os.rename(old, final)  # the previous folder back where it was
+                raise
             fsync_dir(parent)
-            _remove(old)
+            remove_path(old)
         else:
             os.rename(tmp, final)
         fsync_dir(parent)
     except BaseException:
-        _remove(tmp)
+        remove_path(tmp)
         raise
 
 
@@ -160,16 +185,35 @@ def _cut_torn_tail(path: Path) -> None:
         os.fsync(f.fileno())
 
 
+def _mend_tail(path: Path) -> str:
+    """What a JSON-lines file's last line needs before a new line is appended: "" when the file
+    ends with a newline (or is empty), "\\n" when the last line is a whole JSON value that lost
+    its newline (``read_jsonl`` reads it: it must stay a line of its own), and otherwise (a torn
+    line) the line is cut off the file and "" is returned."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data or data.endswith(b"\n"):
+        return ""
+    try:
+        json.loads(data[data.rfind(b"\n") + 1:])
+        return "\n"
+    except (ValueError, UnicodeDecodeError):
+        _cut_torn_tail(path)
+        return ""
+
+
 def append_line(path: str | os.PathLike, line: str) -> None:
-    """Append ``line`` (no newline in it) and a newline to ``path``, fsynced; a torn last line
-    already there is cut first."""
+    """Append ``line`` (no newline in it) and a newline to the JSON-lines file ``path``,
+    fsynced; a last line already there without its newline is completed when it is a whole
+    JSON value and cut when it is torn."""
     if "\n" in line:
         raise ValueError("append_line: the line must not contain a newline")
     path = Path(path)
+    prefix = ""
     if path.exists():
-        _cut_torn_tail(path)
+        prefix = _mend_tail(path)
     with open(path, "a", encoding="utf-8") as f:
-        f.write(line + "\n")
+        f.write(prefix + line + "\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -210,6 +254,7 @@ class FolderLock:
         self.folder = Path(folder)
         self.what = what
         self._fd: int | None = None
+        self._key = ""
 
     @property
     def path(self) -> Path:
@@ -218,6 +263,11 @@ class FolderLock:
     def acquire(self) -> FolderLock:
         if self._fd is not None:
             return self
+        key = os.path.realpath(self.folder)
+        if key in _HELD:
+            raise FolderLockedError(
+                f"{self.what} {str(self.folder)!r} is in use by this process already (pid "
+                f"{os.getpid()}): one writer at a time, or give another folder")
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -232,19 +282,29 @@ class FolderLock:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}".encode())
-        os.fsync(fd)
-        self._fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()}".encode())
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)  # a full disk: no lock is kept
+            raise
+        self._fd, self._key = fd, key
+        _HELD.add(key)
         return self
 
     def release(self) -> None:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
+        _HELD.discard(self._key)
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
         os.close(fd)  # drops the flock
+
+    def __del__(self) -> None:  # a lock object dropped without release: the lock goes too
+        with contextlib.suppress(Exception):
+            self.release()
 
     @property
     def held(self) -> bool:

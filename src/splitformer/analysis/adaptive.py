@@ -59,9 +59,10 @@ from typing import Any
 
 import torch
 
+from ..files import save_figure
 from ..models.base import EvolutionModel
 from ..time import NonFiniteError
-from .checks import ArgumentError, check_model
+from .checks import ArgumentError, _is_int, check_model
 
 __all__ = [
     "ESTIMATES",
@@ -76,10 +77,6 @@ ESTIMATES = ("doubling", "lie-strang")
 
 
 # -- argument checks ------------------------------------------------------------------------
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
 
 def _check_tol(tol) -> float:
     if isinstance(tol, torch.Tensor) and tol.numel() == 1 and tol.dtype != torch.bool:
@@ -463,5 +460,5 @@ def plot(results: list[AdaptiveResult], fixed: FixedDepths, targets: torch.Tenso
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)

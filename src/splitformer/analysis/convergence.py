@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..files import save_figure
 from ..models.encoder import Encoder
 from ..operators import FeedForward, LayerNormProjection, NonlocalAttention, SphereProjection
 from ..operators.base import Context
@@ -421,5 +422,5 @@ def plot(results: list[ConvergenceResult], path: str, title: str = "") -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)

@@ -276,9 +276,10 @@ class Diagnostics:
         return summary_text(self.as_dict())
 
 
-def plural(n: int, word: str) -> str:
-    """``n`` and ``word``, in the plural (word + "s") unless n is 1."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``n`` and ``word``, in the plural (``many``, default word + "s") unless n is 1: "1 input",
+    "2 inputs"."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
 def _count(n, word: str) -> str:

@@ -32,7 +32,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..files import atomic_folder, write_atomic
+from ..analysis.diagnostics import plural
+from ..files import atomic_folder, remove_path, write_atomic
 from . import UsageError
 
 HELP = ("gather the JSON outputs of verify, convergence, experiment and analyze into one "
@@ -47,11 +48,6 @@ KINDS = {
     "experiment": "splitformer experiment: the sweep's table",
     "analyze": "splitformer analyze --json: diagnostics of an evolution",
 }
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """``n`` and ``word``, in the plural unless n is 1: "1 input", "2 inputs"."""
-    return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
 # -- the output folder --------------------------------------------------------------------------
@@ -132,7 +128,7 @@ def _staged_fresh(out: Path) -> Iterator[Stage]:
             if stage.order is None:
                 raise _Discarded
             for name in {p.name for p in folder.iterdir()} - set(stage.order):
-                _remove(folder / name)
+                remove_path(folder / name)
     except _Discarded:
         _remove_made(made)
     except BaseException:
@@ -171,13 +167,6 @@ def _remove_made(made: list[Path]) -> None:
             folder.rmdir()  # only if empty
         except OSError:
             break
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

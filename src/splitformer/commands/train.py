@@ -42,10 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def flag_of(message: str, given: set[str]) -> str | None:
-    """The flag of the config key a ConfigError message starts with (``"lr must be ..."``),
+    """The flag of the config key a ConfigError message starts with (``"lr must be ..."``,
+    ``"tau=0.3 must divide ..."``),
     when that key is in ``given``; else None."""
     table = settings()
-    key = next((k for k in given if message.startswith(k + " ")), None)
+    key = next((k for k in given if message.startswith((k + " ", k + "="))), None)
     return table[key].flag if key is not None else None
 
 
@@ -53,17 +54,16 @@ def config_of(args: argparse.Namespace) -> TrainConfig:
     """Defaults <- the TOML file <- the flags (a resumed run: its recorded config <- flags).
     A bad value is named by its flag, or by the file and key it came from."""
     flags = {key: v for key in settings() if (v := getattr(args, key)) is not None}
+    values = _file_values(args.config)
+    if args.resume is not None:
+        return _resumed_config(args.resume, {**values, **flags})
     try:
-        if args.resume is not None:
-            return _resumed_config(args.resume, flags)
-        values = TrainConfig.toml_values(args.config) if args.config is not None else {}
         cfg = TrainConfig.from_dict({**values, **flags})
     except ConfigError as e:
         flag = flag_of(str(e), set(flags))
-        from_file = args.config is not None and not str(e).startswith("config file ")
-        raise UsageError(f"argument {flag}: {e}" if flag
-                         else f"config file {str(args.config)!r}: {e}" if from_file
-                         else str(e)) from None
+        if flag is None and values and _file_error(values) == str(e):  # the file's own value
+            raise UsageError(f"config file {str(args.config)!r}: {e}") from None
+        raise UsageError(f"argument {flag}: {e}" if flag else str(e)) from None
     for key, names in (("family", FAMILIES), ("data", DATASETS)):
         if getattr(cfg, key) not in names:
             raise UsageError(f"argument --{key}: expected one of {sorted(names)}, got "
@@ -71,9 +71,32 @@ def config_of(args: argparse.Namespace) -> TrainConfig:
     return cfg
 
 
+def _file_values(path: str | None) -> dict:
+    """The settings of a ``--config`` TOML file (a bad key or type is named by the file and
+    the key); {} without a file."""
+    if path is None:
+        return {}
+    try:
+        return TrainConfig.toml_values(path)  # names the file and the key of a bad value
+    except ConfigError as e:
+        text = str(e)
+        raise UsageError(text if text.startswith("config file ")
+                         else f"config file {str(path)!r}: {text}") from None
+
+
+def _file_error(values: dict) -> str | None:
+    """The error the file's settings give on their own (with the defaults), or None."""
+    try:
+        TrainConfig.from_dict(values)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def _resumed_config(folder: str, flags: dict) -> TrainConfig:
     """The config a run folder was made with (config.json, or, without it, its newest
-    checkpoint's record); a flag may repeat a recorded value, not change it."""
+    checkpoint's record); a flag or a ``--config`` value may repeat a recorded value, not
+    change it."""
     try:
         if latest_checkpoint(folder) is None:
             raise UsageError(f"argument --resume: {folder!r} holds no complete checkpoint")

@@ -29,18 +29,14 @@ def _plt():
 
 
 def _save(fig, stem: Path) -> list[Path]:
-    """``fig`` as PNG and SVG next to ``stem``, each written at once (``files.write_atomic``:
+    """``fig`` as PNG and SVG next to ``stem``, each written at once (``files.save_figure``:
     a figure is never half-drawn on disk)."""
-    import io
-
-    from ..files import write_atomic
+    from ..files import save_figure
 
     paths = []
     for ext in ("png", "svg"):
         p = stem.with_suffix(f".{ext}")
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format=ext, dpi=120, bbox_inches="tight")
-        write_atomic(p, buffer.getvalue())
+        save_figure(fig, p, dpi=120, bbox_inches="tight")
         paths.append(p)
     _plt().close(fig)
     return paths

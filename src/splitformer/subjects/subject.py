@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..analysis.diagnostics import plural
 from ..models.base import EvolutionModel
 
 __all__ = ["CHARS", "Encoded", "ImageSpec", "InputError", "Notes", "SourceFacts", "Subject",
@@ -35,11 +36,6 @@ __all__ = ["CHARS", "Encoded", "ImageSpec", "InputError", "Notes", "SourceFacts"
 class InputError(ValueError):
     """A MODEL or an input that cannot be analysed: the message is one line naming the
     argument as the command line spells it and what was expected."""
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """``n`` and ``word``, in the plural unless n is 1: "1 input", "2 inputs"."""
-    return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
 @dataclass

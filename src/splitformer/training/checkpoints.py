@@ -49,7 +49,6 @@ import copy
 import json
 import os
 import re
-import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -59,7 +58,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from ..files import atomic_folder, write_atomic, write_synced
+from ..files import atomic_folder, remove_path, write_atomic, write_synced
 from .checkpoint_format import (
     CHECKPOINT_FORMAT,
     VERSION,
@@ -198,14 +197,7 @@ def _clean_leftovers(directory: Path) -> None:
     """Remove what killed saves left (``_is_leftover``)."""
     for p in directory.iterdir():
         if _is_leftover(p):
-            _remove(p)
-
-
-def _remove(p: Path) -> None:
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p, ignore_errors=True)
-    else:
-        p.unlink(missing_ok=True)
+            remove_path(p)
 
 
 def _checkpoints(directory: Path) -> list[Path]:
@@ -258,7 +250,7 @@ def save_checkpoint(directory: str | os.PathLike, *, model: nn.Module,
     older = sorted((p for p in _checkpoints(folder) if p.name != name),
                    key=lambda p: (p.stat().st_mtime_ns, p.name))
     for p in older[:max(0, len(older) - (keep - 1))]:
-        _remove(p)
+        remove_path(p)
     return folder / name
 
 

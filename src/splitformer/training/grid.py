@@ -49,14 +49,18 @@ class TrainGrid:
         g = random.Random(f"tau_choices {self.seed} {step}")
         return g.randrange(len(self.choices))
 
+    def draw(self, step: int) -> tuple[int, float]:
+        """(k, tau) of optimiser step ``step``: it trains on ``model.refine(k)``, whose time
+        step is tau (the drawn choice; without choices, (1, T / N_t))."""
+        if self.choices is None:
+            return 1, self.tau
+        i = self._draw(step)
+        return self.refinements[i], self.choices[i]
+
     def refinement_at(self, step: int) -> int:
         """k of optimiser step ``step``: the step trains on ``model.refine(k)``."""
-        if self.choices is None:
-            return 1
-        return self.refinements[self._draw(step)]
+        return self.draw(step)[0]
 
     def tau_at(self, step: int) -> float:
         """The time step of optimiser step ``step``: the drawn choice, or T / N_t."""
-        if self.choices is None:
-            return self.tau
-        return self.choices[self._draw(step)]
+        return self.draw(step)[1]

@@ -287,8 +287,9 @@ def _fit(cfg: TrainConfig, *, out: str | Path | None, progress: bool, data: Data
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     run_dir = _run_folder(cfg, out, resume, ranks)
-    lock = _claim(run_dir, resume, ranks)
+    lock: FolderLock | None = None
     try:
+        lock = _claim(run_dir, resume, ranks)
         run = _Run(cfg, grid, data if data is not None else load_dataset(cfg.data, cfg.data_dir),
                    run_dir, ranks)
         if resume is not None:  # every rank loads the checkpoint
@@ -443,7 +444,7 @@ class _Run:
         ``checkpoint_every`` dividing the epoch's last step, the last epoch's included): the
         row is made now (the model is the one that row was for), so the log loses nothing."""
         step, per_epoch = self.step, self.per_epoch
-        if step and step % per_epoch == 0 and step <= self.total:
+        if step and step % per_epoch == 0:
             done = step // per_epoch - 1
             if not any(r.get("epoch") == done and "lr" not in r for r in self.history):
                 self.test_row(done)
@@ -499,7 +500,7 @@ class _Run:
         """One optimiser step on ``batch`` at the step's tau: (logged parts with "loss",
         correct predictions or None, examples, the step's tau)."""
         cfg, step = self.cfg, self.step
-        k, step_tau = self.grid.refinement_at(step), self.grid.tau_at(step)
+        k, step_tau = self.grid.draw(step)
         if self.ranks.distributed:
             obj, weight, parts, correct, n = _shard_step(self.engine, cfg, batch, self.ranks,
                                                          step, k)
