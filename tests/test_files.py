@@ -153,3 +153,23 @@ def test_a_whole_last_line_without_its_newline_is_kept(tmp_path):
     assert read_jsonl(p) == [{"a": 1}, {"a": 2}]
     append_line(p, '{"a": 3}')
     assert read_jsonl(p) == [{"a": 1}, {"a": 2}, {"a": 3}]
+
+
+@pytest.mark.parametrize("suffix", [".svg", ".png"])
+def test_the_same_figure_gives_the_same_file(tmp_path, suffix):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from splitformer.files import save_figure
+
+    def draw(path):
+        fig, ax = plt.subplots()
+        ax.plot([0, 1, 2], [1, 3, 2], label="u")
+        ax.legend()
+        save_figure(fig, path, dpi=50)
+        plt.close(fig)
+        return path.read_bytes()
+
+    assert draw(tmp_path / f"a{suffix}") == draw(tmp_path / f"b{suffix}")

@@ -173,7 +173,7 @@ def test_cli_refuses_what_the_trial_found(tmp_path):
     for bad, match in ((["--patch", "0"], "patch must be"),
                        (["--family", "encoder"], "does not fit data 'digits'"),
                        (["--width", "100000", "--heads", "2"], "does not fit in memory"),
-                       (["--out", str(done)], "holds a run already"),
+                       (["--out", str(done)], "holds a finished run (final.json)"),
                        (["--resume", str(done)], "is complete"),
                        ):
         r = _cli(*bad)

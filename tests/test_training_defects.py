@@ -254,3 +254,55 @@ def test_experiment_without_matplotlib_is_refused_before_training(tmp_path):
     line = r.stderr.strip()
     assert len(line.splitlines()) == 1 and "matplotlib" in line, line
     assert not (out / "runs").exists() and not (out / "results.jsonl").exists()
+
+
+# -- what the trial of issue 16 found -------------------------------------------------------------
+def test_an_out_that_is_a_file_is_one_line(tmp_path, capsys):
+    f = tmp_path / "notes.txt"
+    f.write_text("keep me")
+    err = _one_line_usage_error(capsys, ["train", *TINY_FLAGS, "--epochs", "1", "--out", str(f)])
+    assert "is a file, expected a folder" in err
+    err = _one_line_usage_error(capsys, ["train", *TINY_FLAGS, "--epochs", "1", "--out",
+                                         str(f / "sub")])
+    assert "cannot make the folder" in err
+    assert f.read_text() == "keep me"
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again(tmp_path, cut_fit, capsys):
+    """Killed in its first epoch with checkpoints only at epoch ends: no checkpoint, so nothing
+    can resume it; the same --out starts it again (before: each message sent the user to the
+    other, --resume and --out both refused)."""
+    run = tmp_path / "run"
+    cut_fit(TrainConfig(**{**TINY, "epochs": 2}), 3, out=run)
+    assert (run / "metrics.jsonl").exists() and not (run / "latest").exists()
+    err = _one_line_usage_error(capsys, ["train", "--resume", str(run)])
+    assert "holds no complete checkpoint" in err and "start it again with --out" in err
+    assert main(["train", *TINY_FLAGS, "--log-every", "1", "--epochs", "2", "--out", str(run),
+                 "--json"]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "lr" in r]
+    assert steps == sorted(set(steps)) == list(range(1, 13))  # the old rows replaced
+    err = _one_line_usage_error(capsys, ["train", *TINY_FLAGS, "--out", str(run)])
+    assert "holds a finished run" in err
+
+
+def test_resuming_a_missing_folder_says_so(tmp_path, capsys):
+    err = _one_line_usage_error(capsys, ["train", "--resume", str(tmp_path / "nope")])
+    assert "is not a folder" in err
+
+
+def test_resuming_a_run_that_has_no_checkpoint_yet_names_its_process(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time; from splitformer.files import FolderLock; "
+                               "lock = FolderLock(sys.argv[1]).acquire(); "
+                               "print('held', flush=True); time.sleep(60)", str(run)],
+                              stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        err = _one_line_usage_error(capsys, ["train", "--resume", str(run)])
+        assert f"pid {holder.pid}" in err, err
+    finally:
+        holder.kill()
+        holder.wait()

@@ -10,7 +10,8 @@ into a folder that ``atomic_folder`` builds (an analyze report's figures):
 * ``atomic_folder(final)``: a context manager yielding a temporary folder next to ``final``;
   on a clean exit its files are fsynced, it is renamed to ``final`` (an existing ``final`` is
   swapped out and removed), and the parent folder is fsynced; on an error it is removed.
-* ``save_figure(fig, path)``: a matplotlib figure through ``write_atomic``.
+* ``save_figure(fig, path)``: a matplotlib figure through ``write_atomic``, without a date
+  and with fixed SVG ids, so that drawing the same figure again gives the same file.
 * ``append_line(path, line)``: one line appended to a JSON-lines file and fsynced, after
   cutting a torn last line (a kill or a full disk leaves one; a whole JSON value that only
   lost its newline is kept) so that the new line starts a line of its own.
@@ -115,9 +116,15 @@ def save_figure(fig: Any, path: str | os.PathLike, **savefig: Any) -> Path:
     suffix names; ``savefig``: matplotlib's options (dpi, bbox_inches, ...)."""
     import io
 
+    import matplotlib
+
     path = Path(path)
+    fmt = path.suffix.lstrip(".").lower() or None
     buffer = io.BytesIO()
-    fig.savefig(buffer, format=path.suffix.lstrip(".") or None, **savefig)
+    if fmt in ("svg", "pdf", "png"):  # no date: the same figure gives the same bytes
+        savefig.setdefault("metadata", {"Date": None} if fmt != "png" else {"Software": None})
+    with matplotlib.rc_context({"svg.hashsalt": "splitformer"}):  # stable ids in an SVG
+        fig.savefig(buffer, format=fmt, **savefig)
     return write_atomic(path, buffer.getvalue())
 
 

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..files import CorruptFileError, FolderLockedError
+from ..files import CorruptFileError, FolderLock, FolderLockedError
 from ..training import DATASETS, FAMILIES, ConfigError, DatasetError, TrainConfig
 from ..training.checkpoints import CheckpointError, latest_checkpoint, recorded_config
 from ..training.config import settings, tau_list
@@ -98,8 +98,16 @@ def _resumed_config(folder: str, flags: dict) -> TrainConfig:
     checkpoint's record); a flag or a ``--config`` value may repeat a recorded value, not
     change it."""
     try:
+        if not Path(folder).is_dir():
+            raise UsageError(f"argument --resume: {folder!r} is not a folder (a run folder to "
+                             "continue)")
         if latest_checkpoint(folder) is None:
-            raise UsageError(f"argument --resume: {folder!r} holds no complete checkpoint")
+            try:  # a run still writing its first checkpoint: name it
+                FolderLock(folder, what="run folder").acquire().release()
+            except FolderLockedError as e:
+                raise UsageError(f"argument --resume: {' '.join(str(e).split())}") from None
+            raise UsageError(f"argument --resume: {folder!r} holds no complete checkpoint (a "
+                             "run killed before its first one: start it again with --out)")
         if (Path(folder) / "final.json").exists():
             raise UsageError(f"argument --resume: the run in {folder!r} is complete "
                              "(final.json); nothing to resume")

@@ -98,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
     failed = sum(r["status"] == "FAIL" for r in rows)
     if args.json:
         tol = {str(k).replace("torch.", ""): v for k, v in TOLERANCES.items()}
-        print(json.dumps({"tolerances": tol, "rows": rows, "failed": failed}, indent=2))
+        print(json.dumps({"tolerances": tol, "rows": rows, "failed": failed}))  # one line
         return 1 if failed else 0
     for line in format_table(rows):
         print(line.rstrip())

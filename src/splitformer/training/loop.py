@@ -307,6 +307,9 @@ def _run_folder(cfg: TrainConfig, out: str | Path | None, resume: str | Path | N
     a fresh one under runs/ (rank 0's name on every rank)."""
     if resume is not None:
         run_dir = Path(resume)
+        if not run_dir.is_dir():
+            raise ConfigError(f"resume: {str(run_dir)!r} is not a folder (a run folder to "
+                              "continue)")
         if latest_checkpoint(run_dir) is None:
             raise ConfigError(f"resume: {str(run_dir)!r} holds no complete checkpoint")
         return run_dir
@@ -318,7 +321,18 @@ def _run_folder(cfg: TrainConfig, out: str | Path | None, resume: str | Path | N
     return run_dir
 
 
-_RUN_FILES = ("metrics.jsonl", "latest", "final.json")
+def _refusal(run_dir: Path) -> ConfigError | None:
+    """Why a NEW run may not start in ``run_dir``, or None. A folder with a checkpoint holds a
+    run to resume; one with final.json a finished run. A folder with only config.json and
+    metrics.jsonl is what a run killed before its first checkpoint leaves: nothing can resume
+    it, so a new run starts over it (its rows are replaced)."""
+    if (run_dir / "final.json").exists():
+        return ConfigError(f"out: {str(run_dir)!r} holds a finished run (final.json); choose "
+                           "another folder")
+    if latest_checkpoint(run_dir) is not None:
+        return ConfigError(f"out: {str(run_dir)!r} holds a run already; resume it (--resume) "
+                           "or choose another folder")
+    return None
 
 
 def _claim(run_dir: Path, resume: str | Path | None, ranks: Ranks) -> FolderLock | None:
@@ -327,13 +341,18 @@ def _claim(run_dir: Path, resume: str | Path | None, ranks: Ranks) -> FolderLock
     same error."""
     lock, error = None, None
     if ranks.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
         try:
+            if run_dir.exists() and not run_dir.is_dir():
+                raise ConfigError(f"out: {str(run_dir)!r} is a file, expected a folder")
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"out: cannot make the folder {str(run_dir)!r} "
+                                  f"({e.strerror or e})") from None
             lock = FolderLock(run_dir, what="run folder").acquire()
-            if resume is None and any((run_dir / n).exists() for n in _RUN_FILES):
-                error = ConfigError(f"out: {str(run_dir)!r} holds a run already; resume it "
-                                    "(--resume) or choose another folder")
-        except FolderLockedError as e:
+            if resume is None:
+                error = _refusal(run_dir)
+        except (FolderLockedError, ConfigError) as e:
             error = e
     error = _rank0_error(error, ranks)
     if error is not None:
