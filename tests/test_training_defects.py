@@ -306,3 +306,17 @@ def test_resuming_a_run_that_has_no_checkpoint_yet_names_its_process(tmp_path, c
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_refused_experiment_leaves_no_folder(tmp_path, capsys):
+    out = tmp_path / "a" / "sweep"
+    err = _one_line_usage_error(capsys, ["experiment", "--scheme", "lie,nope", "--epochs", "1",
+                                         "--out", str(out)])
+    assert "unknown: ['nope']" in err
+    _one_line_usage_error(capsys, ["experiment", "--kernel", "softmaxx", "--out", str(out)])
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_list_of_scheme_names_is_not_one_scheme(capsys):
+    err = _one_line_usage_error(capsys, ["train", "--scheme", "lie,strang", "--epochs", "1"])
+    assert "a list of names, not one scheme" in err and "experiment" in err

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -173,16 +174,24 @@ def _flag_of(message: str, given: set[str]) -> str:
 
 
 def _check_out(out: Path) -> None:
-    """The results folder exists or can be made, and can be written (before any training)."""
-    from ..files import write_atomic
-
+    """The results folder exists or can be made, and can be written (before any training);
+    nothing is made here (a refused command leaves no folder behind)."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"argument --out: {str(out)!r} is a file, expected a folder")
+    there = out
+    while not there.exists():  # the nearest folder that exists: the new ones go in it
+        there = there.parent
+    if not there.is_dir():
+        raise UsageError(f"argument --out: {str(there)!r} is a file, so {str(out)!r} cannot "
+                         "be made")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise UsageError(f"argument --out: cannot write into {str(there)!r} (permission "
+                         "denied)")
+
+
+def _make_out(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        write_atomic(probe, "")
-        probe.unlink()
     except OSError as e:
         raise UsageError(f"argument --out: cannot write into {str(out)!r} "
                          f"({e.strerror or type(e).__name__})") from None
@@ -207,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
     _check_runs(runs, build=not args.table_only)
     t_start = time.perf_counter()
     if not args.table_only:
+        _make_out(out)
         tell = _Progress(len(runs), show=not args.no_progress and not args.json)
         try:
             run_sweep(sweep, out, jobs=args.jobs, on_event=tell, select={r.id for r in runs})

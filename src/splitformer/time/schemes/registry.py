@@ -8,6 +8,7 @@ here: importing this module is all it takes to know every name.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 
 from .layouts import POST_LN, Layout
@@ -27,6 +28,9 @@ SCHEMES: dict[str, Callable[..., Scheme]] = {
     "paper": _paper,
     "reversible": reversible,
 }
+
+
+_BARE = re.compile(r"^[A-Za-z_]\w*$")  # a name alone: no stage syntax around it
 
 
 def scheme_names() -> list[str]:
@@ -63,6 +67,14 @@ def resolve(
             raise ValueError(f"unknown scheme {scheme!r}; named schemes: {scheme_names()} (or "
                              "a scheme string such as 'attention norm1:project ffn "
                              "norm2:project')")
+        tokens = [t.strip() for t in text.split(",")]
+        if len(tokens) > 1 and all(_BARE.match(t) for t in tokens) and any(
+                t in SCHEMES for t in tokens):
+            unknown = [t for t in tokens if t not in SCHEMES]
+            raise ValueError(
+                f"scheme {scheme!r} is a list of names, not one scheme"
+                + (f" (unknown: {unknown}; named schemes: {scheme_names()})" if unknown
+                   else " (several schemes are an axis of `splitformer experiment`)"))
         return scheme_from_string(text)
     if options:
         raise ValueError(f"options {sorted(options)} apply to named schemes only "
