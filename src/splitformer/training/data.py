@@ -126,8 +126,8 @@ MAKE_DATA = "`make data`"
 def _missing(name: str, what: str, where: Path | None, install: str) -> DatasetError:
     found = "not installed" if where is None else f"{where} not found"
     return DatasetError(f"data {name!r} needs {what} ({found}): run {MAKE_DATA} (it runs "
-                        f"{install}), or give --data-dir (data_dir in Python and TOML) a folder with "
-                        "these files")
+                        f"{install}), or give --data-dir (data_dir in Python and TOML) a "
+                        "folder with these files")
 
 
 def _data_dir(name: str, data_dir: str | os.PathLike | None, files: tuple[str, ...],
