@@ -42,7 +42,7 @@ from torch import nn
 from ..operators.base import Context
 from ..time import Evolution, TimeGrid
 from ..time.schemes import lie
-from .base import EvolutionModel, keep_source, keep_steps, path_states
+from .base import EvolutionModel, keep_steps, path_states
 from .embeddings import TokenEmbedding
 from .encoder import encoder_controls
 from .masks import finfo_additive, padding_support
@@ -146,7 +146,7 @@ class BertEncoderModel(EvolutionModel):
         self.evolution = evolution
         self.pooler = pooler
         self.additive_mask = bool(additive_mask)
-        self.source = keep_source(source)
+        self.source = source  # EvolutionModel.source keeps it (models.base.keep_source)
 
     # -- the kernel's support ---------------------------------------------------------------
     def attention_support(

@@ -37,7 +37,7 @@ from torch import nn
 from ..operators import Context, LayerNormProjection
 from ..time import Evolution, TimeGrid
 from ..time.schemes import prenorm
-from .base import EvolutionModel, keep_source, keep_steps, path_states
+from .base import EvolutionModel, keep_steps, path_states
 from .embeddings import TokenEmbedding
 from .encoder import encoder_controls
 from .masks import causal_support, finfo_additive, padding_support
@@ -159,7 +159,7 @@ class CausalDecoderModel(EvolutionModel):
         self.final_norm = final_norm
         self.additive_mask = bool(additive_mask)
         self.use_cache = bool(use_cache)
-        self.source = keep_source(source)
+        self.source = source  # EvolutionModel.source keeps it (models.base.keep_source)
 
     def initial_condition(
         self,

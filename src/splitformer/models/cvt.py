@@ -55,7 +55,7 @@ from ..operators.convolution import ConvolutionalAttention, pair
 from ..time import Controls, Evolution, SaveAt, Scheme, Stage, TimeGrid, Trajectory
 from ..time.schemes.families import STOCHASTIC_DEPTH_LAYOUT as STOCHASTIC_DEPTH_LAYOUT
 from ..time.schemes.families import cvt_scheme
-from .base import EvolutionModel, keep_source
+from .base import EvolutionModel
 from .blocks import block_controls
 from .outputs import ModelOutput
 
@@ -306,7 +306,7 @@ class ConvolutionalVisionTransformer(EvolutionModel):
             raise ValueError("a classification head needs final_norm")
         self.final_norm = final_norm
         self.classifier = classifier
-        self.source = keep_source(source)
+        self.source = source  # EvolutionModel.source keeps it (models.base.keep_source)
 
     # -- the contract ------------------------------------------------------------------------
     @property

@@ -30,7 +30,7 @@ from ..operators.base import Context
 from ..operators.kernels import SoftmaxKernel
 from ..time import Controls, Evolution, TimeGrid
 from ..time.schemes import lie, paper_lie, prenorm
-from .base import EvolutionModel, TorchLayoutReadOut, keep_source
+from .base import EvolutionModel, TorchLayoutReadOut
 from .blocks import block_controls
 from .masks import build_context, check_src
 
@@ -123,7 +123,7 @@ class Encoder(TorchLayoutReadOut, EvolutionModel):
         self.evolution = evolution
         self.final_norm = final_norm
         self.batch_first = batch_first
-        self.source = keep_source(source)
+        self.source = source  # EvolutionModel.source keeps it (models.base.keep_source)
         attn = evolution.controls[0]["attention"]
         self.d_model = attn.dim
         self.nhead = attn.num_heads

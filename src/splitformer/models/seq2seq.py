@@ -43,7 +43,7 @@ from ..operators import Context, CrossAttention, FeedForward, LayerNormProjectio
 from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
 from ..time.schemes import SCHEMES
 from ..time.schemes.families import DECODER_POST_LN, DECODER_PRE_LN, decoder_lie, decoder_prenorm
-from .base import EvolutionModel, TorchLayoutReadOut, keep_source, shared_copy
+from .base import EvolutionModel, TorchLayoutReadOut, shared_copy
 from .blocks import block_controls
 from .encoder import Encoder, network_encoder
 from .masks import attention_support, causal_support, check_src, merge_supports
@@ -118,7 +118,7 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
         self.evolution = evolution
         self.final_norm = final_norm
         self.batch_first = bool(batch_first)
-        self.source = keep_source(source)
+        self.source = source  # EvolutionModel.source keeps it (models.base.keep_source)
         attn = evolution.controls[0]["attention"]
         self.d_model = attn.dim
         self.nhead = attn.num_heads
@@ -245,7 +245,7 @@ class EncoderDecoderModel(EvolutionModel):
             raise ValueError("encoder and decoder must share batch_first")
         self.encoder = encoder
         self.decoder = decoder
-        self.source = keep_source(source)
+        self.source = source  # EvolutionModel.source keeps it (models.base.keep_source)
 
     @property
     def evolution(self) -> Evolution:  # type: ignore[override]

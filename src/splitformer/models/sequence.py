@@ -21,7 +21,7 @@ from torch import nn
 from ..operators import Context, FeatureIntegral, LayerNormProjection
 from ..time import Evolution
 from ..time.schemes import lie, prenorm
-from .base import EvolutionModel, keep_source
+from .base import EvolutionModel
 from .encoder import encoder_controls
 
 __all__ = ["SeriesEmbedding", "SequenceClassifier", "sequence_classifier"]
@@ -61,7 +61,7 @@ class SequenceClassifier(EvolutionModel):
         self.evolution = evolution
         self.final_norm = final_norm
         self.head = head
-        self.source = keep_source(source)
+        self.source = source  # EvolutionModel.source keeps it (models.base.keep_source)
 
     def initial_condition(self, series: torch.Tensor) -> tuple[torch.Tensor, Context]:
         return self.embedding(series), Context()

@@ -67,7 +67,7 @@ from ..operators.scaling import DiagonalScaling
 from ..time import Controls, Evolution, TimeGrid
 from ..time.schemes.families import LAYERSCALE_LAYOUT as LAYERSCALE_LAYOUT
 from ..time.schemes.families import prenorm_layerscale, vit_scheme
-from .base import EvolutionModel, keep_source
+from .base import EvolutionModel
 from .blocks import block_controls
 from .outputs import ModelOutput
 
@@ -377,7 +377,7 @@ class ViT(EvolutionModel):
         self.pooler = pooler
         self.head_dropout = nn.Dropout(head_dropout)
         self.head = head
-        self.source = keep_source(source)
+        self.source = source  # EvolutionModel.source keeps it (models.base.keep_source)
         attn = evolution.controls[0]["attention"]
         self.dim = attn.dim
         self.num_heads = attn.num_heads
