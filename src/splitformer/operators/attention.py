@@ -8,7 +8,10 @@ Continuous form (docs/math.md section 1), with a head coordinate h:
     A[u](x,z) = sum_h int W_O(y,h,z) int g_h(x,x') V(x',y,h) dx' dy + b_O(z)
 
 m(x,x') is the mask: 0 on the support of the kernel, -inf off it (a causal support x' <= x
-makes A a Volterra operator). Discretised on uniform grids this is
+makes A a Volterra operator). On a token grid with quadrature weights w_j and coordinates x_j
+(``Context.token_weights`` / ``token_coords``, docs/math.md 3.12) every integral in x' is
+sum_j w_j (.)(x_j): the kernel gets a ``KernelGrid`` (``kernel_grid``) and integrates against
+it. Discretised on uniform grids (w = 1, which cancels) this is
 
     A(U) = sum_h softmax(Q_h K_h^T / sqrt(d_h) + M) V_h W_O,h + b_O  =  Concat_h(...) W_O + b_O,
 
@@ -30,6 +33,7 @@ from torch import nn
 
 from .base import Context, Operator, apply_dropout
 from .kernels import Kernel, SoftmaxKernel, kernel_class, warn_about_instance
+from .token_grid import KernelGrid, TokenGrid
 
 __all__ = ["AttentionOperator", "CrossAttention", "NonlocalAttention"]
 
@@ -165,12 +169,34 @@ class AttentionOperator(Operator):
         ctx = context if context is not None else _EMPTY
         return ctx.attn_mask, ctx.is_causal
 
+    def kernel_grid(self, context: Context | None, n_q: int, n_k: int, batch: int
+                    ) -> KernelGrid | None:
+        """The quadrature the kernel integrates against: the token grid of ``context`` for the
+        queries and the keys (one field: self-attention); None on the uniform index grid.
+        ValueError if the weights or coordinates do not have N nodes."""
+        if context is None or (context.token_weights is None and context.token_coords is None):
+            return None
+        grid = context.token_grid
+        grid.check(n_q, batch, type(self).__name__)
+        return KernelGrid(key_weights=grid.weights, query_weights=grid.weights,
+                          query_coords=grid.coords, key_coords=grid.coords)
+
     def head_outputs(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
-        """int g_h(x,x') V(x',.,h) dx' for every head: (B, H, N_x, d_h)."""
+        """int g_h(x,x') V(x',.,h) dx' for every head: (B, H, N_x, d_h); on a token grid,
+        sum_j w_j g_h(x, x_j) V(x_j, ., h) (``kernel_grid``)."""
         q, k, v = self.qkv(u, context)
         mask, causal = self.support(context)
         p = self.attn_dropout if self.training else 0.0
-        return self.kernel(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p)
+        grid = self.kernel_grid(context, q.shape[-2], k.shape[-2], q.shape[0])
+        if grid is None:
+            return self.kernel(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p)
+        if not self.kernel.grid_aware:
+            raise ValueError(
+                f"{type(self).__name__}: the kernel {type(self.kernel).__qualname__} does not "
+                "integrate against a token grid (its class does not declare grid_aware = True "
+                "and its forward takes no grid), and the context has token_weights or "
+                "token_coords: refused rather than silently ignored")
+        return self.kernel(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p, grid=grid)
 
     returns_new = True  # W_O (.) + b_O, a new tensor (operators.base.returns_new)
 
@@ -247,8 +273,23 @@ class CrossAttention(NonlocalAttention):
     Q is a feature integral of u, K and V of the memory m (the encoder's u(T) in an
     encoder-decoder pair). The memory is read from ``context.extra["memory"]`` and its kernel
     support from ``context.extra.get("memory_mask")`` (scaled_dot_product_attention convention).
+    The integral over x' runs on the memory's grid: ``context.extra["memory_weights"]`` /
+    ``["memory_coords"]`` (None = uniform, the index); the queries sit on u's grid.
     Weights are packed like NonlocalAttention (rows W_Q, W_K, W_V).
     """
+
+    def kernel_grid(self, context: Context | None, n_q: int, n_k: int, batch: int
+                    ) -> KernelGrid | None:
+        """The memory's grid for the keys, u's for the queries; None when both are uniform."""
+        ctx = context if context is not None else _EMPTY
+        mem = TokenGrid(ctx.extra.get("memory_weights"), ctx.extra.get("memory_coords"))
+        own = ctx.token_grid
+        if mem.is_default and own.is_default:
+            return None
+        mem.check(n_k, batch, "CrossAttention (memory)")
+        own.check(n_q, batch, "CrossAttention")
+        return KernelGrid(key_weights=mem.weights, query_weights=own.weights,
+                          query_coords=own.coords, key_coords=mem.coords)
 
     def qkv(self, u: torch.Tensor, context: Context | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -8,7 +8,8 @@ or a projection P_S onto a constraint set S, or a pointwise map. It is a ``torch
 whose parameters are (part of) the controls theta^n of one time interval, and whose
 ``forward(u, context)`` returns F(u) for a vector field, P(u) for a projection, s(u) for a map.
 ``context`` carries what is not part of the state but shapes an operator: the attention mask
-(the support of the kernel) and, for cross-attention, a second field.
+(the support of the kernel), the token grid (quadrature weights and node coordinates in x,
+``operators.token_grid``) and, for cross-attention, a second field.
 
 The protocol a scheme relies on (and nothing else; ``time.schemes`` checks it when an evolution
 is built):
@@ -33,6 +34,8 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _m
 
+from .token_grid import TokenGrid, check_grid_tensor
+
 __all__ = ["OPERATOR_KINDS", "Context", "Operator", "apply_dropout", "has_hooks",
            "returns_new", "tree_has_hooks"]
 
@@ -47,12 +50,19 @@ class Context:
         ``scaled_dot_product_attention`` (True = x' is in the support of the kernel at x),
         broadcastable to (B, H, N_x, N_x'); None for full support (TypeError otherwise).
     is_causal: a bool: the kernel is supported on x' <= x (a Volterra operator).
-    extra: a dict of free-form values for user-written operators (e.g. a memory field).
+    token_weights: the quadrature weights w_j >= 0 of the token grid (docs/math.md 3.12),
+        shape (N,) or (B, N); None = uniform (the network). 0 = a padding node.
+    token_coords: the node coordinates x_j, shape (N,) or (B, N); None = the index 0 .. N-1.
+        Relative-position kernels and causal supports read them.
+    extra: a dict of free-form values for user-written operators (e.g. a memory field; the
+        memory's grid is ``extra["memory_weights"]`` / ``extra["memory_coords"]``).
     """
 
     attn_mask: torch.Tensor | None = None
     is_causal: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    token_weights: torch.Tensor | None = None
+    token_coords: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.attn_mask is not None and not isinstance(self.attn_mask, torch.Tensor):
@@ -64,6 +74,13 @@ class Context:
                             f"x' <= x), got {type(self.is_causal).__name__} {self.is_causal!r}")
         if not isinstance(self.extra, dict):
             raise TypeError(f"Context.extra must be a dict, got {type(self.extra).__name__}")
+        check_grid_tensor(self.token_weights, "Context.token_weights", weights=True)
+        check_grid_tensor(self.token_coords, "Context.token_coords", weights=False)
+
+    @property
+    def token_grid(self) -> TokenGrid:
+        """The token grid (weights, coordinates) of the field the operators act on."""
+        return TokenGrid(self.token_weights, self.token_coords)
 
 
 class Operator(nn.Module):

@@ -342,6 +342,21 @@ class ConvolutionalAttention(AttentionOperator):
                 f"stride {k.stride}, padding {k.padding}; query stride {q.stride}, padding "
                 f"{q.padding}), so x - x' is not a token offset")
 
+    def kernel_grid(self, context: Context | None, n_q: int, n_k: int, batch: int):
+        """None: the convolutions of Q, K and V need the regular 2-D grid, where the quadrature
+        weights are constant (they cancel). Constant ``token_weights`` are accepted; other
+        weights, or any ``token_coords``, are refused by name."""
+        if context is None or (context.token_weights is None and context.token_coords is None):
+            return None
+        w = context.token_weights
+        if context.token_coords is not None or (
+                w is not None and not bool((w == w.reshape(-1)[0]).all())):
+            raise ValueError(
+                "ConvolutionalAttention (CvT): token_weights other than constant and "
+                "token_coords are refused: its convolutional Q/K/V projections need the regular "
+                "2-D token grid (docs/math.md 3.7, 3.12)")
+        return None
+
     def qkv(
         self, u: torch.Tensor, context: Context | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

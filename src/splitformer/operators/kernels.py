@@ -21,6 +21,16 @@ kernel with the support x' <= x, and for Sinkhorn is row x of the Sinkhorn plan 
 queries the causal support is bottom-right aligned in every kernel: query x sits at key position
 x + N_k - N_q (sdpa's own ``is_causal`` is top-left; it is used only where the two agree).
 
+The token grid (docs/math.md 3.12, ``operators.token_grid``): a kernel that declares
+``grid_aware = True`` takes ``grid``, a ``KernelGrid`` (quadrature weights w_j of the keys,
+coordinates of queries and keys), and integrates against it: the softmax kernel is
+softmax_x'(a + log w) (through sdpa's additive mask), Sinkhorn normalises to the marginals w,
+the linear kernel is sum_j w_j phi(k_j) v_j / sum_j w_j phi(q).phi(k_j), ALiBi and rotary read
+the coordinates, and a causal support is x_k <= x_q on the coordinates (two nodes at one
+coordinate see each other). ``grid=None`` is the uniform index grid: exactly today's kernels.
+Every built-in kernel is grid-aware; an operator refuses a non-uniform grid for a kernel that
+is not (a user-written one), naming it.
+
 ``KERNELS`` is the one registry of names (``KERNEL_NAMES``); ``Kernel.for_operator`` builds a
 kernel for a given attention operator (heads, head size). What a kernel may ask of that operator
 is declared here, ``KernelSite`` (``operators.attention.AttentionOperator`` is one), so this
@@ -38,6 +48,8 @@ from typing import Any, ClassVar, Protocol
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .token_grid import KernelGrid
 
 __all__ = [
     "ALiBiKernel",
@@ -101,13 +113,16 @@ class Kernel(nn.Module):
     Class attributes: ``name`` (the registry name), ``takes_scale`` (the kernel has a score scale
     s, attribute ``scale``, None = 1/sqrt(d_h), that a kernel built by name inherits from the
     operator), ``relative`` (the kernel is a function of the token offset x - x', so it needs
-    queries and keys on one token grid). ``scale`` is None on a kernel without a score scale
+    queries and keys on one token grid), ``grid_aware`` (``forward`` takes ``grid``, a
+    ``KernelGrid``, and integrates against its weights and coordinates; a kernel without it is
+    refused on a non-uniform token grid). ``scale`` is None on a kernel without a score scale
     (``takes_scale`` False); a kernel with one sets it in its constructor.
     """
 
     name: ClassVar[str] = "kernel"
     takes_scale: ClassVar[bool] = False
     relative: ClassVar[bool] = False
+    grid_aware: ClassVar[bool] = False
     scale: float | None = None
 
     @classmethod
@@ -133,15 +148,18 @@ class Kernel(nn.Module):
         attn_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         dropout_p: float = 0.0,
+        grid: KernelGrid | None = None,
     ) -> torch.Tensor:
         raise NotImplementedError
 
 
 class SoftmaxKernel(Kernel):
-    """g = softmax_x'(<Q(x),K(x')> * scale + m(x,x')); scale defaults to 1/sqrt(d_h)."""
+    """g = softmax_x'(<Q(x),K(x')> * scale + m(x,x') + log w(x')); scale defaults to
+    1/sqrt(d_h), w = 1 (the uniform grid) unless a ``grid`` gives the quadrature weights."""
 
     name = "softmax"
     takes_scale = True
+    grid_aware = True
 
     def __init__(self, scale: float | None = None) -> None:
         super().__init__()
@@ -150,12 +168,40 @@ class SoftmaxKernel(Kernel):
     def extra_repr(self) -> str:
         return f"scale={self.scale}"
 
-    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0):
-        attn_mask, is_causal = _sdpa_support(attn_mask, is_causal, q, k)
+    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0, grid=None):
+        attn_mask, is_causal = _grid_sdpa_support(attn_mask, is_causal, q, k, grid)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
             scale=self.scale,
         )
+
+
+def _grid_sdpa_support(attn_mask, is_causal, q, k, grid: KernelGrid | None):
+    """(mask, is_causal) for sdpa on the token grid: ``_sdpa_support`` on the uniform index grid
+    (grid None: the fused causal flag kept where it can be); otherwise the support and log w
+    folded into one additive mask (``_grid_additive``)."""
+    if grid is None:
+        return _sdpa_support(attn_mask, is_causal, q, k)
+    return _grid_additive(attn_mask, is_causal, q, k, grid), False
+
+
+def _grid_additive(attn_mask, is_causal, q, k, grid: KernelGrid | None):
+    """The kernel's support and the quadrature weights as one additive term of the scores:
+    0 / -inf for the mask and the causal support (x_k <= x_q on the grid's coordinates, the
+    bottom-right aligned index without them), plus log w_k; None when there is none."""
+    n_q, n_k, dtype, device = q.shape[-2], k.shape[-2], q.dtype, q.device
+    by_coords = grid is not None and grid.has_coords
+    m = _additive_support(attn_mask, is_causal and not by_coords, n_q, n_k, dtype, device)
+    if grid is None:
+        return m
+    if is_causal and by_coords:
+        c = torch.zeros((), dtype=dtype, device=device).masked_fill(
+            ~grid.causal(n_q, n_k, device), float("-inf"))
+        m = c if m is None else m + c
+    lw = grid.log_weights(dtype, device)
+    if lw is not None:
+        m = lw if m is None else m + lw
+    return m
 
 
 def _sdpa_support(attn_mask, is_causal, q, k):
@@ -228,17 +274,26 @@ def _dropout(p: torch.Tensor, dropout_p: float) -> torch.Tensor:
     return F.dropout(p, dropout_p) if dropout_p > 0 else p
 
 
-def _sinkhorn(logp: torch.Tensor, iterations: int) -> torch.Tensor:
+def _sinkhorn(logp: torch.Tensor, iterations: int, log_wq: torch.Tensor | None = None,
+              log_wk: torch.Tensor | None = None) -> torch.Tensor:
     """log P_k of the Sinkhorn iteration on the last two axes (rows x, columns x'):
 
         P_1 = rownorm(exp a),   P_{j+1} = rownorm(colnorm(P_j)),
 
-    rownorm(P)(x,x') = P(x,x') / sum_eta P(x,eta), colnorm(P)(x,x') = P(x,x') / sum_xi P(xi,x').
+    rownorm(P)(x,x') = P(x,x') / sum_eta w(eta) P(x,eta),
+    colnorm(P)(x,x') = P(x,x') / sum_xi w(xi) P(xi,x'), with the quadrature weights of the
+    keys (``log_wk``, (..., 1, N_k)) and of the queries (``log_wq``, (..., N_q, 1)); None = 1.
     A row or column with empty support (all -inf) is left alone (it stays 0)."""
-    logp = logp - _finite(torch.logsumexp(logp, dim=-1, keepdim=True))
+    def rows(lp):
+        return lp if log_wk is None else lp + log_wk
+
+    def cols(lp):
+        return lp if log_wq is None else lp + log_wq
+
+    logp = logp - _finite(torch.logsumexp(rows(logp), dim=-1, keepdim=True))
     for _ in range(iterations - 1):
-        logp = logp - _finite(torch.logsumexp(logp, dim=-2, keepdim=True))
-        logp = logp - _finite(torch.logsumexp(logp, dim=-1, keepdim=True))
+        logp = logp - _finite(torch.logsumexp(cols(logp), dim=-2, keepdim=True))
+        logp = logp - _finite(torch.logsumexp(rows(logp), dim=-1, keepdim=True))
     return logp
 
 
@@ -261,10 +316,15 @@ class SinkhornKernel(Kernel):
     (every normalisation, row or column, runs over rows and columns <= x only). It equals the
     plain plan's last row at x = N - 1, and softmax with the causal support for k = 1. Cost:
     O(k N^3) per head instead of O(k N^2) (one plan per prefix, computed in batches).
+
+    On a token grid with weights w (``grid``) the plan has the marginals w: rows normalise to
+    sum_x' w(x') g(x,x') = 1, columns to sum_x w(x) g(x,x') = 1, and the output is
+    sum_x' w(x') g(x,x') V(x'); the causal prefixes are {x_j <= x_i} on the coordinates.
     """
 
     name = "sinkhorn"
     takes_scale = True
+    grid_aware = True
 
     def __init__(self, iterations: int = 3, scale: float | None = None) -> None:
         super().__init__()
@@ -279,13 +339,44 @@ class SinkhornKernel(Kernel):
     # elements of one batch of prefix plans (B H x prefixes x N_q x N_k), to bound the memory
     _PREFIX_BATCH = 1 << 22
 
-    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0):
+    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0, grid=None):
+        if grid is not None:
+            return self._on_grid(q, k, v, attn_mask, is_causal, dropout_p, grid)
         logp = _scores(q, k, self.scale, attn_mask, is_causal)
         n_q, n_k = logp.shape[-2], logp.shape[-1]
         if self.iterations > 1 and support_is_causal(attn_mask, is_causal, n_q, n_k):
             return self._causal(logp, v, dropout_p)
         logp = _sinkhorn(logp, self.iterations)
         return torch.matmul(_dropout(logp.exp(), dropout_p), v)
+
+    def _on_grid(self, q, k, v, attn_mask, is_causal, dropout_p, grid: KernelGrid):
+        """The plan with the marginals of ``grid`` (class doc); the causal support and its
+        prefixes read the grid's coordinates (one plan per query: O(k N^3) per head)."""
+        s = self.scale if self.scale is not None else q.shape[-1] ** -0.5
+        a = torch.matmul(q, k.transpose(-2, -1)) * s
+        n_q, n_k, dtype, device = a.shape[-2], a.shape[-1], a.dtype, a.device
+        m = _additive_support(attn_mask, False, n_q, n_k, dtype, device)
+        a = a if m is None else a + m
+        lwk = grid.log_weights(dtype, device)  # (B|1, 1, 1, N_k)
+        lwq = grid.log_query_weights(dtype, device)  # (B|1, 1, N_q, 1)
+        causal = is_causal or (attn_mask is not None and support_is_causal(
+            attn_mask, False, n_q, n_k))
+        if causal:
+            a = a.masked_fill(~grid.causal(n_q, n_k, device), float("-inf"))
+        if not causal or self.iterations == 1:
+            logp = _sinkhorn(a, self.iterations, lwq, lwk)
+            w = logp if lwk is None else logp + lwk
+            return torch.matmul(_dropout(w.exp(), dropout_p), v)
+        xq, xk = grid.positions(n_q, n_k, torch.float64, device)
+        outs = []
+        for i in range(n_q):  # row i of the plan of the prefix {x_q <= x_i} x {x_k <= x_i}
+            rows = (xq <= xq[:, i:i + 1])[:, None, :, None]  # (B|1, 1, N_q, 1)
+            cols = (xk <= xq[:, i:i + 1])[:, None, None, :]  # (B|1, 1, 1, N_k)
+            sub = a.masked_fill(~(rows & cols), float("-inf"))
+            logp = _sinkhorn(sub, self.iterations, lwq, lwk)[..., i:i + 1, :]
+            w = logp if lwk is None else logp + lwk
+            outs.append(torch.matmul(_dropout(w.exp(), dropout_p), v))
+        return torch.cat(outs, dim=-2)
 
     def _causal(self, a: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
         """Row x of the Sinkhorn plan of {0..x} x {0..x + N_k - N_q}, for every x."""
@@ -318,11 +409,12 @@ class GaussianKernel(Kernel):
 
     Since -|q - k|^2/2 = <q,k> - |q|^2/2 - |k|^2/2 and the |q|^2 term cancels in the
     normalisation, this is the softmax kernel with the key bias -|K(x')|^2 scale / 2: equal to it
-    when all keys have the same norm.
+    when all keys have the same norm. On a token grid the key bias gains log w(x') (``grid``).
     """
 
     name = "gaussian"
     takes_scale = True
+    grid_aware = True
 
     def __init__(self, scale: float | None = None) -> None:
         super().__init__()
@@ -331,10 +423,10 @@ class GaussianKernel(Kernel):
     def extra_repr(self) -> str:
         return f"scale={self.scale}"
 
-    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0):
+    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0, grid=None):
         s = self.scale if self.scale is not None else q.shape[-1] ** -0.5
         bias = (-0.5 * s) * k.pow(2).sum(-1).unsqueeze(-2)  # (B, H, 1, N_k)
-        m = _additive_support(attn_mask, is_causal, q.shape[-2], k.shape[-2], q.dtype, q.device)
+        m = _grid_additive(attn_mask, is_causal, q, k, grid)
         bias = bias if m is None else bias + m
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
                                               scale=s)
@@ -350,10 +442,13 @@ class LinearKernel(Kernel):
     score scale (``takes_scale`` False): ``set_kernel`` refuses to put it by name where the
     softmax scale is not 1/sqrt(d_h). Masks give the support: boolean masks, or float masks that
     are 0 on the support and -inf / finfo.min off it; any other float mask (a score bias) has no
-    meaning here and is refused.
+    meaning here and is refused. On a token grid (``grid``) every sum over x' carries the
+    weight w(x'): g(x,x') w(x') = w(x') phi(Q(x)).phi(K(x')) / sum_eta w(eta) phi(Q(x)).phi(K(eta)),
+    and a causal support reads the coordinates.
     """
 
     name = "linear"
+    grid_aware = True
 
     def __init__(self, eps: float = 1e-12) -> None:
         super().__init__()
@@ -367,7 +462,7 @@ class LinearKernel(Kernel):
     def feature_map(x: torch.Tensor) -> torch.Tensor:
         return F.elu(x) + 1.0
 
-    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0):
+    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0, grid=None):
         if attn_mask is not None and attn_mask.dtype != torch.bool:
             off = _off_support(attn_mask)
             if not bool((off | (attn_mask == 0)).all()):
@@ -375,6 +470,9 @@ class LinearKernel(Kernel):
                                  "float with 0 on the support and -inf / finfo.min off it")
             attn_mask = ~off
         fq, fk = self.feature_map(q), self.feature_map(k)
+        wk = None if grid is None else grid.weights(fk.dtype, fk.device)
+        if wk is not None:
+            fk = fk * wk.transpose(-2, -1)  # w(x') phi(K(x')): (B|1, 1, N_k, 1)
         if attn_mask is None and not is_causal and dropout_p == 0.0:
             kv = torch.matmul(fk.transpose(-2, -1), v)  # (B, H, d, d_v)
             z = torch.matmul(fq, fk.sum(-2, keepdim=True).transpose(-2, -1))  # (B, H, N, 1)
@@ -384,7 +482,9 @@ class LinearKernel(Kernel):
             w = w * attn_mask
         if is_causal:
             n_q, n_k = q.shape[-2], k.shape[-2]
-            w = w * torch.ones(n_q, n_k, dtype=torch.bool, device=w.device).tril(n_k - n_q)
+            w = w * (grid.causal(n_q, n_k, w.device) if grid is not None and grid.has_coords
+                     else torch.ones(n_q, n_k, dtype=torch.bool, device=w.device
+                                     ).tril(n_k - n_q))
         w = w / w.sum(-1, keepdim=True).clamp_min(self.eps)
         return torch.matmul(_dropout(w, dropout_p), v)
 
@@ -409,12 +509,14 @@ class ALiBiKernel(Kernel):
 
     The bias depends on x - x' only (a convolution-type kernel in x). With ``causal=True`` the
     support is x' <= x and the bias is -m_h (x - x'). Slopes m_h from ``alibi_slopes``; all
-    slopes 0 give the softmax kernel. Runs through scaled_dot_product_attention.
+    slopes 0 give the softmax kernel. Runs through scaled_dot_product_attention. On a token
+    grid (``grid``) |x - x'| is the distance of the coordinates and the scores gain log w(x').
     """
 
     name = "alibi"
     takes_scale = True
     relative = True
+    grid_aware = True
 
     def __init__(self, num_heads: int, causal: bool = False, scale: float | None = None,
                  slopes: torch.Tensor | None = None) -> None:
@@ -448,10 +550,13 @@ class ALiBiKernel(Kernel):
         dist = (x - xp).abs()
         return -self.slopes.to(dtype=dtype, device=device).view(-1, 1, 1) * dist  # (H, Nq, Nk)
 
-    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0):
-        b = self.bias(q.shape[-2], k.shape[-2], q.dtype, q.device)
-        m = _additive_support(attn_mask, is_causal or self.causal, q.shape[-2], k.shape[-2],
-                              q.dtype, q.device)
+    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0, grid=None):
+        if grid is not None and grid.has_coords:
+            dist = grid.offsets(q.shape[-2], k.shape[-2], q.dtype, q.device).abs()
+            b = -self.slopes.to(dtype=q.dtype, device=q.device).view(-1, 1, 1) * dist
+        else:
+            b = self.bias(q.shape[-2], k.shape[-2], q.dtype, q.device)
+        m = _grid_additive(attn_mask, is_causal or self.causal, q, k, grid)
         b = b if m is None else b + m
         return F.scaled_dot_product_attention(q, k, v, attn_mask=b, dropout_p=dropout_p,
                                               scale=self.scale)
@@ -462,12 +567,14 @@ class RotaryKernel(Kernel):
     the softmax kernel. <R_x q, R_x' k> = <q, R_(x'-x) k>: the score depends on x - x' only.
 
     Pairs (i, i + d/2) of a head's features rotate by angle x * base^(-2i/d) (the "rotate half"
-    layout of GPT-NeoX / LLaMA).
+    layout of GPT-NeoX / LLaMA). On a token grid (``grid``) the angles are x_j base^(-2i/d) at
+    the coordinates x_j (any real x_j), and the scores gain log w(x').
     """
 
     name = "rotary"
     takes_scale = True
     relative = True
+    grid_aware = True
 
     def __init__(self, head_dim: int, base: float = 10000.0, scale: float | None = None) -> None:
         super().__init__()
@@ -504,12 +611,25 @@ class RotaryKernel(Kernel):
         rot = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
         return x * cos + rot * sin
 
-    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0):
-        n = max(q.shape[-2], k.shape[-2])
-        cos, sin = self.angles(n, q.dtype, q.device)
-        q = self.rotate(q, cos[n - q.shape[-2]:], sin[n - q.shape[-2]:])
-        k = self.rotate(k, cos[n - k.shape[-2]:], sin[n - k.shape[-2]:])
-        attn_mask, is_causal = _sdpa_support(attn_mask, is_causal, q, k)
+    def angles_at(self, x: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the angles at the coordinates x (B|1, N): (B|1, 1, N, head_dim)."""
+        inv = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64,
+                                                 device=x.device) / self.head_dim))
+        freqs = x.to(torch.float64)[..., None] * inv
+        emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0, grid=None):
+        if grid is not None and grid.has_coords:
+            xq, xk = grid.positions(q.shape[-2], k.shape[-2], torch.float64, q.device)
+            q = self.rotate(q, *self.angles_at(xq, q.dtype))
+            k = self.rotate(k, *self.angles_at(xk, k.dtype))
+        else:
+            n = max(q.shape[-2], k.shape[-2])
+            cos, sin = self.angles(n, q.dtype, q.device)
+            q = self.rotate(q, cos[n - q.shape[-2]:], sin[n - q.shape[-2]:])
+            k = self.rotate(k, cos[n - k.shape[-2]:], sin[n - k.shape[-2]:])
+        attn_mask, is_causal = _grid_sdpa_support(attn_mask, is_causal, q, k, grid)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                               is_causal=is_causal, scale=self.scale)
 
