@@ -35,7 +35,7 @@ from splitformer.operators.token_grid import split_node, weighted_mean
 D = torch.float64
 TOL = 1e-10
 DIM, HEADS, B = 8, 2, 2
-SETTINGS = settings(max_examples=12, deadline=None, database=None,
+SETTINGS = settings(max_examples=10, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
 KERNEL_NAMES = sorted(KERNELS)
 RELATIVE = sorted(n for n, k in KERNELS.items() if k.relative)
