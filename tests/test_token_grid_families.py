@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from test_registry import FAMILIES
 
 from splitformer.models import Encoder
+from splitformer.models.seq2seq import network_decoder
 from splitformer.models.sequence import sequence_classifier
 from splitformer.operators.base import Context
 from splitformer.operators.kernels import KERNEL_NAMES
@@ -50,7 +51,15 @@ def _sequence():
     return m, (torch.randn(2, 6, 2, dtype=D),)
 
 
-EXTRA = {"sequence": _sequence}  # families of splitformer.models not in the registry's list
+def _decoder():
+    torch.manual_seed(0)
+    m = network_decoder(16, 2, 24, 2, dtype=D)
+    return m, (torch.randn(2, 4, 16, dtype=D), torch.randn(2, 5, 16, dtype=D))
+
+
+# families of splitformer.models not in the registry's list: the sequence classifier, the
+# decoder with a given memory (nn.TransformerDecoder's front: tgt_ and memory_ grids)
+EXTRA = {"sequence": _sequence, "decoder": _decoder}
 ALL = {**FAMILIES, **EXTRA}
 REGULAR_GRID_ONLY = {"cvt"}  # convolutions in x: constant weights only, no coordinates
 GRID_FAMILIES = sorted(set(ALL) - REGULAR_GRID_ONLY)
