@@ -25,6 +25,15 @@ tokens x' from the support of the kernel: m(x, x') = 0 on kept keys and the most
 number of the dtype (``torch.finfo(dtype).min``, as transformers' eager path builds it) or a
 boolean False (its sdpa path) on padded ones.
 
+On a token grid (docs/math.md 3.12; every forward takes ``token_weights`` w_j and
+``token_coords`` x_j, (N,) or (B, N), None = uniform / the index 0..N-1): the kernel integrates
+against the weights (softmax(a + log w)), a weight-0 node is padding (the same outputs at the
+other nodes as ``attention_mask`` 0 there), and the position term is p(x_j), the learned table
+read as samples of p(x) (a gather at integer coordinates, linear interpolation between rows,
+``embeddings.sample_positions``; coordinates outside [0, max_position_embeddings - 1] and
+position_ids together with token_coords are refused). The pooler reads the node x_0 (the [CLS]
+token) and never integrates over x, so it is unchanged by the weights.
+
 Nothing here imports ``transformers``: the weight map lives in ``splitformer.interop.hf_bert``.
 """
 
@@ -45,7 +54,7 @@ from ..time.schemes import lie
 from .base import EvolutionModel, keep_steps, path_states
 from .embeddings import TokenEmbedding
 from .encoder import encoder_controls
-from .masks import finfo_additive, padding_support
+from .masks import finfo_additive, padding_support, with_token_grid
 from .outputs import ModelOutput
 
 __all__ = [
@@ -125,6 +134,9 @@ class BertEncoderModel(EvolutionModel):
     inputs of transformers' ``BertModel`` and returns ``last_hidden_state`` = u(T) and
     ``pooler_output`` = R(u(T)); ``output_hidden_states=True`` adds u(t_i) at every grid point
     (at tau = 1 these are BERT's hidden states: the embedding output and every layer's output).
+    ``token_weights`` / ``token_coords`` (keywords; (N,) or (B, N)) give the token grid: the
+    quadrature weights of every kernel and the coordinates the positions and relative kernels
+    read (module docstring).
 
     ``additive_mask`` selects how a 2-D padding mask becomes the kernel's support: an additive
     float mask with ``torch.finfo(dtype).min`` on padded keys (transformers' eager path) or a
@@ -169,14 +181,19 @@ class BertEncoderModel(EvolutionModel):
         labels: torch.Tensor | None = None,
         *,
         output_hidden_states: bool = False,
+        token_weights: torch.Tensor | None = None,
+        token_coords: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Context]:
-        """u(0) = f and the context: the kernel's support, and for the read-out the labels and
+        """u(0) = f (positions p(x_j) with ``token_coords``) and the context: the kernel's
+        support, the token grid (checked against N), and for the read-out the labels and
         whether to keep the hidden states."""
-        u0 = self.embedding(input_ids, token_type_ids, position_ids, inputs_embeds)
+        u0 = self.embedding(input_ids, token_type_ids, position_ids, inputs_embeds,
+                            token_coords=token_coords)
         b, n, _ = u0.shape
         mask = self.attention_support(attention_mask, b, n, u0.dtype, u0.device)
-        return u0, keep_steps(Context(attn_mask=mask, extra={"labels": labels}),
-                              output_hidden_states)
+        ctx = with_token_grid(Context(attn_mask=mask, extra={"labels": labels}), token_weights,
+                              token_coords, batch=b, seq=n, owner=type(self).__name__)
+        return u0, keep_steps(ctx, output_hidden_states)
 
     def read_out(self, u: torch.Tensor, context: Context) -> BertEncoderOutput:
         """last_hidden_state = u(T), pooler_output = R(u(T)) (None without a pooler), and the
@@ -194,9 +211,12 @@ class BertEncoderModel(EvolutionModel):
         inputs_embeds: torch.Tensor | None = None,
         *,
         output_hidden_states: bool = False,
+        token_weights: torch.Tensor | None = None,
+        token_coords: torch.Tensor | None = None,
     ) -> BertEncoderOutput:
         return self.solve(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                          output_hidden_states=output_hidden_states)
+                          output_hidden_states=output_hidden_states,
+                          token_weights=token_weights, token_coords=token_coords)
 
 
 class BertSequenceClassifier(BertEncoderModel):
@@ -259,9 +279,12 @@ class BertSequenceClassifier(BertEncoderModel):
         labels: torch.Tensor | None = None,
         *,
         output_hidden_states: bool = False,
+        token_weights: torch.Tensor | None = None,
+        token_coords: torch.Tensor | None = None,
     ) -> BertClassifierOutput:
         return self.solve(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                          labels, output_hidden_states=output_hidden_states)
+                          labels, output_hidden_states=output_hidden_states,
+                          token_weights=token_weights, token_coords=token_coords)
 
     def read_out(self, u: torch.Tensor, context: Context) -> BertClassifierOutput:
         """logits = W_C R(u(T)) + b_C, and the loss when labels were given."""

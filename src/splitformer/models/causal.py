@@ -21,6 +21,13 @@ feature integral against the (tied) token embedding: logits(x, v) = <R(u)(x, .),
 Schemes: ``with_scheme`` / ``refine`` act on the single evolution; a named scheme is rebuilt on
 the pre-LN layout.
 
+On a token grid (docs/math.md 3.12; every forward takes ``token_weights`` w_j and
+``token_coords`` x_j, (N,) or (B, N), None = uniform / the index): the kernels integrate against
+the weights, the causal support is x_k <= x_q on the coordinates (two nodes at one coordinate
+see each other; it stays ``is_causal``, never folded into the padding mask), and the position
+term is p(x_j), the learned table read as samples of p(x) (a gather at integer coordinates,
+linear interpolation between rows; outside [0, n_positions - 1], or with position_ids, refused).
+
 Nothing here imports ``transformers``: the weight map is in ``splitformer.interop.hf_gpt2``.
 """
 
@@ -40,7 +47,7 @@ from ..time.schemes import prenorm
 from .base import EvolutionModel, keep_steps, path_states
 from .embeddings import TokenEmbedding
 from .encoder import encoder_controls
-from .masks import causal_support, finfo_additive, padding_support
+from .masks import causal_support, finfo_additive, on_token_grid, padding_support, with_token_grid
 from .outputs import ModelOutput
 
 __all__ = [
@@ -91,6 +98,7 @@ def causal_context(
     device: torch.device,
     additive: bool = False,
     packed: bool = True,
+    on_grid: bool = False,
 ) -> Context:
     """The kernel support of the causal evolution, built as transformers 5 builds GPT-2's mask.
 
@@ -106,7 +114,9 @@ def causal_context(
       transformers does.
 
     Whenever a mask is built it already holds the causal support (``is_causal`` is then False:
-    the kernel uses the mask as given).
+    the kernel uses the mask as given), except ``on_grid`` (a token grid is given): there the
+    mask holds the padding (or packing) support only and ``is_causal`` stays True, so that the
+    kernel reads the causal support x_k <= x_q on the coordinates.
     """
     if attention_mask is not None:
         allowed, prepared = padding_support(attention_mask, batch, seq, device)
@@ -121,6 +131,9 @@ def causal_context(
         allowed = (labels[:, :, None] == labels[:, None, :])[:, None]
     else:
         return Context(is_causal=True)
+    if on_grid:
+        return Context(attn_mask=finfo_additive(allowed, dtype) if additive else allowed,
+                       is_causal=True)
     causal = causal_support(seq, seq, device)
     support = causal & allowed
     if additive:
@@ -141,6 +154,8 @@ class CausalDecoderModel(EvolutionModel):
     ``use_cache`` only mirrors transformers' switch of the same name (there is no cache here):
     when False, position_ids that restart inside a row mark packed sequences, each with its own
     causal support (transformers detects packing only when it runs without a cache).
+    ``token_weights`` / ``token_coords`` (keywords; (N,) or (B, N)) give the token grid (module
+    docstring).
     """
 
     def __init__(
@@ -173,14 +188,21 @@ class CausalDecoderModel(EvolutionModel):
         *,
         output_hidden_states: bool = False,
         logits_to_keep: int | torch.Tensor = 0,
+        token_weights: torch.Tensor | None = None,
+        token_coords: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Context]:
-        """u(0) = f and the causal context (the support of the Volterra kernel); for the
-        read-out, the labels, the logits to keep and whether to keep the hidden states."""
-        u0 = self.embedding(input_ids, token_type_ids, position_ids, inputs_embeds)
+        """u(0) = f (positions p(x_j) with ``token_coords``) and the causal context (the
+        support of the Volterra kernel, the token grid checked against N); for the read-out,
+        the labels, the logits to keep and whether to keep the hidden states."""
+        u0 = self.embedding(input_ids, token_type_ids, position_ids, inputs_embeds,
+                            token_coords=token_coords)
         b, n, _ = u0.shape
         cache = self.use_cache if use_cache is None else bool(use_cache)
         ctx = causal_context(attention_mask, position_ids, batch=b, seq=n, dtype=u0.dtype,
-                             device=u0.device, additive=self.additive_mask, packed=not cache)
+                             device=u0.device, additive=self.additive_mask, packed=not cache,
+                             on_grid=on_token_grid(token_weights, token_coords))
+        ctx = with_token_grid(ctx, token_weights, token_coords, batch=b, seq=n,
+                              owner=type(self).__name__)
         ctx.extra.update(labels=labels, logits_to_keep=logits_to_keep)
         return u0, keep_steps(ctx, output_hidden_states)
 
@@ -202,9 +224,12 @@ class CausalDecoderModel(EvolutionModel):
         use_cache: bool | None = None,
         *,
         output_hidden_states: bool = False,
+        token_weights: torch.Tensor | None = None,
+        token_coords: torch.Tensor | None = None,
     ) -> CausalDecoderOutput:
         return self.solve(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                          use_cache, output_hidden_states=output_hidden_states)
+                          use_cache, output_hidden_states=output_hidden_states,
+                          token_weights=token_weights, token_coords=token_coords)
 
 
 class CausalLM(CausalDecoderModel):
@@ -262,10 +287,13 @@ class CausalLM(CausalDecoderModel):
         *,
         logits_to_keep: int | torch.Tensor = 0,
         output_hidden_states: bool = False,
+        token_weights: torch.Tensor | None = None,
+        token_coords: torch.Tensor | None = None,
     ) -> CausalDecoderOutput:
         return self.solve(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                           use_cache, labels, output_hidden_states=output_hidden_states,
-                          logits_to_keep=logits_to_keep)
+                          logits_to_keep=logits_to_keep, token_weights=token_weights,
+                          token_coords=token_coords)
 
     def read_out(self, u: torch.Tensor, context: Context) -> CausalDecoderOutput:
         """logits(x, v) = <P_f u(x, ., T), W(v, .)> on the kept positions, and the next-token

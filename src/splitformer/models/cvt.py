@@ -37,6 +37,12 @@ stage (stage s runs over [0, T_s]); the global depth of stage s's t is ``stage_o
 
 Read-out (classification): LN on the class token (or on all grid tokens when the last stage
 has no class token), the mean over tokens, and a linear classifier.
+
+Token grid (docs/math.md 3.12): the convolutional projections and embeddings need the regular
+2-D token grid, where the quadrature weights are constant and cancel. ``forward`` takes
+``token_weights`` / ``token_coords`` like every family: weights constant along each row are
+accepted (they cancel in every kernel and in the mean: nothing is passed on), other weights and
+any coordinates are refused by name (``ConvolutionalVisionTransformer.check_token_grid``).
 """
 
 from __future__ import annotations
@@ -52,9 +58,11 @@ from torch import nn
 
 from ..operators import Context, FeatureIntegral, FeedForward, LayerNormProjection, Operator
 from ..operators.convolution import ConvolutionalAttention, pair
+from ..operators.token_grid import check_grid_tensor
 from ..time import Controls, Evolution, SaveAt, Scheme, Stage, TimeGrid, Trajectory
 from ..time.schemes.families import STOCHASTIC_DEPTH_LAYOUT as STOCHASTIC_DEPTH_LAYOUT
 from ..time.schemes.families import cvt_scheme
+from . import masks
 from .base import EvolutionModel
 from .blocks import block_controls
 from .outputs import ModelOutput
@@ -359,17 +367,43 @@ class ConvolutionalVisionTransformer(EvolutionModel):
         pooled = self.final_norm(tokens).mean(dim=1)
         return pooled if self.classifier is None else self.classifier(pooled)
 
-    def initial_condition(self, pixel_values: torch.Tensor, output_hidden_states: bool = False
+    def check_token_grid(self, token_weights: torch.Tensor | None,
+                         token_coords: torch.Tensor | None) -> None:
+        """The token grid CvT can take: none, or weights constant along each row (they cancel
+        on the regular grid). ValueError naming the argument for other weights and for any
+        coordinates (the convolutions in x need the regular 2-D grid)."""
+        why = ("its convolutional token embeddings and Q/K/V projections need the regular 2-D "
+               "token grid (docs/math.md 3.7, 3.12)")
+        if token_coords is not None:
+            raise ValueError(f"ConvolutionalVisionTransformer (CvT): token_coords are refused: "
+                             f"{why}")
+        if token_weights is None:
+            return
+        check_grid_tensor(token_weights, "ConvolutionalVisionTransformer (CvT): token_weights",
+                          weights=True)
+        rows = token_weights if token_weights.dim() == 2 else token_weights.unsqueeze(0)
+        if not bool((rows == rows[:, :1]).all()):
+            raise ValueError(f"ConvolutionalVisionTransformer (CvT): token_weights other than "
+                             f"constant (along each row) are refused: {why}")
+
+    def initial_condition(self, pixel_values: torch.Tensor, output_hidden_states: bool = False,
+                          *, token_weights: torch.Tensor | None = None,
+                          token_coords: torch.Tensor | None = None
                           ) -> tuple[torch.Tensor, Context]:
         """u(0) of the last stage: the stages before it run as the restriction chain (each
         stage's output grid is the next one's input), then the last stage's initial condition.
-        The earlier stages' output grids ride in the context for the hidden states."""
+        The earlier stages' output grids ride in the context for the hidden states. A token
+        grid is checked (``check_token_grid``: constant weights only, which cancel) and not
+        passed on."""
+        self.check_token_grid(token_weights, token_coords)
         self._check_pixels(pixel_values)
         grid, hidden = pixel_values, []
         for stage in self.stages[:-1]:
             grid, _ = stage(grid)
             hidden.append(grid)
         u0, ctx = self.stages[-1].initial_condition(grid)
+        masks.check_token_grid(token_weights, None, batch=u0.shape[0], seq=u0.shape[1],
+                               owner="ConvolutionalVisionTransformer (CvT)")
         ctx.extra.update(hidden=hidden if output_hidden_states else None)
         return u0, ctx
 
@@ -382,8 +416,11 @@ class ConvolutionalVisionTransformer(EvolutionModel):
         return CvtOutput(logits=logits, last_hidden_state=grid, cls_token_value=cls,
                          hidden_states=(*hidden, grid) if hidden is not None else None)
 
-    def forward(self, pixel_values: torch.Tensor, output_hidden_states: bool = False) -> CvtOutput:
-        return self.solve(pixel_values, output_hidden_states)
+    def forward(self, pixel_values: torch.Tensor, output_hidden_states: bool = False, *,
+                token_weights: torch.Tensor | None = None,
+                token_coords: torch.Tensor | None = None) -> CvtOutput:
+        return self.solve(pixel_values, output_hidden_states, token_weights=token_weights,
+                          token_coords=token_coords)
 
     def trajectory(self, pixel_values: torch.Tensor, stage: int = -1, *,
                    saveat: SaveAt | None = None) -> Trajectory:

@@ -11,6 +11,17 @@ dropout. One class serves BERT and GPT-2; they differ in data, not in kind:
   ((word + position) + word[types]), no norm.
 
 The order of the sums is the reference library's, so that results agree to the last bit.
+
+Positions on a token grid (docs/math.md 3.12). The learned table E_p is read as the samples
+p(n) = E_p[n], n = 0 .. P-1, of a function p(x) on [0, P-1]; ``token_coords`` x_j evaluate it
+(``sample_positions``): an integer coordinate gathers its row (exactly the look-up at that
+index), a coordinate between rows is the linear interpolation
+
+    p(x) = E_p[n] + (x - n) (E_p[n+1] - E_p[n]),     n = floor(x),
+
+so that a node split into two copies at x_j gives both copies p(x_j). Coordinates outside
+[0, P-1] are refused (there is no sample to interpolate), and so are ``position_ids`` together
+with ``token_coords`` (two answers to one question).
 """
 
 from __future__ import annotations
@@ -19,8 +30,32 @@ import torch
 from torch import nn
 
 from ..operators import LayerNormProjection
+from ..operators.token_grid import check_grid_tensor
 
-__all__ = ["TokenEmbedding"]
+__all__ = ["TokenEmbedding", "sample_positions"]
+
+
+def sample_positions(table: torch.Tensor, coords: torch.Tensor, *, name: str = "token_coords"
+                     ) -> torch.Tensor:
+    """p(x_j) for the learned positions ``table`` (P, D) read as samples p(n), n = 0 .. P-1:
+    row x_j for an integer x_j (exactly), p(n) + (x - n)(p(n+1) - p(n)) with n = floor(x)
+    between rows. ``coords`` (N,) or (B, N), floating point, in [0, P-1] (ValueError naming
+    ``name`` otherwise; under ``torch.compile`` asserted inside the graph); returns (1 or B, N,
+    D) in the table's dtype."""
+    check_grid_tensor(coords, name, weights=False)
+    last = table.shape[0] - 1
+    x = (coords if coords.dim() == 2 else coords.unsqueeze(0)).to(device=table.device)
+    if torch.compiler.is_compiling():
+        torch._assert_async(((x >= 0) & (x <= last)).all(), f"{name} must lie in [0, {last}]")
+    elif float(x.min()) < 0 or float(x.max()) > last:
+        raise ValueError(f"{name} must lie in [0, {last}] (the learned positions p(0) .. "
+                         f"p({last}) are samples of p(x) on that interval), got values in "
+                         f"[{float(x.min())!r}, {float(x.max())!r}]")
+    lo = x.floor().long().clamp(0, last)
+    hi = (lo + 1).clamp(max=last)
+    theta = (x.to(table.dtype) - lo.to(table.dtype)).unsqueeze(-1)
+    below = table[lo]
+    return below + theta * (table[hi] - below)
 
 
 class TokenEmbedding(nn.Module):
@@ -109,9 +144,18 @@ class TokenEmbedding(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        *,
+        token_coords: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """f = E_w[ids] + E_t[types] + p (in the source's order), then P_S1 and dropout; p is
+        E_p[position_ids] (default 0 .. N-1) or, with ``token_coords`` x_j (N,) or (B, N), the
+        positions p(x_j) (``sample_positions``: a gather at integer x_j, linear interpolation
+        between rows)."""
         e = self._start(input_ids, inputs_embeds)
         b, n = e.shape[:2]
+        if token_coords is not None:
+            position = self._positions_at(token_coords, position_ids, b, n)
+            return self._sum(e, token_type_ids, position, b, n)
         if position_ids is None:  # 0 .. n-1: in range once n is
             if n > self.max_positions:
                 raise ValueError(f"sequence length {n} exceeds the {self.max_positions} learned "
@@ -119,6 +163,25 @@ class TokenEmbedding(nn.Module):
             position_ids = torch.arange(n, device=e.device).unsqueeze(0)
         else:
             self._check_ids(position_ids, "position_ids", self.max_positions)
+        return self._sum(e, token_type_ids, self.position(position_ids), b, n)
+
+    def _positions_at(self, coords: torch.Tensor, position_ids: torch.Tensor | None, b: int,
+                      n: int) -> torch.Tensor:
+        """p(x_j) at the token coordinates (checked: (N,) or (B, N), in [0, P-1])."""
+        if position_ids is not None:
+            raise ValueError("pass position_ids or token_coords, not both: both say where the "
+                             "tokens sit (token_coords x_j evaluate the learned positions p(x) "
+                             "on [0, max_positions - 1]; position_ids index its rows)")
+        check_grid_tensor(coords, "token_coords", weights=False)
+        if coords.shape[-1] != n or (coords.dim() == 2 and coords.shape[0] not in (1, b)):
+            raise ValueError(f"token_coords has shape {tuple(coords.shape)} but the input has "
+                             f"{n} tokens (batch {b}): expected ({n},) or ({b}, {n})")
+        return sample_positions(self.position.weight, coords)
+
+    def _sum(self, e: torch.Tensor, token_type_ids: torch.Tensor | None,
+             position: torch.Tensor, b: int, n: int) -> torch.Tensor:
+        """The sums in the source's order (BERT: (word + type) + position; GPT-2: (word +
+        position) + word[types]), then P_S1 and dropout."""
         if token_type_ids is not None:
             table = self.token_type if self.token_type is not None else self.word
             self._check_ids(token_type_ids, "token_type_ids", table.num_embeddings)
@@ -126,9 +189,9 @@ class TokenEmbedding(nn.Module):
             if token_type_ids is None:
                 token_type_ids = torch.zeros(1, n, dtype=torch.long, device=e.device).expand(b, n)
             e = e + self.token_type(token_type_ids)
-            e = e + self.position(position_ids)
+            e = e + position
         else:
-            e = e + self.position(position_ids)
+            e = e + position
             if token_type_ids is not None:
                 e = e + self.word(token_type_ids.view(-1, n))
         if self.norm is not None:

@@ -5,7 +5,8 @@
 R is the identity or a final LayerNorm (pre-LN networks end with one). Building blocks:
 
 * ``Encoder``: takes the arguments of ``torch.nn.TransformerEncoder`` (src, mask,
-  src_key_padding_mask, is_causal) and returns the same tensor.
+  src_key_padding_mask, is_causal) and returns the same tensor; the keywords ``token_weights``
+  / ``token_coords`` put the field on a token grid (docs/math.md 3.12).
 * ``encoder_controls`` / ``paper_controls``: the control sets theta^n of the network's and of the
   paper's literal form.
 """
@@ -109,6 +110,15 @@ class Encoder(TorchLayoutReadOut, EvolutionModel):
     Padding: tokens flagged in ``src_key_padding_mask`` are outside the kernel's support as keys;
     their own rows of the output are computed like any other (torch.nn's fused eval path returns
     0 there instead: compare on unpadded tokens).
+
+    Token grid (keywords ``token_weights`` w_j >= 0 and ``token_coords`` x_j, (N,) or (B, N),
+    batch first whatever the layout of src; None = uniform weights / the index 0 .. N-1): every
+    kernel integrates against the weights (softmax(a + log w)); a weight-0 node is padding,
+    with the outputs of ``src_key_padding_mask`` at the other nodes; relative kernels (ALiBi,
+    rotary) read the coordinates, and ``is_causal`` is the support x_k <= x_q on them (not
+    folded into a mask; a ``mask`` is a support on the node index, used as given). There is
+    no position term: the encoder is equivariant under permutations of its nodes (with their
+    weights and coordinates).
     """
 
     def __init__(
@@ -136,9 +146,11 @@ class Encoder(TorchLayoutReadOut, EvolutionModel):
         is_causal: bool | None = None,
         *,
         src_mask: torch.Tensor | None = None,
+        token_weights: torch.Tensor | None = None,
+        token_coords: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Context]:
-        """u(0) = src (batch first) and the kernel's support; ``context.extra["unbatched"]``
-        remembers the layout of src for the read-out."""
+        """u(0) = src (batch first), the kernel's support and the token grid (checked against
+        N); ``context.extra["unbatched"]`` remembers the layout of src for the read-out."""
         if src_mask is not None:
             if mask is not None:
                 raise ValueError("pass the attention mask as mask or as src_mask, not both")
@@ -153,7 +165,8 @@ class Encoder(TorchLayoutReadOut, EvolutionModel):
         b, n, _ = u0.shape
         ctx = build_context(
             mask, kpm, is_causal, batch=b, seq=n, num_heads=self.nhead, dtype=p.dtype,
-            device=p.device,
+            device=p.device, token_weights=token_weights, token_coords=token_coords,
+            owner=type(self).__name__,
         )
         ctx.extra["unbatched"] = unbatched
         return u0, ctx
@@ -166,8 +179,11 @@ class Encoder(TorchLayoutReadOut, EvolutionModel):
         is_causal: bool | None = None,
         *,
         src_mask: torch.Tensor | None = None,
+        token_weights: torch.Tensor | None = None,
+        token_coords: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.solve(src, mask, src_key_padding_mask, is_causal, src_mask=src_mask)
+        return self.solve(src, mask, src_key_padding_mask, is_causal, src_mask=src_mask,
+                          token_weights=token_weights, token_coords=token_coords)
 
 
 def paper_encoder(

@@ -1,9 +1,18 @@
-"""Attention masks in the semantics of torch.nn.TransformerEncoder, turned into a kernel support.
+"""Attention masks in the semantics of torch.nn.TransformerEncoder, turned into a kernel support,
+and the token grid a family's forward hands to its operators.
 
 torch.nn's conventions: a boolean ``mask`` / ``src_key_padding_mask`` is True where attention is
 NOT allowed; a float one is added to the scores. ``mask`` is (N, N) or (B * H, N, N);
 ``src_key_padding_mask`` is (B, N). The kernel support handed to the attention operator uses the
 convention of ``scaled_dot_product_attention`` (boolean True = allowed; float = additive).
+
+The token grid (docs/math.md 3.12): quadrature weights w_j >= 0 and node coordinates x_j, each
+(N,) or (B, N) (batch first whatever the layout of the input), None = uniform weights / the
+index 0 .. N-1. ``check_token_grid`` checks them against the field's N and batch, naming the
+argument; ``with_token_grid`` puts them into a ``Context``. On a token grid a causal support is
+never folded into a mask here: it stays ``is_causal`` and the kernel reads it on the
+coordinates (x_k <= x_q; two nodes at one coordinate see each other). A mask given by the caller
+is a support on the node index, used as given.
 """
 
 from __future__ import annotations
@@ -11,15 +20,19 @@ from __future__ import annotations
 import torch
 
 from ..operators.base import Context
+from ..operators.token_grid import check_grid_tensor
 
 __all__ = [
     "attention_support",
     "build_context",
     "causal_support",
     "check_src",
+    "check_token_grid",
     "finfo_additive",
     "merge_supports",
+    "on_token_grid",
     "padding_support",
+    "with_token_grid",
 ]
 
 
@@ -94,6 +107,40 @@ def attention_support(
     return support
 
 
+def check_token_grid(weights: torch.Tensor | None, coords: torch.Tensor | None, *, batch: int,
+                     seq: int, owner: str, names: tuple[str, str] = ("token_weights",
+                                                                      "token_coords")) -> None:
+    """The token grid of a field of ``seq`` nodes and batch ``batch``: ``weights`` (w_j >= 0, a
+    positive sum per row; 0 = padding) and ``coords`` (x_j, finite), each None or a
+    floating-point tensor of shape (seq,) or (batch, seq) (a leading 1 broadcasts). TypeError /
+    ValueError naming ``owner`` and the argument (``names``: the forward's keyword names)."""
+    for t, name, is_w in ((weights, names[0], True), (coords, names[1], False)):
+        if t is None:
+            continue
+        check_grid_tensor(t, f"{owner}: {name}", weights=is_w)
+        if t.shape[-1] != seq or (t.dim() == 2 and t.shape[0] not in (1, batch)):
+            raise ValueError(f"{owner}: {name} has shape {tuple(t.shape)} but the field has "
+                             f"{seq} nodes (batch {batch}): expected ({seq},) or ({batch}, "
+                             f"{seq})")
+
+
+def with_token_grid(context: Context, weights: torch.Tensor | None,
+                    coords: torch.Tensor | None, *, batch: int, seq: int, owner: str,
+                    names: tuple[str, str] = ("token_weights", "token_coords")) -> Context:
+    """``context`` with the token grid (w_j, x_j) of its field, checked (``check_token_grid``);
+    None and None leave it as it is (the uniform index grid: the network)."""
+    if weights is None and coords is None:
+        return context
+    check_token_grid(weights, coords, batch=batch, seq=seq, owner=owner, names=names)
+    context.token_weights, context.token_coords = weights, coords
+    return context
+
+
+def on_token_grid(weights: torch.Tensor | None, coords: torch.Tensor | None) -> bool:
+    """Whether a forward was given a token grid (then causal supports stay ``is_causal``)."""
+    return weights is not None or coords is not None
+
+
 def causal_support(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
     """{x' <= x}: the support of a Volterra kernel, as a boolean (q_len, k_len) mask."""
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
@@ -111,17 +158,26 @@ def build_context(
     device: torch.device,
     mask_name: str = "mask",
     kpm_name: str = "src_key_padding_mask",
+    token_weights: torch.Tensor | None = None,
+    token_coords: torch.Tensor | None = None,
+    owner: str = "Encoder",
 ) -> Context:
-    """Check the masks and merge them into the kernel's support, once per forward.
+    """Check the masks and merge them into the kernel's support, once per forward, and put the
+    token grid (``token_weights``, ``token_coords``; checked, ``with_token_grid``) into the
+    context.
 
     ``is_causal`` with no other mask is left to the kernel (sdpa's causal path); with a mask,
-    the causal support is folded into it here, so no layer rebuilds it.
+    the causal support is folded into it here, so no layer rebuilds it, except on a token grid,
+    where it stays ``is_causal`` for the kernel to read on the coordinates.
     """
     if is_causal is not None and not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool or None, got {is_causal!r}")
     support = attention_support(mask, key_padding_mask, batch=batch, num_heads=num_heads,
                                 q_len=seq, k_len=seq, dtype=dtype, device=device,
                                 mask_name=mask_name, kpm_name=kpm_name)
+    if on_token_grid(token_weights, token_coords):
+        return with_token_grid(Context(attn_mask=support, is_causal=bool(is_causal)),
+                               token_weights, token_coords, batch=batch, seq=seq, owner=owner)
     if is_causal and support is not None:
         return Context(attn_mask=merge_supports(causal_support(seq, seq, device), support, dtype))
     return Context(attn_mask=support, is_causal=bool(is_causal))

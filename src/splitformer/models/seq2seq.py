@@ -46,7 +46,13 @@ from ..time.schemes.families import DECODER_POST_LN, DECODER_PRE_LN, decoder_lie
 from .base import EvolutionModel, TorchLayoutReadOut, shared_copy
 from .blocks import block_controls
 from .encoder import Encoder, network_encoder
-from .masks import attention_support, causal_support, check_src, merge_supports
+from .masks import (
+    attention_support,
+    causal_support,
+    check_src,
+    check_token_grid,
+    merge_supports,
+)
 
 __all__ = [
     "DECODER_POST_LN",
@@ -101,6 +107,13 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
     self-attention support as given; without one, ``tgt_is_causal=True`` gives the causal support
     x' <= x (torch.nn would require the mask). ``memory_is_causal=True`` without a memory_mask
     gives the top-left causal support x_s <= x.
+
+    Token grids (keywords, each (N,) or (B, N), batch first; None = uniform / the index): the
+    target field's ``tgt_token_weights`` / ``tgt_token_coords`` (self-attention integrates
+    against them, its causal support is x_k <= x_q on the coordinates, not folded into a mask)
+    and the memory's ``memory_token_weights`` / ``memory_token_coords`` (cross-attention
+    integrates over the memory against them; ``context.extra["memory_weights"]`` /
+    ``["memory_coords"]``). With coordinates, ``memory_is_causal`` compares x_s <= x on them.
     """
 
     def __init__(
@@ -161,8 +174,15 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
         memory_key_padding_mask: torch.Tensor | None = None,
         tgt_is_causal: bool | None = None,
         memory_is_causal: bool = False,
+        *,
+        tgt_token_weights: torch.Tensor | None = None,
+        tgt_token_coords: torch.Tensor | None = None,
+        memory_token_weights: torch.Tensor | None = None,
+        memory_token_coords: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Context]:
-        """u(0) = tgt (batch first) and the context: the supports, the memory field M, and
+        """u(0) = tgt (batch first) and the context: the supports, the memory field M, the
+        two token grids (u's: ``token_weights`` / ``token_coords``; M's:
+        ``extra["memory_weights"]`` / ``["memory_coords"]``, checked against N) and
         ``extra["unbatched"]`` for the read-out."""
         for name, flag in (("tgt_is_causal", tgt_is_causal), ("memory_is_causal",
                                                                 memory_is_causal)):
@@ -174,31 +194,77 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
         if u0.shape[0] != m.shape[0]:
             raise ValueError(f"tgt and memory must have the same batch size, got {u0.shape[0]} "
                              f"and {m.shape[0]}")
-        b, n, _ = u0.shape
-        s = m.shape[1]
-        p = self._param()
-        kw = {"batch": b, "num_heads": self.nhead, "dtype": p.dtype, "device": p.device}
+        grids = (tgt_token_weights, tgt_token_coords, memory_token_weights, memory_token_coords)
+        self._check_grids(grids, u0.shape[0], u0.shape[1], m.shape[1])
 
         def batched(kpm):
             if unbatched and isinstance(kpm, torch.Tensor) and kpm.dim() == 1:
                 return kpm.unsqueeze(0)
             return kpm
 
+        self_support, causal = self._self_support(tgt_mask, batched(tgt_key_padding_mask),
+                                                  tgt_is_causal, u0.shape,
+                                                  any(t is not None for t in grids[:2]))
+        cross = self._cross_support(memory_mask, batched(memory_key_padding_mask),
+                                    memory_is_causal, u0.shape, m.shape[1], grids)
+        extra = {"memory": m, "memory_mask": cross, "unbatched": unbatched}
+        if memory_token_weights is not None or memory_token_coords is not None:
+            extra.update(memory_weights=memory_token_weights, memory_coords=memory_token_coords)
+        ctx = Context(attn_mask=self_support, is_causal=causal, extra=extra,
+                      token_weights=tgt_token_weights, token_coords=tgt_token_coords)
+        return u0, ctx
+
+    _GRID_NAMES = ("tgt_token_weights", "tgt_token_coords", "memory_token_weights",
+                   "memory_token_coords")
+
+    def _check_grids(self, grids: tuple, b: int, n: int, s: int) -> None:
+        """The target grid against tgt's N, the memory's against the memory's (naming them)."""
+        owner, names = type(self).__name__, self._GRID_NAMES
+        check_token_grid(grids[0], grids[1], batch=b, seq=n, owner=owner, names=names[:2])
+        check_token_grid(grids[2], grids[3], batch=b, seq=s, owner=owner, names=names[2:])
+
+    def _masks(self, b: int) -> dict[str, Any]:
+        p = self._param()
+        return {"batch": b, "num_heads": self.nhead, "dtype": p.dtype, "device": p.device}
+
+    def _self_support(self, tgt_mask, tgt_kpm, tgt_is_causal, shape, on_grid: bool
+                      ) -> tuple[torch.Tensor | None, bool]:
+        """(the self-attention support, is_causal): a tgt_mask as given; without one,
+        tgt_is_causal is the causal support, folded into the padding mask on the index grid
+        and left to the kernel (x_k <= x_q on the coordinates) on a token grid."""
+        b, n, _ = shape
+        kw = self._masks(b)
         self_support = attention_support(
-            tgt_mask, batched(tgt_key_padding_mask), q_len=n, k_len=n, mask_name="tgt_mask",
+            tgt_mask, tgt_kpm, q_len=n, k_len=n, mask_name="tgt_mask",
             kpm_name="tgt_key_padding_mask", **kw)
         causal = bool(tgt_is_causal) and tgt_mask is None
-        if causal and self_support is not None:  # folded once here, not in every layer
-            self_support = merge_supports(causal_support(n, n, p.device), self_support, p.dtype)
+        if causal and self_support is not None and not on_grid:  # folded once, not per layer
+            self_support = merge_supports(causal_support(n, n, kw["device"]), self_support,
+                                          kw["dtype"])
             causal = False
+        return self_support, causal
+
+    def _cross_support(self, memory_mask, memory_kpm, memory_is_causal: bool, shape, s: int,
+                       grids: tuple) -> torch.Tensor | None:
+        """The cross-attention support; memory_is_causal without a memory_mask adds the
+        top-left causal support x_s <= x, on the coordinates of the two grids when either is
+        given (the index otherwise)."""
+        b, n, _ = shape
+        kw = self._masks(b)
         cross = attention_support(
-            memory_mask, batched(memory_key_padding_mask), q_len=n, k_len=s,
-            mask_name="memory_mask", kpm_name="memory_key_padding_mask", **kw)
-        if memory_is_causal and memory_mask is None:
-            cross = merge_supports(causal_support(n, s, p.device), cross, p.dtype)
-        ctx = Context(attn_mask=self_support, is_causal=causal,
-                      extra={"memory": m, "memory_mask": cross, "unbatched": unbatched})
-        return u0, ctx
+            memory_mask, memory_kpm, q_len=n, k_len=s, mask_name="memory_mask",
+            kpm_name="memory_key_padding_mask", **kw)
+        if not memory_is_causal or memory_mask is not None:
+            return cross
+        if grids[1] is None and grids[3] is None:
+            return merge_supports(causal_support(n, s, kw["device"]), cross, kw["dtype"])
+        xq, xk = (torch.arange(k, dtype=torch.float64, device=kw["device"]) if c is None else
+                  c.to(device=kw["device"], dtype=torch.float64) for k, c in ((n, grids[1]),
+                                                                               (s, grids[3])))
+        xq = xq if xq.dim() == 2 else xq.unsqueeze(0)
+        xk = xk if xk.dim() == 2 else xk.unsqueeze(0)
+        return merge_supports((xk[:, None, :] <= xq[:, :, None]).unsqueeze(1), cross,
+                              kw["dtype"])
 
     def forward(
         self,
@@ -210,9 +276,18 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
         memory_key_padding_mask: torch.Tensor | None = None,
         tgt_is_causal: bool | None = None,
         memory_is_causal: bool = False,
+        *,
+        tgt_token_weights: torch.Tensor | None = None,
+        tgt_token_coords: torch.Tensor | None = None,
+        memory_token_weights: torch.Tensor | None = None,
+        memory_token_coords: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return self.solve(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask,
-                          memory_key_padding_mask, tgt_is_causal, memory_is_causal)
+                          memory_key_padding_mask, tgt_is_causal, memory_is_causal,
+                          tgt_token_weights=tgt_token_weights,
+                          tgt_token_coords=tgt_token_coords,
+                          memory_token_weights=memory_token_weights,
+                          memory_token_coords=memory_token_coords)
 
 
 class EncoderDecoderModel(EvolutionModel):
@@ -220,7 +295,10 @@ class EncoderDecoderModel(EvolutionModel):
 
     forward(src, tgt, src_mask, tgt_mask, memory_mask, src_key_padding_mask,
     tgt_key_padding_mask, memory_key_padding_mask, src_is_causal, tgt_is_causal,
-    memory_is_causal) takes the arguments of nn.Transformer and returns the same tensor.
+    memory_is_causal) takes the arguments of nn.Transformer and returns the same tensor; the
+    keywords ``src_token_weights`` / ``src_token_coords`` put the encoder field on a token grid
+    (and with it the memory: cross-attention integrates against the source grid) and
+    ``tgt_token_weights`` / ``tgt_token_coords`` the decoder field (docs/math.md 3.12).
     ``.evolution`` is the decoder's evolution, ``.encoder_evolution`` the encoder's;
     ``encoder`` (an Encoder, with its final norm) and ``decoder`` (a CrossDecoder) are the two
     halves. See the module docstring for what with_scheme / refine do to each.
@@ -287,9 +365,26 @@ class EncoderDecoderModel(EvolutionModel):
         src_mask: torch.Tensor | None = None,
         src_key_padding_mask: torch.Tensor | None = None,
         src_is_causal: bool | None = None,
+        *,
+        src_token_weights: torch.Tensor | None = None,
+        src_token_coords: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """M = P_enc(e(T_e)): the encoder evolution and its final norm (layout of src)."""
-        return self.encoder(src, src_mask, src_key_padding_mask, src_is_causal)
+        """M = P_enc(e(T_e)): the encoder evolution and its final norm (layout of src), on the
+        source grid when given."""
+        self._check_source_grid(src, src_token_weights, src_token_coords)
+        return self.encoder(src, src_mask, src_key_padding_mask, src_is_causal,
+                            token_weights=src_token_weights, token_coords=src_token_coords)
+
+    def _check_source_grid(self, src: torch.Tensor, weights, coords) -> None:
+        """src_token_weights / src_token_coords against src's N (named as the forward's)."""
+        if weights is None and coords is None:
+            return
+        if not isinstance(src, torch.Tensor) or src.dim() not in (2, 3):
+            return  # the encoder refuses src itself
+        b, n = (1, src.shape[0]) if src.dim() == 2 else \
+            tuple(src.shape[:2]) if self.encoder.batch_first else (src.shape[1], src.shape[0])
+        check_token_grid(weights, coords, batch=b, seq=n, owner=type(self).__name__,
+                         names=("src_token_weights", "src_token_coords"))
 
     def initial_condition(
         self,
@@ -304,18 +399,27 @@ class EncoderDecoderModel(EvolutionModel):
         src_is_causal: bool | None = None,
         tgt_is_causal: bool | None = None,
         memory_is_causal: bool = False,
+        *,
+        src_token_weights: torch.Tensor | None = None,
+        src_token_coords: torch.Tensor | None = None,
+        tgt_token_weights: torch.Tensor | None = None,
+        tgt_token_coords: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Context]:
         """The decoder field's u(0) = tgt and its context, whose memory M is the encoder
-        field's read-out (the encoder evolution runs here: the coupling is one-way)."""
+        field's read-out (the encoder evolution runs here: the coupling is one-way) on the
+        source grid (the memory's grid is the source's)."""
         if not isinstance(src, torch.Tensor) or not isinstance(tgt, torch.Tensor):
             raise TypeError("src and tgt must be torch.Tensor")
         if src.dim() != tgt.dim():
             raise ValueError(f"src and tgt must both be batched or both unbatched, got shapes "
                              f"{tuple(src.shape)} and {tuple(tgt.shape)}")
-        m = self.memory(src, src_mask, src_key_padding_mask, src_is_causal)
-        return self.decoder.initial_condition(tgt, m, tgt_mask, memory_mask,
-                                              tgt_key_padding_mask, memory_key_padding_mask,
-                                              tgt_is_causal, memory_is_causal)
+        m = self.memory(src, src_mask, src_key_padding_mask, src_is_causal,
+                        src_token_weights=src_token_weights, src_token_coords=src_token_coords)
+        return self.decoder.initial_condition(
+            tgt, m, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+            tgt_is_causal, memory_is_causal, tgt_token_weights=tgt_token_weights,
+            tgt_token_coords=tgt_token_coords, memory_token_weights=src_token_weights,
+            memory_token_coords=src_token_coords)
 
     def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
         return self.decoder.read_out(u, context)
@@ -333,10 +437,18 @@ class EncoderDecoderModel(EvolutionModel):
         src_is_causal: bool | None = None,
         tgt_is_causal: bool | None = None,
         memory_is_causal: bool = False,
+        *,
+        src_token_weights: torch.Tensor | None = None,
+        src_token_coords: torch.Tensor | None = None,
+        tgt_token_weights: torch.Tensor | None = None,
+        tgt_token_coords: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return self.solve(src, tgt, src_mask, tgt_mask, memory_mask, src_key_padding_mask,
                           tgt_key_padding_mask, memory_key_padding_mask, src_is_causal,
-                          tgt_is_causal, memory_is_causal)
+                          tgt_is_causal, memory_is_causal, src_token_weights=src_token_weights,
+                          src_token_coords=src_token_coords,
+                          tgt_token_weights=tgt_token_weights,
+                          tgt_token_coords=tgt_token_coords)
 
     def encoder_trajectory(
         self,
@@ -344,9 +456,15 @@ class EncoderDecoderModel(EvolutionModel):
         src_mask: torch.Tensor | None = None,
         src_key_padding_mask: torch.Tensor | None = None,
         src_is_causal: bool | None = None,
+        *,
+        src_token_weights: torch.Tensor | None = None,
+        src_token_coords: torch.Tensor | None = None,
     ) -> Trajectory:
         """The encoder field e(t_i) (batch first, before the encoder's final norm)."""
-        return self.encoder.trajectory(src, src_mask, src_key_padding_mask, src_is_causal)
+        self._check_source_grid(src, src_token_weights, src_token_coords)
+        return self.encoder.trajectory(src, src_mask, src_key_padding_mask, src_is_causal,
+                                       token_weights=src_token_weights,
+                                       token_coords=src_token_coords)
 
 
 def network_decoder(

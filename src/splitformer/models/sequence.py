@@ -9,6 +9,14 @@ evolves by the encoder's scheme (pre-LN by default: u_t = A(P1 u) + G(P2 u), doc
 and is read out as
 
     logits = W_C P_f( mean_x u(x, ., T) ) + b_C      (P_f: a final LayerNorm).
+
+On a token grid (docs/math.md 3.12; ``forward(series, token_weights=..., token_coords=...)``,
+each (N,) or (B, N), None = uniform / the index 0 .. N-1) the kernels integrate against the
+weights w_j, the mean is the quadrature mean sum_j w_j u_j / sum_j w_j
+(``operators.token_grid.weighted_mean``; a weight-0 node is padding) and the position term is
+e(x_j), the learned table read as samples of e(x) (a gather at integer x_j, linear
+interpolation between rows; ``embeddings.sample_positions``). With coordinates the series may
+have any number of points N (each at its x_j in [0, length - 1]); without, it has ``length``.
 """
 
 from __future__ import annotations
@@ -19,16 +27,20 @@ import torch
 from torch import nn
 
 from ..operators import Context, FeatureIntegral, LayerNormProjection
+from ..operators.token_grid import check_grid_tensor, weighted_mean
 from ..time import Evolution
 from ..time.schemes import lie, prenorm
 from .base import EvolutionModel
+from .embeddings import sample_positions
 from .encoder import encoder_controls
+from .masks import with_token_grid
 
 __all__ = ["SeriesEmbedding", "SequenceClassifier", "sequence_classifier"]
 
 
 class SeriesEmbedding(nn.Module):
-    """f(x, .) = W s(x, .) + b + e(x, .): a feature integral over the channels plus positions."""
+    """f(x, .) = W s(x, .) + b + e(x, .): a feature integral over the channels plus positions
+    (e(x_j) at ``token_coords`` x_j: ``sample_positions``; then any number of points)."""
 
     def __init__(self, length: int, channels: int, dim: int, *, device=None, dtype=None) -> None:
         super().__init__()
@@ -37,22 +49,35 @@ class SeriesEmbedding(nn.Module):
         self.position = nn.Parameter(torch.zeros(1, length, dim, device=device, dtype=dtype))
         nn.init.trunc_normal_(self.position, std=0.02)
 
-    def forward(self, series: torch.Tensor) -> torch.Tensor:
+    def forward(self, series: torch.Tensor, *, token_coords: torch.Tensor | None = None
+                ) -> torch.Tensor:
         if not isinstance(series, torch.Tensor) or series.dim() not in (2, 3):
             raise ValueError("series must be a tensor of shape (batch, length) or (batch, "
                              f"length, channels), got {getattr(series, 'shape', series)!r}")
+        check_grid_tensor(token_coords, "token_coords", weights=False)
         s = series.unsqueeze(-1) if series.dim() == 2 else series
-        if s.shape[1:] != (self.length, self.channels):
-            raise ValueError(f"series must have length {self.length} and {self.channels} "
-                             f"channel(s), got shape {tuple(series.shape)}")
+        n = self.length if token_coords is None else s.shape[1]
+        if s.shape[1:] != (n, self.channels):
+            raise ValueError(f"series must have length {self.length} (any length with "
+                             f"token_coords) and {self.channels} channel(s), got shape "
+                             f"{tuple(series.shape)}")
         if s.dtype != self.position.dtype:
             raise TypeError(f"series has dtype {s.dtype} but the model's parameters are "
                             f"{self.position.dtype}")
-        return self.lift(s) + self.position
+        if token_coords is None:
+            return self.lift(s) + self.position
+        b = s.shape[0]
+        if token_coords.shape[-1] != n or (token_coords.dim() == 2
+                                           and token_coords.shape[0] not in (1, b)):
+            raise ValueError(f"token_coords has shape {tuple(token_coords.shape)} but the "
+                             f"series has {n} points (batch {b}): expected ({n},) or ({b}, "
+                             f"{n})")
+        return self.lift(s) + sample_positions(self.position[0], token_coords)
 
 
 class SequenceClassifier(EvolutionModel):
-    """forward(series) -> logits (B, num_classes): embedding, evolution, pooled read-out."""
+    """forward(series, *, token_weights, token_coords) -> logits (B, num_classes): embedding,
+    evolution, pooled read-out (the quadrature mean on a token grid: module docstring)."""
 
     def __init__(self, embedding: SeriesEmbedding, evolution: Evolution, *,
                  final_norm: nn.Module, head: nn.Module, source: Any = None) -> None:
@@ -63,14 +88,24 @@ class SequenceClassifier(EvolutionModel):
         self.head = head
         self.source = source  # EvolutionModel.source keeps it (models.base.keep_source)
 
-    def initial_condition(self, series: torch.Tensor) -> tuple[torch.Tensor, Context]:
-        return self.embedding(series), Context()
+    def initial_condition(self, series: torch.Tensor, *,
+                          token_weights: torch.Tensor | None = None,
+                          token_coords: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, Context]:
+        """u(0) = f (positions e(x_j) with ``token_coords``) and the token grid (checked)."""
+        u0 = self.embedding(series, token_coords=token_coords)
+        b, n, _ = u0.shape
+        return u0, with_token_grid(Context(), token_weights, token_coords, batch=b, seq=n,
+                                   owner=type(self).__name__)
 
     def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
-        return self.head(self.final_norm(u.mean(dim=1)))
+        """logits = W_C P_f(sum_j w_j u_j / sum_j w_j) + b_C (the plain mean on the uniform
+        grid, bit for bit)."""
+        return self.head(self.final_norm(weighted_mean(u, context.token_weights)))
 
-    def forward(self, series: torch.Tensor) -> torch.Tensor:
-        return self.solve(series)
+    def forward(self, series: torch.Tensor, *, token_weights: torch.Tensor | None = None,
+                token_coords: torch.Tensor | None = None) -> torch.Tensor:
+        return self.solve(series, token_weights=token_weights, token_coords=token_coords)
 
 
 def sequence_classifier(length: int, channels: int, dim: int, heads: int, depth: int,

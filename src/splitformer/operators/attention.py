@@ -274,7 +274,8 @@ class CrossAttention(NonlocalAttention):
     encoder-decoder pair). The memory is read from ``context.extra["memory"]`` and its kernel
     support from ``context.extra.get("memory_mask")`` (scaled_dot_product_attention convention).
     The integral over x' runs on the memory's grid: ``context.extra["memory_weights"]`` /
-    ``["memory_coords"]`` (None = uniform, the index); the queries sit on u's grid.
+    ``["memory_coords"]`` (None = uniform, the index); the queries sit on u's grid. Where one
+    of the two grids has coordinates, the other's are its own index 0 .. N-1.
     Weights are packed like NonlocalAttention (rows W_Q, W_K, W_V).
     """
 
@@ -288,8 +289,16 @@ class CrossAttention(NonlocalAttention):
             return None
         mem.check(n_k, batch, "CrossAttention (memory)")
         own.check(n_q, batch, "CrossAttention")
+        qc, kc = own.coords, mem.coords
+        if (qc is None) != (kc is None):
+            # one grid has coordinates: the other's are its own index 0 .. N-1 (TokenGrid's
+            # default), not the index aligned to the other grid's length, which would move
+            # the queries whenever the memory is refined
+            given = qc if qc is not None else kc
+            qc = own.coordinates(n_q, given.dtype, given.device) if qc is None else qc
+            kc = mem.coordinates(n_k, given.dtype, given.device) if kc is None else kc
         return KernelGrid(key_weights=mem.weights, query_weights=own.weights,
-                          query_coords=own.coords, key_coords=mem.coords)
+                          query_coords=qc, key_coords=kc)
 
     def qkv(self, u: torch.Tensor, context: Context | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

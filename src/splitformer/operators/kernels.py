@@ -258,6 +258,16 @@ def support_is_causal(attn_mask: torch.Tensor | None, is_causal: bool, n_q: int,
     return bool(off[..., future].all())
 
 
+def _support_is_causal_on(grid: KernelGrid, attn_mask: torch.Tensor, n_q: int, n_k: int
+                          ) -> bool:
+    """``support_is_causal`` on a token grid: whether the mask excludes every pair with
+    x_k > x_q on the grid's coordinates (the bottom-right aligned index without them, where
+    it is ``support_is_causal``). A mask whose support is causal on the coordinates stays so
+    when a node is split (its copies, at one coordinate, see each other). One sync."""
+    future = ~grid.causal(n_q, n_k, attn_mask.device)  # (B|1, 1, N_q, N_k)
+    return bool((_off_support(attn_mask) | ~future).all())
+
+
 def _scores(q, k, scale, attn_mask, is_causal):
     s = scale if scale is not None else q.shape[-1] ** -0.5
     a = torch.matmul(q, k.transpose(-2, -1)) * s
@@ -359,8 +369,8 @@ class SinkhornKernel(Kernel):
         a = a if m is None else a + m
         lwk = grid.log_weights(dtype, device)  # (B|1, 1, 1, N_k)
         lwq = grid.log_query_weights(dtype, device)  # (B|1, 1, N_q, 1)
-        causal = is_causal or (attn_mask is not None and support_is_causal(
-            attn_mask, False, n_q, n_k))
+        causal = is_causal or (attn_mask is not None and _support_is_causal_on(
+            grid, attn_mask, n_q, n_k))
         if causal:
             a = a.masked_fill(~grid.causal(n_q, n_k, device), float("-inf"))
         if not causal or self.iterations == 1:
