@@ -663,29 +663,23 @@ def build_vit(
     ffn_dropout: float = 0.0,
     head_dropout: float = 0.0,
     read_out: str = "hf",
-    resampling: Resampling | None = None,
     source: dict[str, Any] | None = None,
     device=None,
     dtype=None,
 ) -> ViT:
     """A ViT with random weights (T = depth, tau = 1).
 
-    ``read_out``: "hf" (a ``ViT``, transformers' outputs) or "timm" (a ``TimmViT``, timm's
-    tensor). ``pooler=(out_dim, activation)`` adds HF's pooler; ``num_classes=None`` means no
-    classifier, 0 an identity classifier, k > 0 a k-class feature integral. ``resampling``:
-    how the model moves its position table and patch kernel to another grid
-    (``with_patch_size``; None: the read-out family's rule, ``FAMILY_RESAMPLING``).
-    """
+    ``read_out``: "hf" (a ``ViT``, transformers' outputs; resampled as HF does on another grid,
+    ``FAMILY_RESAMPLING``) or "timm" (a ``TimmViT``, timm's tensor; as timm does).
+    ``pooler=(out_dim, activation)`` adds HF's pooler; ``num_classes=None`` means no
+    classifier, 0 an identity classifier, k > 0 a k-class feature integral."""
     _check_num_classes(num_classes)
-    if read_out not in READ_OUTS:
-        raise ValueError(f"read_out must be one of {READ_OUTS}, got {read_out!r}")
     kw = {"device": device, "dtype": dtype}
     embedding = ImageEmbedding(
         image_size, patch_size, in_chans, dim, patch_bias=patch_bias, class_token=class_token,
         reg_tokens=reg_tokens, position=position, position_prefix=position_prefix,
         dropout=embed_dropout,
-        pre_norm=LayerNormProjection(dim, eps=norm_eps, **kw) if pre_norm else None,
-        resampling=FAMILY_RESAMPLING[read_out] if resampling is None else resampling, **kw,
+        pre_norm=LayerNormProjection(dim, eps=norm_eps, **kw) if pre_norm else None, **kw,
     )
     evolution = _vit_evolution(
         dim, num_heads, hidden_dim, depth, qkv_bias=qkv_bias, proj_bias=proj_bias,
@@ -724,6 +718,7 @@ def _vit_model(read_out: str, embedding: ImageEmbedding, evolution: Evolution, *
         head = FeatureIntegral(dim, num_classes, **kw) if num_classes > 0 else nn.Identity()
     if read_out not in READ_OUTS:
         raise ValueError(f"read_out must be one of {READ_OUTS}, got {read_out!r}")
+    embedding.patch.resampling = FAMILY_RESAMPLING[read_out]
     return (ViT if read_out == "hf" else TimmViT)(
         embedding,
         evolution,
