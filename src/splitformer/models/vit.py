@@ -235,7 +235,7 @@ class ImageEmbedding(nn.Module):
             raise ValueError(f"input image size ({h}*{w}) doesn't match the model "
                              f"({self.image_size[0]}*{self.image_size[1]}); pass "
                              "interpolate_pos_encoding=True to resample the position embedding, "
-                             "or evaluate model.with_image_size((h, w))")
+                             f"or evaluate model.with_image_size(({h}, {w}))")
         p = self.patch.weight
         if pixel_values.device != p.device:
             raise ValueError(f"pixel_values is on {pixel_values.device} but the model is on "
