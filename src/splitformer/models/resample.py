@@ -23,8 +23,9 @@ the model can be evaluated on another grid (``ViT.with_patch_size``, ``ViT.with_
 
       K' = (B^+)^T K                                        (``pi_resize``)
 
-  <B z, K'> = <z, B^+ B K>: exact for every z when B has full column rank (p' >= p, the kernel
-  refined: B^+ B = I), the least-squares K' (over z ~ N(0, I)) when it does not (p' < p).
+  <B z, K'> = <z, B^+ B K>: exact for every z when B has full column rank (p'_h >= p_h and
+  p'_w >= p_w, the kernel refined: B^+ B = I), the least-squares K' (over z ~ N(0, I))
+  otherwise (a coarser kernel cannot hold every detail of the finer one).
 
 Both maps are linear and are applied to the base parameters in the forward pass, so the
 gradients of a model evaluated on another grid reach the one set of parameters. At the base
