@@ -211,3 +211,27 @@ def test_the_patch_choices_flag(tmp_path, capsys):
         main(["train", "--family", "cvt", "--patch-choices", "2,4"])
     assert e.value.code == 2
     assert "patch_choices needs family 'vit'" in capsys.readouterr().err
+
+
+# -- data parallel ---------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_two_ranks_with_patch_choices_equal_one_process(tmp_path):
+    """Every rank draws the step's patch from (seed, step): 2 gloo ranks train the
+    single-process run (tests/test_distributed.py's launcher; about 45 s)."""
+    from test_distributed import FLAGS, _losses, _max_diff, _torchrun, _untimed
+    from test_distributed import TINY as DDP
+
+    cfg = TrainConfig(**DDP, optimizer="sgd", lr=0.05, patch=4, patch_choices=(2, 4))
+    single = fit(cfg, out=tmp_path / "single")
+    r, ranks = _torchrun(tmp_path, "patch", *FLAGS, "--optimizer", "sgd", "--lr", "0.05",
+                         "--patch", "4", "--patch-choices", "2,4", "--json", "--out",
+                         str(tmp_path / "ddp"))
+    (p0, info0), (p1, info1) = ranks
+    assert all(torch.equal(p0[k], p1[k]) for k in p0), "ranks differ"
+    assert _untimed(info0["history"]) == _untimed(info1["history"])
+    patches = [(row["step"], row["patch"]) for row in info0["history"] if "patch" in row]
+    assert patches == [(row["step"], row["patch"]) for row in single.history if "patch" in row]
+    assert len({p for _, p in patches}) == 2
+    a, b = _losses(single.history), _losses(info0["history"])
+    assert max(abs(x - y) for (_, x), (_, y) in zip(a, b, strict=True)) <= 1e-5
+    assert _max_diff(p0, dict(single.model.state_dict())) <= 1e-5
