@@ -248,6 +248,10 @@ def to_hf_model(model: ViT):
         raise ImportError("to_hf(model) needs `transformers` (pip install splitformer[hf])") from e
     if not isinstance(model, ViT):
         raise TypeError(f"to_hf_model expects a splitformer ViT, got {type(model).__name__}")
+    if not model.embedding.on_base_grid:
+        raise ValueError("to_hf(model): the model evaluates on another patch grid than its "
+                         "parameters were made on (with_patch_size / with_image_size); export "
+                         "the model it was derived from")
     source = hf_source(model, HF_CLASSES, HFViTConfig)
     evo = model.evolution
     network_scheme(evo, {"prenorm": vit_scheme(False)}, "to_hf")

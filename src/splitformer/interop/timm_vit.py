@@ -435,6 +435,10 @@ def to_timm_model(model: ViT) -> nn.Module:
         ) from e
     if not isinstance(model, ViT):
         raise TypeError(f"to_timm_model expects a splitformer ViT, got {type(model).__name__}")
+    if not model.embedding.on_base_grid:
+        raise ValueError("to_timm(model): the model evaluates on another patch grid than its "
+                         "parameters were made on (with_patch_size / with_image_size); export "
+                         "the model it was derived from")
     config = model.source
     if not isinstance(config, TimmViTConfig) or config.timm_class != "VisionTransformer":
         raise ValueError("to_timm(model) needs a model made by from_timm (model.source is a "

@@ -36,6 +36,17 @@ Read-out R (choices, not special cases):
 * ``pooler``: s(W v + b) of the pooled vector (HF's ViTPooler: dense + tanh);
 * ``head``: the classifier, a feature integral (or the identity when it has 0 classes).
 
+Space as a grid (docs/math.md 3.12). The patch grid is a uniform quadrature rule on the image
+domain (nodes at the patch centres, spacing p). The forward pass takes the token grid as data:
+``token_weights`` w_j (the quadrature weights, (N,) or (B, N) over all N tokens, the prefix
+points first; None = uniform) and ``token_coords`` x_j (None = the index), handed to the
+kernels in the ``Context``; the mean-pooling read-out is the quadrature mean
+sum_j w_j u_j / sum_j w_j over the patch points (``operators.token_grid.weighted_mean``), the
+max over the nodes of positive weight. ``with_patch_size(p)`` / ``with_image_size(s)``
+evaluate the model on another patch grid: the position table read as samples of a function
+p(x) and resampled, the patch kernel PI-resized (``models.resample``); both computed from the
+one set of parameters in the forward pass.
+
 Two read-outs, two classes: ``ViT`` returns a ``ViTOutput`` (attributes ``last_hidden_state``,
 ``pooler_output``, ``logits``: Hugging Face's ViTModel / ViTForImageClassification), and
 ``TimmViT`` returns exactly the tensor of timm's ``model(x)`` (logits, or pooled features when
@@ -44,14 +55,13 @@ num_classes = 0). Both have ``outputs(...)``, ``forward_features(...)``, ``forwa
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..operators import (
@@ -64,14 +74,17 @@ from ..operators import (
 )
 from ..operators.convolution import pair
 from ..operators.scaling import DiagonalScaling
+from ..operators.token_grid import check_grid_tensor, weighted_mean
 from ..time import Controls, Evolution, TimeGrid
 from ..time.schemes.families import LAYERSCALE_LAYOUT as LAYERSCALE_LAYOUT
 from ..time.schemes.families import prenorm_layerscale, vit_scheme
-from .base import EvolutionModel
+from .base import EvolutionModel, shared_copy
 from .blocks import block_controls
 from .outputs import ModelOutput
+from .resample import PatchEmbedding, Resampling, grid_pair, resample_grid
 
 __all__ = [
+    "FAMILY_RESAMPLING",
     "ImageEmbedding",
     "PatchEmbedding",
     "Pooler",
@@ -85,6 +98,9 @@ __all__ = [
 
 POOLS = (None, "", "token", "avg", "max", "avgmax")
 READ_OUTS = ("hf", "timm")
+# how each read-out's family resamples its grid functions (models.resample.Resampling)
+FAMILY_RESAMPLING = {"hf": Resampling("bicubic", antialias=False),
+                     "timm": Resampling("bicubic", antialias=True)}
 
 
 @dataclass
@@ -102,49 +118,6 @@ class ViTOutput(ModelOutput):
     pooler_output: torch.Tensor | None = None
 
 
-class PatchEmbedding(nn.Module):
-    """f(x, y) = sum_c int_{patch(x)} K(y, c, s) image(c, s) ds + b(y) on the patch grid.
-
-    A feature integral over the pixels of each patch: a Conv2d whose stride equals its kernel
-    (weight K of shape (N_y, C, p_h, p_w)). Output (B, N_patches, N_y), row-major in the grid.
-    """
-
-    def __init__(
-        self,
-        in_chans: int,
-        dim: int,
-        patch_size: int | Sequence[int],
-        *,
-        bias: bool = True,
-        device=None,
-        dtype=None,
-    ) -> None:
-        super().__init__()
-        self.in_chans, self.dim = int(in_chans), int(dim)
-        self.patch_size = pair(patch_size, "patch_size")
-        kw = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(dim, in_chans, *self.patch_size, **kw))
-        self.bias = nn.Parameter(torch.empty(dim, **kw)) if bias else None
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in = self.weight[0].numel()
-            nn.init.uniform_(self.bias, -1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))
-
-    def extra_repr(self) -> str:
-        return (f"in_chans={self.in_chans}, dim={self.dim}, patch_size={self.patch_size}, "
-                f"bias={self.bias is not None}")
-
-    def grid(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """The patch field on the 2-D grid: (B, N_y, H / p_h, W / p_w)."""
-        return F.conv2d(pixel_values, self.weight, self.bias, stride=self.patch_size)
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.grid(pixel_values).flatten(2).transpose(1, 2)
-
-
 class ImageEmbedding(nn.Module):
     """The initial condition f on Omega_x = prefix points + patch grid (see the module doc).
 
@@ -152,6 +125,11 @@ class ImageEmbedding(nn.Module):
     points (``position_prefix=True``: HF, timm default) or on the patch points only
     (``position_prefix=False``: timm's ``no_embed_class``); then dropout, then the optional
     LayerNorm ``pre_norm``.
+
+    The grid it evaluates on (``image_size``, ``patch.patch_size``, ``grid_size``) may differ
+    from the grid of its parameters (``position_grid``, ``patch.base_patch_size``): the patch
+    part of e is then the table resampled from ``position_grid`` (``position_on``), the kernel
+    PI-resized (``regrid``; ``ViT.with_patch_size`` / ``with_image_size``).
     """
 
     def __init__(
@@ -168,13 +146,20 @@ class ImageEmbedding(nn.Module):
         position_prefix: bool = True,
         dropout: float = 0.0,
         pre_norm: LayerNormProjection | None = None,
+        resampling: Resampling | None = None,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         self.image_size = pair(image_size, "image_size")
+        self.base_image_size = self.image_size
         self.patch = PatchEmbedding(in_chans, dim, patch_size, bias=patch_bias, **kw)
+        if resampling is not None:
+            if not isinstance(resampling, Resampling):
+                raise TypeError(f"resampling must be a models.resample.Resampling, got "
+                                f"{type(resampling).__name__}")
+            self.patch.resampling = resampling
         ph, pw = self.patch.patch_size
         self.grid_size = (self.image_size[0] // ph, self.image_size[1] // pw)
         if self.image_size[0] % ph or self.image_size[1] % pw:
@@ -182,6 +167,7 @@ class ImageEmbedding(nn.Module):
                           f"{(ph, pw)}: the last {self.image_size[0] % ph} rows and "
                           f"{self.image_size[1] % pw} columns of pixels are outside every patch "
                           "(as in transformers and timm)", stacklevel=2)
+        self.position_grid = self.grid_size  # the grid the table's patch rows sample
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.dim = dim
         self.class_token = nn.Parameter(torch.zeros(1, 1, dim, **kw)) if class_token else None
@@ -202,9 +188,36 @@ class ImageEmbedding(nn.Module):
         """N_x: prefix points plus patch points."""
         return self.num_prefix_tokens + self.num_patches
 
+    @property
+    def resampling(self) -> Resampling:
+        """The interpolation rule of the position table and of PI-resize."""
+        return self.patch.resampling
+
+    @property
+    def on_base_grid(self) -> bool:
+        """Whether the model evaluates on the grid of its parameters (not derived by
+        ``with_patch_size`` / ``with_image_size``)."""
+        return (self.patch.patch_size == self.patch.base_patch_size
+                and self.image_size == self.base_image_size)
+
     def extra_repr(self) -> str:
+        base = "" if self.grid_size == self.position_grid else \
+            f", position resampled from {self.position_grid}"
         return (f"image_size={self.image_size}, grid={self.grid_size}, "
-                f"prefix={self.num_prefix_tokens}, position_prefix={self.position_prefix}")
+                f"prefix={self.num_prefix_tokens}, position_prefix={self.position_prefix}{base}")
+
+    def regrid(self, image_size: tuple[int, int], patch_size: tuple[int, int],
+               resampling: Resampling, where: str) -> None:
+        """Evaluate on the patch grid of ``image_size`` / ``patch_size`` (in place: call it on
+        a copy). ValueError naming ``where`` when the patch does not tile the image."""
+        if image_size[0] % patch_size[0] or image_size[1] % patch_size[1]:
+            raise ValueError(f"{where}: patch_size={patch_size} must divide the image size "
+                             f"{image_size} (every pixel in one patch: the patch grid is a "
+                             "quadrature rule on the whole image)")
+        self.image_size, self.patch.patch_size = image_size, patch_size
+        self.patch.resampling = resampling
+        self.grid_size = (image_size[0] // patch_size[0], image_size[1] // patch_size[1])
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
 
     def check(self, pixel_values: torch.Tensor, *, any_size: bool = False) -> None:
         if not isinstance(pixel_values, torch.Tensor):
@@ -221,7 +234,8 @@ class ImageEmbedding(nn.Module):
         if not any_size and (h, w) != self.image_size:
             raise ValueError(f"input image size ({h}*{w}) doesn't match the model "
                              f"({self.image_size[0]}*{self.image_size[1]}); pass "
-                             "interpolate_pos_encoding=True to resample the position embedding")
+                             "interpolate_pos_encoding=True to resample the position embedding, "
+                             f"or evaluate model.with_image_size(({h}, {w}))")
         p = self.patch.weight
         if pixel_values.device != p.device:
             raise ValueError(f"pixel_values is on {pixel_values.device} but the model is on "
@@ -235,25 +249,29 @@ class ImageEmbedding(nn.Module):
             out.append(self.register_tokens.expand(batch, -1, -1))
         return out
 
-    def interpolated_position(self, height: int, width: int) -> torch.Tensor:
-        """e resampled (bicubic) onto the patch grid of a height x width image.
-
-        The patch part of e, read as samples of a function on the 2-D grid, is resampled to the
-        new grid as Hugging Face's ``interpolate_pos_encoding`` does (no change when the number
-        of patches is the same and the image is square); the prefix part is kept.
-        """
+    def position_on(self, grid: tuple[int, int]) -> torch.Tensor:
+        """e on the patch grid ``grid``: the table itself on ``position_grid``, else its patch
+        part resampled (``models.resample.resample_grid``, this embedding's ``resampling``);
+        the prefix part is kept."""
         assert self.position is not None
+        if grid == self.position_grid:
+            return self.position
         npre = self.num_prefix_tokens if self.position_prefix else 0
+        pre, patch = self.position[:, :npre], self.position[:, npre:]
+        patch = resample_grid(patch, self.position_grid, grid, self.resampling)
+        return torch.cat((pre, patch), dim=1)
+
+    def interpolated_position(self, height: int, width: int) -> torch.Tensor:
+        """e resampled onto the patch grid of a height x width image (``position_on``), as
+        Hugging Face's ``interpolate_pos_encoding`` does: no change when the number of patches
+        is the table's and the image is square."""
+        assert self.position is not None
         ph, pw = self.patch.patch_size
         gh, gw = height // ph, width // pw
-        if gh * gw == self.num_patches and height == width:
+        g0, g1 = self.position_grid
+        if gh * gw == g0 * g1 and height == width:
             return self.position
-        pre, patch = self.position[:, :npre], self.position[:, npre:]
-        g0, g1 = self.grid_size
-        patch = patch.reshape(1, g0, g1, self.dim).permute(0, 3, 1, 2)
-        patch = F.interpolate(patch, size=(gh, gw), mode="bicubic", align_corners=False)
-        patch = patch.permute(0, 2, 3, 1).reshape(1, -1, self.dim)
-        return torch.cat((pre, patch), dim=1)
+        return self.position_on((gh, gw))
 
     def forward(self, pixel_values: torch.Tensor,
                 interpolate_pos_encoding: bool = False) -> torch.Tensor:
@@ -266,7 +284,7 @@ class ImageEmbedding(nn.Module):
             f = torch.cat([*prefix, f], dim=1) if prefix else f
         else:
             pos = (self.interpolated_position(*pixel_values.shape[-2:])
-                   if interpolate_pos_encoding else self.position)
+                   if interpolate_pos_encoding else self.position_on(self.grid_size))
             if self.position_prefix:
                 f = torch.cat([*prefix, f], dim=1) if prefix else f
                 f = f + pos
@@ -343,10 +361,16 @@ class ViT(EvolutionModel):
     """A Vision Transformer: initial condition f (``embedding``), ``evolution``, read-out.
 
     forward(pixel_values, attention_mask=None, *, is_causal=False,
-    interpolate_pos_encoding=None) returns a ``ViTOutput`` (Hugging Face's read-out).
-    ``attention_mask``: a (B, N_x) padding mask over the tokens (1 / True = attend) or a
-    prepared 4-D mask (``attn_mask`` is accepted as an alias). Pixel values of another float
-    dtype are converted, as transformers does.
+    interpolate_pos_encoding=None, token_weights=None, token_coords=None) returns a
+    ``ViTOutput`` (Hugging Face's read-out). ``attention_mask``: a (B, N_x) padding mask over
+    the tokens (1 / True = attend) or a prepared 4-D mask (``attn_mask`` is accepted as an
+    alias). ``token_weights`` / ``token_coords``: the token grid (quadrature weights w_j > 0,
+    0 = padding; node coordinates), (N_x,) or (B, N_x) over all tokens, prefix points first
+    (module docstring). Pixel values of another float dtype are converted, as transformers
+    does.
+
+    ``with_patch_size(p)`` / ``with_image_size(s)``: the model on another patch grid (shared
+    parameters; see there).
     """
 
     def __init__(
@@ -429,8 +453,10 @@ class ViT(EvolutionModel):
         is_causal: bool = False,
         interpolate_pos_encoding: bool | None = None,
         bool_masked_pos: torch.Tensor | None = None,
+        token_weights: torch.Tensor | None = None,
+        token_coords: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Context]:
-        """f = u(0) on the token points (B, N_x, N_y), and the kernel's support."""
+        """f = u(0) on the token points (B, N_x, N_y), and the kernel's support and grid."""
         if bool_masked_pos is not None:
             raise ValueError("bool_masked_pos is not supported (use_mask_token: the masked-image-"
                              "modeling mask token is not part of this model)")
@@ -439,7 +465,8 @@ class ViT(EvolutionModel):
                 raise ValueError("pass the mask as attention_mask or attn_mask, not both")
             attention_mask = attn_mask
         u0 = self.embedding(self._pixels(pixel_values), bool(interpolate_pos_encoding))
-        return u0, self.context(attention_mask, is_causal, u0)
+        return u0, _with_grid(self.context(attention_mask, is_causal, u0), u0, token_weights,
+                              token_coords)
 
     # -- evolution and read-out ------------------------------------------------------------
     def forward_features(self, pixel_values: torch.Tensor,
@@ -452,37 +479,49 @@ class ViT(EvolutionModel):
         """The final norm of u(T) (identity when None)."""
         return self.final_norm(u) if self.final_norm is not None else u
 
-    def pool_tokens(self, u: torch.Tensor) -> torch.Tensor:
-        """The pooling read-out of u(T) (timm's ``pool``)."""
+    def pool_tokens(self, u: torch.Tensor, token_weights: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+        """The pooling read-out of u(T) (timm's ``pool``): "avg" is the quadrature mean
+        sum_j w_j u_j / sum_j w_j over the patch points (``token_weights`` over all N_x
+        tokens; None: the plain mean, bit for bit), "max" the max over the points of positive
+        weight; "token" the class-token value."""
         if self.pool is None or self.pool == "":
             return u
         if self.pool == "token":
             return u[:, 0]
-        x = u if self.pool_include_prefix else u[:, self.num_prefix_tokens:]
+        start = 0 if self.pool_include_prefix else self.num_prefix_tokens
+        x = u[:, start:]
+        w = None if token_weights is None else token_weights[..., start:]
         if self.pool == "avg":
-            return x.mean(dim=1)
-        if self.pool == "max":
-            return x.amax(dim=1)
-        return 0.5 * (x.amax(dim=1) + x.mean(dim=1))
+            return weighted_mean(x, w)
+        if w is None:
+            top = x.amax(dim=1)
+        else:  # the max over the nodes, padding (weight 0) excluded
+            padding = torch.broadcast_to(w.to(x.device) == 0, x.shape[:2]).unsqueeze(-1)
+            top = x.masked_fill(padding, float("-inf")).amax(dim=1)
+        return top if self.pool == "max" else 0.5 * (top + weighted_mean(x, w))
 
-    def pre_logits(self, u: torch.Tensor) -> torch.Tensor:
+    def pre_logits(self, u: torch.Tensor, token_weights: torch.Tensor | None = None
+                   ) -> torch.Tensor:
         """fc_norm(pool(u)): the vector the classifier reads."""
-        v = self.pool_tokens(u)
+        v = self.pool_tokens(u, token_weights)
         return self.fc_norm(v) if self.fc_norm is not None else v
 
-    def forward_head(self, u: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+    def forward_head(self, u: torch.Tensor, pre_logits: bool = False, *,
+                     token_weights: torch.Tensor | None = None) -> torch.Tensor:
         """timm's forward_head: pool, fc_norm, dropout, classifier."""
-        v = self.head_dropout(self.pre_logits(u))
+        v = self.head_dropout(self.pre_logits(u, token_weights))
         if pre_logits or self.head is None:
             return v
         return self.head(v)
 
-    def hf_outputs(self, u: torch.Tensor) -> ViTOutput:
+    def hf_outputs(self, u: torch.Tensor, token_weights: torch.Tensor | None = None
+                   ) -> ViTOutput:
         """Every read-out of u(T) as a ``ViTOutput``."""
         u = self.features(u)
         pooled = logits = None
         if self.pool is not None:
-            v = self.pre_logits(u)
+            v = self.pre_logits(u, token_weights)
             pooled = self.pooler(v) if self.pooler is not None else v
             if self.head is not None:
                 logits = self.head(self.head_dropout(v))
@@ -492,10 +531,10 @@ class ViT(EvolutionModel):
                 **kwargs) -> ViTOutput:
         """All read-outs as a ``ViTOutput`` whatever the model's own read-out."""
         u0, ctx = self.initial_condition(pixel_values, attention_mask, **kwargs)
-        return self.hf_outputs(self.evolution(u0, ctx))
+        return self.hf_outputs(self.evolution(u0, ctx), ctx.token_weights)
 
     def read_out(self, u: torch.Tensor, context: Context) -> ViTOutput:
-        return self.hf_outputs(u)
+        return self.hf_outputs(u, context.token_weights)
 
     def forward(
         self,
@@ -506,10 +545,48 @@ class ViT(EvolutionModel):
         is_causal: bool = False,
         interpolate_pos_encoding: bool | None = None,
         bool_masked_pos: torch.Tensor | None = None,
+        token_weights: torch.Tensor | None = None,
+        token_coords: torch.Tensor | None = None,
     ) -> ViTOutput | torch.Tensor:
         return self.solve(pixel_values, attention_mask, attn_mask=attn_mask, is_causal=is_causal,
                           interpolate_pos_encoding=interpolate_pos_encoding,
-                          bool_masked_pos=bool_masked_pos)
+                          bool_masked_pos=bool_masked_pos, token_weights=token_weights,
+                          token_coords=token_coords)
+
+    # -- the model on another grid (shared parameters) ---------------------------------------
+    def with_patch_size(self, patch_size: int | Sequence[int], *,
+                        interpolation: str | None = None, antialias: bool | None = None
+                        ) -> ViT:
+        """The same model (shared parameters) on the grid of patch ``patch_size`` over the
+        same image size: N_x = prefix + (H / p_h)(W / p_w) tokens.
+
+        Shared: every parameter (the patch kernel and the position table at the sizes they
+        were made at, the tokens, the controls, the read-out). Derived in every forward pass
+        from the shared ones (so that training the new model trains them): the patch kernel
+        K_p = pi_resize(K) and the patch rows of the position table, resampled to the new grid
+        (``models.resample``; ``interpolation`` / ``antialias`` default to the model's
+        ``embedding.resampling``: bicubic, anti-aliased for timm, not for Hugging Face). At the
+        parameters' own patch size the model computes what this one does, bit for bit.
+        ValueError naming ``patch_size`` when it does not divide the image size."""
+        return self._on_grid(self.embedding.image_size, grid_pair(patch_size, "patch_size"),
+                             interpolation, antialias, "with_patch_size")
+
+    def with_image_size(self, image_size: int | Sequence[int], *,
+                        interpolation: str | None = None, antialias: bool | None = None
+                        ) -> ViT:
+        """The same model (shared parameters) on images of ``image_size`` pixels at its patch
+        size: the position table resampled to the new grid (as ``with_patch_size``; what HF's
+        ``interpolate_pos_encoding=True`` does, for an HF model). ValueError naming the size
+        when the patch does not divide it."""
+        return self._on_grid(grid_pair(image_size, "image_size"), self.embedding.patch.patch_size,
+                             interpolation, antialias, "with_image_size")
+
+    def _on_grid(self, image_size: tuple[int, int], patch_size: tuple[int, int],
+                 interpolation: str | None, antialias: bool | None, where: str) -> ViT:
+        rule = self.embedding.resampling.but(interpolation, antialias)
+        new = shared_copy(self)
+        new.embedding.regrid(image_size, patch_size, rule, where)
+        return new
 
 
 class TimmViT(ViT):
@@ -536,7 +613,22 @@ class TimmViT(ViT):
         return self._prepared_mask(attention_mask.to(u0.device), u0)
 
     def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
-        return self.forward_head(self.features(u))
+        return self.forward_head(self.features(u), token_weights=context.token_weights)
+
+
+def _with_grid(context: Context, u0: torch.Tensor, token_weights: torch.Tensor | None,
+               token_coords: torch.Tensor | None) -> Context:
+    """``context`` with the token grid of the forward pass (checked: (N_x,) or (B, N_x) over
+    all tokens, prefix points first; errors name the argument)."""
+    if token_weights is None and token_coords is None:
+        return context
+    check_grid_tensor(token_weights, "token_weights", weights=True)
+    check_grid_tensor(token_coords, "token_coords", weights=False)
+    context = dataclasses.replace(context, token_weights=token_weights, token_coords=token_coords)
+    b, n = u0.shape[:2]
+    context.token_grid.check(n, b, "ViT (the N_x tokens are the class and register tokens, "
+                             "then the patches)")
+    return context
 
 
 def build_vit(
@@ -577,10 +669,10 @@ def build_vit(
 ) -> ViT:
     """A ViT with random weights (T = depth, tau = 1).
 
-    ``read_out``: "hf" (a ``ViT``, transformers' outputs) or "timm" (a ``TimmViT``, timm's
-    tensor). ``pooler=(out_dim, activation)`` adds HF's pooler; ``num_classes=None`` means no
-    classifier, 0 an identity classifier, k > 0 a k-class feature integral.
-    """
+    ``read_out``: "hf" (a ``ViT``, transformers' outputs; resampled as HF does on another grid,
+    ``FAMILY_RESAMPLING``) or "timm" (a ``TimmViT``, timm's tensor; as timm does).
+    ``pooler=(out_dim, activation)`` adds HF's pooler; ``num_classes=None`` means no
+    classifier, 0 an identity classifier, k > 0 a k-class feature integral."""
     _check_num_classes(num_classes)
     kw = {"device": device, "dtype": dtype}
     embedding = ImageEmbedding(
@@ -626,6 +718,7 @@ def _vit_model(read_out: str, embedding: ImageEmbedding, evolution: Evolution, *
         head = FeatureIntegral(dim, num_classes, **kw) if num_classes > 0 else nn.Identity()
     if read_out not in READ_OUTS:
         raise ValueError(f"read_out must be one of {READ_OUTS}, got {read_out!r}")
+    embedding.patch.resampling = FAMILY_RESAMPLING[read_out]
     return (ViT if read_out == "hf" else TimmViT)(
         embedding,
         evolution,

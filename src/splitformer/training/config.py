@@ -17,6 +17,12 @@ step one tau is drawn from the choices and the batch runs on the model refined t
 parameters). Each choice is the config's tau divided by an integer k >= 1 (``refinements()``
 gives the k's); evaluation stays at the config's tau. The choices are a set: they are kept
 sorted from the largest tau down, so "1,0.5" and "0.5,1" are the same config.
+
+``patch_choices`` (None: off; the vit family) is the same in x: at every optimiser step one
+patch size is drawn and the batch runs on ``model.with_patch_size(p)`` (the same parameters:
+the patch kernel PI-resized and the position table resampled from the model's own, which is
+built at ``patch``). Evaluation stays at ``patch``. Kept sorted from the coarsest grid (the
+largest patch) down; each must divide the image size (checked when the model is built).
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_STEPS", "ConfigError", "Setting", "TrainConfig", "read_toml", "refinement",
-           "settings", "tau_list"]
+__all__ = ["MAX_STEPS", "ConfigError", "Setting", "TrainConfig", "patch_list", "read_toml",
+           "refinement", "settings", "tau_list"]
 
 
 class ConfigError(ValueError):
@@ -95,6 +101,17 @@ def tau_list(text: str) -> tuple[float, ...]:
     return values
 
 
+def patch_list(text: str) -> tuple[int, ...]:
+    """argparse type of --patch-choices: comma-separated patch sizes ("4,7,14") as a tuple of
+    ints; anything else is a one-line usage error. (Whether each divides the image size is
+    checked when the model is built.)"""
+    try:
+        return tuple(int(part.strip()) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated patch sizes such as '4,7,14', got {text!r}") from None
+
+
 # the registries a help lists (imported when a help is shown)
 def _data_sets() -> str:
     from .data import DATASETS
@@ -150,6 +167,11 @@ class TrainConfig:
     tau_choices: tuple[float, ...] | None = _setting(
         None, "--tau-choices", "train with a random time step per batch, drawn from these "
         "(comma-separated, e.g. '1,0.5,0.25'; each = tau / k)", lambda text: tau_list(text))
+    # random patch size per batch (vit): each optimiser step draws one (the x-analogue)
+    patch_choices: tuple[int, ...] | None = _setting(
+        None, "--patch-choices", "train on a random patch size per batch, drawn from these "
+        "(vit; comma-separated, e.g. '4,7,14'; each divides the image size; one set of "
+        "parameters, evaluated at --patch)", lambda text: patch_list(text))
     # N_t; None: = depth (tau = 1), or T / tau when tau is given
     steps: int | None = _setting(None, "--steps",
                                  "N_t, the number of time steps (a multiple of depth)", int)
@@ -204,6 +226,8 @@ class TrainConfig:
                 raise ConfigError(f"tau_choices must hold finite numbers > 0, got "
                                   f"{list(self.tau_choices)!r}") from None
             object.__setattr__(self, "tau_choices", choices)
+        if self.patch_choices is not None:  # a set: from the coarsest grid (largest patch) down
+            object.__setattr__(self, "patch_choices", _patch_choices(self.patch_choices))
         self._check_values()
 
     def _check_values(self) -> None:
@@ -248,6 +272,12 @@ class TrainConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads!r}")
         self.num_steps()  # steps / tau consistency
         self.refinements()  # tau_choices: each divides the config's tau
+        if self.patch_choices is not None and self.family != "vit":
+            raise ConfigError(f"patch_choices needs family 'vit' (a patch grid whose kernel is "
+                              f"PI-resized and position table resampled), got family "
+                              f"{self.family!r}" + (" (CvT's convolutional embedding and Q/K/V "
+                                                    "are fixed-stride convolutions on a regular "
+                                                    "grid)" if self.family == "cvt" else ""))
 
     def num_steps(self) -> int:
         """N_t: ``steps``, or T / tau, or depth (tau = 1); a multiple of depth."""
@@ -354,7 +384,8 @@ class TrainConfig:
         return values
 
     def to_dict(self) -> dict[str, Any]:
-        """Every key and its value, JSON-friendly (``tau_choices`` as a list of floats), so that
+        """Every key and its value, JSON-friendly (``tau_choices`` as a list of floats,
+        ``patch_choices`` of ints), so that
         ``from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg``."""
         d = dataclasses.asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
@@ -373,6 +404,22 @@ def read_toml(path: str | Path, error: type[ValueError] = ConfigError,
         return tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise error(f"{what} {str(p)!r} is not valid TOML: {' '.join(str(e).split())}") from None
+
+
+def _patch_choices(values: Any) -> tuple[int, ...]:
+    """``patch_choices`` as a tuple of distinct ints >= 1, largest first (ConfigError naming
+    the key otherwise)."""
+    given = list(values)
+    if not given:
+        raise ConfigError("patch_choices must hold at least one patch size (or be unset), got "
+                          "an empty list")
+    for v in given:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"patch_choices must hold integers >= 1 (patch sizes in pixels), "
+                              f"got {v!r} in {given!r}")
+    if len(set(given)) != len(given):
+        raise ConfigError(f"patch_choices must not repeat a patch size, got {given!r}")
+    return tuple(sorted(given, reverse=True))
 
 
 def refinement(tau: float, finer: float, key: str) -> int:

@@ -5,7 +5,8 @@
 A family is a builder plus a ``logits(model, x)`` adapter (what the loss reads):
 
 * "vit":     a ViT evolution on the patch grid (pre-LN Euler steps), timm's read-out (class
-             token, logits); images (C, H, W);
+             token, logits); images (C, H, W); ``patch_choices`` train it on random patch
+             grids (``with_patch_size``, training.loop);
 * "cvt":     a two-stage CvT (convolutional Q/K/V, a multigrid in x), classifier read-out;
 * "encoder": a sequence classifier (series lifted to the feature grid, pre-LN encoder, mean
              pooling); series (L,) or (L, C);
@@ -61,6 +62,10 @@ def _patch(cfg: TrainConfig, size: int) -> int:
 
 def _vit(cfg: TrainConfig, data: dict[str, Any]) -> EvolutionModel:
     c, h, w = data["input_shape"]
+    for p in cfg.patch_choices or ():  # each step's grid tiles the image (with_patch_size)
+        if h % p or w % p:
+            raise ConfigError(f"patch_choices: {p} must divide the image size {h}x{w} (every "
+                              f"pixel in one patch), got {list(cfg.patch_choices)}")
     return build_vit(image_size=(h, w), patch_size=_patch(cfg, min(h, w)), in_chans=c,
                      dim=cfg.width, depth=cfg.depth, num_heads=cfg.heads,
                      hidden_dim=int(cfg.ffn_ratio * cfg.width), num_classes=data["num_classes"],

@@ -16,6 +16,10 @@ refined to ``grid.tau_at(s)``, drawn uniformly from the choices by a generator s
 ``model.refine(k)`` of the model at the config's tau (the same parameters; its own control
 problem, so a running cost reads the refined path: ``_Variants``); each logged step records
 its "tau". Evaluation stays at the config's tau.
+Random patch size per batch (``patch_choices``, the vit family): step s also draws
+``grid.patch_at(s)`` and runs on ``model.refine(k).with_patch_size(p)`` (the same parameters:
+the kernel PI-resized and the position table resampled from them in the forward pass); each
+logged step records its "patch"; evaluation stays at the config's ``patch``.
 
 The run folder is locked by rank 0 for the run (``files.FolderLock``): a second writer is
 refused naming this process. Its files go through ``splitformer.files``: config.json and
@@ -152,37 +156,41 @@ def tau_at(cfg: TrainConfig, step: int) -> float:
     return TrainGrid.of(cfg).tau_at(step)
 
 
-def _step_on(problem: nn.Module, cfg: TrainConfig, batch: tuple, k: int = 1):
-    """(objective, correct predictions or None, examples) of one batch, on the variant
-    refined ``k`` times (``problem``: a ``_Variants``, or DistributedDataParallel of one)."""
+def _step_on(problem: nn.Module, cfg: TrainConfig, batch: tuple, variant: str = "1"):
+    """(objective, correct predictions or None, examples) of one batch, on the ``variant``
+    (``TrainGrid.variant(k, p)``: refined k times, at patch size p; ``problem``: a
+    ``_Variants``, or DistributedDataParallel of one)."""
     family = FAMILIES[cfg.family]
     if len(batch) == 1:  # language modelling: the ids are input and target
         (ids,) = batch
-        return problem(family.inputs(ids), ids, k=k), None, ids.shape[0]
+        return problem(family.inputs(ids), ids, variant=variant), None, ids.shape[0]
     x, y = batch
-    obj = problem(family.inputs(x), y, k=k)
+    obj = problem(family.inputs(x), y, variant=variant)
     correct = int((family.read(obj.output).argmax(-1) == y).sum())
     return obj, correct, y.shape[0]
 
 
 class _Variants(nn.Module):
-    """The control problem of each refinement a step may train at: k -> the problem on
-    ``model.refine(k)`` (shared parameters, its own train/eval flag and path, so a running cost
-    reads the refined path; k = 1 is the model itself). One module, so that one
-    DistributedDataParallel holds every variant's (shared) parameters once."""
+    """The control problem of each variant a step may train on: (k, p) -> the problem on
+    ``model.refine(k)`` at patch size p (``with_patch_size``; None: the model's own), named
+    ``TrainGrid.variant(k, p)`` (shared parameters, its own train/eval flag and path, so a
+    running cost reads the refined path; (1, None) is the model itself). One module, so that
+    one DistributedDataParallel holds every variant's (shared) parameters once."""
 
     def __init__(self, model: nn.Module, data: Dataset, cfg: TrainConfig,
-                 ks: tuple[int, ...]) -> None:
+                 variants: tuple[tuple[int, int | None], ...]) -> None:
         super().__init__()
         problems = {}
-        for k in ks:
+        for k, patch in variants:
             variant = model if k == 1 else model.refine(k)
+            if patch is not None:
+                variant = variant.with_patch_size(patch)
             variant.train()
-            problems[str(k)] = control_problem(variant, data, cfg)
+            problems[TrainGrid.variant(k, patch)] = control_problem(variant, data, cfg)
         self.problems = nn.ModuleDict(problems)
 
-    def forward(self, inputs: tuple, target: torch.Tensor, k: int = 1):
-        return self.problems[str(k)](inputs, target)
+    def forward(self, inputs: tuple, target: torch.Tensor, variant: str = "1"):
+        return self.problems[variant](inputs, target)
 
 
 @torch.no_grad()
@@ -390,7 +398,7 @@ class _Run:
             model = model.to(ranks.device)
         model.train()
         self.model = model
-        variants = _Variants(model, data, cfg, grid.ks())
+        variants = _Variants(model, data, cfg, grid.variants())
         # DistributedDataParallel (a single process: the variants themselves); it holds the
         # model, so the running costs see its evolutions
         self.engine = distributed.wrap(variants) if ranks.distributed else variants
@@ -496,14 +504,13 @@ class _Run:
         cfg = self.cfg
         seen, t0 = 0, time.perf_counter()
         for batch in batches(self.data, cfg, epoch)[self.step - epoch * self.per_epoch:]:
-            parts, correct, n, step_tau = self.optimise(batch, epoch)
+            parts, correct, n, drawn = self.optimise(batch, epoch)
             seen += n
             rate = seen / max(time.perf_counter() - t0, 1e-9)
             if self.step % cfg.log_every == 0 or self.step == self.total:
                 row = {"step": self.step, "epoch": epoch,
-                       "lr": self.scheduler.get_last_lr()[0], **parts, "examples_per_s": rate}
-                if cfg.tau_choices is not None:
-                    row["tau"] = step_tau
+                       "lr": self.scheduler.get_last_lr()[0], **parts, "examples_per_s": rate,
+                       **drawn}
                 if correct is not None:
                     row["accuracy"] = correct / n
                 self.record(row)
@@ -516,16 +523,21 @@ class _Run:
             self.checkpoint(epoch + 1)
 
     def optimise(self, batch: tuple, epoch: int):
-        """One optimiser step on ``batch`` at the step's tau: (logged parts with "loss",
-        correct predictions or None, examples, the step's tau)."""
+        """One optimiser step on ``batch`` at the step's tau and patch size: (logged parts with
+        "loss", correct predictions or None, examples, what the step drew: "tau" and "patch"
+        where there are choices)."""
         cfg, step = self.cfg, self.step
         k, step_tau = self.grid.draw(step)
+        patch = self.grid.patch_at(step)
+        drawn = {**({"tau": step_tau} if cfg.tau_choices is not None else {}),
+                 **({"patch": patch} if patch is not None else {})}
+        variant = TrainGrid.variant(k, patch)
         if self.ranks.distributed:
             obj, weight, parts, correct, n = _shard_step(self.engine, cfg, batch, self.ranks,
-                                                         step, k)
+                                                         step, variant)
             loss = obj.total * weight
         else:
-            obj, correct, n = _step_on(self.engine, cfg, batch, k)
+            obj, correct, n = _step_on(self.engine, cfg, batch, variant)
             loss = obj.total
             parts = {**{name: v.item() for name, v in obj.parts.items()}, "loss": loss.item()}
         if not math.isfinite(parts["loss"]):
@@ -541,7 +553,7 @@ class _Run:
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        return parts, correct, n, step_tau
+        return parts, correct, n, drawn
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:
@@ -550,7 +562,7 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
 
 
 def _shard_step(engine: nn.Module, cfg: TrainConfig, batch: tuple, ranks: Ranks, step: int,
-                k: int = 1):
+                variant: str = "1"):
     """This rank's part of the global ``batch``: (its objective, the weight of its objective in
     ``backward``, the global batch's logged parts and "loss", its correct predictions or None,
     its size). The rank's objective is a mean over its shard of n_r examples; weighted by
@@ -567,7 +579,7 @@ def _shard_step(engine: nn.Module, cfg: TrainConfig, batch: tuple, ranks: Ranks,
     if share == 0:
         local = tuple(t[:1] for t in batch)
     local = tuple(t.to(ranks.device) for t in local)
-    obj, correct, _ = _step_on(engine, cfg, local, k)
+    obj, correct, _ = _step_on(engine, cfg, local, variant)
     names = list(obj.parts)
     values = torch.stack([obj.parts[k].detach().reshape(()) for k in names]
                          + [obj.total.detach().reshape(())]).double() * share
