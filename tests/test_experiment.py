@@ -419,3 +419,16 @@ def test_lines_that_are_not_results_are_named_and_left_out(tmp_path):
 def test_tau_choices_are_a_set():
     a = TrainConfig(tau_choices=(0.25, 1.0, 0.5))
     assert a == TrainConfig(tau_choices=[1, 0.5, 0.25]) and a.tau_choices == (1.0, 0.5, 0.25)
+
+
+def test_list_valued_flags_are_one_value_each(tmp_path):
+    """--tau-choices and --patch-choices take one comma-separated list per flag (a Setting with
+    is_list): '--patch-choices 4,2' is one run with two patch sizes, not an axis of two runs."""
+    from splitformer.commands.experiment import _values
+    from splitformer.training.config import settings
+
+    table = settings()
+    assert [k for k, s in table.items() if s.is_list] == ["tau_choices", "patch_choices"]
+    assert _values("patch_choices", ["4,2"], table["patch_choices"]) == [[4, 2]]
+    assert _values("patch_choices", ["4,2", "4"], table["patch_choices"]) == [[4, 2], [4]]
+    assert _values("tau_choices", ["1,0.5"], table["tau_choices"]) == [[1.0, 0.5]]

@@ -30,9 +30,6 @@ from ..training.config import Setting, settings, tau_list
 from . import UsageError, bounded_int
 from .train import flag_of
 
-# keys whose one value is a comma-separated list: several values only by repeating the flag
-_LIST_KEYS = ("tau_choices",)
-
 HELP = "run a resumable sweep of training runs (scheme x kernel x tau x ...) into a table"
 EPILOG = ("exit status: 0 done; 1 a run failed after the sweep was accepted (the finished "
           "runs are kept); 2 a bad input")
@@ -62,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the table's rows as JSON")
     p.add_argument("--no-progress", action="store_true", help="no line per run on stderr")
     for key, s in _sweep_settings().items():
-        more = ("; one list per flag: repeat the flag for an axis" if key in _LIST_KEYS
+        more = ("; one list per flag: repeat the flag for an axis" if s.is_list
                 else " (several values, comma-separated or the flag repeated: an axis)")
         p.add_argument(s.flag, dest=key, action="append", default=None,
                        help=s.text(families=FAMILIES) + more)
@@ -76,7 +73,8 @@ def _sweep_settings() -> dict[str, Setting]:
     return {k: s for k, s in settings().items() if k != "out"}
 
 
-def _values(key: str, given: list[str], kind: Any, flag: str) -> list[Any]:
+def _values(key: str, given: list[str], s: Setting) -> list[Any]:
+    kind, flag = s.parse, s.flag
     pieces: list[str] = []
     for text in given:
         parts = text.split(",")
@@ -85,7 +83,7 @@ def _values(key: str, given: list[str], kind: Any, flag: str) -> list[Any]:
                 parts = [t.strip() for t in parts]  # names
             else:
                 parts = [text]  # a scheme string
-        if key in _LIST_KEYS:
+        if s.is_list:
             parts = [text]  # the value is itself a comma-separated list
         pieces += parts
     values: list[Any] = []
@@ -125,7 +123,7 @@ def sweep_of(args: argparse.Namespace):
             given = getattr(args, key, None)
             if given is None:
                 continue
-            values = _values(key, given, s.parse, s.flag)
+            values = _values(key, given, s)
             doc["axes"][key] = values
             doc.get("base", {}).pop(key, None)
         evaluate = dict(doc.get("evaluate", {}))

@@ -56,11 +56,14 @@ MAX_STEPS = 10_000
 class Setting:
     """How a ``TrainConfig`` key is given on the command line: its ``flag``, ``parse`` (the
     argparse type that reads the flag's text into the key's value) and ``help`` (a string, or a
-    function giving it, for a help that lists a registry: the registries import the config)."""
+    function giving it, for a help that lists a registry: the registries import the config);
+    ``is_list``: the value is itself a list written with commas (``--tau-choices 1,0.5``), so a
+    sweep makes an axis of it only by repeating the flag."""
 
     flag: str
     help: str | Callable[[], str]
     parse: Callable[[str], Any] = str
+    is_list: bool = False
 
     def text(self, **registries: Any) -> str:
         """The help; ``{name}`` in it lists a registry the caller gives as ``name=`` (sorted,
@@ -72,9 +75,10 @@ class Setting:
 
 
 def _setting(default: Any, flag: str, help: str | Callable[[], str],
-             parse: Callable[[str], Any] = str) -> Any:
+             parse: Callable[[str], Any] = str, *, is_list: bool = False) -> Any:
     """A dataclass field with its default and its ``Setting`` (in the field's metadata)."""
-    return dataclasses.field(default=default, metadata={"setting": Setting(flag, help, parse)})
+    return dataclasses.field(default=default,
+                             metadata={"setting": Setting(flag, help, parse, is_list)})
 
 
 def settings() -> dict[str, Setting]:
@@ -166,12 +170,13 @@ class TrainConfig:
     # random time step per batch: each optimiser step draws one of these (each = tau / k, k >= 1)
     tau_choices: tuple[float, ...] | None = _setting(
         None, "--tau-choices", "train with a random time step per batch, drawn from these "
-        "(comma-separated, e.g. '1,0.5,0.25'; each = tau / k)", lambda text: tau_list(text))
+        "(comma-separated, e.g. '1,0.5,0.25'; each = tau / k)", lambda text: tau_list(text),
+        is_list=True)
     # random patch size per batch (vit): each optimiser step draws one (the x-analogue)
     patch_choices: tuple[int, ...] | None = _setting(
         None, "--patch-choices", "train on a random patch size per batch, drawn from these "
         "(vit; comma-separated, e.g. '4,7,14'; each divides the image size; one set of "
-        "parameters, evaluated at --patch)", lambda text: patch_list(text))
+        "parameters, evaluated at --patch)", lambda text: patch_list(text), is_list=True)
     # N_t; None: = depth (tau = 1), or T / tau when tau is given
     steps: int | None = _setting(None, "--steps",
                                  "N_t, the number of time steps (a multiple of depth)", int)
