@@ -259,3 +259,25 @@ def test_bench_merge_on_minilm(tmp_path, capsys):
     assert rows["ToMe peer r=0"]["lee_fidelity_spearman"] == pytest.approx(1.0)
     assert rows["ToMe peer r=8"]["tokens_out"] == merged_length(32, 8, 6)
     assert 0 < rows["ToMe peer r=8"]["mean_cosine"] < 1
+
+
+@pytest.mark.slow
+@needs("minilm", "text")
+def test_the_grid_appends_as_it_goes_and_resumes(tmp_path):
+    from splitformer.experiments.merging import grid_table, run_grid
+    from splitformer.files import read_jsonl
+
+    out = tmp_path / "grid.jsonl"
+    kw = dict(rs=(0, 8), lengths=(16, 24), passages=2, batch=2, repeats=1, warmup=0,
+              families=("peer",), full_quality=False)
+    rows = run_grid(out, **kw)
+    speed = [r for r in rows if r["kind"] == "speed"]
+    quality = [r for r in rows if r["kind"] == "quality"]
+    assert len(speed) == 2 * 4 and len(quality) == 4  # transformers, r=0, r=8, r=8 prop
+    assert {r["seq"] for r in speed} == {16, 24}
+    assert all(r["lee_fidelity_spearman"] == pytest.approx(1.0) for r in quality if not r["r"])
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:10])  # a torn last line
+    again = run_grid(out, **kw)
+    assert len(again) == len(rows) and read_jsonl(out) == again  # only the torn row redone
+    assert grid_table(again, quality_length=16).row_count == 4

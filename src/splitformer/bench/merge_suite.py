@@ -13,13 +13,13 @@ is the mean over the attention mask, L2-normalised (sentence-transformers' mean 
 Normalize: ``sentence_embeddings``), so a merged model's embedding is the size-weighted mean of
 its merged nodes. Sequences are never padded: ``embed`` groups them by length.
 
-``merge_rows(workload, options, say)`` times every setting on ``workload``'s passages of each
-length (the repeats interleaved, eval under no_grad, ``timing.measure``) and gives one row per
-setting and length: ``median_s``, ``speedup`` (its family's r = 0 median over its median: the
+``merge_rows(workload, rs, ...)`` times every setting on ``workload``'s passages of each length
+(the repeats interleaved, eval under no_grad, ``timing.measure``) and gives one row per setting
+and length: ``median_s``, ``speedup`` (its family's r = 0 median over its median: the
 throughput ratio), ``ratios`` (median over that r = 0 median; the r = 0 rows over the
-transformers model's), ``tokens_out`` (nodes after the last step), ``mean_cosine`` (of its
-embeddings of all the passages with the unmerged model's) and whatever ``workload.quality``
-measures (once per setting). ``random_workload(size)`` is a random-weight BERT at a bench
+transformers model's), ``tokens_out`` (nodes after the last step by ToMe's schedule,
+``merge_peers.merged_length``), ``mean_cosine`` (of its embeddings of all the passages with the
+unmerged model's) and whatever ``workload.quality`` measures (once per setting). ``random_workload(size)`` is a random-weight BERT at a bench
 ``Size`` on random ids (``splitformer bench merge --size``); the pretrained all-MiniLM-L6-v2 on
 King James passages and Lee-50 is ``experiments.merging``.
 """
@@ -202,7 +202,7 @@ def _contenders(workload: MergeWorkload, chosen: list[Setting], ids: torch.Tenso
 
 
 def _row(suite_label: str, group: str, s: Setting, result: dict, names: dict, n: int,
-         layers: int, batch: int) -> dict:
+         layers: int, batch: int, note: str) -> dict:
     r = result[s.name]
     base = names[(s.family, 0, False)] if s.r else names[("transformers", 0, False)]
     ratios = {} if s.family == "transformers" else {base: r["median_s"] /
@@ -212,7 +212,7 @@ def _row(suite_label: str, group: str, s: Setting, result: dict, names: dict, n:
             "name": s.name, "splitformer": s.family == "splitformer", "family": s.family,
             "r": s.r, "proportional": s.proportional and s.r > 0, "seq": n, "batch": batch,
             "tokens_out": merged_length(n, s.r, layers), **r, "ratios": ratios,
-            "speedup": speedup}
+            "speedup": speedup, "note": note}
 
 
 def merge_rows(workload: MergeWorkload, rs: Sequence[int], *, repeats: int = 5,
@@ -234,7 +234,8 @@ def merge_rows(workload: MergeWorkload, rs: Sequence[int], *, repeats: int = 5,
         names = {s.key: s.name for s, _c in built}
         reference = embed(built[0][1].model, passages, workload.batch)
         for s, c in built:
-            row = _row(workload.label, group, s, result, names, n, layers, workload.batch)
+            row = _row(workload.label, group, s, result, names, n, layers, workload.batch,
+                       workload.note)
             row["mean_cosine"] = mean_cosine(embed(c.model, passages, workload.batch),
                                              reference)
             if workload.quality is not None:

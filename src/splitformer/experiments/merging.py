@@ -126,9 +126,9 @@ def _speed(workload: MergeWorkload, out: Path, done: set, rs, families, repeats:
 
 
 def _quality(minilm: tb.MiniLM, ours, out: Path, done: set, rs, families, batch: int,
-             options: dict | None, say: Say) -> None:
+             options: dict | None, full: bool, say: Say) -> None:
     todo = [s for s in settings(rs, families) if ("quality", None, *s.key) not in done]
-    quality = lee_quality(minilm, full=True, batch=batch) if todo else None
+    quality = lee_quality(minilm, full=full, batch=batch) if todo else None
     for s in todo:
         net = encoder(s, minilm.model, ours, **(options or {}))
         say(f"merge grid: quality of {s.name}")
@@ -157,8 +157,10 @@ def _buildable(families: Sequence[str], minilm: tb.MiniLM, options: dict | None,
 def run_grid(out: str | Path, *, rs: Sequence[int] = tuple(range(0, 33, 4)),
              lengths: Sequence[int] = (64, 128, 256, 512), passages: int = 32, batch: int = 8,
              repeats: int = 10, warmup: int = 2, families: Sequence[str] = ("peer", "splitformer"),
-             options: dict | None = None, say: Say | None = None) -> list[dict]:
-    """The full grid into the JSON-lines file ``out`` (module doc); returns all its rows."""
+             options: dict | None = None, full_quality: bool = True,
+             say: Say | None = None) -> list[dict]:
+    """The full grid into the JSON-lines file ``out`` (module doc; ``full_quality=False``:
+    the Lee measures only); returns all its rows."""
     say = say or (lambda _m: None)
     out = Path(out)
     rows = read_jsonl(out, repair=True) if out.exists() else []
@@ -167,7 +169,7 @@ def run_grid(out: str | Path, *, rs: Sequence[int] = tuple(range(0, 33, 4)),
     families, ours = _buildable(families, minilm, options, say)
     workload = minilm_workload(minilm, lengths, passages=passages, batch=batch, options=options)
     _speed(workload, out, done, rs, families, repeats, warmup, say)
-    _quality(minilm, ours, out, done, rs, families, batch, options, say)
+    _quality(minilm, ours, out, done, rs, families, batch, options, full_quality, say)
     return read_jsonl(out)
 
 
