@@ -19,9 +19,10 @@ and length: ``median_s``, ``speedup`` (its family's r = 0 median over its median
 throughput ratio), ``ratios`` (median over that r = 0 median; the r = 0 rows over the
 transformers model's), ``tokens_out`` (nodes after the last step by ToMe's schedule,
 ``merge_peers.merged_length``), ``mean_cosine`` (of its embeddings of all the passages with the
-unmerged model's) and whatever ``workload.quality`` measures (once per setting). ``random_workload(size)`` is a random-weight BERT at a bench
-``Size`` on random ids (``splitformer bench merge --size``); the pretrained all-MiniLM-L6-v2 on
-King James passages and Lee-50 is ``experiments.merging``.
+unmerged model's) and whatever ``workload.quality`` measures (once per setting).
+``random_workload(size)`` is a random-weight BERT at a bench ``Size`` on random ids
+(``splitformer bench merge --size``); the pretrained all-MiniLM-L6-v2 on King James passages
+and Lee-50 is ``experiments.merging``.
 """
 
 from __future__ import annotations
