@@ -77,6 +77,23 @@ def test_peer_merges_r_per_layer_and_unmerges_by_the_source_map():
     assert torch.allclose(sentence_embeddings(out, torch.ones(2, 33)), weighted, atol=1e-6)
 
 
+def test_the_merge_is_tomes_merge_wavg():
+    bert, x = tiny_bert(), ids(n=40)
+    with torch.no_grad():
+        fast = PlainToMeBert(bert, 6, proportional=True).eval().merged(x)
+        literal = PlainToMeBert(bert, 6, proportional=True, literal=True).eval().merged(x)
+    assert torch.equal(fast.sizes, literal.sizes) and torch.equal(fast.source, literal.source)
+    assert (fast.state - literal.state).abs().max() < 1e-5
+    metric = torch.randn(3, 11, 4, generator=torch.Generator().manual_seed(3))
+    size = torch.randint(1, 5, (3, 11, 1)).float()
+    value = torch.randn(3, 11, 5, generator=torch.Generator().manual_seed(4))
+    m = bipartite_soft_matching(metric, 4)
+    assert m.targets[2].tolist() == [1, 1, 2, 2]  # two sources join one target: covered
+    mean, s = m.merge_mean(value, size)
+    assert torch.equal(s, m.merge_sum(size))
+    assert torch.allclose(mean, m.merge_sum(value * size) / m.merge_sum(size), atol=1e-6)
+
+
 def test_peer_caps_r_at_half_the_unprotected_nodes():
     bert, x = tiny_bert(), ids(n=17)
     with torch.no_grad():

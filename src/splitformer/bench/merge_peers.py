@@ -64,6 +64,25 @@ class Matching:
         b = b.scatter_reduce(1, self.targets[..., None].expand(-1, -1, c), moved, reduce="sum")
         return torch.cat([kept, b], dim=1)
 
+    def merge_mean(self, x: torch.Tensor, size: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """ToMe's size-weighted merge (their ``merge_wavg``: merge_sum(s x) / merge_sum(s)) of
+        ``x`` (batch, N, c) with sizes (batch, N, 1), computed on the moved rows only: the
+        N - r surviving rows are gathered once, then each target row b becomes
+        (s_b x_b + sum_a s_a x_a) / (s_b + sum_a s_a) over the sources a that join it."""
+        batch, _, c = x.shape
+        kept = self.unmerged.shape[1]
+        odd = 1 + 2 * torch.arange(self.n // 2, device=x.device).expand(batch, -1)
+        survivors = torch.cat([2 * self.unmerged, odd], dim=1)[..., None]
+        out, s_out = x.gather(1, survivors.expand(-1, -1, c)), size.gather(1, survivors)
+        src, dst = (2 * self.sources)[..., None], (kept + self.targets)[..., None]
+        s_src, rows = size.gather(1, src), dst.expand(-1, -1, c)
+        out.scatter_(1, rows, out.gather(1, rows) * s_out.gather(1, dst))
+        out.scatter_add_(1, rows, x.gather(1, src.expand(-1, -1, c)) * s_src)
+        s_out = s_out.scatter_add(1, dst, s_src)
+        out.scatter_(1, rows, out.gather(1, rows) / s_out.gather(1, dst))
+        return out, s_out
+
     def new_index(self) -> torch.Tensor:
         """(batch, N): the index each node has after the step."""
         batch, kept = self.unmerged.shape
@@ -112,9 +131,13 @@ class Merged:
 class PlainToMeBert(nn.Module):
     """``bert`` (a transformers ``BertModel``, its weights shared) with ToMe's r merges per
     layer after attention; ``proportional`` adds log s to the attention logits. ``forward``
-    returns the unmerged last hidden state (batch, N, d); ``merged`` the merged nodes."""
+    returns the unmerged last hidden state (batch, N, d); ``merged`` the merged nodes.
+    The merge is ``Matching.merge_mean`` (the moved rows only); ``literal=True`` runs ToMe's
+    ``merge_wavg`` as written instead (the same values to round-off, several whole-tensor
+    passes more: slower where memory bandwidth is short)."""
 
-    def __init__(self, bert: nn.Module, r: int, *, proportional: bool = False) -> None:
+    def __init__(self, bert: nn.Module, r: int, *, proportional: bool = False,
+                 literal: bool = False) -> None:
         super().__init__()
         if isinstance(r, bool) or not isinstance(r, int) or r < 0:
             raise ValueError(f"r must be an int >= 0 (nodes merged per layer), got {r!r}")
@@ -124,10 +147,11 @@ class PlainToMeBert(nn.Module):
         self.bert = bert
         self.r = r
         self.proportional = bool(proportional)
+        self.literal = bool(literal)
         self.heads = bert.config.num_attention_heads
 
     def extra_repr(self) -> str:
-        return f"r={self.r}, proportional={self.proportional}"
+        return f"r={self.r}, proportional={self.proportional}, literal={self.literal}"
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -149,9 +173,11 @@ class PlainToMeBert(nn.Module):
             h, metric = self._attention(layer, x, size)
             matching = bipartite_soft_matching(metric, self.r)
             if matching is not None:
-                h = matching.merge_sum(h * size)
-                size = matching.merge_sum(size)
-                h = h / size
+                if self.literal:  # ToMe's merge_wavg as written: whole-tensor passes
+                    h, size = matching.merge_sum(h * size), matching.merge_sum(size)
+                    h = h / size
+                else:
+                    h, size = matching.merge_mean(h, size)
                 source = matching.new_index().gather(1, source)
             x = self._mlp(layer, h)
         return Merged(x, size[..., 0], source)
