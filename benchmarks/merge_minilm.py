@@ -11,7 +11,8 @@ Rows go to --out (JSON lines) as they are measured; a rerun skips the rows alrea
 
     python benchmarks/merge_minilm.py [--out results/merge-minilm.jsonl] [--threads 2]
         [--rs 0,4,...,32] [--lengths 64,128,256,512] [--passages 32] [--batch 8]
-        [--repeats 10] [--warmup 2] [--families peer,splitformer] [--option key=value ...]
+        [--repeats 10] [--warmup 2] [--families peer,splitformer] [--lee-r-at 256]
+        [--option key=value ...]
 
 Needs `make data` (all-MiniLM-L6-v2, gensim's test data, the King James text).
 """
@@ -52,11 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--families", default="peer,splitformer")
+    ap.add_argument("--lee-r-at", type=int, default=None, metavar="N",
+                    help="quality with r scaled to each text's length as round(r N_text / N) "
+                         "(default: the same r on every text)")
     ap.add_argument("--option", type=_option, action="append", default=[],
                     help="key=value passed to model.with_token_merging (e.g. metric=keys)")
     args = ap.parse_args(argv)
     if min(args.lengths) < 3 or max(args.lengths) > 512:
         ap.error("--lengths: expected lengths in [3, 512]")
+    if args.lee_r_at is not None and args.lee_r_at < 1:
+        ap.error("--lee-r-at: expected a positive length")
     if args.batch < 1 or args.passages < args.batch:
         ap.error("--passages must be at least --batch >= 1")
 
@@ -76,13 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_grid(args.out, rs=tuple(dict.fromkeys((0, *args.rs))), lengths=args.lengths,
                         passages=args.passages, batch=args.batch, repeats=args.repeats,
                         warmup=args.warmup, families=families, options=dict(args.option),
-                        say=lambda m: print(m, file=sys.stderr, flush=True))
+                        lee_r_at=args.lee_r_at, say=lambda m: print(m, file=sys.stderr, flush=True))
     except DatasetError as e:
         print(f"merge_minilm: {e}", file=sys.stderr)
         return 2
     console = Console() if sys.stdout.isatty() else Console(width=160)
     console.print(grid_table(rows, quality_length=256 if 256 in args.lengths
-                               else args.lengths[0]))
+                             else args.lengths[0], lee_r_at=args.lee_r_at))
     print(f"wrote {args.out}")
     return 0
 

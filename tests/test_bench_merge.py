@@ -24,6 +24,7 @@ from splitformer.bench.merge_suite import (
     embed,
     merge_rows,
     ours_merged,
+    quality_embedding,
     random_workload,
     sentence_embeddings,
     settings,
@@ -197,6 +198,25 @@ def test_merge_rows_on_a_random_bert():
     assert timed["ToMe peer r=4"]["mean_cosine"] < 1 - 1e-6
     skipped = [r for r in rows if "skipped" in r]
     assert bool(skipped) == ("with_token_merging" not in dir(from_hf(tiny_bert())))
+
+
+def test_quality_with_r_scaled_to_each_length():
+    from dataclasses import replace
+
+    bert = tiny_bert()
+    workload = replace(random_workload(Size(32, 4, 3, 64, 2, 16)), bert=bert, quality_r_at=32)
+    seqs = [ids(1, n, seed=n)[0] for n in (16, 40, 64)]
+    setting = Setting("peer", 8, proportional=True)
+    got = quality_embedding(workload, setting, None, None)(seqs)
+    with torch.no_grad():
+        for seq, e in zip(seqs, got, strict=True):  # r = round(8 N / 32): 4, 10, 16
+            peer = PlainToMeBert(bert, round(8 * len(seq) / 32), proportional=True).eval()
+            assert torch.allclose(embed(peer, [seq])[0], e, atol=1e-6)
+    fixed = quality_embedding(replace(workload, quality_r_at=None), setting,
+                              PlainToMeBert(bert, 8, proportional=True), None)(seqs)
+    assert torch.allclose(fixed[1:2], embed(PlainToMeBert(bert, 8, proportional=True),
+                                            seqs[1:2]), atol=1e-6)
+    assert not torch.allclose(fixed[1], got[1], atol=1e-3)
 
 
 def test_break_even_interpolates_in_log_length():

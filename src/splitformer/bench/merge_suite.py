@@ -28,7 +28,7 @@ and Lee-50 is ``experiments.merging``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -39,8 +39,8 @@ from .merge_peers import PlainToMeBert, merged_length
 from .timing import Contender, measure
 
 __all__ = ["FAMILIES", "LastHidden", "MergeWorkload", "MergingUnavailable", "Setting",
-           "embed", "encoder", "mean_cosine", "merge_rows", "ours_merged", "random_workload",
-           "sentence_embeddings", "settings"]
+           "embed", "embed_by_length", "encoder", "mean_cosine", "merge_rows", "ours_merged",
+           "quality_embedding", "random_workload", "sentence_embeddings", "settings"]
 
 FAMILIES = ("transformers", "peer", "splitformer")
 Say = Callable[[str], None]
@@ -140,11 +140,18 @@ def sentence_embeddings(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return F.normalize(pooled, p=2, dim=-1)
 
 
-@torch.no_grad()
 def embed(model: nn.Module, sequences: Sequence[torch.Tensor] | torch.Tensor,
           batch: int = 8) -> torch.Tensor:
     """The sentence embeddings (len(sequences), d) of 1-D id tensors, in their order: batches of
     up to ``batch`` sequences of one length, never padded."""
+    return embed_by_length(lambda _n: model, sequences, batch)
+
+
+@torch.no_grad()
+def embed_by_length(model_at: Callable[[int], nn.Module],
+                    sequences: Sequence[torch.Tensor] | torch.Tensor,
+                    batch: int = 8) -> torch.Tensor:
+    """``embed`` with the network ``model_at(n)`` for the sequences of length n."""
     seqs = list(sequences)
     if not seqs:
         raise ValueError("embed: no sequences")
@@ -152,8 +159,8 @@ def embed(model: nn.Module, sequences: Sequence[torch.Tensor] | torch.Tensor,
     for i, s in enumerate(seqs):
         by_length.setdefault(int(s.shape[-1]), []).append(i)
     out: list[torch.Tensor | None] = [None] * len(seqs)
-    model.eval()
-    for idx in by_length.values():
+    for n, idx in by_length.items():
+        model = model_at(n).eval()
         for start in range(0, len(idx), batch):
             part = idx[start:start + batch]
             ids = torch.stack([seqs[i] for i in part])
@@ -173,8 +180,10 @@ class MergeWorkload:
     """What ``merge_rows`` measures: ``bert`` (a transformers ``BertModel``, eval), labelled
     ``label``; ``passages`` maps a length to (P, length) input ids (the first ``batch`` are
     timed, all P give the mean cosine); ``quality(embed_fn)`` (optional) measures a setting from
-    its embedding function (a list of 1-D id tensors -> embeddings); ``options`` go to the
-    library call."""
+    its embedding function (a list of 1-D id tensors -> embeddings), with the setting's r on
+    every text, or, with ``quality_r_at`` = n_ref, r scaled to each text's length N as
+    round(r N / n_ref) (the fraction merged per step at n_ref); ``options`` go to the library
+    call."""
 
     label: str
     bert: nn.Module
@@ -183,6 +192,7 @@ class MergeWorkload:
     quality: Callable[[Embed], dict[str, float]] | None = None
     options: dict | None = None
     note: str = ""
+    quality_r_at: int | None = None
 
 
 def _contenders(workload: MergeWorkload, chosen: list[Setting], ids: torch.Tensor,
@@ -216,6 +226,23 @@ def _row(suite_label: str, group: str, s: Setting, result: dict, names: dict, n:
             "speedup": speedup, "note": note}
 
 
+def quality_embedding(workload: MergeWorkload, s: Setting, model: nn.Module,
+                      ours: nn.Module | None) -> Embed:
+    """The embedding function of setting ``s`` on texts of any length: ``model`` (r on every
+    text) or, with ``workload.quality_r_at``, the setting at round(r N / n_ref) for length N."""
+    if workload.quality_r_at is None or s.r == 0:
+        return lambda seqs: embed(model, seqs, workload.batch)
+    nets: dict[int, nn.Module] = {}
+
+    def model_at(n: int) -> nn.Module:
+        r = round(s.r * n / workload.quality_r_at)
+        if r not in nets:
+            nets[r] = encoder(replace(s, r=r), workload.bert, ours, **(workload.options or {}))
+        return nets[r]
+
+    return lambda seqs: embed_by_length(model_at, seqs, workload.batch)
+
+
 def merge_rows(workload: MergeWorkload, rs: Sequence[int], *, repeats: int = 5,
                warmup: int = 1, families: Sequence[str] = ("peer", "splitformer"),
                say: Say | None = None) -> list[dict]:
@@ -242,8 +269,8 @@ def merge_rows(workload: MergeWorkload, rs: Sequence[int], *, repeats: int = 5,
             if workload.quality is not None:
                 if s.key not in quality:
                     say(f"merge {workload.label}: quality of {s.name}")
-                    quality[s.key] = workload.quality(
-                        lambda seqs, m=c.model: embed(m, seqs, workload.batch))
+                    quality[s.key] = workload.quality(quality_embedding(
+                        workload, s, c.model, ours))
                 row.update(quality[s.key])
             rows.append(row)
         rows += [{"suite": "merge", "size": workload.label, "group": group, "family": f,

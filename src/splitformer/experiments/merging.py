@@ -14,7 +14,10 @@ without proportional attention. Measured for each:
   ``lee_fidelity_spearman`` (Spearman of its 1,225 Lee pair cosines with the unmerged
   model's), ``lee_mean_cosine``, ``lee_human_spearman`` (against the human ratings), and in the
   full grid ``probe_accuracy`` +- ``probe_std`` (10-fold logistic regression on Pang-Lee
-  polarity), ``wordsim353`` and ``simlex999`` (Spearman of the word-pair cosines).
+  polarity), ``wordsim353`` and ``simlex999`` (Spearman of the word-pair cosines). These
+  texts are shorter than the passages (a word is 3 tokens), so the same r merges a larger part
+  of them; with ``lee_r_at`` = n_ref a text of N tokens merges round(r N / n_ref) per step
+  instead (the fraction merged at n_ref).
 
 ``quick_rows(options, say)`` is ``splitformer bench merge``: 8 passages at ``options.tokens``
 (256), r in ``options.rs`` (0, 16, 32), the Lee quality. ``run_grid(out, ...)`` is the full grid
@@ -41,6 +44,7 @@ from ..bench.merge_suite import (
     encoder,
     mean_cosine,
     merge_rows,
+    quality_embedding,
     settings,
 )
 from ..files import append_line, read_jsonl
@@ -86,27 +90,34 @@ def lee_quality(minilm: tb.MiniLM, *, full: bool = False, batch: int = 8
 
 def minilm_workload(minilm: tb.MiniLM, lengths: Sequence[int], *, passages: int = 8,
                     batch: int = 8, quality: Callable | None = None,
-                    options: dict | None = None) -> MergeWorkload:
+                    options: dict | None = None, quality_r_at: int | None = None
+                    ) -> MergeWorkload:
     """all-MiniLM-L6-v2 on ``passages`` King James passages at each length."""
     verses = tb.kjv_verses()
     texts = {n: tb.kjv_passages(minilm.tokenizer, n, passages, verses) for n in lengths}
+    note = f"pretrained, {passages} KJV passages; quality: " + (
+        "r on every text" if quality_r_at is None else f"r scaled as r N / {quality_r_at}")
     return MergeWorkload(LABEL, minilm.model, texts, batch=batch, quality=quality,
-                         options=options, note=f"pretrained, {passages} KJV passages")
+                         options=options, note=note, quality_r_at=quality_r_at)
 
 
-def quick_rows(opts, say: Say | None = None) -> list[dict]:
+def quick_rows(opts, say: Say | None = None, *, lee_r_at: int | None = None) -> list[dict]:
     """``splitformer bench merge`` on the pretrained model (``opts``: bench ``Options``); a
-    missing data set is one row with ``skipped`` naming ``make data``."""
+    missing data set is one row with ``skipped`` naming ``make data``. ``lee_r_at``: r scaled
+    to each Lee document's length (``MergeWorkload.quality_r_at``; default the same r)."""
     try:
         minilm = tb.load_minilm()
-        workload = minilm_workload(minilm, opts.tokens, quality=lee_quality(minilm))
+        workload = minilm_workload(minilm, opts.tokens, quality=lee_quality(minilm),
+                                   quality_r_at=lee_r_at)
     except DatasetError as e:
         return [{"suite": "merge", "size": LABEL, "group": "token merging", "skipped": str(e)}]
     return merge_rows(workload, opts.rs, repeats=opts.repeats, warmup=opts.warmup, say=say)
 
 
 def _key(row: dict) -> tuple:
-    return (row.get("kind"), row.get("seq"), row["family"], row["r"], row["proportional"])
+    """speed rows: ("speed", seq, setting); quality rows: ("quality", lee_r_at, setting)."""
+    where = row.get("seq") if row.get("kind") == "speed" else row.get("lee_r_at")
+    return (row.get("kind"), where, row["family"], row["r"], row["proportional"])
 
 
 def _speed(workload: MergeWorkload, out: Path, done: set, rs, families, repeats: int,
@@ -125,16 +136,17 @@ def _speed(workload: MergeWorkload, out: Path, done: set, rs, families, repeats:
                 append_line(out, json.dumps(row))
 
 
-def _quality(minilm: tb.MiniLM, ours, out: Path, done: set, rs, families, batch: int,
-             options: dict | None, full: bool, say: Say) -> None:
-    todo = [s for s in settings(rs, families) if ("quality", None, *s.key) not in done]
-    quality = lee_quality(minilm, full=full, batch=batch) if todo else None
+def _quality(workload: MergeWorkload, minilm: tb.MiniLM, ours, out: Path, done: set, rs,
+             families, full: bool, say: Say) -> None:
+    at = workload.quality_r_at
+    todo = [s for s in settings(rs, families) if ("quality", at, *s.key) not in done]
+    quality = lee_quality(minilm, full=full, batch=workload.batch) if todo else None
     for s in todo:
-        net = encoder(s, minilm.model, ours, **(options or {}))
+        net = encoder(s, minilm.model, ours, **(workload.options or {}))
         say(f"merge grid: quality of {s.name}")
         row = {"kind": "quality", "name": s.name, "family": s.family, "r": s.r,
-               "proportional": s.key[2],
-               **quality(lambda seqs, m=net: embed(m, seqs, batch))}
+               "proportional": s.key[2], "lee_r_at": at,
+               **quality(quality_embedding(workload, s, net, ours))}
         append_line(out, json.dumps(row))
 
 
@@ -158,18 +170,20 @@ def run_grid(out: str | Path, *, rs: Sequence[int] = tuple(range(0, 33, 4)),
              lengths: Sequence[int] = (64, 128, 256, 512), passages: int = 32, batch: int = 8,
              repeats: int = 10, warmup: int = 2, families: Sequence[str] = ("peer", "splitformer"),
              options: dict | None = None, full_quality: bool = True,
-             say: Say | None = None) -> list[dict]:
+             lee_r_at: int | None = None, say: Say | None = None) -> list[dict]:
     """The full grid into the JSON-lines file ``out`` (module doc; ``full_quality=False``:
-    the Lee measures only); returns all its rows."""
+    the Lee measures only; ``lee_r_at``: the quality with r scaled to each text's length as
+    round(r N / lee_r_at), rows of their own); returns all its rows."""
     say = say or (lambda _m: None)
     out = Path(out)
     rows = read_jsonl(out, repair=True) if out.exists() else []
     done = {_key(r) for r in rows if r.get("kind") in ("speed", "quality")}
     minilm = tb.load_minilm()
     families, ours = _buildable(families, minilm, options, say)
-    workload = minilm_workload(minilm, lengths, passages=passages, batch=batch, options=options)
+    workload = minilm_workload(minilm, lengths, passages=passages, batch=batch, options=options,
+                               quality_r_at=lee_r_at)
     _speed(workload, out, done, rs, families, repeats, warmup, say)
-    _quality(minilm, ours, out, done, rs, families, batch, options, full_quality, say)
+    _quality(workload, minilm, ours, out, done, rs, families, full_quality, say)
     return read_jsonl(out)
 
 
@@ -198,21 +212,24 @@ def break_even(rows: Sequence[dict]) -> dict[tuple, str]:
     return out
 
 
-def grid_table(rows: Sequence[dict], quality_length: int = 256):
+def grid_table(rows: Sequence[dict], quality_length: int = 256, lee_r_at: int | None = None):
     """A rich table: per setting its speedup at each length, the mean cosine at
-    ``quality_length``, the quality measures and the break-even length."""
+    ``quality_length``, the quality measures (those measured with ``lee_r_at``) and the
+    break-even length."""
     from rich.table import Table
 
     speed = {(r["seq"], r["family"], r["r"], r["proportional"]): r for r in rows
              if r.get("kind") == "speed"}
     quality = {(r["family"], r["r"], r["proportional"]): r for r in rows
-               if r.get("kind") == "quality"}
+               if r.get("kind") == "quality" and r.get("lee_r_at") == lee_r_at}
     lengths = sorted({k[0] for k in speed})
     keys = sorted({k[1:] for k in speed} | set(quality),
                   key=lambda k: (("transformers", "peer", "splitformer").index(k[0]), k[2], k[1]))
     even = break_even(list(speed.values()))
+    how = "r" if lee_r_at is None else f"r N / {lee_r_at}"
     table = Table(title=f"token merging on {LABEL} (speed-up over r = 0; fidelity to the "
-                        "unmerged model)", title_justify="left")
+                        f"unmerged model; the Lee, probe and word columns merge {how} per "
+                        "step)", title_justify="left")
     columns = ["setting", *[f"x @ {n}" for n in lengths], f"cos @ {quality_length}",
                "Lee fid. rho", "Lee human rho", "probe", "WS353", "SL999", "break-even n"]
     for c in columns:
