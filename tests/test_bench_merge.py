@@ -33,6 +33,7 @@ from splitformer.cli import main
 from splitformer.experiments.merging import break_even
 
 transformers = pytest.importorskip("transformers")
+TINY = "dim=16,heads=2,layers=2,ff=32,batch=2,seq=12"
 
 
 def tiny_bert(attn: str = "sdpa", layers: int = 3) -> torch.nn.Module:
@@ -231,8 +232,6 @@ def test_break_even_interpolates_in_log_length():
     assert even[("peer", 8, False)] == "< 64" and even[("peer", 4, False)] == "> 128"
 
 
-TINY = "dim=16,heads=2,layers=2,ff=32,batch=2,seq=12"
-
 
 def test_bench_merge_help_and_list(capsys):
     with pytest.raises(SystemExit) as e:
@@ -263,7 +262,9 @@ def test_bench_merge_runs_at_a_size(tmp_path, capsys):
 @pytest.mark.parametrize("argv, flag", [(["merge", "--rs", "-1"], "--rs"),
                                         (["merge", "--rs", "a"], "--rs"),
                                         (["merge", "--tokens", "1000"], "--tokens"),
-                                        (["merge", "--tokens", "2"], "--tokens")])
+                                        (["merge", "--tokens", "2"], "--tokens"),
+                                        (["merge", "--size", TINY, "--tokens", "64"],
+                                         "--tokens")])
 def test_bench_merge_bad_inputs_are_one_line_and_exit_2(argv, flag, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", *argv, "--out", str(tmp_path / "b.json")])

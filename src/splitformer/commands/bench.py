@@ -42,8 +42,9 @@ def _suites() -> dict:
     return SUITES
 
 
-# suites that measure a pretrained model when no --size is given: name -> rows(options, say)
 def _pretrained_rows(name: str):
+    """What a suite measures on its pretrained model when no --size is given: a function
+    rows(options, say), or None (the suite runs at each size)."""
     if name == "merge":
         from ..experiments.merging import quick_rows
         return quick_rows
@@ -169,7 +170,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rs", type=_rs_arg, default=(0, 16, 32), metavar="R,...",
                    help="merge suite: tokens merged per step (0 is always measured: the "
                         "reference; default 0,16,32)")
-    p.add_argument("--tokens", type=_tokens_arg, default=(256,), metavar="N,...",
+    p.add_argument("--tokens", type=_tokens_arg, default=None, metavar="N,...",
                    help="merge suite on all-MiniLM-L6-v2 (no --size): King James passages of "
                         "N tokens (default 256)")
     p.add_argument("--backend", default="inductor", type=stripped,
@@ -348,6 +349,10 @@ def run(args: argparse.Namespace) -> int:
     names = _suite_names(args, suites)
     out = _check_out(args.out)
     sizes = _sizes(args, names)
+    if args.tokens is not None and args.size:
+        raise UsageError("argument --tokens: the merge suite reads it on all-MiniLM-L6-v2, "
+                         "without --size (at a --size the length is the size's seq)")
+    args.tokens = args.tokens or (256,)
     import torch
 
     from ..bench.suites import Options
@@ -454,7 +459,7 @@ def _run_suites(args: argparse.Namespace, names: list[str], sizes: list, opts, o
             except Exception as e:  # noqa: BLE001 - recorded, the other suites go on
                 failed += 1
                 text = str(e).splitlines()[0] if str(e) else ""
-                rows.append({"suite": name, "size": size.label if size else "pretrained",
+                rows.append({"suite": name, "size": size.label if size else "pretrained model",
                              "error": f"{type(e).__name__}: {text}"})
         progress.close()
         data["rows"] += rows
