@@ -19,6 +19,11 @@ Every suite measures its contenders in one process with the repeats interleaved
               peak (a 2048 x 2048 ``torch.mm`` measured in the same run), and the training step's
     compile   ``torch.compile(fullgraph=True)`` of torch.nn and splitformer: compiled against
               eager and compiled against compiled
+    merge     token merging at r = ``Options.rs`` per step: the plain ToMe peer over
+              transformers' BertModel and splitformer's ``with_token_merging``, throughput
+              against r = 0 and the embeddings' mean cosine with the unmerged model, on a
+              random-weight BERT at the size (``merge_suite``; ``splitformer bench merge``
+              without --size runs the pretrained all-MiniLM-L6-v2: ``experiments.merging``)
 
 A row holds ``suite``, ``size``, ``group`` (the contenders measured together), ``path``,
 ``name``, ``median_s`` (and ``min_s``, ``max_s``, ``times_s``), ``ratios`` (median over the
@@ -39,7 +44,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..models.base import EvolutionModel
-from . import peers, scheme_peers
+from . import merge_suite, peers, scheme_peers
 from .scheme_peers import PeerUnavailable
 from .sizes import Size
 from .timing import Contender, matmul_peak, measure, peak_memory, step_fn
@@ -53,8 +58,9 @@ Say = Callable[[str], None]
 class Options:
     """How to measure: ``repeats`` (>= 1; medians of >= 5 are what docs/performance.md
     reports), ``warmup`` calls before timing, the ``paths`` of the timing suites, ``seed``,
-    the refinement factors ``ks``, the sequence lengths ``seqs`` and the ``torch.compile``
-    backend of the compile suite."""
+    the refinement factors ``ks``, the sequence lengths ``seqs``, the ``torch.compile``
+    backend of the compile suite, and the merge suite's nodes merged per step ``rs`` and
+    passage lengths ``tokens`` (on the pretrained model)."""
 
     repeats: int = 5
     warmup: int = 1
@@ -63,6 +69,8 @@ class Options:
     ks: tuple[int, ...] = (1, 2, 4)
     seqs: tuple[int, ...] = (64, 128, 256, 512, 1024)
     backend: str = "inductor"
+    rs: tuple[int, ...] = (0, 16, 32)
+    tokens: tuple[int, ...] = (256,)
 
 
 @dataclass(frozen=True)
@@ -347,6 +355,19 @@ def compile_suite(size: Size, opts: Options, say: Say) -> list[dict]:
     return _against_peak(rows, peak_runs)
 
 
+def merge(size: Size, opts: Options, say: Say) -> list[dict]:
+    """Token merging on a random-weight transformers BertModel at ``size``: the plain ToMe
+    peer and splitformer at each r of ``opts.rs``, with and without proportional attention
+    (``merge_suite.merge_rows``)."""
+    try:
+        workload = merge_suite.random_workload(size, opts.seed)
+    except ImportError as e:
+        return [_skipped("merge", size, "token merging",
+                         f"transformers does not import here: {peers.reason(e)}")]
+    return merge_suite.merge_rows(workload, opts.rs, repeats=opts.repeats, warmup=opts.warmup,
+                                  say=say)
+
+
 _NOT_EVAL = ("train", "no_grad", "inference")  # eval with autograd adds nothing to these
 
 SUITES: dict[str, Suite] = {s.name: s for s in (
@@ -365,6 +386,9 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
           flops, ("train", "no_grad")),
     Suite("compile", "torch.compile(fullgraph=True): compiled against eager and against "
           "compiled torch.nn", compile_suite, _NOT_EVAL),
+    Suite("merge", "token merging (ToMe) against r: the plain ToMe peer and splitformer, "
+          "throughput and fidelity to the unmerged model (no --size: all-MiniLM-L6-v2)",
+          merge, ("no_grad",)),
 )}
 
 

@@ -1,7 +1,7 @@
 """`splitformer bench`: speed and memory against torch.nn, Hugging Face, timm and x-transformers.
 
     splitformer bench [SUITE ...] [--size NAME|key=value,...]... [--repeats 5] [--paths ...]
-                      [--threads N] [--out bench.json] [--json]
+                      [--rs 0,16,32] [--tokens 256] [--threads N] [--out bench.json] [--json]
 
 Runs the suites of ``splitformer.bench.suites`` (default: encoder) at each size (default d256),
 every pair in one process with the repeats interleaved, and prints one table per suite: the
@@ -10,6 +10,11 @@ JSON (every row, the machine, the options) is written to ``--out`` after each su
 temporary file, so an interrupted run keeps the suites it finished; ``--json`` prints it too.
 A group whose reference library does not import (timm needs torchvision) is a row saying so.
 docs/performance.md lists the commands behind each of its tables.
+
+The merge suite (token merging: ``bench.merge_suite``) runs at each --size on a random-weight
+BERT; without --size it measures the pretrained all-MiniLM-L6-v2 (``experiments.merging``:
+King James passages of --tokens tokens, Lee-50 fidelity and the human Lee-50 Spearman),
+whose data ``make data`` installs (without it: a row saying so).
 """
 
 from __future__ import annotations
@@ -37,6 +42,15 @@ def _suites() -> dict:
     return SUITES
 
 
+def _pretrained_rows(name: str):
+    """What a suite measures on its pretrained model when no --size is given: a function
+    rows(options, say), or None (the suite runs at each size)."""
+    if name == "merge":
+        from ..experiments.merging import quick_rows
+        return quick_rows
+    return None
+
+
 def _sizes_arg(text: str):
     from ..bench.sizes import SIZES, parse_size
     text = text.strip()
@@ -55,6 +69,8 @@ MAX_REPEATS = 1000   # timed calls per contender
 MAX_WARMUP = 100
 MAX_K = 64           # refine(k)
 MAX_SEQ = 1 << 16
+MAX_R = 1 << 12      # tokens merged per step
+MAX_TOKENS = 512     # the merge suite's passages: all-MiniLM-L6-v2's 512 positions
 
 
 def _capped(parse, maximum: int, what: str):
@@ -77,6 +93,26 @@ def _ints_arg(text: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, "
                                          f"got {text!r}")
+    return values
+
+
+def _rs_arg(text: str) -> tuple[int, ...]:
+    """argparse type of --rs: integers >= 0 separated by commas, 0 first (the reference)."""
+    try:
+        values = tuple(dict.fromkeys(int(t) for t in text.split(",") if t.strip()))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 0 or max(values) > MAX_R:
+        raise argparse.ArgumentTypeError(f"expected integers in [0, {MAX_R}] separated by "
+                                         f"commas, got {text!r}")
+    return tuple(dict.fromkeys((0, *values)))
+
+
+def _tokens_arg(text: str) -> tuple[int, ...]:
+    values = _ints_arg(text)
+    if min(values) < 3 or max(values) > MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"expected lengths in [3, {MAX_TOKENS}] ([CLS] and "
+                                         f"[SEP] included) separated by commas, got {text!r}")
     return values
 
 
@@ -131,6 +167,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seqs", type=_capped(_ints_arg, MAX_SEQ, "tokens"),
                    default=(64, 128, 256, 512, 1024),
                    help="sequence lengths of the seq suite (default 64,...,1024)")
+    p.add_argument("--rs", type=_rs_arg, default=(0, 16, 32), metavar="R,...",
+                   help="merge suite: tokens merged per step (0 is always measured: the "
+                        "reference; default 0,16,32)")
+    p.add_argument("--tokens", type=_tokens_arg, default=None, metavar="N,...",
+                   help="merge suite on all-MiniLM-L6-v2 (no --size): King James passages of "
+                        "N tokens (default 256)")
     p.add_argument("--backend", default="inductor", type=stripped,
                    choices=["inductor", "aot_eager", "eager"],
                    help="torch.compile backend of the compile suite (default inductor)")
@@ -215,7 +257,20 @@ def _extra(row: dict) -> str:
         parts.append(f"compiled in {row['compile_s']:.1f} s")
     if "seq" in row and row.get("suite") == "seq":
         parts.append(f"batch {row['batch']} x seq {row['seq']}")
+    if row.get("suite") == "merge":
+        parts.append(_merge_extra(row))
     return "; ".join(parts)
+
+
+_MERGE_MEASURES = (("mean_cosine", "cosine"), ("lee_fidelity_spearman", "Lee fidelity rho"),
+                   ("lee_human_spearman", "Lee human rho"))
+
+
+def _merge_extra(row: dict) -> str:
+    """A merge row: its speed-up over r = 0, tokens at the end, and its fidelity."""
+    parts = [f"{row['speedup']:.2f}x over r=0", f"{row['seq']} -> {row['tokens_out']} tokens"]
+    parts += [f"{label} {row[key]:.3f}" for key, label in _MERGE_MEASURES if key in row]
+    return ", ".join(parts)
 
 
 def print_tables(rows: list[dict], suite: str, describe: dict[str, str],
@@ -263,14 +318,20 @@ def _size_text(size) -> str:
 
 def _command(names: list[str], sizes: list, args: argparse.Namespace) -> str:
     """The command line that repeats this run (every option spelled out)."""
-    parts = ["splitformer bench", *names, "--size", ",".join(_size_text(s) for s in sizes)
-             if all(s.name for s in sizes) else " --size ".join(_size_text(s) for s in sizes),
-             "--repeats", str(args.repeats), "--warmup", str(args.warmup),
-             "--paths", ",".join(args.paths)]
+    parts = ["splitformer bench", *names]
+    if sizes:  # none: only suites of a pretrained model (merge without --size)
+        parts += ["--size", ",".join(_size_text(s) for s in sizes) if all(s.name for s in sizes)
+                  else " --size ".join(_size_text(s) for s in sizes)]
+    parts += ["--repeats", str(args.repeats), "--warmup", str(args.warmup),
+              "--paths", ",".join(args.paths)]
     if "refine" in names:
         parts += ["--ks", ",".join(map(str, args.ks))]
     if "seq" in names:
         parts += ["--seqs", ",".join(map(str, args.seqs))]
+    if "merge" in names:
+        parts += ["--rs", ",".join(map(str, args.rs))]
+        if not args.size:
+            parts += ["--tokens", ",".join(map(str, args.tokens))]
     if "compile" in names:
         parts += ["--backend", args.backend]
     if args.threads:
@@ -288,6 +349,10 @@ def run(args: argparse.Namespace) -> int:
     names = _suite_names(args, suites)
     out = _check_out(args.out)
     sizes = _sizes(args, names)
+    if args.tokens is not None and args.size:
+        raise UsageError("argument --tokens: the merge suite reads it on all-MiniLM-L6-v2, "
+                         "without --size (at a --size the length is the size's seq)")
+    args.tokens = args.tokens or (256,)
     import torch
 
     from ..bench.suites import Options
@@ -295,11 +360,13 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     opts = Options(repeats=args.repeats, warmup=args.warmup, paths=args.paths, seed=args.seed,
-                   ks=args.ks, seqs=args.seqs, backend=args.backend)
-    data = {"command": _command(names, sizes, args), "machine": machine(),
+                   ks=args.ks, seqs=args.seqs, backend=args.backend, rs=args.rs,
+                   tokens=args.tokens)
+    sized = args.size or any(_pretrained_rows(n) is None for n in names)
+    data = {"command": _command(names, sizes if sized else [], args), "machine": machine(),
             "options": {**vars(opts)},
             "sizes": {s.label: {**s.as_dict(), "forward_flops": s.forward_flops()}
-                      for s in sizes},
+                      for s in sizes} if sized else {},
             "suites": names, "rows": []}
     data["complete"] = False  # until the last suite is in
     data["suites_done"] = []
@@ -382,15 +449,17 @@ def _run_suites(args: argparse.Namespace, names: list[str], sizes: list, opts, o
     args._interrupted = f" (nothing written to {out})"
     for name in names:
         rows: list[dict] = []
-        for size in sizes:
+        pretrained = None if args.size else _pretrained_rows(name)
+        for size in sizes if pretrained is None else [None]:
             try:
-                rows += run_suite(name, size, opts, progress)
+                rows += (run_suite(name, size, opts, progress) if pretrained is None
+                         else pretrained(opts, progress))
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as e:  # noqa: BLE001 - recorded, the other suites go on
                 failed += 1
                 text = str(e).splitlines()[0] if str(e) else ""
-                rows.append({"suite": name, "size": size.label,
+                rows.append({"suite": name, "size": size.label if size else "pretrained model",
                              "error": f"{type(e).__name__}: {text}"})
         progress.close()
         data["rows"] += rows
@@ -404,6 +473,8 @@ def _run_suites(args: argparse.Namespace, names: list[str], sizes: list, opts, o
             sys.stderr.write(f"splitformer bench: cannot write {out}: {e.strerror or e}\n")
             return None
         if not args.json:
-            print_tables(rows, name, {s.label: s.describe() for s in sizes if not s.name} |
-                         {s.name: s.describe() for s in sizes if s.name})
+            described = {} if pretrained else (
+                {s.label: s.describe() for s in sizes if not s.name} |
+                {s.name: s.describe() for s in sizes if s.name})
+            print_tables(rows, name, described)
     return failed
