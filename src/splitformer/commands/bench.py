@@ -374,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
     if failed is None:
         return 1
     if args.json:
-        print(json.dumps(data, indent=1))
+        print(json.dumps(data))  # one JSON object on the last line of stdout
     else:
         print(f"wrote {out}")
     if failed:
