@@ -255,6 +255,10 @@ def test_with_scheme_refine_and_controls_keep_the_merging():
     assert lin.evolution.merging == merged.evolution.merging
     assert merged.with_adjoint("backprop").evolution.merging == merged.evolution.merging
     assert v.with_token_merging(2).with_token_merging(None).evolution.merging is None
+    subs = merged.validating(True).trajectory(img, saveat=SaveAt(substeps=True)).substeps
+    assert [s.label for s in subs[:3]] == ["norm1>attention", "merge(r=2, metric=keys, protect=1)",
+                                          "norm2>ffn"]
+    assert [s.state.shape[1] for s in subs[:3]] == [17, 15, 15]  # on the grid of their time
 
 
 def test_hidden_states_are_unmerged_at_their_times():
