@@ -9,9 +9,12 @@ model's tokenizer, all rows full (no padding). For each setting of ``with_token_
 token protected) it prints
 
     cos     the mean cosine of the pooled embeddings to r = 0 over --passages passages
-    speed   the forward throughput ratio t(r = 0) / t(setting) on one batch of --batch
-            passages: medians of --repeats runs, interleaved with the r = 0 model (so that load
-            on a shared machine weighs on both alike), torch threads --threads
+    wall    the forward throughput ratio t(r = 0) / t(setting) on one batch of --batch
+            passages: wall-clock medians of --repeats runs, interleaved with the r = 0 model
+            (so that load on a shared machine weighs on both alike), torch threads --threads
+    cpu     the same ratio of process CPU times on 1 thread (time.process_time: the time the
+            process computed, not the time it waited for a core; robust on a loaded machine,
+            where every parallel region of a multi-threaded op can cost a scheduler slice)
 
     python benchmarks/merge_quick.py [--rs 8,16,24,32] [--seq 256] [--batch 8]
                                       [--passages 32] [--repeats 7] [--threads 2]
@@ -57,7 +60,7 @@ def _pool(model, ids, mask):
     return (out * m).sum(1) / m.sum(1)
 
 
-def _time_pair(fa, fb, repeats: int) -> tuple[float, float]:
+def _time_pair(fa, fb, repeats: int, clock=time.perf_counter) -> tuple[float, float]:
     """Medians of fa and fb run interleaved (a b b a ...), after one warm-up run each."""
     fa()
     fb()
@@ -65,9 +68,9 @@ def _time_pair(fa, fb, repeats: int) -> tuple[float, float]:
     tb: list[float] = []
     for i in range(repeats):
         for fn, acc in (((fa, ta), (fb, tb)) if i % 2 == 0 else ((fb, tb), (fa, ta))):
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            acc.append(time.perf_counter() - t0)
+            acc.append(clock() - t0)
     return statistics.median(ta), statistics.median(tb)
 
 
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"all-MiniLM-L6-v2, {args.passages} KJV passages of {args.seq} tokens, timing batch "
           f"{args.batch}, {args.repeats} interleaved repeats, {args.threads} threads")
     print(f"{'r':>3} {'metric':>6} {'where':>9} {'prop':>5} {'tokens':>6} {'cos':>7} "
-          f"{'speed':>6} {'t0 ms':>7} {'t ms':>7}")
+          f"{'wall':>6} {'cpu':>6} {'t0 ms':>7} {'t ms':>7} {'cpu0 ms':>7} {'cpu ms':>7}")
     with torch.inference_mode():
         ref = torch.cat([_pool(base, ids[i:i + args.batch], mask[i:i + args.batch])
                          for i in range(0, args.passages, args.batch)])
@@ -113,11 +116,15 @@ def main(argv: list[str] | None = None) -> int:
                                  for i in range(0, args.passages, args.batch)])
                 cos = torch.nn.functional.cosine_similarity(emb, ref, dim=-1).mean().item()
                 nodes = model.merge_trace(input_ids=bi, attention_mask=bm).nodes[-1]
-                t0, t = _time_pair(lambda: base(input_ids=bi, attention_mask=bm),
-                                   lambda m=model: m(input_ids=bi, attention_mask=bm),
-                                   args.repeats)
+                pair = (lambda: base(input_ids=bi, attention_mask=bm),
+                        lambda m=model: m(input_ids=bi, attention_mask=bm))
+                torch.set_num_threads(args.threads)
+                t0, t = _time_pair(*pair, args.repeats)
+                torch.set_num_threads(1)
+                c0, c = _time_pair(*pair, args.repeats, time.process_time)
                 print(f"{r:>3} {metric:>6} {where:>9} {str(prop):>5} {nodes:>6} {cos:>7.4f} "
-                      f"{t0 / t:>6.2f} {1e3 * t0:>7.1f} {1e3 * t:>7.1f}", flush=True)
+                      f"{t0 / t:>6.2f} {c0 / c:>6.2f} {1e3 * t0:>7.0f} {1e3 * t:>7.0f} "
+                      f"{1e3 * c0:>7.0f} {1e3 * c:>7.0f}", flush=True)
     return 0
 
 

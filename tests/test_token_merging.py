@@ -277,6 +277,35 @@ def test_hidden_states_are_unmerged_at_their_times():
         _ = coarse.states
 
 
+def test_bert_keeps_its_outputs_shapes_and_its_class_token():
+    transformers = pytest.importorskip("transformers")
+    import splitformer
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3,
+                                     num_attention_heads=4, intermediate_size=48,
+                                     max_position_embeddings=24)
+    hf = transformers.BertModel(config).to(torch.float64).eval()
+    bert = splitformer.from_hf(hf)
+    ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, 8:] = 0
+    plain = bert(ids, mask, output_hidden_states=True)
+    merged = bert.with_token_merging(2, protect=1)
+    out = merged(ids, mask, output_hidden_states=True)
+    assert out.last_hidden_state.shape == plain.last_hidden_state.shape
+    assert [h.shape for h in out.hidden_states] == [h.shape for h in plain.hidden_states]
+    assert torch.equal(out.hidden_states[0], plain.hidden_states[0])
+    trace = merged.merge_trace(ids, mask)
+    assert trace.nodes == [10, 8, 7]  # row 1: 7 mergeable nodes (12 - [CLS] - 4 padded)
+    assert all((idx[:, 0] == 0).all() and ((idx == 0).sum(1) == 1).all() for idx in trace.index)
+    # the pooler reads [CLS], which stays a node of its own
+    torch.testing.assert_close(out.pooler_output, bert.pooler(out.last_hidden_state))
+    alibi = merged.with_kernel("alibi")
+    assert alibi.evolution.merging == merged.evolution.merging
+    assert alibi(ids, mask).last_hidden_state.shape == (2, 12, 32)  # reads the coordinates
+
+
 def test_keys_metric_is_the_head_mean_of_the_operators_keys():
     m = encoder()
     op = m.evolution.controls[0]["attention"]

@@ -49,7 +49,7 @@ from .base import Context
 
 __all__ = ["METRICS", "PLACES", "TRACE_KEY", "MergeTrace", "TokenMerging", "attention_keys",
            "bipartite_soft_matching", "merge_nodes", "merge_tokens", "mergeable_nodes",
-           "start_trace", "trace_of"]
+           "start_trace", "take_rows", "trace_of"]
 
 METRICS = ("keys", "state")
 PLACES = ("attention", "step")
@@ -138,6 +138,15 @@ class TokenMerging:
         return text + ")"
 
 
+def take_rows(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """t (B, N, C) at the nodes idx (B, K) of each row: (B, K, C) (a row copy per node, through
+    ``index_select`` on the flattened batch; differentiable in t)."""
+    b, n = t.shape[:2]
+    flat = (idx + torch.arange(b, device=idx.device)[:, None] * n).reshape(-1)
+    return t.reshape(b * n, *t.shape[2:]).index_select(0, flat).view(b, idx.shape[1],
+                                                                      *t.shape[2:])
+
+
 # -- the matching -----------------------------------------------------------------------------
 def mergeable_nodes(mass: torch.Tensor, attn_mask: torch.Tensor | None, protect: int
                     ) -> torch.Tensor:
@@ -163,7 +172,7 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, mergeable: torch.Tenso
     nodes of each row in index order; each node of A points to the node of B of highest cosine
     similarity, and the r edges of highest similarity are taken. Each row needs at least 2 r
     mergeable nodes (the caller clips r). No gradient (an argmax)."""
-    b, n, c = metric.shape
+    n = metric.shape[1]
     idx = torch.arange(n, device=metric.device)
     order = ((~mergeable).to(torch.int64) * n + idx).argsort(dim=1)  # mergeable first, in order
     count = mergeable.sum(1, keepdim=True)
@@ -171,8 +180,7 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, mergeable: torch.Tenso
     a_ok = idx[0::2][None, : a_idx.shape[1]] < count
     b_ok = idx[1::2][None, : b_idx.shape[1]] < count
     m = metric / metric.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(metric.dtype).tiny)
-    ma = m.gather(1, a_idx[..., None].expand(-1, -1, c))
-    mb = m.gather(1, b_idx[..., None].expand(-1, -1, c))
+    ma, mb = take_rows(m, a_idx), take_rows(m, b_idx)
     scores = (ma @ mb.transpose(1, 2)).masked_fill(~b_ok[:, None, :], -math.inf)
     node_max, node_arg = scores.max(dim=-1)
     node_max = node_max.masked_fill(~a_ok, -math.inf)
@@ -186,25 +194,29 @@ def merge_nodes(tensors: Sequence[torch.Tensor], mass: torch.Tensor, src: torch.
     """Merge node src[b, k] into dst[b, k] (module doc): (merged tensors, merged mass, kept
     node indices (B, N - r) in input order, map (B, N): the new index of every old node).
 
-    Each tensor (B, N, C) becomes the mass-weighted mean at the receiving nodes and stays as it
-    is (bit for bit) at the others; the mass of a receiving node is the sum. Differentiable in
-    the tensors (the indices carry no gradient)."""
+    Each tensor t (B, N, C) becomes the mass-weighted mean at a receiving node b,
+
+        t_b + sum_a w_a (t_a - t_b) / (w_b + sum_a w_a)  =  (w_b t_b + sum_a w_a t_a) / w,
+
+    (the increment written out: r rows are computed, and equal states stay exactly as they
+    are), and stays as it is, bit for bit, at every other node; the mass of a receiving node
+    is the sum w. Differentiable in the tensors (the indices carry no gradient)."""
     b, n = mass.shape
     r = src.shape[1]
     is_src = torch.zeros(b, n, dtype=torch.bool, device=mass.device).scatter(1, src, True)
-    is_dst = torch.zeros(b, n, dtype=torch.bool, device=mass.device).scatter(1, dst, True)
-    total = mass.scatter_add(1, dst, mass.gather(1, src))
-    denom = torch.where(is_dst, total, torch.ones_like(total))
+    moved = mass.gather(1, src)
+    total = mass.scatter_add(1, dst, moved)
     keep = is_src.to(torch.int8).argsort(dim=1, stable=True)[:, : n - r]
+    position = (~is_src).to(torch.int64).cumsum(1) - 1
+    at = position.gather(1, dst)  # where each receiving node sits on the merged grid
+    share = moved / total.gather(1, dst)  # w_a / w
     out = []
     for t in tensors:
-        c = t.shape[-1]
-        tw = t * mass[..., None].to(t.dtype)
-        summed = tw.scatter_add(1, dst[..., None].expand(-1, -1, c),
-                                tw.gather(1, src[..., None].expand(-1, -1, c)))
-        mean = torch.where(is_dst[..., None], summed / denom[..., None].to(t.dtype), t)
-        out.append(mean.gather(1, keep[..., None].expand(-1, -1, c)))
-    position = (~is_src).to(torch.int64).cumsum(1) - 1
+        step = (take_rows(t, src) - take_rows(t, dst)) * share[..., None].to(t.dtype)
+        kept = take_rows(t, keep)
+        flat = (at + torch.arange(b, device=at.device)[:, None] * (n - r)).reshape(-1)
+        kept.view(-1, t.shape[-1]).index_add_(0, flat, step.reshape(-1, t.shape[-1]))
+        out.append(kept)
     target = torch.arange(n, device=mass.device).expand(b, n).scatter(1, src, dst)
     return out, total.gather(1, keep), keep, position.gather(1, target)
 
@@ -283,10 +295,7 @@ class MergeTrace:
         """u on the grid of t_point (default: the last) read back on the input grid: every
         input node gets the state of the node it went into, (B, N_input, ...)."""
         idx = self.index_at(point)
-        if idx is None:
-            return u
-        shape = (*idx.shape, *u.shape[2:])
-        return u.gather(1, idx.view(*idx.shape, *([1] * (u.dim() - 2))).expand(shape))
+        return u if idx is None else take_rows(u, idx)
 
     def restore(self, context: Context) -> None:
         """Put the input grid back into ``context`` (weights, coordinates, mask)."""
