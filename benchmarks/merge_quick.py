@@ -74,6 +74,17 @@ def _time_pair(fa, fb, repeats: int, clock=time.perf_counter) -> tuple[float, fl
     return statistics.median(ta), statistics.median(tb)
 
 
+def _settings(text: str) -> list[tuple[str, str, bool]]:
+    """The (metric, where, proportional) settings: 'all' or 'metric:where:0|1,...'."""
+    if text == "all":
+        return list(itertools.product(("keys", "state"), ("attention", "step"), (True, False)))
+    out = []
+    for part in text.split(","):
+        metric, where, prop = part.split(":")
+        out.append((metric, where, prop == "1"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rs", default="8,16,24,32")
@@ -83,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--settings", default="all",
-                    help="'all' (2 x 2 x 2 per r) or 'tome' (keys, attention, both weights)")
+                    help="'all' (2 x 2 x 2 per r) or a list metric:where:prop, e.g. "
+                         "'keys:attention:1,state:attention:1'")
     args = ap.parse_args(argv)
 
     import torch
@@ -97,9 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     base = splitformer.from_hf(str(folder)).eval()
     ids, mask = _passages(tok, args.passages, args.seq)
     rs = [int(r) for r in args.rs.split(",")]
-    grid = (list(itertools.product(("keys", "state"), ("attention", "step"), (True, False)))
-            if args.settings == "all" else [("keys", "attention", True),
-                                            ("keys", "attention", False)])
+    grid = _settings(args.settings)
     print(f"all-MiniLM-L6-v2, {args.passages} KJV passages of {args.seq} tokens, timing batch "
           f"{args.batch}, {args.repeats} interleaved repeats, {args.threads} threads")
     print(f"{'r':>3} {'metric':>6} {'where':>9} {'prop':>5} {'tokens':>6} {'cos':>7} "

@@ -241,7 +241,8 @@ class MergeTrace:
 
     ``input_weights``, ``input_coords``, ``input_mask``: the grid the evolution started on (as
     the context held it). ``mass`` (B, N_now): the sum of the input weights in each node now
-    (1 per input node on the uniform grid; padding 0). ``steps[k]``: the time step of the k-th
+    (1 per input node on the uniform grid; 0 for a weight-0 padding node; a key padded by the
+    mask keeps its weight and stays a node of its own). ``steps[k]``: the time step of the k-th
     merge; ``index[k]`` (B, N_input): for every input node, the node it lies in after that
     merge; ``nodes[k]``: N after it. ``unmerge(u)`` reads u back on the input grid.
     """
@@ -312,16 +313,16 @@ def trace_of(context: Context | None) -> MergeTrace | None:
     return trace if isinstance(trace, MergeTrace) else None
 
 
-def _check_support(context: Context) -> None:
+def _check_support(context: Context, n: int) -> None:
     if context.is_causal:
         raise ValueError("token merging: the kernel's support is causal (x' <= x): a merged "
                          "node would carry a later token's state into an earlier one; refused "
                          "(GPT-2 and decoders cannot merge tokens)")
     m = context.attn_mask
     if m is not None and (m.dim() > 4 or (m.dim() >= 2 and m.shape[-2] != 1)
-                          or (m.dim() >= 3 and m.shape[-3] != 1)):
+                          or (m.dim() >= 3 and m.shape[-3] != 1) or m.shape[-1] != n):
         raise ValueError(f"token merging needs a key-padding mask (shape (B, 1, 1, N): one "
-                         f"value per key node), got an attention mask of shape "
+                         f"value per key node, N = {n}), got an attention mask of shape "
                          f"{tuple(m.shape)} (a general (B, H, N, N) support, e.g. a causal one "
                          "with padding, has no node-wise reading under merging); refused")
 
@@ -332,7 +333,7 @@ def start_trace(u0: torch.Tensor, context: Context, merging: TokenMerging) -> Me
     old = trace_of(context)
     if old is not None:
         old.restore(context)
-    _check_support(context)
+    _check_support(context, u0.shape[1])
     context.token_grid.check(u0.shape[1], u0.shape[0], "token merging")
     trace = MergeTrace(u0, context, merging)
     context.extra[TRACE_KEY] = trace
