@@ -7,9 +7,14 @@
 A family supplies ``initial_condition`` and ``read_out`` (and keeps its own ``forward``
 signature, e.g. transformers' argument names, delegating to ``solve``); the base supplies the
 spine (``solve``), one ``trajectory`` (what to keep is a ``SaveAt``), and the copies made by
-``with_scheme`` / ``refine`` / ``with_controls_in_time`` / ``with_kernel``: new modules that
-share every parameter and buffer with the original, so that ``.train()`` or ``.eval()`` on a
-copy never changes the original's mode.
+``with_scheme`` / ``refine`` / ``with_controls_in_time`` / ``with_kernel`` /
+``with_token_merging``: new modules that share every parameter and buffer with the original,
+so that ``.train()`` or ``.eval()`` on a copy never changes the original's mode.
+
+Token merging (``with_token_merging``, ``operators.merging``) coarsens the grid inside the
+evolution; ``solve`` reads u(T) (and the states kept along the path) back on the input grid
+before the read-out, with the input grid put back into the context, so no family's read-out
+changes (``unmerge=False``: the read-out sees the merged grid and its weights).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import torch
 from torch import nn
 
 from ..operators.base import Context
+from ..operators.convolution import ConvolutionalAttention
+from ..operators.merging import MergeTrace, TokenMerging, trace_of
 from ..time import Evolution, SaveAt, Scheme, Trajectory
 from .kernels import set_kernel
 
@@ -115,6 +122,8 @@ class EvolutionModel(nn.Module):
 
     evolution: Evolution
     source: Source = _SourceAttribute()  # type: ignore[assignment]  # where it came from
+    # the prefix nodes of the token grid (class and register tokens): never merged
+    num_prefix_tokens: int = 0
 
     # -- what a family supplies ------------------------------------------------------------
     def initial_condition(self, *inputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Context]:
@@ -149,18 +158,52 @@ class EvolutionModel(nn.Module):
                ) -> tuple[Any, Trajectory | None]:
         """The spine: one run of the evolution keeping what the read-out asks for
         (``context.extra["saveat"]``) and what ``saveat`` asks for; each gets its part."""
+        out, path, _ = self._solve_in(inputs, kwargs, saveat)
+        return out, path
+
+    def _solve_in(self, inputs: tuple, kwargs: dict, saveat: SaveAt | None
+                  ) -> tuple[Any, Trajectory | None, Context]:
+        """``_solve``, with the context of the run (where its MergeTrace is)."""
         u0, ctx = self.initial_condition(*inputs, **kwargs)
         asked = ctx.extra.get("saveat")
         if asked is None and saveat is None:
-            return self.read_out(self.evolution(u0, ctx), ctx), None
+            u = self.evolution(u0, ctx)
+            return self.read_out(self._unmerged(u, ctx), ctx), None, ctx
         both = saveat if asked is None else asked if saveat is None else asked.union(saveat)
-        traj = self.evolution(u0, ctx, both)
+        traj = self._unmerged(self.evolution(u0, ctx, both), ctx)
         grid = self.evolution.grid
         if asked is not None:
             ctx.extra["trajectory"] = traj if both is asked else asked.select(traj, both, grid)
         path = None if saveat is None else traj if both is saveat else \
             saveat.select(traj, both, grid)
-        return self.read_out(traj.final, ctx), path
+        return self.read_out(traj.final, ctx), path, ctx
+
+    def _unmerged(self, run: Any, ctx: Context) -> Any:
+        """u(T) (or a Trajectory) read back on the input grid when the run merged tokens and
+        the merging unmerges (each kept state by the merges before its time), with the input
+        grid put back into the context; as it is otherwise."""
+        trace = trace_of(ctx)
+        if trace is None or not trace.merging.unmerge:
+            return run
+        trace.restore(ctx)
+        if isinstance(run, torch.Tensor):
+            return trace.unmerge(run)
+        tau = self.evolution.tau
+        states = tuple(trace.unmerge(s, round(float(t) / tau))
+                       for t, s in zip(run.times, run.state_list, strict=True))
+        return Trajectory(run.times, states, trace.unmerge(run.final), substeps=run.substeps)
+
+    def solve_traced(self, *inputs: Any, **kwargs: Any) -> tuple[Any, MergeTrace | None]:
+        """(read-out, trace): ``solve`` and the ``MergeTrace`` of its run (None without token
+        merging): ``trace.index[k]`` (B, N_input) says which node every input node lies in
+        after the k-th merge (in step ``trace.steps[k]``), ``trace.mass`` the sum of the
+        input weights in each final node; the inputs are those of ``forward``."""
+        out, _, ctx = self._solve_in(inputs, kwargs, None)
+        return out, trace_of(ctx)
+
+    def merge_trace(self, *inputs: Any, **kwargs: Any) -> MergeTrace | None:
+        """The ``MergeTrace`` of a forward pass on ``inputs`` (``solve_traced``)."""
+        return self.solve_traced(*inputs, **kwargs)[1]
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         return self.solve(*inputs, **kwargs)
@@ -172,7 +215,8 @@ class EvolutionModel(nn.Module):
         ``forward``."""
         u0, ctx = self.initial_condition(*inputs, **kwargs)
         ctx.extra.pop("saveat", None)
-        return self.evolution(u0, ctx, saveat if saveat is not None else SaveAt(steps=True))
+        return self._unmerged(
+            self.evolution(u0, ctx, saveat if saveat is not None else SaveAt(steps=True)), ctx)
 
     # -- copies sharing parameters -------------------------------------------------------------
     def evolution_owners(self) -> list[EvolutionModel]:
@@ -203,6 +247,35 @@ class EvolutionModel(nn.Module):
         """The same model (shared parameters) whose gradients are computed by ``adjoint``
         ("backprop", "checkpoint", "reversible" or a value of ``time.adjoints``)."""
         return self._map_evolutions(lambda e, i: e.with_adjoint(adjoint))
+
+    def with_token_merging(self, r, *, metric: str = "keys", where: str = "attention",
+                           proportional: bool = True, protect: int | None = None,
+                           unmerge: bool = True):
+        """The same model (shared parameters) coarsening its token grid along the evolution:
+        ToMe's bipartite soft matching, r nodes merged per unit of time (an int, or one per
+        layer), size-weighted means, the weights of merged nodes added (``proportional``;
+        False: ToMe's ablation, weight 1 per node). ``metric``: "keys" (the attention's keys
+        averaged over heads) or "state"; ``where``: "attention" (after the attention substep,
+        ToMe) or "step" (at the start of each step); ``protect``: prefix nodes never merged
+        (default ``num_prefix_tokens``: class and register tokens); padding never merges.
+        ``unmerge``: the read-out sees u(T) on the input grid (default) or the merged grid.
+        r = 0 is the model itself; ``r=None`` removes merging. See ``operators.merging``.
+        Refused by name: models with several evolutions (CvT, encoder-decoder), CvT's
+        convolutional attention, the checkpoint and reversible adjoints, the reversible scheme;
+        causal supports and masks that are not key padding when the model runs."""
+        owners = self.evolution_owners()
+        if len(owners) != 1 or owners[0] is not self:
+            raise ValueError(f"with_token_merging: {type(self).__name__} runs "
+                             f"{len(owners)} evolutions (stages, or an encoder and a decoder); "
+                             "token merging coarsens the grid of one evolution; refused")
+        if any(isinstance(m, ConvolutionalAttention) for m in self.modules()):
+            raise ValueError(f"with_token_merging: {type(self).__name__} has CvT's "
+                             "convolutional attention, whose Q/K/V need the regular 2-D grid; "
+                             "refused")
+        value = None if r is None else TokenMerging(
+            r, metric=metric, where=where, proportional=proportional, unmerge=unmerge,
+            protect=self.num_prefix_tokens if protect is None else protect)
+        return self._map_evolutions(lambda e, i: e.with_token_merging(value))
 
     def with_kernel(self, kernel, **kwargs):
         """The same model (shared parameters) with ``kernel`` in every attention operator

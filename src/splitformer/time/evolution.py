@@ -27,22 +27,36 @@ declares its initial map ``lift``, its read-out ``read`` and its compiled step `
 state (u, v) of the reversible scheme): the evolution runs ``lift``, then the plan of every
 step, then ``read``, and takes u(0) and returns u(T) (and keeps read-out states in a
 Trajectory), whatever the scheme's state.
+
+``merging`` (a ``operators.merging.TokenMerging``, or None) coarsens the token grid along the
+way: r nodes merged per unit of time, in the first step of each unit interval, after its
+attention substep or at its start (``time.plan.merge_plan``); each run starts a
+``MergeTrace`` in the context (a fresh ``Context`` when none is given) and the merges update
+the context's grid, so later steps and the read-out see the coarse grid. It is a stage of the
+printed scheme and is kept by ``with_scheme``, ``refine``, ``with_controls_in_time`` and
+``with_adjoint``; schemes and adjoints that cannot run it are refused by name.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
 from torch import nn
 
 from ..operators.base import Context
+from ..operators.convolution import ConvolutionalAttention
+from ..operators.merging import TokenMerging, start_trace
 from .adjoints import Adjoint, Backprop, resolve_adjoint
 from .controls import Controls
 from .grid import TimeGrid
-from .plan import Plan
+from .plan import Plan, attention_stage, merge_plan
 from .saveat import SaveAt, Substep, Trajectory
 from .schemes import SCHEMES, Layout, Scheme, resolve
+from .schemes.reversible import ReversibleScheme
+
+_KEEP = object()  # Evolution._new: keep the evolution's own value
 
 __all__ = ["Evolution", "NonFiniteError", "Trajectory"]
 
@@ -65,7 +79,8 @@ class Evolution(nn.Module):
     scheme name is built on it, here and in ``with_scheme``. ``validate``: a bool, validation
     mode (settable later: ``evolution.validate = True``; anything but a bool is refused).
     ``adjoint``: a name of ``time.adjoints.ADJOINTS`` or an ``Adjoint`` value (settable later:
-    ``evolution.adjoint = "checkpoint"``; ``with_adjoint`` gives a copy).
+    ``evolution.adjoint = "checkpoint"``; ``with_adjoint`` gives a copy). ``merging``: a
+    ``TokenMerging`` or None (the module doc; ``with_token_merging`` gives a copy).
     """
 
     def __init__(
@@ -77,6 +92,7 @@ class Evolution(nn.Module):
         layout: Layout | None = None,
         validate: bool = False,
         adjoint: str | Adjoint = "backprop",
+        merging: TokenMerging | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(controls, Controls):
@@ -94,6 +110,7 @@ class Evolution(nn.Module):
             raise ValueError(f"grid.T={self.grid.T} must equal the controls' T={controls.T}")
         self.validate = validate
         self.adjoint = adjoint
+        self.merging = merging
 
     @property
     def validate(self) -> bool:
@@ -116,7 +133,24 @@ class Evolution(nn.Module):
     def adjoint(self, adjoint: str | Adjoint) -> None:
         value = resolve_adjoint(adjoint)
         value.check(self.scheme)
+        if self.merging is not None:
+            _check_merging(self.merging, self.scheme, self.controls, value, self.grid)
         self.__dict__["_adjoint"] = value
+
+    @property
+    def merging(self) -> TokenMerging | None:
+        """Token merging along the evolution (``operators.merging.TokenMerging``), or None."""
+        return self.__dict__.get("_merging")
+
+    @merging.setter
+    def merging(self, merging: TokenMerging | None) -> None:
+        if merging is not None and not isinstance(merging, TokenMerging):
+            raise TypeError(f"Evolution.merging must be a TokenMerging or None, got "
+                            f"{type(merging).__name__}")
+        if merging is not None:
+            _check_merging(merging, self.scheme, self.controls, self.adjoint, self.grid)
+        self.__dict__["_merging"] = merging
+        self.__dict__.pop("_plans", None)  # plans hold the merge closures
 
     # -- the contract of DESIGN.md ---------------------------------------------------------
     @property
@@ -131,18 +165,46 @@ class Evolution(nn.Module):
     def T(self) -> float:
         return self.grid.T
 
+    def stage_text(self) -> str:
+        """The scheme's stages as printed, with the merge at its place when there is one
+        (e.g. "attention merge(r=16, metric=keys) norm1:project ffn norm2:project")."""
+        labels = [str(st) for st in self.scheme.stages]
+        merging = self.merging
+        if merging is not None:
+            theta = self.controls[0]
+            at = 0 if merging.where == "step" else attention_stage(self.scheme, theta) + 1
+            labels.insert(at, str(merging))
+        return " ".join(labels)
+
     def extra_repr(self) -> str:
-        text = f"scheme={self.scheme.name!r} [{self.scheme}], T={self.T:g}, tau={self.tau:g}"
+        text = f"scheme={self.scheme.name!r} [{self.stage_text()}], T={self.T:g}, " \
+               f"tau={self.tau:g}"
         return text if self.adjoint.name == "backprop" else f"{text}, adjoint={self.adjoint}"
 
     def _new(self, scheme: Scheme | None = None, grid: TimeGrid | None = None,
-             controls: Controls | None = None, adjoint: str | Adjoint | None = None
-             ) -> Evolution:
+             controls: Controls | None = None, adjoint: str | Adjoint | None = None,
+             merging=_KEEP) -> Evolution:
         return Evolution(controls if controls is not None else self.controls,
                          scheme if scheme is not None else self.scheme,
                          grid if grid is not None else self.grid,
                          layout=self.layout, validate=self.validate,
-                         adjoint=adjoint if adjoint is not None else self.adjoint)
+                         adjoint=adjoint if adjoint is not None else self.adjoint,
+                         merging=self.merging if merging is _KEEP else merging)
+
+    def with_token_merging(self, merging: TokenMerging | None) -> Evolution:
+        """The same evolution (shared parameters) with token merging ``merging`` (a
+        ``TokenMerging``; None: none)."""
+        return self._new(merging=merging)
+
+    def merges_in(self, i: int) -> int:
+        """The nodes merged in step i: the sum of r_n over the unit intervals [n, n + 1) that
+        begin in [t_i, t_i + tau) (at tau = 1, r_i; after refine(k), r_n in every k-th step)."""
+        merging = self.merging
+        if merging is None:
+            return 0
+        t, tau = i * self.tau, self.tau
+        first, last = math.ceil(t - 1e-9), math.ceil(t + tau - 1e-9)
+        return sum(merging.r_at(n) for n in range(first, last))
 
     def with_adjoint(self, adjoint: str | Adjoint) -> Evolution:
         """The same evolution (shared parameters) with another adjoint: "backprop",
@@ -202,6 +264,9 @@ class Evolution(nn.Module):
                           substeps=subs or [])
 
     def _run(self, u0, context, keep, subs) -> torch.Tensor:
+        if self.merging is not None and self.merging.active:
+            context = context if context is not None else Context()
+            start_trace(u0, context, self.merging)
         state = self.scheme.lift(u0)
         return self.scheme.read(self.adjoint.solve(self, state, context, keep, subs))
 
@@ -223,13 +288,19 @@ class Evolution(nn.Module):
         if torch.compiler.is_compiling() or not isinstance(theta, nn.Module):
             # traced once, or a control set made for this time only (piecewise-linear controls
             # between two grid points): nothing to keep
-            return self.scheme.plan(theta, self.tau)
+            return self._compiled(i, theta)
         plans = self.__dict__.setdefault("_plans", {})
         plan = plans.get(i)
         if plan is None or plan.scheme is not self.scheme or plan.tau != self.tau \
                 or not plan.fits(theta):
-            plan = plans[i] = self.scheme.plan(theta, self.tau)
+            plan = plans[i] = self._compiled(i, theta)
         return plan
+
+    def _compiled(self, i: int, theta) -> Plan:
+        """The scheme's plan of step i, with the merge of the step inserted when it has one."""
+        plan = self.scheme.plan(theta, self.tau)
+        r = self.merges_in(i)
+        return plan if r == 0 else merge_plan(plan, self.merging, r, i, theta)
 
     def _replicate_for_data_parallel(self):
         replica = super()._replicate_for_data_parallel()
@@ -253,7 +324,7 @@ class Evolution(nn.Module):
     def _observer(self, i: int, subs: list[Substep] | None):
         if not self.validate and subs is None:
             return None
-        stages = self.scheme.stages
+        stages = self.plan(i).labels if self.merges_in(i) else self.scheme.stages
 
         def observe(u: torch.Tensor, j: int) -> None:
             if self.validate and not _finite(u):
@@ -265,3 +336,40 @@ class Evolution(nn.Module):
             if subs is not None:
                 subs.append(Substep(i, j, str(stages[j]), self.scheme_read(u)))
         return observe
+
+
+def _check_merging(merging: TokenMerging, scheme: Scheme, controls: Controls, adjoint: Adjoint,
+                   grid: TimeGrid) -> None:
+    """ValueError, naming what, where ``merging`` cannot run in this evolution: the reversible
+    scheme (its doubled state) and a scheme with a step of its own (no stages to place the
+    merge among), the checkpoint and reversible adjoints (they recompute or invert a step from
+    its start, where the grid was finer), CvT's convolutional attention (a regular 2-D grid),
+    a scheme without a top-level attention stage where one is needed (the keys, or
+    where="attention"), a state saved before the merge for a relaxation after it, and a
+    schedule whose length is not the number of unit intervals of [0, T]."""
+    what = f"token merging {merging}"
+    if isinstance(scheme, ReversibleScheme) or type(scheme.plan(controls[0], 1.0)) is not Plan:
+        raise ValueError(f"{what}: scheme {scheme.name!r} [{scheme}] runs a step of its own "
+                         "(the reversible scheme's doubled state, or an overridden step), with "
+                         "no stages to place a merge among; refused")
+    if adjoint.name in ("checkpoint", "reversible"):
+        raise ValueError(f"{what}: adjoint {adjoint.name!r} recomputes or inverts each step "
+                         "from its start, where the grid was finer than the merge leaves it; "
+                         "refused (use adjoint 'backprop')")
+    for theta in controls:
+        for name, op in theta.items():
+            if isinstance(op, ConvolutionalAttention):
+                raise ValueError(f"{what}: {name!r} is CvT's ConvolutionalAttention, whose "
+                                 "convolutional Q/K/V need the regular 2-D grid; refused")
+    at = attention_stage(scheme, controls[0])
+    if at is None and (merging.metric == "keys" or merging.where == "attention"):
+        raise ValueError(f"{what} (where={merging.where!r}): scheme {scheme.name!r} "
+                         f"[{scheme}] has no top-level stage with an attention field to read "
+                         "the keys of or to merge after; use where='step', metric='state'")
+    if merging.where == "attention":
+        saved = [str(st) for st in scheme.stages[:at + 1] if st.save]
+        if saved:
+            raise ValueError(f"{what}: stages {saved} save a state before the merge on the "
+                             "finer grid, which a relaxation after it cannot read; use "
+                             "where='step'")
+    merging.check_intervals(grid.T)

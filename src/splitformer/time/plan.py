@@ -18,19 +18,26 @@ tests/test_plan.py checks equality for every named scheme and family) and holds 
 ``Plan.fits(theta)`` can tell when a control set was changed after it was built. A scheme makes
 its plan (``Scheme.plan(theta, tau)``; the reversible scheme's is ``ReversiblePlan``) and the
 evolution keeps one plan per control set (``Evolution.plan``) and always runs it.
+
+Token merging (``operators.merging``) is one more closure in a step's plan: ``merge_plan``
+inserts the merge at its place, after the attention substep (its input's keys read on the way
+in) or at the start of the step; ``Plan.labels`` names every closure, the merge included.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
 
+from ..operators.attention import AttentionOperator
 from ..operators.base import Context, returns_new, tree_has_hooks
+from ..operators.merging import TokenMerging, attention_keys, merge_tokens
 from .integrators import INTEGRATORS, euler
 
-__all__ = ["Plan", "StepPlan"]
+__all__ = ["Plan", "StepPlan", "attention_stage", "merge_plan"]
 
 Run = Callable[[torch.Tensor, Context | None, dict], torch.Tensor]
 
@@ -170,6 +177,8 @@ class Plan:
         self.tau = tau
         self.operators = tuple(theta.items())  # what it was built on (held: ids stay unique)
         self.stages = self.compile(theta)
+        # what each closure is (the observer's substep labels); merge_plan adds its own
+        self.labels = tuple(str(st) for st in scheme.stages)
 
     def compile(self, theta: Mapping[str, nn.Module]) -> tuple:
         """Per stage of the scheme: its closure ``run(u, context, saved)`` and its save name."""
@@ -209,3 +218,71 @@ class StepPlan(Plan):
     def __call__(self, u: torch.Tensor, context: Context | None = None,
                  observe: Callable[[torch.Tensor, int], None] | None = None) -> torch.Tensor:
         return self.scheme.step(u, self.theta, self.tau, context, observe)
+
+
+# -- token merging: one more closure in the step -----------------------------------------------
+_KEYS = "merge:keys"  # the attention input's keys, kept in the step's saved states
+
+
+def attention_stage(scheme, theta: Mapping[str, nn.Module]) -> int | None:
+    """The index of the first top-level stage whose field holds an attention operator (where
+    a merge after the attention substep goes), or None."""
+    for j, st in enumerate(scheme.stages):
+        if st.kind == "field" and any(isinstance(theta[n], AttentionOperator)
+                                      for n in st.fields()):
+            return j
+    return None
+
+
+def _keys_of(st, theta: Mapping[str, nn.Module]) -> Callable[[torch.Tensor, Context], torch.Tensor]:
+    """ToMe's metric at a stage's input u: the head-averaged keys of its attention operator at
+    pre(u) (``operators.merging.attention_keys``), without gradient."""
+    op = next(theta[n] for n in st.fields() if isinstance(theta[n], AttentionOperator))
+    pre = tuple(theta[n] for n in st.pre)
+
+    def keys(u, ctx):
+        with torch.no_grad():
+            for p in pre:
+                u = p(u, ctx)
+            return attention_keys(op, u, ctx)
+    return keys
+
+
+def merge_plan(plan: Plan, merging: TokenMerging, r: int, step: int,
+               theta: Mapping[str, nn.Module]) -> Plan:
+    """``plan`` with the merge of (at most) r nodes in step ``step`` inserted at its place:
+
+        where="attention":  ... attention-stage  merge  ...   (the metric "keys": the keys of
+                            the attention stage's input, read as it runs)
+        where="step":       merge  stage_1 ... stage_m        (the keys of u at the start)
+
+    The merge closure updates the context's grid (``operators.merging.merge_tokens``). The
+    placement is checked when the evolution is built (``time.evolution``)."""
+    stages, labels = list(plan.stages), list(plan.labels)
+    at = attention_stage(plan.scheme, theta)
+    keys = _keys_of(plan.scheme.stages[at], theta) if merging.metric == "keys" else None
+    if merging.where == "attention":
+        run, save = stages[at]
+        if keys is not None:
+            stages[at] = (_probed(run, keys), save)
+
+        def merge(u, ctx, saved):
+            return merge_tokens(u, ctx, r, saved.pop(_KEYS, None), step)
+        position = at + 1
+    else:
+        def merge(u, ctx, saved):
+            return merge_tokens(u, ctx, r, None if keys is None else keys(u, ctx), step)
+        position = 0
+    stages.insert(position, (merge, None))
+    labels.insert(position, str(merging))
+    new = copy.copy(plan)
+    new.stages, new.labels = tuple(stages), tuple(labels)
+    return new
+
+
+def _probed(run: Run, keys: Callable[[torch.Tensor, Context], torch.Tensor]) -> Run:
+    """``run``, keeping the keys of its input for the merge after it."""
+    def probed(u, ctx, saved):
+        saved[_KEYS] = keys(u, ctx)
+        return run(u, ctx, saved)
+    return probed

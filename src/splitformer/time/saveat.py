@@ -8,7 +8,10 @@ An evolution always returns u(T). ``SaveAt`` adds states along the way:
     SaveAt(substeps=True)         the state after every substep of every step, labelled
 
 ``Trajectory`` holds what was kept: ``times`` and ``states`` (stacked, grid points), and
-``substeps`` (a list of ``Substep`` records) when asked for.
+``substeps`` (a list of ``Substep`` records) when asked for. Under token merging the states of
+an evolution live on grids of shrinking size (``state_list`` holds them; a model's ``solve``
+and ``trajectory`` read them back on the input grid unless ``unmerge=False``); substep states
+stay on the grid they were computed on.
 """
 
 from __future__ import annotations
@@ -130,6 +133,12 @@ class Trajectory:
         """(K, B, N_x, N_y): the kept states stacked."""
         if not self.state_list:
             return self.final.new_empty((0, *self.final.shape))
+        shapes = {tuple(s.shape) for s in self.state_list}
+        if len(shapes) > 1:
+            raise ValueError(f"Trajectory.states: the kept states live on token grids of "
+                             f"different sizes {sorted(s[1] for s in shapes if len(s) > 1)} "
+                             "(token merging without unmerge); read them one by one from "
+                             "state_list")
         return torch.stack(self.state_list)
 
     def __len__(self) -> int:

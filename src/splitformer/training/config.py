@@ -165,6 +165,10 @@ class TrainConfig:
         f"substep integrator: {', '.join(_integrators())} (default: the scheme's own)"), _name)
     kernel: str = _setting("softmax", "--kernel", lambda: (
         f"attention kernel: {', '.join(sorted(_kernel_names()))}"), _name)
+    # token merging (ToMe as a quadrature coarsening): r nodes merged per layer; 0: off
+    merge: int = _setting(0, "--merge", "token merging: nodes merged per layer (ToMe's r, "
+                          "bipartite soft matching on the keys, proportional weights; 0: off)",
+                          int)
     tau: float | None = _setting(None, "--tau", "time step (T = depth; tau must divide T)",
                                  float)
     # random time step per batch: each optimiser step draws one of these (each = tau / k, k >= 1)
@@ -250,6 +254,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
         if self.patch is not None and self.patch < 1:
             raise ConfigError(f"patch must be None or >= 1, got {self.patch!r}")
+        if self.merge < 0:
+            raise ConfigError(f"merge must be >= 0 (nodes merged per layer), got {self.merge!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not 0.0 <= self.warmup < 1.0:

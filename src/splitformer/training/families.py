@@ -13,7 +13,9 @@ A family is a builder plus a ``logits(model, x)`` adapter (what the loss reads):
 * "lm":      a GPT-2-shaped causal evolution with the tied LM read-out; character ids.
 
 Then the three choices of the config are applied: the scheme (``with_scheme``; "network" keeps
-the family's own), the kernel (``with_kernel``) and the time grid (``refine(steps / depth)``).
+the family's own), the kernel (``with_kernel``) and the time grid (``refine(steps / depth)``);
+``merge`` > 0 adds token merging (``with_token_merging``: vit and encoder; lm is causal and cvt
+convolutional, both refused).
 The model records ``source = {"family": ..., "config": {...}, "data": {...}}``, all that
 ``splitformer.load`` needs to rebuild it.
 """
@@ -46,6 +48,7 @@ class Family:
     inputs: Callable[[torch.Tensor], Any] = lambda x: (x,)
     read: Callable[[Any], torch.Tensor] = lambda out: (
         out if isinstance(out, torch.Tensor) else out.logits)
+    causal: bool = False  # a causal support x' <= x: no token merging
 
     def logits(self, model: EvolutionModel, x: torch.Tensor) -> torch.Tensor:
         args = self.inputs(x)
@@ -104,7 +107,7 @@ FAMILIES: dict[str, Family] = {
     "vit": Family(_vit, ("classify",), ndims=(3,)),
     "cvt": Family(_cvt, ("classify",), ndims=(3,)),
     "encoder": Family(_encoder, ("classify",), ndims=(1, 2)),
-    "lm": Family(_lm, ("lm",), inputs=lambda ids: {"input_ids": ids}),
+    "lm": Family(_lm, ("lm",), inputs=lambda ids: {"input_ids": ids}, causal=True),
 }
 
 
@@ -114,6 +117,19 @@ def data_signature(dataset: Dataset) -> dict[str, Any]:
             "input_shape": list(dataset.input_shape) if dataset.input_shape else None,
             "vocab_size": dataset.vocab_size,
             "vocab": list(dataset.vocab) if dataset.vocab is not None else None}
+
+
+def _merged(model: EvolutionModel, cfg: TrainConfig) -> EvolutionModel:
+    """The model with token merging of ``cfg.merge`` nodes per layer (``with_token_merging``);
+    a family or setting that cannot merge is refused naming the key."""
+    if FAMILIES[cfg.family].causal:
+        raise ConfigError(f"merge={cfg.merge}: family {cfg.family!r} has a causal support "
+                          "(x' <= x), where a merged node would carry a later token into an "
+                          "earlier one; token merging is refused (merge = 0)")
+    try:
+        return model.with_token_merging(cfg.merge)
+    except ValueError as e:
+        raise ConfigError(f"merge={cfg.merge} (family {cfg.family!r}): {e}") from None
 
 
 def build_model(cfg: TrainConfig, data: Dataset | dict[str, Any]) -> EvolutionModel:
@@ -142,5 +158,7 @@ def build_model(cfg: TrainConfig, data: Dataset | dict[str, Any]) -> EvolutionMo
     k = cfg.num_steps() // cfg.depth
     if k != 1:
         model = model.refine(k)
+    if cfg.merge:
+        model = _merged(model, cfg)
     model.source = {"family": cfg.family, "config": cfg.to_dict(), "data": sig}
     return model

@@ -1,0 +1,391 @@
+"""Coarsening in x: token merging (ToMe's bipartite soft matching) as a quadrature coarsening.
+
+What is checked against what (nothing here re-implements our merge):
+* r = 0 is the model itself, bit for bit;
+* the quadrature property: two nodes with equal states merged into one of double weight leave
+  every node's output unchanged (float64, 1e-10), and without the weights they do not;
+* the published behaviour of ToMe: N - L r nodes after L steps (r clipped to half of the
+  unprotected nodes), the merged pairs are the top-r A -> B edges of highest cosine found by
+  brute force in Python, the merged state is the size-weighted mean, the sizes add;
+* the bookkeeping: the trace maps every input node to a valid node, unmerging restores the
+  input's shape, protected and padding nodes never merge;
+* the placement survives with_scheme / refine / with_controls_in_time, and what cannot merge
+  is refused by name; training with --merge runs and learns.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splitformer.models import build_vit, causal_decoder, network_encoder
+from splitformer.models.cvt import CvtStageSpec, build_cvt
+from splitformer.operators.base import Context
+from splitformer.operators.merging import (
+    TokenMerging,
+    attention_keys,
+    bipartite_soft_matching,
+    merge_nodes,
+    merge_tokens,
+    start_trace,
+)
+from splitformer.time import SaveAt
+
+D, H, FF, L, N, B = 16, 4, 24, 3, 10, 2
+
+
+def encoder(norm_first: bool = False, seed: int = 0, layers: int = L):
+    torch.manual_seed(seed)
+    return network_encoder(D, H, FF, layers, norm_first=norm_first, dtype=torch.float64).eval()
+
+
+def vit(seed: int = 0, depth: int = 4):
+    torch.manual_seed(seed)
+    return build_vit(image_size=16, patch_size=4, in_chans=1, dim=32, depth=depth, num_heads=4,
+                     hidden_dim=48, num_classes=3, read_out="timm").eval()
+
+
+def src(seed: int = 1, n: int = N):
+    return torch.randn(B, n, D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+# -- the model itself ---------------------------------------------------------------------------
+def test_r0_is_bitwise_the_model():
+    m = encoder()
+    x = src()
+    kpm = torch.zeros(B, N, dtype=torch.bool)
+    kpm[0, -3:] = True
+    assert torch.equal(m.with_token_merging(0)(x, src_key_padding_mask=kpm),
+                       m(x, src_key_padding_mask=kpm))
+    v = vit()
+    img = torch.randn(2, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    v0 = v.with_token_merging(0)
+    assert torch.equal(v0(img), v(img))
+    assert "merge(r=0, metric=keys, protect=1)" in repr(v0.evolution)
+    assert v0.merge_trace(img) is None  # nothing merged: no trace
+
+
+# -- the quadrature property ---------------------------------------------------------------------
+@settings(max_examples=8, deadline=None)
+@given(j=st.integers(0, N - 2), norm_first=st.booleans(), metric=st.sampled_from(["keys", "state"]),
+       where=st.sampled_from(["attention", "step"]), seed=st.integers(0, 3))
+def test_merging_two_equal_nodes_with_their_weights_changes_nothing(j, norm_first, metric, where,
+                                                                   seed):
+    """Nodes j, j+1 (one in A, one in B) hold the same state: the merge takes them (cosine 1),
+    and one node of weight 2 is the quadrature of the two, so every output is unchanged; with
+    weight 1 (proportional=False, ToMe's ablation) every other node's output changes."""
+    m = encoder(norm_first, seed)
+    x = src(seed + 1)
+    x[:, j + 1] = x[:, j]
+    plain = m(x)
+    once = (1,) + (0,) * (L - 1)
+    merged = m.with_token_merging(once, metric=metric, where=where)
+    out, trace = merged.solve_traced(x)
+    assert trace.nodes == [N - 1]
+    assert torch.equal(trace.index[0][:, j], trace.index[0][:, j + 1])  # the equal pair merged
+    assert (out - plain).abs().max() < 1e-10
+    assert trace.mass.sum(1).tolist() == [float(N)] * B
+    ablation = m.with_token_merging(once, metric=metric, where=where, proportional=False)(x)
+    others = [i for i in range(N) if i not in (j, j + 1)]
+    assert (ablation - plain)[:, others].abs().amax(-1).min() > 1e-6
+
+
+def test_the_weights_after_merging_sum_to_the_input_weights():
+    m = encoder()
+    x = src()
+    w = torch.rand(B, N, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) + 0.1
+    for proportional in (True, False):
+        evo = m.with_token_merging(2, proportional=proportional).evolution
+        ctx = Context(token_weights=w.clone())
+        u = evo(x, ctx)
+        assert u.shape == (B, N - 2 * L, D)
+        trace = ctx.extra["token_merging"]
+        torch.testing.assert_close(trace.mass.sum(1), w.sum(1), rtol=1e-14, atol=0)
+        if proportional:  # the kernels integrate against the merged weights
+            assert torch.equal(ctx.token_weights, trace.mass)
+        else:  # no weights added: each node keeps the weight of the node it was kept as
+            idx = trace.index[-1]
+            for b in range(B):
+                for k in range(N - 2 * L):
+                    into = {w[b, i].item() for i in range(N) if idx[b, i] == k}
+                    assert ctx.token_weights[b, k].item() in into
+
+
+def test_merged_state_is_the_size_weighted_mean_and_others_are_untouched():
+    g = torch.Generator().manual_seed(5)
+    u = torch.randn(1, 6, 4, dtype=torch.float64, generator=g)
+    w = torch.tensor([[1.0, 2.0, 0.5, 1.5, 3.0, 1.0]], dtype=torch.float64)
+    x = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]], dtype=torch.float64)
+    ctx = Context(token_weights=w, token_coords=x)
+    start_trace(u, ctx, TokenMerging(1, metric="state"))
+    out = merge_tokens(u, ctx, 1, None, step=0)
+    idx = ctx.extra["token_merging"].index[0][0].tolist()
+    a = next(i for i in range(6) if idx.count(idx[i]) == 2)
+    b = next(i for i in range(6) if idx.count(idx[i]) == 2 and i != a)
+    node = idx[a]
+    wa, wb = w[0, a], w[0, b]
+    torch.testing.assert_close(out[0, node], (wa * u[0, a] + wb * u[0, b]) / (wa + wb))
+    torch.testing.assert_close(ctx.token_coords[0, node], (wa * x[0, a] + wb * x[0, b]) / (wa + wb))
+    assert ctx.token_weights[0, node] == wa + wb
+    for i in range(6):
+        if i not in (a, b):
+            assert torch.equal(out[0, idx[i]], u[0, i])  # bit for bit
+            assert ctx.token_weights[0, idx[i]] == w[0, i]
+    src_node = a if a % 2 == 0 else b  # A: the 1st, 3rd, ... node; it goes into its B node
+    assert [idx[i] for i in range(6) if i != src_node] == list(range(5))  # the order is kept
+
+
+# -- ToMe's published behaviour ------------------------------------------------------------------
+def _brute_force(metric: torch.Tensor, mergeable: list[bool], r: int) -> set[tuple[int, int]]:
+    """ToMe's bipartite soft matching, by the book: A and B alternate over the mergeable
+    nodes, each a in A takes its most similar b in B, the r best such edges merge."""
+    free = [i for i, ok in enumerate(mergeable) if ok]
+    a_set, b_set = free[0::2], free[1::2]
+    v = metric.tolist()
+
+    def cos(i, k):
+        dot = sum(p * q for p, q in zip(v[i], v[k], strict=True))
+        return dot / math.sqrt(sum(p * p for p in v[i]) * sum(q * q for q in v[k]))
+    best = [(max(cos(a, b) for b in b_set), a, max(b_set, key=lambda b: cos(a, b)))
+            for a in a_set]
+    best.sort(reverse=True)
+    return {(a, b) for _, a, b in best[:r]}
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(4, 17), r=st.integers(1, 4),
+       protect=st.integers(0, 2), pad=st.integers(0, 3))
+def test_the_matching_is_the_top_r_edges_of_highest_cosine(seed, n, r, protect, pad):
+    g = torch.Generator().manual_seed(seed)
+    metric = torch.randn(2, n, 5, dtype=torch.float64, generator=g)
+    ok = torch.ones(2, n, dtype=torch.bool)
+    ok[:, :protect] = False
+    ok[1, n - pad:] = False  # padding in the second row only
+    r = min(r, int(ok.sum(1).min()) // 2)
+    if r == 0:
+        return
+    src_, dst_ = bipartite_soft_matching(metric, r, ok)
+    for b in range(2):
+        got = set(zip(src_[b].tolist(), dst_[b].tolist(), strict=True))
+        assert got == _brute_force(metric[b], ok[b].tolist(), r)
+
+
+def test_nodes_after_L_steps_are_N_minus_L_r_with_the_clip():
+    v = vit(depth=4)
+    img = torch.randn(2, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    trace = v.with_token_merging(2).merge_trace(img)
+    assert trace.nodes == [17 - 2 * (k + 1) for k in range(4)]  # 16 patches + the class token
+    trace = v.with_token_merging(5).merge_trace(img)  # clipped: half of the unprotected remain
+    n, expect = 17, []
+    for _ in range(4):
+        n -= min(5, (n - 1) // 2)
+        expect.append(n)
+    assert trace.nodes == expect == [12, 7, 4, 3]
+
+
+def test_the_trace_maps_every_input_node_and_unmerging_keeps_the_shape():
+    m = encoder(layers=3)
+    x = src()
+    merged = m.with_token_merging([2, 1, 2], metric="state")
+    out, trace = merged.solve_traced(x)
+    assert out.shape == (B, N, D)
+    assert trace.steps == [0, 1, 2] and trace.nodes == [8, 7, 5]
+    for idx, n in zip(trace.index, trace.nodes, strict=True):
+        assert idx.shape == (B, N)
+        for b in range(B):  # onto 0 .. n-1
+            assert sorted(set(idx[b].tolist())) == list(range(n))
+    coarse = m.with_token_merging([2, 1, 2], metric="state", unmerge=False)
+    u = coarse(x)
+    assert u.shape == (B, 5, D)
+    torch.testing.assert_close(trace.unmerge(u), out, rtol=0, atol=0)
+    # the quadrature mean on the merged grid is the mean over the input nodes of the unmerged
+    mass = trace.mass
+    torch.testing.assert_close((u * mass[..., None]).sum(1) / mass.sum(1, keepdim=True),
+                               out.mean(1), rtol=1e-13, atol=1e-13)
+
+
+def test_protected_and_padding_nodes_never_merge():
+    m = encoder()
+    x = src()
+    kpm = torch.zeros(B, N, dtype=torch.bool)
+    kpm[0, -3:] = True  # row 0: three padded keys
+    merged = m.with_token_merging(3, protect=2, metric="state")
+    _, trace = merged.solve_traced(x, src_key_padding_mask=kpm)
+    assert trace.nodes == [8, 7, 6]  # row 0 has 5 mergeable nodes: r clipped to 2, 1, 1
+    for idx in trace.index:
+        for b in range(B):
+            row = idx[b].tolist()
+            lonely = [0, 1] + ([7, 8, 9] if b == 0 else [])
+            for i in lonely:
+                assert row.count(row[i]) == 1, (b, i, row)
+            assert row[:2] == [0, 1]
+    assert trace.mass[0, -3:].tolist() == [1.0, 1.0, 1.0]  # each holds its own node only
+    # padding as weight-0 nodes (no mask) never merges either
+    w = (~kpm).to(torch.float64)
+    ctx = Context(token_weights=w)
+    merged.evolution(x, ctx)
+    rows = ctx.extra["token_merging"].index[-1][0].tolist()
+    assert all(rows.count(rows[i]) == 1 for i in (0, 1, 7, 8, 9))
+    # an additive (float) key-padding mask gives the same
+    fmask = torch.zeros(B, N, dtype=torch.float64).masked_fill(kpm, float("-inf"))
+    _, t2 = merged.solve_traced(x, src_key_padding_mask=fmask)
+    assert all(torch.equal(a, b) for a, b in zip(t2.index, trace.index, strict=True))
+
+
+# -- where it sits ---------------------------------------------------------------------------------
+def test_with_scheme_refine_and_controls_keep_the_merging():
+    v = vit()
+    merged = v.with_token_merging(2)
+    assert "norm1>attention merge(r=2, metric=keys, protect=1) norm2>ffn" in repr(merged.evolution)
+    strang = merged.with_scheme("strang")
+    assert "attention:heun merge(r=2" in repr(strang.evolution)
+    step = v.with_token_merging(2, where="step", metric="state")
+    assert "[merge(r=2, metric=state, protect=1) norm1>attention" in repr(step.evolution)
+    img = torch.randn(2, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    fine = merged.refine(2)
+    assert "merge(r=2" in repr(fine.evolution)
+    t1, t2 = merged.merge_trace(img), fine.merge_trace(img)
+    assert t2.steps == [0, 2, 4, 6]  # the first step of each unit interval
+    assert t2.nodes == t1.nodes  # the same grid at every integer time
+    lin = merged.with_controls_in_time("linear")
+    assert lin.evolution.merging == merged.evolution.merging
+    assert merged.with_adjoint("backprop").evolution.merging == merged.evolution.merging
+    assert v.with_token_merging(2).with_token_merging(None).evolution.merging is None
+    subs = merged.validating(True).trajectory(img, saveat=SaveAt(substeps=True)).substeps
+    assert [s.label for s in subs[:3]] == ["norm1>attention", "merge(r=2, metric=keys, protect=1)",
+                                          "norm2>ffn"]
+    assert [s.state.shape[1] for s in subs[:3]] == [17, 15, 15]  # on the grid of their time
+
+
+def test_hidden_states_are_unmerged_at_their_times():
+    m = vit()
+    img = torch.randn(2, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    merged = m.with_token_merging(3)
+    plain_path = m.trajectory(img)
+    path = merged.trajectory(img)
+    assert path.states.shape == plain_path.states.shape  # every grid point on 17 nodes
+    assert torch.equal(path.state_list[0], plain_path.state_list[0])
+    _, out_path = merged.solve_along(img, saveat=SaveAt(steps=True))
+    torch.testing.assert_close(out_path.states, path.states, rtol=0, atol=0)
+    coarse = m.with_token_merging(3, unmerge=False).trajectory(img)
+    assert [s.shape[1] for s in coarse.state_list] == [17, 14, 11, 8, 5]
+    with pytest.raises(ValueError, match="different sizes"):
+        _ = coarse.states
+
+
+def test_bert_keeps_its_outputs_shapes_and_its_class_token():
+    transformers = pytest.importorskip("transformers")
+    import splitformer
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3,
+                                     num_attention_heads=4, intermediate_size=48,
+                                     max_position_embeddings=24)
+    hf = transformers.BertModel(config).to(torch.float64).eval()
+    bert = splitformer.from_hf(hf)
+    ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, 8:] = 0
+    plain = bert(ids, mask, output_hidden_states=True)
+    merged = bert.with_token_merging(2, protect=1)
+    out = merged(ids, mask, output_hidden_states=True)
+    assert out.last_hidden_state.shape == plain.last_hidden_state.shape
+    assert [h.shape for h in out.hidden_states] == [h.shape for h in plain.hidden_states]
+    assert torch.equal(out.hidden_states[0], plain.hidden_states[0])
+    trace = merged.merge_trace(ids, mask)
+    assert trace.nodes == [10, 8, 7]  # row 1: 7 mergeable nodes (12 - [CLS] - 4 padded)
+    assert all((idx[:, 0] == 0).all() and ((idx == 0).sum(1) == 1).all() for idx in trace.index)
+    # the pooler reads [CLS], which stays a node of its own
+    torch.testing.assert_close(out.pooler_output, bert.pooler(out.last_hidden_state))
+    alibi = merged.with_kernel("alibi")
+    assert alibi.evolution.merging == merged.evolution.merging
+    assert alibi(ids, mask).last_hidden_state.shape == (2, 12, 32)  # reads the coordinates
+
+
+def test_keys_metric_is_the_head_mean_of_the_operators_keys():
+    m = encoder()
+    op = m.evolution.controls[0]["attention"]
+    x = src()
+    torch.testing.assert_close(attention_keys(op, x, None), op.qkv(x)[1].mean(1))
+
+
+# -- refusals ------------------------------------------------------------------------------------
+def test_refusals_name_what_cannot_merge():
+    m = encoder()
+    x = src()
+    with pytest.raises(ValueError, match="causal"):
+        m.with_token_merging(1)(x, is_causal=True, mask=torch.ones(N, N).triu(1).bool())
+    with pytest.raises(ValueError, match="key-padding mask"):
+        m.with_token_merging(1)(x, mask=torch.zeros(N, N, dtype=torch.bool))
+    gpt = causal_decoder(11, 8, 16, 2, 2)
+    with pytest.raises(ValueError, match="causal"):
+        gpt.with_token_merging(1)(torch.randint(0, 11, (2, 8)))
+    with pytest.raises(ValueError, match="adjoint 'checkpoint'"):
+        m.with_token_merging(1).with_adjoint("checkpoint")
+    with pytest.raises(ValueError, match="adjoint 'checkpoint'"):
+        m.with_adjoint("checkpoint").with_token_merging(1)
+    with pytest.raises(ValueError, match="runs a step of its own"):
+        m.with_token_merging(1).with_scheme("reversible")
+    with pytest.raises(ValueError, match="no top-level stage with an attention field"):
+        m.with_token_merging(1).with_scheme("parallel")
+    m.with_token_merging(1, where="step", metric="state").with_scheme("parallel")(x)  # fine
+    cvt = build_cvt([CvtStageSpec(1, 16, 2, 1, cls_token=True)], num_labels=3)
+    with pytest.raises(ValueError, match="evolution|convolutional"):
+        cvt.with_token_merging(1)
+    with pytest.raises(ValueError, match="convolutional"):
+        cvt.stages[0].with_token_merging(1)
+    for bad, match in (({"r": -1}, "int >= 0"), ({"r": 1.5}, "int >= 0"),
+                       ({"r": 1, "metric": "values"}, "metric"),
+                       ({"r": 1, "where": "ffn"}, "where"), ({"r": [1, 2]}, "schedule")):
+        with pytest.raises(ValueError, match=match):
+            m.with_token_merging(bad.pop("r"), **bad)
+
+
+# -- training ----------------------------------------------------------------------------------
+def test_gradients_flow_through_the_merge():
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(2, 7, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    mass = torch.rand(2, 7, dtype=torch.float64, generator=g) + 0.5
+    src_ = torch.tensor([[0, 4], [2, 6]])
+    dst_ = torch.tensor([[1, 1], [3, 5]])
+    assert torch.autograd.gradcheck(lambda t: merge_nodes([t], mass, src_, dst_)[0][0], (u,))
+    m = vit().with_token_merging(3).train()
+    img = torch.randn(2, 1, 16, 16, generator=g)
+    m(img).square().sum().backward()
+    for name, p in m.named_parameters():
+        if "head" not in name and "fc_norm" not in name:
+            assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    assert m.evolution.controls[-1]["attention"].qkv_weight.grad.abs().sum() > 0
+
+
+def test_training_with_merge_runs_and_learns(tmp_path):
+    from splitformer.training import ConfigError, TrainConfig
+    from splitformer.training.config import settings as config_settings
+    from splitformer.training.loop import fit
+
+    assert config_settings()["merge"].flag == "--merge"
+    with pytest.raises(ConfigError, match="merge must be >= 0"):
+        TrainConfig(merge=-1)
+    from splitformer.training.families import build_model
+
+    lm = TrainConfig(family="lm", data="tiny_shakespeare", merge=2)
+    with pytest.raises(ConfigError, match="causal"):
+        build_model(lm, {"name": "x", "task": "lm", "num_classes": None, "vocab_size": 11,
+                         "input_shape": None})
+    f = tmp_path / "run.toml"
+    f.write_text("[train]\nmerge = 3\n")
+    assert TrainConfig.from_toml(f).merge == 3
+    cfg = TrainConfig(width=32, heads=2, depth=2, epochs=2, batch_size=64, log_every=1,
+                      dropout=0.0, lr=1e-2, warmup=0.0, weight_decay=0.0, merge=3,
+                      schedule="constant")
+    run = fit(cfg, out=tmp_path / "merge")
+    assert "merge(r=3, metric=keys, protect=1)" in repr(run.model.evolution)
+    losses = [r["loss"] for r in run.history if "loss" in r]
+    head, tail = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert tail < 0.85 * head, losses
+    images = torch.zeros(2, 1, 8, 8)  # digits: 8 x 8, patch 2: 16 patches + the class token
+    assert run.model.merge_trace(images).nodes == [14, 11]
