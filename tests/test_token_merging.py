@@ -389,3 +389,41 @@ def test_training_with_merge_runs_and_learns(tmp_path):
     assert tail < 0.85 * head, losses
     images = torch.zeros(2, 1, 8, 8)  # digits: 8 x 8, patch 2: 16 patches + the class token
     assert run.model.merge_trace(images).nodes == [14, 11]
+
+
+def test_bert_protects_its_class_token_and_vit_features_are_unmerged():
+    """BERT declares its [CLS] node a prefix (never merged without protect=); ViT's
+    forward_features and outputs read out on the input grid like forward."""
+    import transformers
+
+    import splitformer
+    from splitformer.models import build_vit
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=24)
+    m = splitformer.from_hf(transformers.BertModel(cfg).eval()).with_token_merging(3)
+    ids = torch.randint(0, 40, (2, 12))
+    trace = m.merge_trace(ids)
+    assert m.num_prefix_tokens == 1
+    for index in trace.index:  # node 0 ([CLS]) is alone in its node after every merge
+        assert (index[:, 1:] != index[:, :1]).all()
+    v = build_vit(image_size=8, patch_size=2, in_chans=3, dim=16, depth=2, num_heads=2,
+                  hidden_dim=24, num_classes=3, read_out="hf", dtype=torch.float64).eval()
+    vm = v.with_token_merging(3)
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    with torch.no_grad():
+        full = vm(x).last_hidden_state
+        assert full.shape == v(x).last_hidden_state.shape
+        assert torch.equal(vm.forward_features(x), full)
+        assert torch.equal(vm.outputs(x).last_hidden_state, full)
+
+
+def test_families_without_a_patch_grid_refuse_with_patch_size_by_name():
+    from splitformer.models.cvt import CvtStageSpec, build_cvt
+
+    specs = [CvtStageSpec(3, 8, 1, 1, patch_size=3, patch_stride=2)]
+    m = build_cvt(specs, num_labels=3)
+    for call in (lambda: m.with_patch_size(4), lambda: m.with_image_size(32)):
+        with pytest.raises(ValueError, match="has no patch grid.*CvT"):
+            call()

@@ -248,6 +248,20 @@ class EvolutionModel(nn.Module):
         ("backprop", "checkpoint", "reversible" or a value of ``time.adjoints``)."""
         return self._map_evolutions(lambda e, i: e.with_adjoint(adjoint))
 
+    def with_patch_size(self, patch_size: Any, **options: Any):
+        """The same model on another patch grid (ViT families; docs/space.md, "Refinement in
+        x"). A family without a patch grid refuses, naming itself."""
+        raise ValueError(self._no_patch_grid("with_patch_size"))
+
+    def with_image_size(self, image_size: Any, **options: Any):
+        """The same model on images of another size (ViT families); refused elsewhere."""
+        raise ValueError(self._no_patch_grid("with_image_size"))
+
+    def _no_patch_grid(self, what: str) -> str:
+        return (f"{what}: {type(self).__name__} has no patch grid to resample (only the ViT "
+                "families' patch kernel and position table are read as functions on the image "
+                "domain; CvT's convolutional token embedding and Q/K/V have fixed strides)")
+
     def with_token_merging(self, r, *, metric: str = "keys", where: str = "attention",
                            proportional: bool = True, protect: int | None = None,
                            unmerge: bool = True):

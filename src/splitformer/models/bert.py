@@ -142,7 +142,12 @@ class BertEncoderModel(EvolutionModel):
     float mask with ``torch.finfo(dtype).min`` on padded keys (transformers' eager path) or a
     boolean one (its sdpa path). A mask with no padded key is dropped (full support), and a 4-D
     mask is used as given, as transformers does.
+
+    ``num_prefix_tokens`` = 1: the [CLS] node, which the pooler reads, is never merged
+    (``with_token_merging``).
     """
+
+    num_prefix_tokens = 1
 
     def __init__(
         self,

@@ -473,7 +473,7 @@ class ViT(EvolutionModel):
                          attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         """u(T) after the final norm (HF's last_hidden_state, timm's forward_features)."""
         u0, ctx = self.initial_condition(pixel_values, attention_mask, **kwargs)
-        return self.features(self.evolution(u0, ctx))
+        return self.features(self._unmerged(self.evolution(u0, ctx), ctx))
 
     def features(self, u: torch.Tensor) -> torch.Tensor:
         """The final norm of u(T) (identity when None)."""
@@ -531,7 +531,8 @@ class ViT(EvolutionModel):
                 **kwargs) -> ViTOutput:
         """All read-outs as a ``ViTOutput`` whatever the model's own read-out."""
         u0, ctx = self.initial_condition(pixel_values, attention_mask, **kwargs)
-        return self.hf_outputs(self.evolution(u0, ctx), ctx.token_weights)
+        u = self._unmerged(self.evolution(u0, ctx), ctx)  # the input grid back (merging)
+        return self.hf_outputs(u, ctx.token_weights)
 
     def read_out(self, u: torch.Tensor, context: Context) -> ViTOutput:
         return self.hf_outputs(u, context.token_weights)

@@ -4,8 +4,10 @@ from .attention import AttentionOperator, CrossAttention, NonlocalAttention
 from .base import Context, Operator
 from .feature import FeatureIntegral, FeedForward
 from .kernels import Kernel, SoftmaxKernel
+from .merging import MergeTrace, TokenMerging
 from .projections import Activation, LayerNormProjection, ProjectionS2, SphereProjection
 from .scaling import DiagonalScaling, LayerScale
+from .token_grid import KernelGrid, TokenGrid
 
 __all__ = [
     "AttentionOperator",
@@ -17,10 +19,14 @@ __all__ = [
     "FeatureIntegral",
     "FeedForward",
     "Kernel",
+    "KernelGrid",
     "LayerNormProjection",
+    "MergeTrace",
     "NonlocalAttention",
     "Operator",
     "ProjectionS2",
     "SoftmaxKernel",
     "SphereProjection",
+    "TokenGrid",
+    "TokenMerging",
 ]
