@@ -11,7 +11,7 @@ Rows go to --out (JSON lines) as they are measured; a rerun skips the rows alrea
 
     python benchmarks/merge_minilm.py [--out results/merge-minilm.jsonl] [--threads 2]
         [--rs 0,4,...,32] [--lengths 64,128,256,512] [--passages 32] [--batch 8]
-        [--repeats 10] [--warmup 2] [--families peer,splitformer] [--lee-r-at 256]
+        [--repeats 10] [--warmup 2] [--families peer,splitformer,splitformer-state] [--lee-r-at 256]
         [--option key=value ...]
 
 Needs `make data` (all-MiniLM-L6-v2, gensim's test data, the King James text).
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8, help="passages timed together")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--families", default="peer,splitformer")
+    ap.add_argument("--families", default="peer,splitformer,splitformer-state")
     ap.add_argument("--lee-r-at", type=int, default=None, metavar="N",
                     help="quality with r scaled to each text's length as round(r N_text / N) "
                          "(default: the same r on every text)")
@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--passages must be at least --batch >= 1")
 
     families = tuple(f.strip() for f in args.families.split(",") if f.strip())
-    if not families or set(families) - {"peer", "splitformer"}:
-        ap.error(f"--families: expected peer and/or splitformer, got {args.families!r}")
+    if not families or set(families) - {"peer", "splitformer", "splitformer-state"}:
+        ap.error(f"--families: expected some of peer, splitformer, splitformer-state, got "
+                 f"{args.families!r}")
 
     import torch
     from rich.console import Console

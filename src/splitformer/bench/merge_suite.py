@@ -38,11 +38,15 @@ from ..interop import from_hf
 from .merge_peers import PlainToMeBert, merged_length
 from .timing import Contender, measure
 
-__all__ = ["FAMILIES", "LastHidden", "MergeWorkload", "MergingUnavailable", "Setting",
+__all__ = ["FAMILIES", "OURS", "LastHidden", "MergeWorkload", "MergingUnavailable", "Setting",
            "embed", "embed_by_length", "encoder", "mean_cosine", "merge_rows", "ours_merged",
            "quality_embedding", "random_workload", "sentence_embeddings", "settings"]
 
-FAMILIES = ("transformers", "peer", "splitformer")
+FAMILIES = ("transformers", "peer", "splitformer", "splitformer-state")
+"""The contenders: transformers' BertModel (the reference, r = 0), the plain ToMe peer,
+splitformer's merging on ToMe's metric (the keys) and on the state (``metric="state"``: merge
+nodes whose states are close, the quadrature view)."""
+OURS = ("splitformer", "splitformer-state")
 Say = Callable[[str], None]
 Embed = Callable[[Sequence[torch.Tensor]], torch.Tensor]
 
@@ -86,7 +90,8 @@ class Setting:
     def name(self) -> str:
         if self.family == "transformers":
             return "transformers BertModel"
-        who = "ToMe peer" if self.family == "peer" else "splitformer"
+        who = {"peer": "ToMe peer", "splitformer": "splitformer",
+               "splitformer-state": "splitformer state"}[self.family]
         return f"{who} r={self.r}" + (" prop" if self.proportional and self.r else "")
 
     @property
@@ -94,7 +99,7 @@ class Setting:
         return (self.family, self.r, self.proportional and self.r > 0)
 
 
-def settings(rs: Sequence[int], families: Sequence[str] = ("peer", "splitformer"),
+def settings(rs: Sequence[int], families: Sequence[str] = ("peer", *OURS),
              proportional: Sequence[bool] = (False, True)) -> list[Setting]:
     """The transformers reference, then each family at r = 0 and at every r > 0 with each
     choice of ``proportional`` (r = 0 once: there s = 1)."""
@@ -128,6 +133,8 @@ def encoder(setting: Setting, bert: nn.Module, ours: nn.Module | None = None,
         return PlainToMeBert(bert, setting.r, proportional=setting.proportional).eval()
     if ours is None:
         raise ValueError("the splitformer setting needs ours = splitformer.from_hf(bert)")
+    if setting.family == "splitformer-state":
+        options = {**options, "metric": "state"}
     return LastHidden(ours_merged(ours, setting.r, proportional=setting.proportional,
                                   **options)).eval()
 
@@ -220,7 +227,7 @@ def _row(suite_label: str, group: str, s: Setting, result: dict, names: dict, n:
                                                     result[base]["median_s"]}
     speedup = result[names[(s.family, 0, False)]]["median_s"] / r["median_s"]
     return {"suite": "merge", "size": suite_label, "group": group, "path": "no_grad",
-            "name": s.name, "splitformer": s.family == "splitformer", "family": s.family,
+            "name": s.name, "splitformer": s.family in OURS, "family": s.family,
             "r": s.r, "proportional": s.proportional and s.r > 0, "seq": n, "batch": batch,
             "tokens_out": merged_length(n, s.r, layers), **r, "ratios": ratios,
             "speedup": speedup, "note": note}
@@ -244,12 +251,12 @@ def quality_embedding(workload: MergeWorkload, s: Setting, model: nn.Module,
 
 
 def merge_rows(workload: MergeWorkload, rs: Sequence[int], *, repeats: int = 5,
-               warmup: int = 1, families: Sequence[str] = ("peer", "splitformer"),
+               warmup: int = 1, families: Sequence[str] = ("peer", *OURS),
                say: Say | None = None) -> list[dict]:
     """One row per setting and passage length (module doc); a family that cannot be built is
     one row with ``skipped``."""
     say = say or (lambda _m: None)
-    ours = from_hf(workload.bert).eval() if "splitformer" in families else None
+    ours = from_hf(workload.bert).eval() if set(OURS) & set(families) else None
     chosen = settings(rs, families)
     layers = workload.bert.config.num_hidden_layers
     rows: list[dict] = []

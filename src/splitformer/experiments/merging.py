@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..bench.merge_suite import (
+    FAMILIES,
+    OURS,
     Embed,
     LastHidden,
     MergeWorkload,
@@ -155,20 +157,20 @@ def _buildable(families: Sequence[str], minilm: tb.MiniLM, options: dict | None,
     """The families that can be built here (splitformer's needs the library's merging) and
     splitformer's unmerged model (None without it)."""
     families = list(dict.fromkeys(families))
-    if "splitformer" not in families:
+    if not set(OURS) & set(families):
         return families, None
     ours = from_hf(minilm.model).eval()
     try:
         encoder(Setting("splitformer", 1), minilm.model, ours, **(options or {}))
     except MergingUnavailable as e:
         say(f"merge grid: splitformer skipped: {e}")
-        return [f for f in families if f != "splitformer"], None
+        return [f for f in families if f not in OURS], None
     return families, ours
 
 
 def run_grid(out: str | Path, *, rs: Sequence[int] = tuple(range(0, 33, 4)),
              lengths: Sequence[int] = (64, 128, 256, 512), passages: int = 32, batch: int = 8,
-             repeats: int = 10, warmup: int = 2, families: Sequence[str] = ("peer", "splitformer"),
+             repeats: int = 10, warmup: int = 2, families: Sequence[str] = ("peer", *OURS),
              options: dict | None = None, full_quality: bool = True,
              lee_r_at: int | None = None, say: Say | None = None) -> list[dict]:
     """The full grid into the JSON-lines file ``out`` (module doc; ``full_quality=False``:
@@ -224,7 +226,7 @@ def grid_table(rows: Sequence[dict], quality_length: int = 256, lee_r_at: int | 
                if r.get("kind") == "quality" and r.get("lee_r_at") == lee_r_at}
     lengths = sorted({k[0] for k in speed})
     keys = sorted({k[1:] for k in speed} | set(quality),
-                  key=lambda k: (("transformers", "peer", "splitformer").index(k[0]), k[2], k[1]))
+                  key=lambda k: (FAMILIES.index(k[0]), k[2], k[1]))
     even = break_even(list(speed.values()))
     how = "r" if lee_r_at is None else f"r N / {lee_r_at}"
     table = Table(title=f"token merging on {LABEL} (speed-up over r = 0; fidelity to the "
