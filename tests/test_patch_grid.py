@@ -308,3 +308,21 @@ def test_a_padding_node_changes_nothing(pool):
         assert maxdiff(a.last_hidden_state[:, keep], b.last_hidden_state[:, keep]) <= 1e-12
         assert maxdiff(a.pooler_output, b.pooler_output) <= 1e-12
         assert maxdiff(m(x).pooler_output, m(y).pooler_output) > 1e-3
+
+
+def test_a_resize_cached_under_inference_mode_still_trains():
+    """Review finding: B^+ first built under torch.inference_mode() was an inference tensor
+    and broke every later backward ('Inference tensors cannot be saved for backward')."""
+    from splitformer.models import build_vit
+    from splitformer.models.resample import _matrices, _pinv_on
+
+    _matrices.cache_clear()
+    _pinv_on.cache_clear()
+    torch.manual_seed(0)
+    v = build_vit(image_size=16, patch_size=4, in_chans=3, dim=16, depth=1, num_heads=2,
+                  hidden_dim=24, num_classes=3).with_patch_size(8)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.inference_mode():
+        v.eval()(x)
+    v.train()(x).logits.sum().backward()
+    assert v.embedding.patch.weight.grad is not None

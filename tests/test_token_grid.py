@@ -264,3 +264,30 @@ def test_cross_attention_query_index_does_not_move_when_the_memory_is_refined():
         for j in range(3):
             m2, wm2, cm2, _ = split_node(m, wm, cm, j)
             assert (run(m2, wm2, cm2) - y).abs().max() <= TOL, j
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_weights_are_a_rule_up_to_scale_and_relative_kernels_read_real_coordinates(name):
+    """Review findings: w -> c w changes nothing even for tiny c (float16 underflow, the linear
+    kernel's eps floor), and a relative kernel is invariant under a shift of every coordinate
+    by a fraction (a kernel that rounded the coordinates would fail: floor moved rotary by 0.29,
+    ALiBi by 0.02)."""
+    from splitformer.operators import NonlocalAttention
+
+    torch.manual_seed(0)
+    op = NonlocalAttention(8, 2, dtype=torch.float64).eval()
+    op.set_kernel(name)
+    u = torch.randn(2, 5, 8, dtype=torch.float64)
+    w = torch.rand(5, dtype=torch.float64) + 0.5
+    with torch.no_grad():
+        y = op(u, Context(token_weights=w))
+        for c in (1e-14, 1e12):
+            assert (op(u, Context(token_weights=w * c)) - y).abs().max() < 1e-10
+        x = torch.arange(5, dtype=torch.float64) * 0.7
+        a = op(u, Context(token_weights=w, token_coords=x))
+        b = op(u, Context(token_weights=w, token_coords=x + 0.37))
+        assert (a - b).abs().max() < 1e-10
+    half = NonlocalAttention(8, 2, dtype=torch.float16).eval()
+    with torch.no_grad():
+        uh = u.half()
+        assert torch.equal(half(uh), half(uh, Context(token_weights=torch.full((5,), 1e-8))))

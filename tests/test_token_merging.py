@@ -427,3 +427,37 @@ def test_families_without_a_patch_grid_refuse_with_patch_size_by_name():
     for call in (lambda: m.with_patch_size(4), lambda: m.with_image_size(32)):
         with pytest.raises(ValueError, match="has no patch grid.*CvT"):
             call()
+
+
+def test_what_reads_the_path_or_brings_a_causal_kernel_refuses_merging():
+    """Review findings: a causal ALiBi kernel (its own support x' <= x, not is_causal) is
+    refused at run time; convergence, adaptive depth and analyze refuse a merging model by
+    name (they compared or read states on token grids that differ)."""
+    from splitformer.analysis import adaptive_depth, analyze, convergence
+    from splitformer.analysis.checks import ArgumentError
+    from splitformer.models.encoder import network_encoder
+
+    torch.manual_seed(0)
+    enc = network_encoder(16, 4, 24, 2, dtype=torch.float64).eval()
+    x = torch.randn(1, 8, 16, dtype=torch.float64)
+    causal = enc.with_kernel("alibi", causal=True).with_token_merging(2, metric="state")
+    with pytest.raises(ValueError, match="causal support of its own"):
+        causal(x)
+    merged = enc.with_token_merging(2)
+    with pytest.raises(ArgumentError, match="merges tokens"):
+        convergence(merged, x, ks=(1, 2), ref_k=3)
+    with pytest.raises(ArgumentError, match="merges tokens"):
+        analyze(merged, (x,))
+    with pytest.raises(ArgumentError, match="merges tokens"):
+        adaptive_depth(merged, x, 0.1)
+
+
+def test_a_causal_lm_refuses_labels_on_a_token_grid():
+    from splitformer.models import causal_decoder
+
+    torch.manual_seed(0)
+    m = causal_decoder(31, 12, 16, 2, 2, lm_head=True).eval()
+    ids = torch.randint(0, 31, (1, 6))
+    assert m(ids, labels=ids).loss is not None
+    with pytest.raises(ValueError, match="labels with token_weights"):
+        m(ids, labels=ids, token_weights=torch.ones(6))

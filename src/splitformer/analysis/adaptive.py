@@ -62,7 +62,7 @@ import torch
 from ..files import save_figure
 from ..models.base import EvolutionModel
 from ..time import NonFiniteError
-from .checks import ArgumentError, _is_int, check_model
+from .checks import ArgumentError, _is_int, check_model, refuse_merging
 
 __all__ = [
     "ESTIMATES",
@@ -394,6 +394,7 @@ def adaptive_depth(
     ``NonFiniteError`` naming the level whose u(T) or read-out is not finite.
     """
     _check_model(model)
+    refuse_merging([o.evolution for o in model.evolution_owners()], "adaptive depth")
     tol = _check_tol(tol)
     levels = _check_levels(levels)
     estimator = _check_estimate(estimate)

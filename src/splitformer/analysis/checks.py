@@ -261,3 +261,14 @@ def check_reference(evo: Evolution, reference: str, argument: str = "reference")
                                       f"field is followed by a projection onto one common set; "
                                       f"the scheme is not one: {why}. Expected 'same-scheme' "
                                       f"or 'auto'")
+
+
+def refuse_merging(evolutions: list, what: str) -> None:
+    """ArgumentError("model") when one of ``evolutions`` merges tokens (``Evolution.merging``):
+    ``what`` compares or reads states along the path, whose token grids then differ from step
+    to step and from one step size to another (docs/space.md, "Coarsening in x")."""
+    if any(e.merging is not None for e in evolutions):
+        raise ArgumentError("model", f"{what} is not defined for a model that merges tokens "
+                                     "(with_token_merging): the token grid changes along the "
+                                     "path; run it on the model without merging "
+                                     "(with_token_merging(None))")

@@ -45,6 +45,7 @@ from .checks import (
     check_u0,
     check_u_ref,
     projected_ode_mismatch,
+    refuse_merging,
     with_scheme_checked,
 )
 
@@ -313,6 +314,7 @@ def convergence(
     ref_k = check_ref_k(ref_k)
     ks = check_ks(ks, ref_k)
     check_model(model, base)
+    refuse_merging([base], "convergence in tau")
     check_u0(u0, model, base)
     evo, named = _scheme_checked(base, scheme, integrator, form)
     check_reference(evo, reference)

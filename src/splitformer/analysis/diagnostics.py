@@ -144,7 +144,7 @@ from ..time import Evolution, SaveAt, Trajectory
 from ..time.saveat import Substep
 from .capture import Call, capture, check_finite, check_inputs, family_of, nonfinite
 from .capture import capture as _capture  # noqa: F401 (moved to analysis.capture)
-from .checks import ArgumentError, check_seed
+from .checks import ArgumentError, check_seed, refuse_merging
 from .geometry import attention_entropy, cosine_similarity, difference, effective_rank, frob
 from .lipschitz import (
     LIPSCHITZ_ITERATIONS,
@@ -646,6 +646,7 @@ def analyze(model: EvolutionModel, inputs: tuple | list | Mapping[str, Any], *,
     if not isinstance(model, EvolutionModel):
         raise ArgumentError("model", f"expected a splitformer EvolutionModel (from_torch, "
                                      f"from_hf, build_vit, ...), got {type(model).__name__}")
+    refuse_merging([o.evolution for o in model.evolution_owners()], "analyze")
     args, kwargs = check_inputs(inputs)
     iterations = check_int(lipschitz_iterations, "lipschitz_iterations", 1)
     tol = check_real(lipschitz_tol, "lipschitz_tol", 0.0, 1.0)

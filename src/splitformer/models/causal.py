@@ -303,6 +303,12 @@ class CausalLM(CausalDecoderModel):
         keep = slice(-keep, None) if isinstance(keep, int) else keep
         out.logits = self.lm_head(out.last_hidden_state[:, keep, :])
         labels = context.extra.get("labels")
+        if labels is not None and (context.token_weights is not None
+                                   or context.token_coords is not None):
+            raise ValueError("labels with token_weights / token_coords: the next-token loss is "
+                             "a mean over token positions (the label of x is the token at "
+                             "index x + 1), not a quadrature on the grid, so it is not defined "
+                             "there; refused (compute the loss from the logits)")
         out.loss = self.lm_loss(out.logits, labels) if labels is not None else None
         return out
 

@@ -102,7 +102,15 @@ def _interpolate(x: torch.Tensor, size: tuple[int, int], rule: Resampling) -> to
 @functools.lru_cache(maxsize=64)
 def _matrices(old: tuple[int, int], new: tuple[int, int], rule: Resampling
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, B^+) in float64 on the CPU: B (new_h new_w, old_h old_w), row-major pixels."""
+    """(B, B^+) in float64 on the CPU: B (new_h new_w, old_h old_w), row-major pixels. Built
+    outside inference mode, so that a cache filled under ``torch.inference_mode()`` serves a
+    later training step (an inference tensor cannot be saved for backward)."""
+    with torch.inference_mode(False), torch.no_grad():
+        return _build_matrices(old, new, rule)
+
+
+def _build_matrices(old: tuple[int, int], new: tuple[int, int], rule: Resampling
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     n_old = old[0] * old[1]
     basis = torch.eye(n_old, dtype=torch.float64).reshape(n_old, 1, *old)
     b = _interpolate(basis, new, rule).reshape(n_old, new[0] * new[1]).T.contiguous()
@@ -112,8 +120,10 @@ def _matrices(old: tuple[int, int], new: tuple[int, int], rule: Resampling
 @functools.lru_cache(maxsize=64)
 def _pinv_on(old: tuple[int, int], new: tuple[int, int], rule: Resampling, dtype: torch.dtype,
              device: torch.device) -> torch.Tensor:
-    """B^+ in ``dtype`` on ``device`` (cached: not moved again at every forward pass)."""
-    return _matrices(old, new, rule)[1].to(dtype=dtype, device=device)
+    """B^+ in ``dtype`` on ``device`` (cached: not moved again at every forward pass; made
+    outside inference mode, as ``_matrices``)."""
+    with torch.inference_mode(False), torch.no_grad():
+        return _matrices(old, new, rule)[1].to(dtype=dtype, device=device)
 
 
 def resize_matrix(old: tuple[int, int], new: tuple[int, int], rule: Resampling = Resampling()

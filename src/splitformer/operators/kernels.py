@@ -123,6 +123,12 @@ class Kernel(nn.Module):
     takes_scale: ClassVar[bool] = False
     relative: ClassVar[bool] = False
     grid_aware: ClassVar[bool] = False
+
+    @property
+    def causal_support(self) -> bool:
+        """Whether the kernel is supported on x' <= x whatever ``is_causal`` says (a causal
+        ALiBi kernel); False for the others."""
+        return False
     scale: float | None = None
 
     @classmethod
@@ -553,6 +559,10 @@ class ALiBiKernel(Kernel):
 
     def extra_repr(self) -> str:
         return f"heads={self.slopes.numel()}, causal={self.causal}, scale={self.scale}"
+
+    @property
+    def causal_support(self) -> bool:
+        return self.causal
 
     def bias(self, n_q: int, n_k: int, dtype, device) -> torch.Tensor:
         x = torch.arange(n_q, device=device, dtype=dtype).unsqueeze(-1) + (n_k - n_q)

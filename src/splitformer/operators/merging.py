@@ -318,6 +318,11 @@ def _check_support(context: Context, n: int) -> None:
         raise ValueError("token merging: the kernel's support is causal (x' <= x): a merged "
                          "node would carry a later token's state into an earlier one; refused "
                          "(GPT-2 and decoders cannot merge tokens)")
+    mm = context.extra.get("memory_mask")
+    if isinstance(mm, torch.Tensor) and mm.dim() >= 2 and mm.shape[-2] != 1:
+        raise ValueError(f"token merging: memory_mask of shape {tuple(mm.shape)} has one row "
+                         "per query node, which has no reading on the merged grid; refused "
+                         "(give a key-padding memory mask, one value per memory node)")
     m = context.attn_mask
     if m is not None and (m.dim() > 4 or (m.dim() >= 2 and m.shape[-2] != 1)
                           or (m.dim() >= 3 and m.shape[-3] != 1) or m.shape[-1] != n):

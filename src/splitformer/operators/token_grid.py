@@ -117,24 +117,20 @@ class KernelGrid:
         None for uniform weights."""
         if self.key_weights is None:
             return None
-        w = self.key_weights.to(device=device, dtype=dtype)
-        w = w if w.dim() == 2 else w.unsqueeze(0)
-        return w.log()[:, None, None, :]
+        return _scaled(self.key_weights, device).log().to(dtype)[:, None, None, :]
 
     def log_query_weights(self, dtype: torch.dtype, device: torch.device
                           ) -> torch.Tensor | None:
         """log w_i of the queries as (B or 1, 1, N_q, 1), or None for uniform weights."""
         if self.query_weights is None:
             return None
-        return _rows(self.query_weights, dtype, device).log()[:, None, :, None]
+        return _scaled(self.query_weights, device).log().to(dtype)[:, None, :, None]
 
     def weights(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
         """w_j as (B or 1, 1, 1, N_k), or None for uniform weights."""
         if self.key_weights is None:
             return None
-        w = self.key_weights.to(device=device, dtype=dtype)
-        w = w if w.dim() == 2 else w.unsqueeze(0)
-        return w[:, None, None, :]
+        return _scaled(self.key_weights, device).to(dtype)[:, None, None, :]
 
     def positions(self, n_q: int, n_k: int, dtype: torch.dtype, device: torch.device
                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,6 +155,16 @@ class KernelGrid:
         return (xk[:, None, :] <= xq[:, :, None]).unsqueeze(1)
 
 
+def _scaled(w: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """w / max_j w_j per row, (B or 1, N), in float64: every kernel is invariant under w -> c w
+    (the weights are a rule up to scale), and scaling by the row's largest weight before the
+    cast to the operator's dtype keeps tiny or huge weights from underflowing (float16) or from
+    meeting a kernel's floor (the linear kernel's eps)."""
+    w = w.to(device=device, dtype=torch.float64)
+    w = w if w.dim() == 2 else w.unsqueeze(0)
+    return w / w.amax(-1, keepdim=True)
+
+
 def _rows(t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     t = t.to(dtype=dtype, device=device)
     return t if t.dim() == 2 else t.unsqueeze(0)
@@ -172,7 +178,7 @@ def weighted_mean(u: torch.Tensor, weights: torch.Tensor | None,
     if weights is None and keep is None:
         return u.mean(1)
     w = torch.ones(u.shape[:2], dtype=u.dtype, device=u.device) if weights is None else \
-        torch.broadcast_to(weights.to(dtype=u.dtype, device=u.device), u.shape[:2])
+        torch.broadcast_to(_scaled(weights, u.device).to(u.dtype), u.shape[:2])
     if keep is not None:
         w = w * keep.to(dtype=u.dtype, device=u.device)
     return (u * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True)

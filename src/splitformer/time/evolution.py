@@ -45,6 +45,7 @@ import warnings
 import torch
 from torch import nn
 
+from ..operators.attention import AttentionOperator
 from ..operators.base import Context
 from ..operators.convolution import ConvolutionalAttention
 from ..operators.merging import TokenMerging, start_trace
@@ -266,6 +267,7 @@ class Evolution(nn.Module):
     def _run(self, u0, context, keep, subs) -> torch.Tensor:
         if self.merging is not None and self.merging.active:
             context = context if context is not None else Context()
+            _refuse_causal_kernels(self.controls, self.merging)
             start_trace(u0, context, self.merging)
         state = self.scheme.lift(u0)
         return self.scheme.read(self.adjoint.solve(self, state, context, keep, subs))
@@ -336,6 +338,21 @@ class Evolution(nn.Module):
             if subs is not None:
                 subs.append(Substep(i, j, str(stages[j]), self.scheme_read(u)))
         return observe
+
+
+def _refuse_causal_kernels(controls: Controls, merging: TokenMerging) -> None:
+    """ValueError naming the operator whose kernel brings its own causal support
+    (``Kernel.causal_support``, e.g. ``ALiBiKernel(causal=True)``): a merged node would carry a
+    later token into an earlier one. Checked at run time, since ``with_kernel`` may install
+    such a kernel after the merging was set."""
+    for theta in controls:
+        for name, op in theta.items():
+            kernel = op.kernel if isinstance(op, AttentionOperator) else None
+            if kernel is not None and kernel.causal_support:
+                raise ValueError(f"token merging {merging}: the kernel of {name!r} "
+                                 f"({type(kernel).__name__}) has a causal support of its own "
+                                 "(x' <= x): a merged node would carry a later token's state "
+                                 "into an earlier one; refused")
 
 
 def _check_merging(merging: TokenMerging, scheme: Scheme, controls: Controls, adjoint: Adjoint,
