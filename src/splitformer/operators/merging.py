@@ -68,8 +68,9 @@ class TokenMerging:
 
     ``r``: nodes merged per unit of time (per layer of the network at tau = 1): an int, or a
     sequence of ints, one per unit interval [n, n + 1) of [0, T]. The merge of interval n runs
-    in the first step of it (after ``refine(k)``, once every k steps), so the grid at every
-    integer time is the same whatever the time step. ``metric``: "keys" or "state" (what the
+    in the first step of it (after ``refine(k)``, once every k steps), so the number of nodes
+    at every integer time is the same whatever the time step (which nodes merge is not: the
+    states, and so the matching, differ with the step). ``metric``: "keys" or "state" (what the
     cosine similarity is taken of). ``where``: "attention" (after the attention substep of the
     step, on that step's keys: ToMe's placement) or "step" (at the start of the step: the whole
     step runs on the coarse grid). ``proportional``: the merged node's weight is the sum of the
