@@ -461,3 +461,37 @@ def test_a_causal_lm_refuses_labels_on_a_token_grid():
     assert m(ids, labels=ids).loss is not None
     with pytest.raises(ValueError, match="labels with token_weights"):
         m(ids, labels=ids, token_weights=torch.ones(6))
+
+
+def test_exports_train_flags_and_unmerge_refuse_what_they_cannot_honour():
+    """Trial findings: to_torch / to_hf wrote a network without the merge; --merge with the
+    checkpoint adjoint was a traceback; MergeTrace.unmerge accepted a state of the wrong
+    size and returned it silently misread."""
+    import transformers
+
+    import splitformer
+    from splitformer.models.encoder import network_encoder
+    from splitformer.training.config import ConfigError, TrainConfig
+
+    torch.manual_seed(0)
+    enc = network_encoder(16, 4, 24, 2).eval()
+    merged = enc.with_token_merging(2)
+    with pytest.raises(ValueError, match="merges tokens"):
+        splitformer.to_torch(merged)
+    cfg = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=24)
+    bert = splitformer.from_hf(transformers.BertModel(cfg).eval())
+    with pytest.raises(ValueError, match="merges tokens"):
+        splitformer.to_hf(bert.with_token_merging(2))
+    splitformer.to_hf(bert)  # the unmerged model still exports
+    with pytest.raises(ConfigError, match="adjoint 'backprop'"):
+        TrainConfig(merge=2, adjoint="checkpoint")
+    m = network_encoder(16, 4, 24, 2).eval().with_token_merging(2, unmerge=False)
+    x = torch.randn(2, 10, 16)
+    with torch.no_grad():
+        out, trace = m.solve_traced(x)
+    assert trace.unmerge(out).shape == (2, 10, 16)
+    for bad, point in ((torch.randn(2, 7, 16), None), (out, -1), (out[:1], None),
+                       (out, True)):
+        with pytest.raises(ValueError, match="MergeTrace.unmerge"):
+            trace.unmerge(bad, point)

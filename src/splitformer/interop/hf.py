@@ -88,6 +88,7 @@ def to_hf(model):
         raise TypeError(f"to_hf(model) expects a splitformer model made by from_hf (BERT, ViT, "
                         f"CvT or GPT-2: BertEncoderModel, ViT, ConvolutionalVisionTransformer, "
                         f"CausalDecoderModel), got {type(model).__name__}")
+    model.refuse_merging_export("to_hf(model)")
     cls = model.source.field("hf_class")
     if cls not in HF_CLASSES:
         raise ValueError("to_hf(model) needs a model made by from_hf (its source has "

@@ -19,6 +19,9 @@ def from_timm(model, **kwargs):
 
 def to_timm(model):
     """The timm VisionTransformer with the same weights (needs timm installed)."""
+    from ..models.base import EvolutionModel
     from .timm_vit import to_timm_model
 
+    if isinstance(model, EvolutionModel):
+        model.refuse_merging_export("to_timm(model)")
     return to_timm_model(model)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..models.base import EvolutionModel
 from ..models.encoder import Encoder
 from ..models.seq2seq import CrossDecoder, EncoderDecoderModel
 from .torch_decoder import from_torch_decoder, to_torch_decoder
@@ -91,6 +92,8 @@ def to_torch(model: Encoder | CrossDecoder | EncoderDecoderModel) -> nn.Module:
     """The torch.nn module with the same weights (the inverse of ``from_torch``): Encoder ->
     nn.TransformerEncoder (or Layer, as its source records), CrossDecoder ->
     nn.TransformerDecoder (or Layer), EncoderDecoderModel -> nn.Transformer."""
+    if isinstance(model, EvolutionModel):
+        model.refuse_merging_export("to_torch(model)")
     if isinstance(model, EncoderDecoderModel):
         return to_torch_transformer(model)
     if isinstance(model, CrossDecoder):

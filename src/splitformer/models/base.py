@@ -257,6 +257,14 @@ class EvolutionModel(nn.Module):
         """The same model on images of another size (ViT families); refused elsewhere."""
         raise ValueError(self._no_patch_grid("with_image_size"))
 
+    def refuse_merging_export(self, what: str) -> None:
+        """ValueError when an evolution of this model merges tokens: ``what`` (an export to
+        torch.nn, transformers or timm) would write a network without the merge."""
+        if any(o.evolution.merging is not None for o in self.evolution_owners()):
+            raise ValueError(f"{what}: the model merges tokens (with_token_merging), which the "
+                             "exported network cannot do; export the model it was derived "
+                             "from (with_token_merging(None))")
+
     def _no_patch_grid(self, what: str) -> str:
         return (f"{what}: {type(self).__name__} has no patch grid to resample (only the ViT "
                 "families' patch kernel and position table are read as functions on the image "

@@ -295,7 +295,21 @@ class MergeTrace:
 
     def unmerge(self, u: torch.Tensor, point: int | None = None) -> torch.Tensor:
         """u on the grid of t_point (default: the last) read back on the input grid: every
-        input node gets the state of the node it went into, (B, N_input, ...)."""
+        input node gets the state of the node it went into, (B, N_input, ...). ValueError
+        naming ``point`` (an int >= 0 or None) or ``u`` (B, N at that point, ...) otherwise."""
+        if point is not None and (isinstance(point, bool) or not isinstance(point, int)
+                                  or point < 0):
+            raise ValueError(f"MergeTrace.unmerge: point must be None (the last grid point) or "
+                             f"a grid point index >= 0, got {point!r}")
+        k = len(self.steps) if point is None else sum(s < point for s in self.steps)
+        n = self.nodes[k - 1] if k else self.num_input
+        batch = self.index[0].shape[0] if self.index else None
+        if not isinstance(u, torch.Tensor) or u.dim() < 2 or u.shape[1] != n or (
+                batch is not None and u.shape[0] != batch):
+            shape = tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__
+            raise ValueError(f"MergeTrace.unmerge: u must be a state on the grid of that point, "
+                             f"shape ({batch if batch is not None else 'B'}, {n}, ...), got "
+                             f"{shape}")
         idx = self.index_at(point)
         return u if idx is None else take_rows(u, idx)
 

@@ -256,6 +256,10 @@ class TrainConfig:
             raise ConfigError(f"patch must be None or >= 1, got {self.patch!r}")
         if self.merge < 0:
             raise ConfigError(f"merge must be >= 0 (nodes merged per layer), got {self.merge!r}")
+        if self.merge and self.adjoint in ("checkpoint", "reversible"):
+            raise ConfigError(f"merge={self.merge} needs adjoint 'backprop': adjoint "
+                              f"{self.adjoint!r} recomputes or inverts each step from its "
+                              "start, where the token grid was finer than the merge leaves it")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not 0.0 <= self.warmup < 1.0:
