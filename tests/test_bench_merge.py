@@ -19,7 +19,6 @@ from splitformer import from_hf
 from splitformer.bench import Size
 from splitformer.bench.merge_peers import PlainToMeBert, bipartite_soft_matching, merged_length
 from splitformer.bench.merge_suite import (
-    MergingUnavailable,
     Setting,
     embed,
     merge_rows,
@@ -149,17 +148,15 @@ def test_peer_refuses_padding_training_and_bad_r():
         PlainToMeBert(bert, -1)
 
 
-def test_the_library_call_refuses_until_the_library_merges():
+def test_the_library_call_merges_and_reads_out_on_the_input_grid():
     ours = from_hf(tiny_bert()).eval()
     assert ours_merged(ours, 0, proportional=True) is ours
-    if "with_token_merging" in dir(ours):  # the library's merging has landed
-        merged = ours_merged(ours, 4, proportional=True)
-        with torch.no_grad():
-            out = merged(input_ids=ids(), attention_mask=torch.ones(2, 33)).last_hidden_state
-        assert out.shape == (2, 33, 32)  # read out unmerged to the input's N
-    else:
-        with pytest.raises(MergingUnavailable, match="with_token_merging"):
-            ours_merged(ours, 4, proportional=False)
+    merged = ours_merged(ours, 4, proportional=True)
+    with torch.no_grad():
+        plain = ours(input_ids=ids(), attention_mask=torch.ones(2, 33)).last_hidden_state
+        out = merged(input_ids=ids(), attention_mask=torch.ones(2, 33)).last_hidden_state
+    assert out.shape == (2, 33, 32)  # read out unmerged to the input's N
+    assert (out - plain).abs().max() > 1e-4  # and it did merge
 
 
 def test_settings_names_and_refusals():

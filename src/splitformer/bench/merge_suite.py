@@ -38,7 +38,7 @@ from ..interop import from_hf
 from .merge_peers import PlainToMeBert, merged_length
 from .timing import Contender, measure
 
-__all__ = ["FAMILIES", "OURS", "LastHidden", "MergeWorkload", "MergingUnavailable", "Setting",
+__all__ = ["FAMILIES", "OURS", "LastHidden", "MergeWorkload", "Setting",
            "embed", "embed_by_length", "encoder", "mean_cosine", "merge_rows", "ours_merged",
            "quality_embedding", "random_workload", "sentence_embeddings", "settings"]
 
@@ -51,23 +51,13 @@ Say = Callable[[str], None]
 Embed = Callable[[Sequence[torch.Tensor]], torch.Tensor]
 
 
-class MergingUnavailable(NotImplementedError):
-    """This splitformer has no ``with_token_merging`` yet: only the peer can be measured."""
-
-
 def ours_merged(model: nn.Module, r: int, *, proportional: bool, **options) -> nn.Module:
     """THE LIBRARY CALL: the splitformer model ``model`` merging r nodes per step,
     ``model.with_token_merging(r, proportional=..., **options)`` (``options``: the library's
     ``metric=``, ``where=``, ...; its read-out unmerged to the input's N). r = 0 is ``model``."""
     if r == 0:
         return model
-    try:
-        method = model.with_token_merging
-    except AttributeError:
-        raise MergingUnavailable("splitformer's model.with_token_merging(r) is not in this "
-                                 "build yet (issue 17, item 3): only the plain ToMe peer is "
-                                 "measured") from None
-    return method(r, proportional=proportional, **options)
+    return model.with_token_merging(r, proportional=proportional, **options)
 
 
 @dataclass(frozen=True)
@@ -125,8 +115,7 @@ class LastHidden(nn.Module):
 def encoder(setting: Setting, bert: nn.Module, ours: nn.Module | None = None,
             **options) -> nn.Module:
     """The network of ``setting`` over the transformers ``bert`` (``ours``: its
-    ``splitformer.from_hf``; ``options`` go to the library call). MergingUnavailable when the
-    library cannot merge yet."""
+    ``splitformer.from_hf``; ``options`` go to the library call)."""
     if setting.family == "transformers":
         return LastHidden(bert).eval()
     if setting.family == "peer":
@@ -210,11 +199,7 @@ def _contenders(workload: MergeWorkload, chosen: list[Setting], ids: torch.Tenso
     for s in chosen:
         if s.family in skipped:
             continue
-        try:
-            net = encoder(s, workload.bert, ours, **(workload.options or {}))
-        except MergingUnavailable as e:
-            skipped[s.family] = str(e)
-            continue
+        net = encoder(s, workload.bert, ours, **(workload.options or {}))
         built.append((s, Contender(s.name, net, (ids, mask))))
     return built, skipped
 

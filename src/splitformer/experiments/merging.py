@@ -40,8 +40,6 @@ from ..bench.merge_suite import (
     Embed,
     LastHidden,
     MergeWorkload,
-    MergingUnavailable,
-    Setting,
     embed,
     encoder,
     mean_cosine,
@@ -154,18 +152,12 @@ def _quality(workload: MergeWorkload, minilm: tb.MiniLM, ours, out: Path, done: 
 
 def _buildable(families: Sequence[str], minilm: tb.MiniLM, options: dict | None,
                say: Say) -> tuple[list[str], object]:
-    """The families that can be built here (splitformer's needs the library's merging) and
-    splitformer's unmerged model (None without it)."""
+    """The families asked for (each once) and splitformer's unmerged model (None when no
+    splitformer family is asked for)."""
     families = list(dict.fromkeys(families))
     if not set(OURS) & set(families):
         return families, None
-    ours = from_hf(minilm.model).eval()
-    try:
-        encoder(Setting("splitformer", 1), minilm.model, ours, **(options or {}))
-    except MergingUnavailable as e:
-        say(f"merge grid: splitformer skipped: {e}")
-        return [f for f in families if f not in OURS], None
-    return families, ours
+    return families, from_hf(minilm.model).eval()
 
 
 def run_grid(out: str | Path, *, rs: Sequence[int] = tuple(range(0, 33, 4)),
