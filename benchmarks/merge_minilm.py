@@ -23,16 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(dict.fromkeys(int(t) for t in text.split(",") if t.strip()))
-    except ValueError:
-        values = ()
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected integers >= 0 separated by commas, got "
-                                         f"{text!r}")
-    return values
+from splitformer.commands import int_list
 
 
 def _option(text: str) -> tuple[str, str]:
@@ -46,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("results/merge-minilm.jsonl"))
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rs", type=_ints, default=tuple(range(0, 33, 4)))
-    ap.add_argument("--lengths", type=_ints, default=(64, 128, 256, 512))
+    ap.add_argument("--rs", type=int_list(0), default=tuple(range(0, 33, 4)))
+    ap.add_argument("--lengths", type=int_list(3, 512, "(tokens)"), default=(64, 128, 256, 512))
     ap.add_argument("--passages", type=int, default=32, help="passages a length (cosine)")
     ap.add_argument("--batch", type=int, default=8, help="passages timed together")
     ap.add_argument("--repeats", type=int, default=10)
@@ -59,8 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--option", type=_option, action="append", default=[],
                     help="key=value passed to model.with_token_merging (e.g. metric=keys)")
     args = ap.parse_args(argv)
-    if min(args.lengths) < 3 or max(args.lengths) > 512:
-        ap.error("--lengths: expected lengths in [3, 512]")
     if args.lee_r_at is not None and args.lee_r_at < 1:
         ap.error("--lee-r-at: expected a positive length")
     if args.batch < 1 or args.passages < args.batch:

@@ -336,7 +336,7 @@ def test_refusals_name_what_cannot_merge():
     cvt = build_cvt([CvtStageSpec(1, 16, 2, 1, cls_token=True)], num_labels=3)
     with pytest.raises(ValueError, match="evolution|convolutional"):
         cvt.with_token_merging(1)
-    with pytest.raises(ValueError, match="convolutional"):
+    with pytest.raises(ValueError, match="needs the regular token grid"):
         cvt.stages[0].with_token_merging(1)
     for bad, match in (({"r": -1}, "int >= 0"), ({"r": 1.5}, "int >= 0"),
                        ({"r": 1, "metric": "values"}, "metric"),
@@ -391,18 +391,25 @@ def test_training_with_merge_runs_and_learns(tmp_path):
     assert run.model.merge_trace(images).nodes == [14, 11]
 
 
-def test_bert_protects_its_class_token_and_vit_features_are_unmerged():
-    """BERT declares its [CLS] node a prefix (never merged without protect=); ViT's
-    forward_features and outputs read out on the input grid like forward."""
+def _tiny_hf_bert():
+    """splitformer.from_hf of a random 2-layer transformers BertModel (vocabulary 40)."""
     import transformers
 
     import splitformer
-    from splitformer.models import build_vit
 
     torch.manual_seed(0)
     cfg = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2,
                                   num_attention_heads=2, intermediate_size=24)
-    m = splitformer.from_hf(transformers.BertModel(cfg).eval()).with_token_merging(3)
+    return splitformer.from_hf(transformers.BertModel(cfg).eval())
+
+
+def test_bert_protects_its_class_token_and_vit_features_are_unmerged():
+    """BERT declares its [CLS] node a prefix (never merged without protect=); ViT's
+    forward_features and outputs read out on the input grid like forward."""
+
+    from splitformer.models import build_vit
+
+    m = _tiny_hf_bert().with_token_merging(3)
     ids = torch.randint(0, 40, (2, 12))
     trace = m.merge_trace(ids)
     assert m.num_prefix_tokens == 1
@@ -467,7 +474,6 @@ def test_exports_train_flags_and_unmerge_refuse_what_they_cannot_honour():
     """Trial findings: to_torch / to_hf wrote a network without the merge; --merge with the
     checkpoint adjoint was a traceback; MergeTrace.unmerge accepted a state of the wrong
     size and returned it silently misread."""
-    import transformers
 
     import splitformer
     from splitformer.models.encoder import network_encoder
@@ -478,9 +484,7 @@ def test_exports_train_flags_and_unmerge_refuse_what_they_cannot_honour():
     merged = enc.with_token_merging(2)
     with pytest.raises(ValueError, match="merges tokens"):
         splitformer.to_torch(merged)
-    cfg = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2,
-                                  num_attention_heads=2, intermediate_size=24)
-    bert = splitformer.from_hf(transformers.BertModel(cfg).eval())
+    bert = _tiny_hf_bert()
     with pytest.raises(ValueError, match="merges tokens"):
         splitformer.to_hf(bert.with_token_merging(2))
     splitformer.to_hf(bert)  # the unmerged model still exports

@@ -192,16 +192,11 @@ class MergeWorkload:
 
 
 def _contenders(workload: MergeWorkload, chosen: list[Setting], ids: torch.Tensor,
-                ours: nn.Module | None) -> tuple[list[tuple[Setting, Contender]], dict]:
-    """The contenders that can be built, and a skip reason per family that cannot."""
-    built, skipped = [], {}
+                ours: nn.Module | None) -> list[tuple[Setting, Contender]]:
+    """Each setting's network, timed on ``ids``."""
     mask = torch.ones_like(ids)
-    for s in chosen:
-        if s.family in skipped:
-            continue
-        net = encoder(s, workload.bert, ours, **(workload.options or {}))
-        built.append((s, Contender(s.name, net, (ids, mask))))
-    return built, skipped
+    return [(s, Contender(s.name, encoder(s, workload.bert, ours, **(workload.options or {})),
+                          (ids, mask))) for s in chosen]
 
 
 def _row(suite_label: str, group: str, s: Setting, result: dict, names: dict, n: int,
@@ -238,8 +233,7 @@ def quality_embedding(workload: MergeWorkload, s: Setting, model: nn.Module,
 def merge_rows(workload: MergeWorkload, rs: Sequence[int], *, repeats: int = 5,
                warmup: int = 1, families: Sequence[str] = ("peer", *OURS),
                say: Say | None = None) -> list[dict]:
-    """One row per setting and passage length (module doc); a family that cannot be built is
-    one row with ``skipped``."""
+    """One row per setting and passage length (module doc)."""
     say = say or (lambda _m: None)
     ours = from_hf(workload.bert).eval() if set(OURS) & set(families) else None
     chosen = settings(rs, families)
@@ -248,7 +242,7 @@ def merge_rows(workload: MergeWorkload, rs: Sequence[int], *, repeats: int = 5,
     quality: dict[tuple, dict] = {}
     for n, passages in workload.passages.items():
         group = f"{n} tokens, batch {workload.batch}"
-        built, skipped = _contenders(workload, chosen, passages[:workload.batch], ours)
+        built = _contenders(workload, chosen, passages[:workload.batch], ours)
         say(f"merge {workload.label}: {group}, {len(built)} settings")
         result = measure([c for _s, c in built], "no_grad", repeats=repeats, warmup=warmup)
         names = {s.key: s.name for s, _c in built}
@@ -265,8 +259,6 @@ def merge_rows(workload: MergeWorkload, rs: Sequence[int], *, repeats: int = 5,
                         workload, s, c.model, ours))
                 row.update(quality[s.key])
             rows.append(row)
-        rows += [{"suite": "merge", "size": workload.label, "group": group, "family": f,
-                  "skipped": why} for f, why in skipped.items()]
     return rows
 
 

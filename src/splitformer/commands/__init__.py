@@ -36,6 +36,29 @@ def positive_int(text: str) -> int:
     return value
 
 
+def int_list(minimum: int = 1, maximum: int | None = None, why: str = ""
+             ) -> Callable[[str], tuple[int, ...]]:
+    """argparse type: integers in [minimum, maximum] separated by commas, each kept once in
+    the order given; ``why`` (e.g. "(tokens)") follows the bounds in the error."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(dict.fromkeys(int(t) for t in text.split(",") if t.strip()))
+        except ValueError:
+            values = ()
+        if not values or min(values) < minimum or (maximum is not None
+                                                   and max(values) > maximum):
+            bounds = f"in [{minimum}, {maximum}]" if maximum is not None else \
+                f">= {minimum}"
+            note = f" {why}" if why else ""
+            raise argparse.ArgumentTypeError(f"expected integers {bounds}{note} separated by "
+                                             f"commas, got {text!r}")
+        return values
+
+    parse.__name__ = "int_list"
+    return parse
+
+
 def bounded_int(maximum: int, why: str = "") -> Callable[[str], int]:
     """argparse type: an integer in [1, maximum]; ``why`` (e.g. "(torch threads)") follows the
     bound in the error."""

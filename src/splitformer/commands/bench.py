@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from ..files import write_atomic
-from . import UsageError, bounded_int, positive_int, stripped
+from . import UsageError, bounded_int, int_list, positive_int, stripped
 
 HELP = ("time and memory of splitformer against torch.nn, Hugging Face BERT, timm ViT and "
         "x-transformers, pairs interleaved in one process")
@@ -85,35 +85,14 @@ def _capped(parse, maximum: int, what: str):
     return check
 
 
-def _ints_arg(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(dict.fromkeys(int(t) for t in text.split(",") if t.strip()))
-    except ValueError:
-        values = ()
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, "
-                                         f"got {text!r}")
-    return values
+_ints_arg = int_list(1)
+_tokens_arg = int_list(3, MAX_TOKENS, "([CLS] and [SEP] included)")
 
 
 def _rs_arg(text: str) -> tuple[int, ...]:
-    """argparse type of --rs: integers >= 0 separated by commas, 0 first (the reference)."""
-    try:
-        values = tuple(dict.fromkeys(int(t) for t in text.split(",") if t.strip()))
-    except ValueError:
-        values = ()
-    if not values or min(values) < 0 or max(values) > MAX_R:
-        raise argparse.ArgumentTypeError(f"expected integers in [0, {MAX_R}] separated by "
-                                         f"commas, got {text!r}")
-    return tuple(dict.fromkeys((0, *values)))
-
-
-def _tokens_arg(text: str) -> tuple[int, ...]:
-    values = _ints_arg(text)
-    if min(values) < 3 or max(values) > MAX_TOKENS:
-        raise argparse.ArgumentTypeError(f"expected lengths in [3, {MAX_TOKENS}] ([CLS] and "
-                                         f"[SEP] included) separated by commas, got {text!r}")
-    return values
+    """argparse type of --rs: integers in [0, MAX_R] separated by commas, 0 first (the
+    reference)."""
+    return tuple(dict.fromkeys((0, *int_list(0, MAX_R)(text))))
 
 
 def _paths_arg(text: str) -> tuple[str, ...]:

@@ -150,16 +150,6 @@ def _quality(workload: MergeWorkload, minilm: tb.MiniLM, ours, out: Path, done: 
         append_line(out, json.dumps(row))
 
 
-def _buildable(families: Sequence[str], minilm: tb.MiniLM, options: dict | None,
-               say: Say) -> tuple[list[str], object]:
-    """The families asked for (each once) and splitformer's unmerged model (None when no
-    splitformer family is asked for)."""
-    families = list(dict.fromkeys(families))
-    if not set(OURS) & set(families):
-        return families, None
-    return families, from_hf(minilm.model).eval()
-
-
 def run_grid(out: str | Path, *, rs: Sequence[int] = tuple(range(0, 33, 4)),
              lengths: Sequence[int] = (64, 128, 256, 512), passages: int = 32, batch: int = 8,
              repeats: int = 10, warmup: int = 2, families: Sequence[str] = ("peer", *OURS),
@@ -173,7 +163,8 @@ def run_grid(out: str | Path, *, rs: Sequence[int] = tuple(range(0, 33, 4)),
     rows = read_jsonl(out, repair=True) if out.exists() else []
     done = {_key(r) for r in rows if r.get("kind") in ("speed", "quality")}
     minilm = tb.load_minilm()
-    families, ours = _buildable(families, minilm, options, say)
+    families = list(dict.fromkeys(families))
+    ours = from_hf(minilm.model).eval() if set(OURS) & set(families) else None
     workload = minilm_workload(minilm, lengths, passages=passages, batch=batch, options=options,
                                quality_r_at=lee_r_at)
     _speed(workload, out, done, rs, families, repeats, warmup, say)

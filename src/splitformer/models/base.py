@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from ..operators.base import Context
-from ..operators.convolution import ConvolutionalAttention
 from ..operators.merging import MergeTrace, TokenMerging, trace_of
 from ..time import Evolution, SaveAt, Scheme, Trajectory
 from .kernels import set_kernel
@@ -282,18 +281,15 @@ class EvolutionModel(nn.Module):
         (default ``num_prefix_tokens``: class and register tokens); padding never merges.
         ``unmerge``: the read-out sees u(T) on the input grid (default) or the merged grid.
         r = 0 is the model itself; ``r=None`` removes merging. See ``operators.merging``.
-        Refused by name: models with several evolutions (CvT, encoder-decoder), CvT's
-        convolutional attention, the checkpoint and reversible adjoints, the reversible scheme;
-        causal supports and masks that are not key padding when the model runs."""
+        Refused by name: models with several evolutions (CvT, encoder-decoder), operators
+        that need the regular grid (``Operator.needs_regular_grid``), the checkpoint and
+        reversible adjoints, the reversible scheme; causal supports and masks that are not key
+        padding when the model runs."""
         owners = self.evolution_owners()
         if len(owners) != 1 or owners[0] is not self:
             raise ValueError(f"with_token_merging: {type(self).__name__} runs "
                              f"{len(owners)} evolutions (stages, or an encoder and a decoder); "
                              "token merging coarsens the grid of one evolution; refused")
-        if any(isinstance(m, ConvolutionalAttention) for m in self.modules()):
-            raise ValueError(f"with_token_merging: {type(self).__name__} has CvT's "
-                             "convolutional attention, whose Q/K/V need the regular 2-D grid; "
-                             "refused")
         value = None if r is None else TokenMerging(
             r, metric=metric, where=where, proportional=proportional, unmerge=unmerge,
             protect=self.num_prefix_tokens if protect is None else protect)

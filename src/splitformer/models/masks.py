@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..operators.base import Context
-from ..operators.token_grid import check_grid_tensor
+from ..operators.token_grid import TokenGrid, check_grid_tensor
 
 __all__ = [
     "attention_support",
@@ -114,14 +114,9 @@ def check_token_grid(weights: torch.Tensor | None, coords: torch.Tensor | None, 
     positive sum per row; 0 = padding) and ``coords`` (x_j, finite), each None or a
     floating-point tensor of shape (seq,) or (batch, seq) (a leading 1 broadcasts). TypeError /
     ValueError naming ``owner`` and the argument (``names``: the forward's keyword names)."""
-    for t, name, is_w in ((weights, names[0], True), (coords, names[1], False)):
-        if t is None:
-            continue
-        check_grid_tensor(t, f"{owner}: {name}", weights=is_w)
-        if t.shape[-1] != seq or (t.dim() == 2 and t.shape[0] not in (1, batch)):
-            raise ValueError(f"{owner}: {name} has shape {tuple(t.shape)} but the field has "
-                             f"{seq} nodes (batch {batch}): expected ({seq},) or ({batch}, "
-                             f"{seq})")
+    check_grid_tensor(weights, f"{owner}: {names[0]}", weights=True)
+    check_grid_tensor(coords, f"{owner}: {names[1]}", weights=False)
+    TokenGrid(weights, coords).check(seq, batch, owner, names)
 
 
 def with_token_grid(context: Context, weights: torch.Tensor | None,

@@ -55,7 +55,6 @@ num_classes = 0). Both have ``outputs(...)``, ``forward_features(...)``, ``forwa
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,12 +73,13 @@ from ..operators import (
 )
 from ..operators.convolution import pair
 from ..operators.scaling import DiagonalScaling
-from ..operators.token_grid import check_grid_tensor, weighted_mean
+from ..operators.token_grid import weighted_mean
 from ..time import Controls, Evolution, TimeGrid
 from ..time.schemes.families import LAYERSCALE_LAYOUT as LAYERSCALE_LAYOUT
 from ..time.schemes.families import prenorm_layerscale, vit_scheme
 from .base import EvolutionModel, shared_copy
 from .blocks import block_controls
+from .masks import with_token_grid
 from .outputs import ModelOutput
 from .resample import PatchEmbedding, Resampling, grid_pair, resample_grid
 
@@ -621,15 +621,10 @@ def _with_grid(context: Context, u0: torch.Tensor, token_weights: torch.Tensor |
                token_coords: torch.Tensor | None) -> Context:
     """``context`` with the token grid of the forward pass (checked: (N_x,) or (B, N_x) over
     all tokens, prefix points first; errors name the argument)."""
-    if token_weights is None and token_coords is None:
-        return context
-    check_grid_tensor(token_weights, "token_weights", weights=True)
-    check_grid_tensor(token_coords, "token_coords", weights=False)
-    context = dataclasses.replace(context, token_weights=token_weights, token_coords=token_coords)
     b, n = u0.shape[:2]
-    context.token_grid.check(n, b, "ViT (the N_x tokens are the class and register tokens, "
-                             "then the patches)")
-    return context
+    return with_token_grid(context, token_weights, token_coords, batch=b, seq=n,
+                           owner="ViT (the N_x tokens are the class and register tokens, "
+                                 "then the patches)")
 
 
 def build_vit(

@@ -94,6 +94,9 @@ class Operator(nn.Module):
 
     kind: ClassVar[str] = "field"
     changes_width: bool = False
+    # the operator needs the regular token grid (convolutions in x: CvT's Q/K/V), so the grid
+    # cannot be coarsened under it (token merging) and only constant weights are meaningful
+    needs_regular_grid: ClassVar[bool] = False
     # the class's promise that forward returns a new tensor nothing else holds (``returns_new``)
     returns_new: ClassVar[bool] = False
 

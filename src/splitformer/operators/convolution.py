@@ -342,6 +342,8 @@ class ConvolutionalAttention(AttentionOperator):
                 f"stride {k.stride}, padding {k.padding}; query stride {q.stride}, padding "
                 f"{q.padding}), so x - x' is not a token offset")
 
+    needs_regular_grid = True  # operators.base.Operator: convolutions in x
+
     def kernel_grid(self, context: Context | None, n_q: int, n_k: int, batch: int):
         """None: the convolutions of Q, K and V need the regular 2-D grid, where the quadrature
         weights are constant (they cancel). Constant ``token_weights`` are accepted; other

@@ -82,10 +82,12 @@ class TokenGrid:
         """Uniform weights and index coordinates: the network's own grid."""
         return self.weights is None and self.coords is None
 
-    def check(self, n: int, batch: int, owner: str = "token grid") -> None:
-        """ValueError unless the weights and coordinates have N = ``n`` nodes."""
-        _check_length(self.weights, n, batch, f"{owner}: token_weights")
-        _check_length(self.coords, n, batch, f"{owner}: token_coords")
+    def check(self, n: int, batch: int, owner: str = "token grid",
+              names: tuple[str, str] = ("token_weights", "token_coords")) -> None:
+        """ValueError unless the weights and coordinates have N = ``n`` nodes (shape (N,) or
+        (B, N), a leading 1 broadcasting); ``names``: how the caller calls the two."""
+        _check_length(self.weights, n, batch, f"{owner}: {names[0]}")
+        _check_length(self.coords, n, batch, f"{owner}: {names[1]}")
 
     def coordinates(self, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """x_j as a (1, N) or (B, N) tensor: ``coords``, or the index 0 .. N-1."""

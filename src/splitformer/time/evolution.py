@@ -46,8 +46,7 @@ import torch
 from torch import nn
 
 from ..operators.attention import AttentionOperator
-from ..operators.base import Context
-from ..operators.convolution import ConvolutionalAttention
+from ..operators.base import Context, Operator
 from ..operators.merging import TokenMerging, start_trace
 from .adjoints import Adjoint, Backprop, resolve_adjoint
 from .controls import Controls
@@ -375,9 +374,9 @@ def _check_merging(merging: TokenMerging, scheme: Scheme, controls: Controls, ad
                          "refused (use adjoint 'backprop')")
     for theta in controls:
         for name, op in theta.items():
-            if isinstance(op, ConvolutionalAttention):
-                raise ValueError(f"{what}: {name!r} is CvT's ConvolutionalAttention, whose "
-                                 "convolutional Q/K/V need the regular 2-D grid; refused")
+            if isinstance(op, Operator) and op.needs_regular_grid:
+                raise ValueError(f"{what}: {name!r} ({type(op).__name__}) needs the regular "
+                                 "token grid (convolutions in x, as CvT's Q/K/V); refused")
     at = attention_stage(scheme, controls[0])
     if at is None and (merging.metric == "keys" or merging.where == "attention"):
         raise ValueError(f"{what} (where={merging.where!r}): scheme {scheme.name!r} "
