@@ -89,6 +89,7 @@ def to_hf(model):
                         f"CvT or GPT-2: BertEncoderModel, ViT, ConvolutionalVisionTransformer, "
                         f"CausalDecoderModel), got {type(model).__name__}")
     model.refuse_merging_export("to_hf(model)")
+    model = model.as_network()  # a coarsened or smooth-in-t model: its steps as layers
     cls = model.source.field("hf_class")
     if cls not in HF_CLASSES:
         raise ValueError("to_hf(model) needs a model made by from_hf (its source has "

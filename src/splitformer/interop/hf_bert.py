@@ -283,6 +283,7 @@ def to_hf_model(model: BertEncoderModel) -> nn.Module:
         raise ValueError(f"model.source.hf_class={source.hf_class!r} does not match "
                          f"{type(model).__name__}")
     config = hf_config("BertConfig", source)
+    config.num_hidden_layers = len(evo.controls)  # one layer per step (coarsened: fewer)
     add_pooling = model.pooler is not None
     if source.classifier:
         out = transformers.BertForSequenceClassification(config)

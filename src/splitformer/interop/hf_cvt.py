@@ -293,6 +293,11 @@ def to_hf_model(model: ConvolutionalVisionTransformer) -> nn.Module:
     _check_network(model)
     config = transformers.CvtConfig.from_dict(dict(source.config))
     check_config(config)
+    for s, stage in enumerate(model.stages):
+        if len(stage.evolution.controls) != config.depth[s]:
+            raise ValueError(f"to_hf: stage {s} has {len(stage.evolution.controls)} steps, its "
+                             f"source config depth[{s}]={config.depth[s]}; a coarsened CvT is "
+                             "not exported (its stages' depths are the config's)")
     hf = getattr(transformers, source.hf_class)(config)
     p = next(model.parameters())
     hf.to(device=p.device, dtype=p.dtype)

@@ -262,6 +262,7 @@ def to_hf_model(model: CausalDecoderModel) -> nn.Module:
     evo = model.evolution
     network_scheme(evo, {"prenorm": prenorm()}, "to_hf")
     config = hf_config("GPT2Config", source)
+    config.n_layer = len(evo.controls)  # one layer per step (coarsened: fewer)
     config.tie_word_embeddings = source.tie_word_embeddings
     if source.lm_head and model.tied != config.tie_word_embeddings:
         raise ValueError("lm_head tying differs from source.tie_word_embeddings")

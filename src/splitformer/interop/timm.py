@@ -24,4 +24,5 @@ def to_timm(model):
 
     if isinstance(model, EvolutionModel):
         model.refuse_merging_export("to_timm(model)")
+        model = model.as_network()  # a smooth-in-t model: its steps as layers
     return to_timm_model(model)

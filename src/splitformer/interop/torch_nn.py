@@ -94,6 +94,7 @@ def to_torch(model: Encoder | CrossDecoder | EncoderDecoderModel) -> nn.Module:
     nn.TransformerDecoder (or Layer), EncoderDecoderModel -> nn.Transformer."""
     if isinstance(model, EvolutionModel):
         model.refuse_merging_export("to_torch(model)")
+        model = model.as_network()  # a coarsened or smooth-in-t model: its steps as layers
     if isinstance(model, EncoderDecoderModel):
         return to_torch_transformer(model)
     if isinstance(model, CrossDecoder):

@@ -238,6 +238,32 @@ class EvolutionModel(nn.Module):
         """The same model (shared parameters) with tau -> tau / k and N_t -> k N_t."""
         return self._map_evolutions(lambda e, i: e.refine(k))
 
+    def coarsen(self, k: int):
+        """The same model (shared parameters) with tau -> k tau and N_t -> N_t / k: the
+        inverse of ``refine(k)``; each coarse step reads the controls at its midpoint
+        (``Evolution.coarsen``; docs/depth.md)."""
+        return self._map_evolutions(lambda e, i: e.coarsen(k))
+
+    def drop_steps(self, indices):
+        """The same model (shared parameters) without the steps ``indices`` (ShortGPT's layer
+        removal; ``Evolution.drop_steps``). Models with several evolutions are refused."""
+        owners = self.evolution_owners()
+        if len(owners) != 1 or owners[0] is not self:
+            raise ValueError(f"drop_steps: {type(self).__name__} runs {len(owners)} "
+                             "evolutions (stages, or an encoder and a decoder); say which "
+                             "evolution's steps to drop by calling it on that evolution")
+        return self._map_evolutions(lambda e, i: e.drop_steps(indices))
+
+    def as_network(self):
+        """The same function as an ordinary network: every evolution at tau = 1 with one
+        control set per step, theta at each step's midpoint with the fields' outputs scaled
+        by tau (``Evolution.as_network``; new control parameters, the rest shared). What
+        ``to_hf`` / ``to_torch`` / ``to_timm`` export from a coarsened or smooth-in-t model;
+        the model itself when every evolution is a network already."""
+        if all(o.evolution.is_network for o in self.evolution_owners()):
+            return self
+        return self._map_evolutions(lambda e, i: e.as_network())
+
     def with_controls_in_time(self, interpolation: str):
         """"constant" (the network) or "linear" (smooth in t) controls, shared parameters."""
         return self._map_evolutions(lambda e, i: e.with_controls_in_time(interpolation))

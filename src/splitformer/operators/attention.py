@@ -206,6 +206,13 @@ class AttentionOperator(Operator):
         out = heads.transpose(1, 2).reshape(b, n, self.dim)
         return apply_dropout(self.out_dropout, F.linear(out, self.out_weight, self.out_bias))
 
+    @torch.no_grad()
+    def scale_(self, c: float) -> None:
+        """A <- c A: W_O and b_O times c (the output is W_O (sum_h g_h V_h) + b_O)."""
+        self.out_weight.mul_(c)
+        if self.out_bias is not None:
+            self.out_bias.mul_(c)
+
     def head_sum(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         """A(U) written as the head integral sum_h (g_h V_h) W_O,h + b_O (slow; for checks)."""
         heads = self.head_outputs(u, context)

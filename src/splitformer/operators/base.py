@@ -22,7 +22,11 @@ is built):
   ``has_tangent`` says whether an operator provides it;
 * ``changes_width`` and ``embed(u)``: a field whose output feature grid differs from its input
   one (the paper's literal FFN substeps, u + h(W u + b) with the rectangular identity E) says
-  so, and ``embed`` is E.
+  so, and ``embed`` is E;
+* ``scale_(c)``: for a field F whose output is affine in its last parameters (an output
+  projection W_O u + b_O), F <- c F in place by scaling them (a step size folded into the
+  weights: u + tau F(u) = u + F_tau(u), how a step of tau != 1 becomes an ordinary layer,
+  docs/math.md 3.13); ``has_scale`` says whether an operator provides it.
 """
 
 from __future__ import annotations
@@ -115,6 +119,16 @@ class Operator(nn.Module):
     def has_tangent(self) -> bool:
         """Whether ``tangent`` is implemented (a projection usable as a Stage's tangent)."""
         return type(self).tangent is not Operator.tangent
+
+    def scale_(self, c: float) -> None:
+        """F <- c F in place (fields whose output is W_O h + b_O: both scaled by c)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot fold a constant into its "
+                                  "output (it declares no scale_)")
+
+    @property
+    def has_scale(self) -> bool:
+        """Whether ``scale_`` is implemented (a field whose step size folds into weights)."""
+        return type(self).scale_ is not Operator.scale_
 
 
 def _global_hooks() -> bool:

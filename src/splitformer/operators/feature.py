@@ -69,6 +69,13 @@ class FeatureIntegral(Operator):
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         return apply_dropout(self.dropout, F.linear(u, self.weight, self.bias))
 
+    @torch.no_grad()
+    def scale_(self, c: float) -> None:
+        """L <- c L: W and b times c."""
+        self.weight.mul_(c)
+        if self.bias is not None:
+            self.bias.mul_(c)
+
     @property
     def changes_width(self) -> bool:
         return self.in_dim != self.out_dim
@@ -148,3 +155,11 @@ class FeedForward(Operator):
                     self.activation(h)
                 h = apply_dropout(self.dropout, s)
         return apply_dropout(self.out_dropout, h.view(*lead, h.shape[-1]))
+
+    @torch.no_grad()
+    def scale_(self, c: float) -> None:
+        """G <- c G: the last stage's W_J and b_J times c (G(u) = W_J h + b_J)."""
+        last = self.stages[-1]
+        last.weight.mul_(c)
+        if last.bias is not None:
+            last.bias.mul_(c)

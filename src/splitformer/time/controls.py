@@ -15,6 +15,7 @@ equals the piecewise constant network exactly.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 from collections.abc import Iterable, Mapping
@@ -86,6 +87,23 @@ class Controls(nn.Module):
             return self.sets[n]
         return {k: _Interpolated(self.sets[n][k], self.sets[n + 1][k], a)
                 for k in self.sets[n].keys()}
+
+    def frozen_at(self, t: float) -> nn.ModuleDict:
+        """New operators (copies, parameters detached from these) with the parameters
+        theta(t): the set itself copied under "constant", the blend (1 - a) theta^n +
+        a theta^(n+1) written into a copy of theta^n under "linear"."""
+        theta = self.at(t)
+        if isinstance(theta, nn.ModuleDict):
+            return copy.deepcopy(theta)
+        out = nn.ModuleDict()
+        for name, op in theta.items():
+            module = copy.deepcopy(op.module)
+            values = dict(module.named_parameters()) | dict(module.named_buffers())
+            with torch.no_grad():
+                for key, blend in op.params.items():
+                    values[key].copy_(blend)
+            out[name] = module
+        return out
 
     def with_interpolation(self, interpolation: str) -> Controls:
         """The same control sets (shared parameters) with another interpolation in t."""

@@ -39,7 +39,9 @@ printed scheme and is kept by ``with_scheme``, ``refine``, ``with_controls_in_ti
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import numbers
 import warnings
 
 import torch
@@ -50,7 +52,7 @@ from ..operators.base import Context, Operator
 from ..operators.merging import TokenMerging, start_trace
 from .adjoints import Adjoint, Backprop, resolve_adjoint
 from .controls import Controls
-from .grid import TimeGrid
+from .grid import TimeGrid, _is_int
 from .plan import Plan, attention_stage, merge_plan
 from .saveat import SaveAt, Substep, Trajectory
 from .schemes import SCHEMES, Layout, Scheme, resolve
@@ -243,6 +245,100 @@ class Evolution(nn.Module):
         in t, on the same parameters."""
         return self._new(controls=self.controls.with_interpolation(interpolation))
 
+    # -- coarsening in t (docs/math.md 3.13) ----------------------------------------------
+    def coarsen(self, k: int) -> Evolution:
+        """tau -> k tau, N_t -> N_t / k on the same [0, T] and controls (parameters shared):
+        the inverse of ``refine(k)``. A coarse step over (t_i, t_i + k tau] reads the controls
+        at its midpoint: with "constant" controls and k even the midpoint is the end of a
+        unit interval (n - 1, n], whose controls theta^n it takes (the first of each pair at
+        k = 2); with "linear" controls two unit steps merge into one of tau = 2 with the
+        average (theta^n + theta^(n+1)) / 2. ValueError unless k divides N_t."""
+        if not _is_int(k) or k < 1:
+            raise ValueError(f"coarsen(k): k must be an int >= 1, got {k!r}")
+        n = self.grid.num_steps
+        if n % k:
+            raise ValueError(f"coarsen(k={k}): k must divide the number of steps N_t={n} "
+                             f"(tau={self.tau:g}); refine first or choose a divisor")
+        return self._new(grid=TimeGrid(self.grid.T, n // k))
+
+    def drop_steps(self, indices) -> Evolution:
+        """The evolution without the steps ``indices`` (ShortGPT's layer removal, the other
+        classical coarsening): the field is zero on the dropped unit intervals, which are cut
+        out of [0, T], so T -> T - len(indices), one step per kept control set (shared
+        parameters; a per-interval merge schedule keeps the kept intervals' r). Needs one step
+        per control set (tau = 1: ``coarsen`` a refined evolution back first); the indices are
+        distinct ints in [0, N_t) and leave at least one step."""
+        n = len(self.controls)
+        if self.grid.num_steps != n:
+            raise ValueError(f"drop_steps: needs one step per control set (tau = 1), got "
+                             f"tau={self.tau:g} with N_t={self.grid.num_steps} over {n} control "
+                             f"sets; coarsen(k) or refine(k) back to tau = 1 first")
+        drop = _step_indices(indices, n, "drop_steps(indices)")
+        keep = [i for i in range(n) if i not in drop]
+        if not keep:
+            raise ValueError(f"drop_steps(indices): {sorted(drop)} drops every one of the {n} "
+                             "steps; keep at least one")
+        controls = Controls([self.controls[i] for i in keep], self.controls.interpolation)
+        merging = self.merging
+        if merging is not None and isinstance(merging.r, tuple):
+            merging = dataclasses.replace(merging, r=tuple(merging.r[i] for i in keep))
+        return Evolution(controls, self.scheme, TimeGrid(float(len(keep)), len(keep)),
+                         layout=self.layout, validate=self.validate, adjoint=self.adjoint,
+                         merging=merging)
+
+    @property
+    def is_network(self) -> bool:
+        """Whether each step is one layer of the controls: tau = 1, constant controls."""
+        return self.tau == 1.0 and self.controls.interpolation == "constant"
+
+    def as_network(self) -> Evolution:
+        """The same discrete evolution as a network: tau = 1, one control set per step, the
+        controls of step i being theta(t_i + tau / 2) (copies, not shared) with every field's
+        output scaled by tau (``Operator.scale_``: u + tau F(u) = u + F_tau(u) with F_tau =
+        tau F, e.g. a post-LN step LN(u + tau A(u)) is an ordinary layer whose W_O and b_O are
+        tau times the controls'). The evolution itself when it is one already (tau = 1,
+        constant controls). Refused by name: a scheme whose field stages are not one Euler
+        substep of the whole step each (Strang, Heun, relaxations, parallel, reversible: not
+        an ordinary layer), a field operator without ``scale_``. Post-stage maps of a field
+        must be linear (LayerScale, stochastic depth in eval) for the fold to be exact."""
+        if self.is_network:
+            return self
+        scheme = self.scheme
+        if type(scheme) is not Scheme:
+            raise ValueError(f"as_network: the scheme {scheme.name!r} has a step of its own; "
+                             "only a stage list of fields, projections and maps is a layer")
+        for st in scheme.stages:
+            if st.kind in ("project", "map"):
+                continue
+            if st.kind != "field" or st.integrator != "euler" or st.fraction != 1.0 \
+                    or st.tangent is not None or st.then:
+                raise ValueError(f"as_network: stage {str(st)!r} of scheme {scheme.name!r} is "
+                                 "not one explicit Euler substep over the whole step; only "
+                                 "such steps (Lie, pre-norm) are ordinary layers")
+        tau = self.tau
+        sets = []
+        for i in range(self.grid.num_steps):
+            theta = self.controls.frozen_at((i + 0.5) * tau)
+            for st in scheme.stages:
+                for name in st.fields() if st.kind == "field" else ():
+                    op = theta[name]
+                    if not (isinstance(op, Operator) and op.has_scale):
+                        raise ValueError(f"as_network: field {name!r} ({type(op).__name__}) "
+                                         "cannot fold the step size into its weights (it "
+                                         "declares no Operator.scale_)")
+                    if tau != 1.0:
+                        op.scale_(tau)
+            sets.append(theta)
+        controls = Controls(sets)
+        return Evolution(controls, scheme, TimeGrid(float(len(sets)), len(sets)),
+                         layout=self.layout, validate=self.validate, adjoint=self.adjoint,
+                         merging=None if self.merging is None else self._network_merging())
+
+    def _network_merging(self) -> TokenMerging:
+        """The merge schedule of ``as_network``: the nodes merged in each step, per layer."""
+        return dataclasses.replace(self.merging, r=tuple(self.merges_in(i)
+                                                         for i in range(self.num_steps)))
+
     # -- running ----------------------------------------------------------------------------
     def forward(
         self,
@@ -389,3 +485,24 @@ def _check_merging(merging: TokenMerging, scheme: Scheme, controls: Controls, ad
                              "finer grid, which a relaxation after it cannot read; use "
                              "where='step'")
     merging.check_intervals(grid.T)
+
+
+def _step_indices(indices, n: int, what: str) -> set[int]:
+    """Distinct step indices in [0, n) (ints, not bools; a single int is one index)."""
+    if isinstance(indices, numbers.Integral) and not isinstance(indices, bool):
+        indices = [indices]
+    try:
+        items = list(indices)
+    except TypeError:
+        raise TypeError(f"{what}: expected step indices (ints in [0, {n})), got "
+                        f"{type(indices).__name__}") from None
+    out: set[int] = set()
+    for i in items:
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            raise TypeError(f"{what}: step indices must be ints, got {type(i).__name__} {i!r}")
+        if not 0 <= int(i) < n:
+            raise ValueError(f"{what}: step index {int(i)} is outside [0, {n})")
+        if int(i) in out:
+            raise ValueError(f"{what}: step index {int(i)} is given twice")
+        out.add(int(i))
+    return out

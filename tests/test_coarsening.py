@@ -1,0 +1,210 @@
+"""Coarsening in t (docs/math.md 3.13, docs/depth.md): ``coarsen(k)``, ``drop_steps``,
+``as_network``, against the real libraries.
+
+* ``refine(k).coarsen(k)`` is the model, bitwise, for every family of the registry;
+* a coarse step of tau = 2 on post-LN Lie is the transformers layer whose output projections
+  and biases are doubled (its attention ``output.dense`` and FFN ``output.dense``), with the
+  controls of the step's midpoint: under "constant" controls the first of each pair of layers,
+  under "linear" the average of the pair; transformers runs it to 1e-5 in float32;
+* ``to_hf`` / ``to_torch`` export a coarsened model as ordinary layers that transformers and
+  torch.nn run to 1e-5 (float32); ``drop_steps`` is transformers' model without those layers.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_registry import FAMILIES, _run
+from torch import nn
+
+import splitformer
+
+transformers = pytest.importorskip("transformers")
+
+F32_TOL = 1e-5
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("k", [2, 3])
+def test_refine_then_coarsen_is_the_model_bitwise(name, k):
+    model, inputs = FAMILIES[name]()
+    back = model.refine(k).coarsen(k)
+    assert all(o.evolution.grid == p.evolution.grid
+               for o, p in zip(back.evolution_owners(), model.evolution_owners(), strict=True))
+    assert torch.equal(_run(back, inputs), _run(model, inputs))
+
+
+def _hf_bert(layers: int = 4, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=layers,
+                                  num_attention_heads=4, intermediate_size=48,
+                                  max_position_embeddings=20)
+    return transformers.BertModel(cfg, add_pooling_layer=False).eval()
+
+
+def _ids() -> torch.Tensor:
+    torch.manual_seed(1)
+    return torch.randint(0, 60, (3, 9))
+
+
+def _scaled_layer(layer: nn.Module, c: float) -> nn.Module:
+    """A transformers BertLayer computing LN(u + c A(u)), LN(h + c G(h)): its two output
+    projections (attention.output.dense, output.dense) times c."""
+    out = copy.deepcopy(layer)
+    with torch.no_grad():
+        for dense in (out.attention.output.dense, out.output.dense):
+            dense.weight.mul_(c)
+            dense.bias.mul_(c)
+    return out
+
+
+def _averaged_layer(a: nn.Module, b: nn.Module) -> nn.Module:
+    out = copy.deepcopy(a)
+    with torch.no_grad():
+        for (_, p), (_, q) in zip(out.named_parameters(), b.named_parameters(), strict=True):
+            p.copy_((p + q) / 2)
+    return out
+
+
+def _with_layers(hf: nn.Module, layers: list[nn.Module]) -> nn.Module:
+    out = copy.deepcopy(hf)
+    out.encoder.layer = nn.ModuleList(layers)
+    out.config.num_hidden_layers = len(layers)
+    return out.eval()
+
+
+def _close(ours, theirs) -> float:
+    return float((ours.last_hidden_state - theirs.last_hidden_state).abs().max())
+
+
+def test_a_coarse_step_is_the_layer_with_doubled_output_projections():
+    """Constant controls: coarse step i of tau = 2 reads theta at t = 2i + 1, the end of unit
+    interval 2i + 1, i.e. layer 2i; transformers runs layers 0, 2 with doubled W_O, b_O."""
+    hf, ids = _hf_bert(4), _ids()
+    ours = splitformer.from_hf(hf).eval().coarsen(2)
+    assert (ours.evolution.tau, ours.evolution.num_steps) == (2.0, 2)
+    ref = _with_layers(hf, [_scaled_layer(hf.encoder.layer[i], 2.0) for i in (0, 2)])
+    with torch.no_grad():
+        assert _close(ours(ids), ref(ids)) < F32_TOL
+
+
+def test_linear_controls_merge_two_steps_into_their_average():
+    """with_controls_in_time("linear"): the coarse step's midpoint lies halfway between the
+    midpoints of the pair, so its controls are the average of the two layers."""
+    hf, ids = _hf_bert(4), _ids()
+    ours = splitformer.from_hf(hf).eval().with_controls_in_time("linear").coarsen(2)
+    layers = hf.encoder.layer
+    ref = _with_layers(hf, [_scaled_layer(_averaged_layer(layers[0], layers[1]), 2.0),
+                            _scaled_layer(_averaged_layer(layers[2], layers[3]), 2.0)])
+    with torch.no_grad():
+        assert _close(ours(ids), ref(ids)) < F32_TOL
+
+
+@pytest.mark.parametrize("reading", ["constant", "linear"])
+def test_to_hf_exports_a_coarsened_model_as_ordinary_layers(reading, tmp_path):
+    hf, ids = _hf_bert(4), _ids()
+    ours = splitformer.from_hf(hf).eval().with_controls_in_time(reading).coarsen(2)
+    out = splitformer.to_hf(ours)
+    out.save_pretrained(tmp_path)
+    loaded = transformers.AutoModel.from_pretrained(tmp_path, local_files_only=True).eval()
+    assert loaded.config.num_hidden_layers == 2
+    with torch.no_grad():
+        assert _close(ours(ids), loaded(ids)) < F32_TOL
+        # and the coarse model is not the fine one (the step size matters)
+        assert _close(ours(ids), hf(ids)) > 1e-2
+
+
+def test_drop_steps_is_the_model_without_those_layers():
+    hf, ids = _hf_bert(4), _ids()
+    ours = splitformer.from_hf(hf).eval().drop_steps([1, 2])
+    assert (ours.evolution.T, ours.evolution.num_steps, len(ours.evolution.controls)) == (2, 2, 2)
+    ref = _with_layers(hf, [hf.encoder.layer[0], hf.encoder.layer[3]])
+    with torch.no_grad():
+        assert _close(ours(ids), ref(ids)) < F32_TOL
+        assert _close(splitformer.to_hf(ours)(ids), ref(ids)) < F32_TOL
+    # the parameters are shared with the model it came from
+    full = splitformer.from_hf(hf)
+    dropped = full.drop_steps(0)
+    assert dropped.evolution.controls[0]["attention"].qkv_weight is \
+        full.evolution.controls[1]["attention"].qkv_weight
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_to_torch_exports_a_coarsened_encoder(norm_first):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 24, dropout=0.0, batch_first=True,
+                                       norm_first=norm_first)
+    enc = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False).eval()
+    ours = splitformer.from_torch(enc).eval().coarsen(2)
+    back = splitformer.to_torch(ours).eval()
+    assert len(back.layers) == 2
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        assert float((ours(x) - back(x)).abs().max()) < F32_TOL
+        assert float((ours(x) - enc(x)).abs().max()) > 1e-2
+    # torch.nn's own layer 0 with doubled out_proj and linear2 is the first coarse step
+    ref = copy.deepcopy(enc)
+    with torch.no_grad():
+        for i in (0, 2):
+            for lin in (ref.layers[i].self_attn.out_proj, ref.layers[i].linear2):
+                lin.weight.mul_(2)
+                lin.bias.mul_(2)
+    ref.layers = nn.ModuleList([ref.layers[0], ref.layers[2]])
+    ref.num_layers = 2
+    with torch.no_grad():
+        assert float((ours(x) - ref(x)).abs().max()) < F32_TOL
+
+
+def test_as_network_of_a_refined_model_is_the_same_function():
+    """tau = 1/2: 2L layers with halved output projections (the fold works both ways)."""
+    hf, ids = _hf_bert(2), _ids()
+    fine = splitformer.from_hf(hf).eval().refine(2)
+    net = fine.as_network()
+    assert (net.evolution.tau, len(net.evolution.controls)) == (1.0, 4)
+    with torch.no_grad():
+        assert _close(net(ids), fine(ids)) < F32_TOL
+    model = splitformer.from_hf(hf)
+    assert model.as_network() is model  # a network already
+
+
+def test_coarsen_and_drop_refuse_bad_arguments():
+    model = splitformer.from_hf(_hf_bert(4))
+    with pytest.raises(ValueError, match="must divide the number of steps N_t=4"):
+        model.coarsen(3)
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="coarsen"):
+            model.coarsen(bad)
+    with pytest.raises(ValueError, match="outside"):
+        model.drop_steps([4])
+    with pytest.raises(ValueError, match="given twice"):
+        model.drop_steps([1, 1])
+    with pytest.raises(ValueError, match="drops every one"):
+        model.drop_steps(range(4))
+    with pytest.raises(TypeError, match="must be ints"):
+        model.drop_steps([True])
+    with pytest.raises(TypeError, match="step indices"):
+        model.drop_steps(None)
+    with pytest.raises(ValueError, match="one step per control set"):
+        model.refine(2).drop_steps([0])
+    with pytest.raises(ValueError, match="not one explicit Euler substep"):
+        model.with_scheme("strang").coarsen(2).as_network()
+    with pytest.raises(ValueError, match="not one explicit Euler substep"):
+        splitformer.to_hf(model.with_scheme("strang").coarsen(2))
+    cvt, _ = FAMILIES["cvt"]()
+    with pytest.raises(ValueError, match="drop_steps: .* evolutions"):
+        cvt.drop_steps([0])
+
+
+def test_coarsening_keeps_the_merge_schedule():
+    """r is per unit of time: a coarse step of tau = 2 merges both intervals' nodes; dropping
+    steps keeps the kept intervals' r."""
+    model = splitformer.from_hf(_hf_bert(4)).eval()
+    merged = model.with_token_merging([1, 2, 3, 4], metric="state", where="step")
+    coarse = merged.coarsen(2)
+    assert [coarse.evolution.merges_in(i) for i in range(2)] == [3, 7]
+    dropped = merged.drop_steps([1])
+    assert dropped.evolution.merging.r == (1, 3, 4)
+    _, trace = dropped.solve_traced(_ids())
+    assert list(trace.steps) == [0, 1, 2]
