@@ -10,6 +10,8 @@ the same numbers:
     attention_entropy  -sum_x' g(x, x') log g(x, x') of a kernel g
     frob               ||u_b||_F per input b, in float64
     difference         after - before, a width-changing pair compared with zero padding
+    block_influence    1 - mean_x cos(u_n(x), u_{n+1}(x)) per step (ShortGPT's BI)
+    angular_distance   mean_x arccos(cos(u_a(x), u_b(x))) / pi (Gromov et al.)
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from torch import nn
 
 from .checks import ArgumentError
 
-__all__ = ["attention_entropy", "cosine_similarity", "difference", "effective_rank", "frob"]
+__all__ = ["angular_distance", "attention_entropy", "block_influence", "cosine_similarity",
+           "difference", "effective_rank", "frob"]
 
 
 def _batched(u: torch.Tensor, what: str) -> torch.Tensor:
@@ -81,3 +84,42 @@ def difference(after: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
         after = nn.functional.pad(after, (0, d - after.shape[-1]))
         before = nn.functional.pad(before, (0, d - before.shape[-1]))
     return after - before
+
+
+def _token_cosines(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """cos(a(x), b(x)) of every token, float64, (B, N); ``mask`` (B, N) True/1 where a token
+    counts."""
+    a, b = _batched(a, "a").double(), _batched(b, "b").double()
+    if a.shape != b.shape:
+        raise ArgumentError("b", f"expected the shape of a {tuple(a.shape)}, got "
+                                 f"{tuple(b.shape)}")
+    return torch.nn.functional.cosine_similarity(a, b, dim=-1)
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    if mask is None:
+        return values.mean()
+    m = mask.to(values.dtype).reshape(values.shape)
+    return (values * m).sum() / m.sum()
+
+
+def block_influence(states, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """ShortGPT's block influence of each step (Men et al. 2024): BI_n = 1 - mean over the
+    tokens (and inputs) of cos(u_n(x), u_{n+1}(x)), for the states u_0 .. u_N along a path
+    (a sequence of (B, N_x, N_y) tensors, e.g. ``Trajectory.state_list``): (N,) float64. A step
+    that barely turns the tokens has a small BI (ShortGPT drops those first). ``mask``
+    (B, N_x): the tokens that count (the attention mask)."""
+    states = list(states)
+    if len(states) < 2:
+        raise ArgumentError("states", f"expected at least two states (u_0, u_1, ...), got "
+                                      f"{len(states)}")
+    return torch.stack([1 - _masked_mean(_token_cosines(a, b, mask), mask)
+                        for a, b in zip(states[:-1], states[1:], strict=True)])
+
+
+def angular_distance(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+    """Gromov et al.'s angular distance of two states: mean over the tokens of
+    arccos(cos(a(x), b(x))) / pi, in [0, 1], float64 scalar."""
+    c = _token_cosines(a, b, mask).clamp(-1.0, 1.0)
+    return _masked_mean(torch.arccos(c) / torch.pi, mask)

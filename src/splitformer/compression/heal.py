@@ -1,0 +1,270 @@
+"""The healing loop: optimal control of a coarse network towards the fine one, within a
+wall-clock budget (docs/depth.md "Healing"; the objective is ``control.healing.Distillation``).
+
+    result = heal(HealConfig(method="drop", steps=(3,), budget=600), teacher=model,
+                  windows=ids, out="DIR/heal")
+
+The parameters healed are a copy of the teacher's (``result.base``); each N_t of
+``config.steps`` is a coarsening of that copy (``compression.coarsenings.plan``), so with
+several N_t (random-tau healing, the t-analogue of ``--tau-choices``) one set of parameters is
+asked to serve every depth: optimiser step s trains the depth drawn uniformly by a generator
+seeded with (seed, s). The batches are windows of healing text (``windows``: (M, n) token ids,
+no padding), a seeded permutation per pass. AdamW; the learning rate warms up linearly over
+``warmup`` steps, then follows a half cosine of the progress max(seconds / budget,
+step / max_steps). Dropout is off (the models are in eval mode: a deterministic problem).
+
+``out`` receives config.json, metrics.jsonl (a row every ``log_every`` steps) and checkpoints
+(``training.checkpoints``: safetensors + JSON, every ``checkpoint_every`` steps and at the end);
+a folder with a checkpoint of the same config is resumed (the seconds spent are counted), a
+finished one (final.json) is returned as it is; one writer per folder (``files.FolderLock``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..control.healing import Distillation
+from ..files import FolderLock, append_line, read_jsonl, write_atomic
+from ..training.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from .coarsenings import METHODS, Coarsening, plan
+
+__all__ = ["HealConfig", "HealResult", "heal", "student_of"]
+
+
+@dataclass(frozen=True)
+class HealConfig:
+    """How to coarsen and heal (module doc). ``steps``: the N_t the healed parameters serve
+    (one: that depth alone; several: random-tau healing); ``budget``: seconds of healing (0:
+    none, the training-free coarse model); ``max_steps``: optimiser steps at most (None: the
+    budget alone); ``shooting``/``embedding``: the weights of ``Distillation``; ``merge``: r
+    nodes merged per unit of time while healing (0: none)."""
+
+    method: str = "drop"
+    steps: tuple[int, ...] = (3,)
+    budget: float = 600.0
+    max_steps: int | None = None
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    batch_size: int = 16
+    length: int = 128
+    shooting: float = 0.0
+    embedding: float = 0.0
+    warmup: int = 20
+    seed: int = 0
+    merge: int = 0
+    checkpoint_every: int = 100
+    log_every: int = 20
+    probe: int = 32
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {list(METHODS)}, got {self.method!r}")
+        steps = self.steps
+        if isinstance(steps, int):
+            steps = (steps,)
+        steps = tuple(steps)
+        if not steps or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
+                            for s in steps) or len(set(steps)) != len(steps):
+            raise ValueError(f"steps must be distinct ints >= 1 (the N_t healed), got "
+                             f"{self.steps!r}")
+        object.__setattr__(self, "steps", steps)
+        for name in ("budget", "lr", "shooting", "embedding", "weight_decay"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                    math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        for name in ("batch_size", "length", "checkpoint_every", "log_every", "probe"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        for name in ("warmup", "seed", "merge"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        if self.max_steps is not None and (isinstance(self.max_steps, bool) or not isinstance(
+                self.max_steps, int) or self.max_steps < 0):
+            raise ValueError(f"max_steps must be None or an int >= 0, got {self.max_steps!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["steps"] = list(self.steps)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HealConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        extra = sorted(set(data) - known)
+        if extra:
+            raise ValueError(f"HealConfig: unknown keys {extra}")
+        d = dict(data)
+        if "steps" in d:
+            d["steps"] = tuple(d["steps"])
+        return cls(**d)
+
+
+@dataclass
+class HealResult:
+    """The healed parameters (``base``, the teacher's structure), the coarsening of each
+    healed N_t, the metrics (steps, seconds, last losses) and the logged rows."""
+
+    base: nn.Module
+    coarsenings: dict[int, Coarsening]
+    metrics: dict[str, Any]
+    history: list[dict[str, Any]]
+
+    def student(self, steps: int | None = None) -> nn.Module:
+        """The coarse model of ``steps`` (default: the first healed N_t), eval mode."""
+        n = next(iter(self.coarsenings)) if steps is None else steps
+        if n not in self.coarsenings:
+            raise ValueError(f"steps={n!r}: healed for {list(self.coarsenings)}")
+        return self.coarsenings[n].apply(self.base).eval()
+
+
+def student_of(base: nn.Module, coarsening: Coarsening) -> nn.Module:
+    return coarsening.apply(base).eval()
+
+
+def _progress_lr(cfg: HealConfig, step: int, seconds: float) -> float:
+    warm = min(1.0, (step + 1) / cfg.warmup) if cfg.warmup else 1.0
+    done = seconds / cfg.budget if cfg.budget else 0.0
+    if cfg.max_steps:
+        done = max(done, step / cfg.max_steps)
+    return cfg.lr * warm * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
+
+
+def _batch(windows: torch.Tensor, cfg: HealConfig, step: int) -> torch.Tensor:
+    m = len(windows)
+    start = step * cfg.batch_size
+    rows = []
+    while len(rows) < cfg.batch_size:
+        epoch, offset = divmod(start + len(rows), m)
+        g = torch.Generator().manual_seed(cfg.seed * 100003 + epoch)
+        perm = torch.randperm(m, generator=g)
+        take = min(cfg.batch_size - len(rows), m - offset)
+        rows.extend(perm[offset:offset + take].tolist())
+    return windows[rows]
+
+
+def _draw(cfg: HealConfig, step: int) -> int:
+    if len(cfg.steps) == 1:
+        return cfg.steps[0]
+    return random.Random(f"heal steps {cfg.seed} {step}").choice(cfg.steps)
+
+
+def coarsenings_for(cfg: HealConfig, base: nn.Module, windows: torch.Tensor
+                    ) -> dict[int, Coarsening]:
+    """The coarse grid of each N_t of ``cfg`` for ``base`` (the data-driven methods read the
+    first ``cfg.probe`` windows), with ``cfg.merge`` added."""
+    probe = {"input_ids": windows[:cfg.probe]}
+    return {n: plan(cfg.method, base, n, probe).with_merging(
+        cfg.merge, **({"metric": "state", "where": "step"} if cfg.merge else {}))
+        for n in cfg.steps}
+
+
+def heal(cfg: HealConfig, *, teacher: nn.Module, windows: torch.Tensor,
+         out: str | Path | None, progress: Callable[[dict[str, Any]], None] | None = None
+         ) -> HealResult:
+    """Heal (module doc). ``teacher``: the fine model (not changed); ``windows``: (M, n)
+    token ids; ``out``: the healing folder (None: nothing written, no resume); ``progress``:
+    called with each logged row."""
+    if not isinstance(cfg, HealConfig):
+        raise TypeError(f"heal(cfg) takes a HealConfig, got {type(cfg).__name__}")
+    if not (isinstance(windows, torch.Tensor) and windows.dim() == 2 and not
+            windows.is_floating_point() and len(windows) >= 1):
+        raise ValueError(f"windows must be a 2-D integer tensor (M, n) of token ids, got "
+                         f"{getattr(windows, 'shape', type(windows).__name__)}")
+    teacher = teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    base = copy.deepcopy(teacher)
+    for p in base.parameters():
+        p.requires_grad_(True)
+    coarse = coarsenings_for(cfg, base, windows)
+    problems = {n: Distillation(c.apply(base).eval(), teacher, c.fine_points,
+                                shooting=cfg.shooting, embedding=cfg.embedding)
+                for n, c in coarse.items()}
+    optimizer = torch.optim.AdamW([p for p in base.parameters() if p.requires_grad],
+                                  lr=cfg.lr, weight_decay=cfg.weight_decay)
+    folder = None if out is None else Path(out)
+    lock = None
+    history: list[dict[str, Any]] = []
+    step, before = 0, 0.0
+    try:
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            lock = FolderLock(folder, what="healing folder").acquire()
+            final = folder / "final.json"
+            if latest_checkpoint(folder) is not None:
+                state = load_checkpoint(folder, model=base, optimizer=optimizer,
+                                        restore_rng=False)
+                if state.get("config") != cfg.to_dict():
+                    changed = sorted(k for k, v in cfg.to_dict().items()
+                                     if state.get("config", {}).get(k) != v)
+                    raise ValueError(f"out: {str(folder)!r} holds a healing run of another "
+                                     f"config (differs in {changed}); choose another folder")
+                step, before = int(state["step"]), float(state["seconds"])
+                history = [r for r in read_jsonl(folder / "metrics.jsonl", repair=True)
+                           if isinstance(r, dict) and r.get("step", 0) <= step] \
+                    if (folder / "metrics.jsonl").exists() else []
+                if final.exists():
+                    return HealResult(base, coarse, json.loads(final.read_text()), history)
+            write_atomic(folder / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
+            write_atomic(folder / "metrics.jsonl", "".join(json.dumps(r) + "\n"
+                                                           for r in history))
+        start = time.perf_counter()
+
+        def seconds() -> float:
+            return before + time.perf_counter() - start
+
+        def checkpoint() -> None:
+            if folder is not None:
+                save_checkpoint(folder, model=base, optimizer=optimizer,
+                                state={"step": step, "seconds": seconds(),
+                                       "config": cfg.to_dict()})
+
+        last: dict[str, float] = {}
+        while cfg.budget and seconds() < cfg.budget and (cfg.max_steps is None
+                                                         or step < cfg.max_steps):
+            n = _draw(cfg, step)
+            lr = _progress_lr(cfg, step, seconds())
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            obj = problems[n]({"input_ids": _batch(windows, cfg, step)})
+            loss = float(obj.total.detach())
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"heal: the loss is {loss} at step {step}; lower lr")
+            optimizer.zero_grad(set_to_none=True)
+            obj.total.backward()
+            optimizer.step()
+            step += 1
+            last = {"loss": loss, **{k: float(v.detach()) for k, v in obj.parts.items()}}
+            if step % cfg.log_every == 0:
+                row = {"step": step, "seconds": round(seconds(), 3), "lr": lr, "steps": n,
+                       **last}
+                history.append(row)
+                if folder is not None:
+                    append_line(folder / "metrics.jsonl", json.dumps(row))
+                if progress is not None:
+                    progress(row)
+            if step % cfg.checkpoint_every == 0:
+                checkpoint()
+        metrics = {"steps_taken": step, "seconds": round(seconds(), 3), **last}
+        if folder is not None:
+            checkpoint()
+            write_atomic(folder / "final.json", json.dumps(metrics, indent=2) + "\n")
+        return HealResult(base, coarse, metrics, history)
+    finally:
+        if lock is not None:
+            lock.release()

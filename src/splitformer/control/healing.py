@@ -1,0 +1,115 @@
+"""Healing a coarse network as optimal control (docs/math.md 3.13, docs/depth.md "Healing").
+
+The fine network (the teacher, L steps) is the target; the coarse one (the student, N steps,
+sharing or copying the teacher's controls) is steered towards it:
+
+    min_theta  J = |u_c(T) - u_f(T)|^2 / |u_f(T)|^2                      (terminal cost)
+                 + w_s sum_i |u_c(t_i) - u_f(s_i)|^2 / |u_f(s_i)|^2       (multiple shooting)
+                 + w_e mean_b (1 - cos(e_c,b, e_f,b))                     (the sentence embedding)
+
+where |.|^2 is the mean over the tokens counted by the attention mask (and the inputs) of the
+squared Euclidean norm, t_i the interior points of the coarse grid that approximate a fine grid
+point s_i (``Coarsening.fine_points``; points between fine ones are skipped), and
+e = sum_x m(x) u(x, T) / sum_x m(x) the masked mean of u(T) (sentence-transformers' pooling).
+With w_s = w_e = 0 it is plain distillation of u(T) ("distil u(T) only"); w_s > 0 matches the
+states at the coarse grid's times as well (multiple shooting: each coarse step is asked to
+reproduce its stretch of the fine path, not only the end). The teacher runs in no_grad; the
+student's read-out is not used (for BERT's last hidden state it is u(T) itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..time import SaveAt
+from .problem import Objective
+
+__all__ = ["Distillation"]
+
+
+def _relative_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    err = (a - b).pow(2).sum(-1)
+    ref = b.pow(2).sum(-1)
+    if mask is None:
+        return err.mean() / ref.mean()
+    m = mask.to(err.dtype)
+    return (err * m).sum() / (ref * m).sum()
+
+
+def _pooled(u: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    if mask is None:
+        return u.mean(1)
+    m = mask.to(u.dtype).unsqueeze(-1)
+    return (u * m).sum(1) / m.sum(1).clamp_min(1e-9)
+
+
+class Distillation(nn.Module):
+    """The healing objective of a student against a teacher (module doc).
+
+    student, teacher: splitformer models taking the same keyword inputs (``trajectory``);
+    fine_points: for the student's grid points 0 .. N, the teacher's grid point each
+    approximates, or None (``Coarsening.fine_points``); the last is the teacher's T.
+    shooting, embedding: the weights w_s, w_e (floats >= 0).
+
+    forward(inputs) -> Objective with parts "terminal" and, where weighted, "shooting" and
+    "embedding"; ``inputs`` a mapping of keyword inputs, its "attention_mask" (if any) the
+    tokens that count.
+    """
+
+    def __init__(self, student: nn.Module, teacher: nn.Module,
+                 fine_points: Sequence[int | None], *, shooting: float = 0.0,
+                 embedding: float = 0.0) -> None:
+        super().__init__()
+        for name, w in (("shooting", shooting), ("embedding", embedding)):
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0:
+                raise ValueError(f"Distillation: {name} must be a number >= 0, got {w!r}")
+        points = list(fine_points)
+        if len(points) < 2 or points[0] != 0 or points[-1] is None:
+            raise ValueError(f"Distillation: fine_points must start at 0 and end at the "
+                             f"teacher's final grid point, got {points!r}")
+        steps = student.evolution.num_steps
+        if len(points) != steps + 1:
+            raise ValueError(f"Distillation: fine_points has {len(points)} entries, the student "
+                             f"has {steps + 1} grid points")
+        if points[-1] != teacher.evolution.num_steps:
+            raise ValueError(f"Distillation: fine_points ends at {points[-1]}, the teacher's "
+                             f"final grid point is {teacher.evolution.num_steps}")
+        self.student = student
+        self.teacher = [teacher]  # not a submodule: its parameters are not the student's
+        self.fine_points = points
+        self.shooting, self.embedding = float(shooting), float(embedding)
+
+    def interior(self) -> list[tuple[int, int]]:
+        """(student point, teacher point) of the shooting targets."""
+        return [(i, p) for i, p in enumerate(self.fine_points[1:-1], start=1) if p is not None]
+
+    def forward(self, inputs: Mapping[str, Any]) -> Objective:
+        inputs = dict(inputs)
+        mask = inputs.get("attention_mask")
+        teacher = self.teacher[0]
+        with torch.no_grad():
+            fine = teacher.trajectory(**inputs, saveat=SaveAt(steps=True)).state_list
+        pairs = self.interior() if self.shooting else []
+        if pairs:
+            coarse = self.student.trajectory(**inputs, saveat=SaveAt(steps=True)).state_list
+            final = coarse[-1]
+        else:
+            final = self.student.trajectory(**inputs, saveat=SaveAt()).final
+            coarse = None
+        terminal = _relative_mse(final, fine[-1], mask)
+        parts = {"terminal": terminal}
+        total = terminal
+        if pairs:
+            shoot = sum(_relative_mse(coarse[i], fine[p], mask) for i, p in pairs)
+            parts["shooting"] = shoot
+            total = total + self.shooting * shoot
+        if self.embedding:
+            cos = torch.nn.functional.cosine_similarity(_pooled(final, mask),
+                                                        _pooled(fine[-1], mask), dim=-1)
+            parts["embedding"] = (1 - cos).mean()
+            total = total + self.embedding * parts["embedding"]
+        return Objective(total=total, terminal=terminal, parts=parts, output=final)
