@@ -316,3 +316,55 @@ def test_the_grid_appends_as_it_goes_and_resumes(tmp_path):
     again = run_grid(out, **kw)
     assert len(again) == len(rows) and read_jsonl(out) == again  # only the torn row redone
     assert grid_table(again, quality_length=16).row_count == 4
+
+
+def test_bench_merge_json_records_the_path_and_the_r_that_ran(tmp_path, capsys):
+    """The JSON said --paths train,eval,no_grad (the merge suite times no_grad only) and the
+    r asked for: it records the path timed, and each row's r_used, the nodes each layer
+    merged after the clip to half the unprotected nodes left, which is what the library's
+    own trace of the same model shows."""
+    from splitformer.bench.sizes import parse_size
+
+    out = tmp_path / "m.json"
+    assert main(["bench", "merge", "--size", TINY, "--repeats", "1", "--warmup", "0", "--rs",
+                 "100", "--out", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "--paths no_grad " in data["command"] and "train" not in data["command"]
+    assert data["options"]["paths"] == ["no_grad"]
+    rows = {r["name"]: r for r in data["rows"] if "median_s" in r}
+    assert {r["path"] for r in rows.values()} == {"no_grad"}
+    for name in ("ToMe peer r=100", "splitformer r=100 prop", "splitformer state r=100"):
+        row = rows[name]  # 12 tokens, 2 layers, [CLS] protected: 12 -> 7 -> 4
+        assert (row["r"], row["r_used"], row["tokens_out"]) == (100, [5, 3], 4), row
+    assert rows["splitformer r=0"]["r_used"] == [0, 0]
+    workload = random_workload(parse_size(TINY))
+    ours = ours_merged(from_hf(workload.bert).eval(), 100, proportional=True)
+    x = workload.passages[12]
+    with torch.no_grad():
+        trace = ours.merge_trace(input_ids=x, attention_mask=torch.ones_like(x))
+    assert [12 - trace.nodes[0], trace.nodes[0] - trace.nodes[1]] == [5, 3]
+
+
+def test_bench_merge_table_keeps_its_width_when_piped(monkeypatch, capsys):
+    """Piped (stdout not a terminal) rich fell back to 80 columns and folded every cell of
+    the merge table; the tables print at TABLE_WIDTH columns there, as benchmarks/ do
+    (COLUMNS, when set, still wins)."""
+    from splitformer.commands import bench
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    row = {"suite": "merge", "size": "all-MiniLM-L6-v2", "group": "256 tokens, batch 8",
+           "path": "no_grad", "name": "splitformer state r=32 prop", "splitformer": True,
+           "family": "splitformer-state", "r": 32, "r_used": [32] * 5 + [16], "seq": 256,
+           "tokens_out": 64, "median_s": 0.33, "speedup": 1.52,
+           "ratios": {"splitformer state r=0": 0.66}, "mean_cosine": 0.971,
+           "lee_fidelity_spearman": 0.944, "lee_human_spearman": 0.499}
+    bench.print_tables([row], "merge", {})
+    lines = capsys.readouterr().out.splitlines()
+    assert 80 < max(map(len, lines)) <= bench.TABLE_WIDTH
+    assert any("splitformer state r=32 prop" in line for line in lines), lines
+    assert any("0.660x splitformer state r=0" in line for line in lines), lines
+    assert "r clipped to 32,32,32,32,32,16 per layer" in " ".join(
+        " ".join(line.split("│")[-2].split()) for line in lines if line.count("│") > 2)
+    monkeypatch.setenv("COLUMNS", "70")
+    bench.print_tables([row], "merge", {})
+    assert max(map(len, capsys.readouterr().out.splitlines())) <= 70

@@ -291,3 +291,84 @@ def test_weights_are_a_rule_up_to_scale_and_relative_kernels_read_real_coordinat
     with torch.no_grad():
         uh = u.half()
         assert torch.equal(half(uh), half(uh, Context(token_weights=torch.full((5,), 1e-8))))
+
+
+# -- what a grid tensor may be (issue 17 leftovers) -------------------------------------------
+def test_integer_grids_are_read_as_their_floating_values():
+    """torch.arange(N) as coordinates and integer counts as weights are accepted (they were
+    refused as not floating point): cast to the state's floating dtype, the same output bit
+    for bit, in the operators (Context) and in every family with a token grid; bool, complex,
+    NaN and inf are still refused naming the argument."""
+    from test_token_grid_families import GRID_FAMILIES, family, outputs, token_inputs
+
+    from splitformer.models import network_encoder
+    from splitformer.operators.token_grid import check_grid_tensor
+
+    op = _op(NonlocalAttention, "softmax")
+    encoder = network_encoder(4, 2, 8, 1, dtype=D).eval()
+    u = torch.randn(B, 5, DIM, dtype=D, generator=torch.Generator().manual_seed(0))
+    counts = torch.tensor([1, 3, 1, 2, 1])
+    ctx = Context(is_causal=True, token_weights=counts, token_coords=torch.arange(5))
+    assert ctx.token_weights.is_floating_point() and ctx.token_coords.is_floating_point()
+    assert check_grid_tensor(counts, "w", weights=True, dtype=D).dtype == D
+    with torch.no_grad():
+        assert torch.equal(op(u, ctx), op(u, Context(is_causal=True,
+                                                    token_weights=counts.to(D),
+                                                    token_coords=torch.arange(5.0, dtype=D))))
+        for name in GRID_FAMILIES:
+            model, inputs = family(name)
+            for i, wn, cn in token_inputs(model, inputs):
+                n = inputs[i].shape[1]
+                w = torch.arange(n) % 3 + 1
+                got = outputs(model(*inputs, **{wn: w, cn: torch.arange(n)}))
+                want = outputs(model(*inputs, **{wn: w.to(D), cn: torch.arange(n, dtype=D)}))
+                for k, v in want.items():
+                    assert torch.equal(got[k], v), (name, k)
+    real, finite = "must be a real", "must be finite"
+    for bad, error, match in ((torch.ones(5, dtype=torch.bool), TypeError, real),
+                              (torch.ones(5, dtype=torch.complex64), TypeError, real),
+                              (torch.tensor([0.0, 1, float("nan"), 3, 4]), ValueError, finite),
+                              (torch.tensor([0.0, 1, float("inf"), 3, 4]), ValueError, finite)):
+        with pytest.raises(error, match=rf"Context.token_coords {match}"):
+            Context(token_coords=bad)
+        with pytest.raises(error, match=rf"Encoder: token_weights {match}"):
+            encoder(u[..., :4], token_weights=bad)
+
+
+def test_a_grid_on_the_meta_device_is_checked_by_shape():
+    """A model built under torch.device('meta') runs shape-only with a grid on meta (the
+    values cannot be checked there: was 'Tensor.item() cannot be called on meta tensors'); the
+    shape is still checked, naming the argument."""
+    from splitformer.models import network_encoder
+
+    with torch.device("meta"):
+        m = network_encoder(16, 4, 24, 2)
+        x = torch.empty(2, 6, 16)
+        w, c = torch.ones(6), torch.arange(6.0)
+    assert m(x, token_weights=w, token_coords=c).shape == (2, 6, 16)
+    assert m(x, token_coords=torch.arange(6, device="meta")).is_meta  # an integer one too
+    with pytest.raises(ValueError, match=r"token_weights has shape \(7,\)"):
+        m(x, token_weights=torch.ones(7, device="meta"))
+
+
+def test_cvt_weights_are_sized_to_its_last_stage():
+    """CvT takes token_weights on its last stage's grid only (N of that stage, its class token
+    included), constant along each row (they cancel); the earlier stages take none, and a
+    grid of another stage's size is refused saying so."""
+    from splitformer.models.cvt import CvtStageSpec, build_cvt
+
+    torch.manual_seed(0)
+    cvt = build_cvt([CvtStageSpec(1, 8, 1, 1), CvtStageSpec(8, 16, 2, 1, cls_token=True)],
+                    num_labels=3, dtype=D).eval()
+    x = torch.randn(2, 1, 16, 16, dtype=D)
+    with torch.no_grad():
+        out = cvt(x, output_hidden_states=True)
+        assert [tuple(h.shape[-2:]) for h in out.hidden_states] == [(8, 8), (4, 4)]
+        assert torch.equal(cvt(x, token_weights=torch.full((17,), 2, dtype=D)).logits,
+                           out.logits)  # 4 x 4 + the class token: constant weights cancel
+        assert torch.equal(cvt(x, token_weights=torch.full((17,), 2)).logits, out.logits)
+        for n in (16, 64, 65):  # without the class token; the first stage's grid
+            with pytest.raises(ValueError, match=r"last stage's token grid \(stage 2 of 2: 17 "
+                                                 r"nodes, its class token first; the earlier "
+                                                 rf"stages take none\).*shape \({n},\)"):
+                cvt(x, token_weights=torch.ones(n, dtype=D))

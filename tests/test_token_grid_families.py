@@ -497,7 +497,8 @@ def test_a_bad_grid_is_refused_naming_the_argument(name):
                ({wn: torch.ones(b + 1, n, dtype=D)}, ValueError, rf"{wn} has shape"),
                ({wn: -torch.ones(n, dtype=D)}, ValueError, rf"{wn} must be >= 0"),
                ({wn: torch.zeros(n, dtype=D)}, ValueError, rf"{wn}: every row"),
-               ({wn: torch.ones(n, dtype=torch.long)}, TypeError, rf"{wn} must be a floating"),
+               ({wn: torch.ones(n, dtype=torch.bool)}, TypeError, rf"{wn} must be a real"),
+               ({cn: torch.ones(n, dtype=torch.complex128)}, TypeError, rf"{cn} must be a real"),
                ({cn: [0.0] * n}, TypeError, rf"{cn} must be None or a torch.Tensor"),
                ({cn: torch.full((n,), float("nan"), dtype=D)}, ValueError, rf"{cn} must be "
                                                                            "finite")]

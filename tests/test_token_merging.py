@@ -438,8 +438,9 @@ def test_families_without_a_patch_grid_refuse_with_patch_size_by_name():
 
 def test_what_reads_the_path_or_brings_a_causal_kernel_refuses_merging():
     """Review findings: a causal ALiBi kernel (its own support x' <= x, not is_causal) is
-    refused at run time; convergence, adaptive depth and analyze refuse a merging model by
-    name (they compared or read states on token grids that differ)."""
+    refused by with_token_merging, and at run time when with_kernel installs it after the
+    merging; convergence, adaptive depth and analyze refuse a merging model by name (they
+    compared or read states on token grids that differ)."""
     from splitformer.analysis import adaptive_depth, analyze, convergence
     from splitformer.analysis.checks import ArgumentError
     from splitformer.models.encoder import network_encoder
@@ -447,7 +448,9 @@ def test_what_reads_the_path_or_brings_a_causal_kernel_refuses_merging():
     torch.manual_seed(0)
     enc = network_encoder(16, 4, 24, 2, dtype=torch.float64).eval()
     x = torch.randn(1, 8, 16, dtype=torch.float64)
-    causal = enc.with_kernel("alibi", causal=True).with_token_merging(2, metric="state")
+    with pytest.raises(ValueError, match="causal support of its own"):
+        enc.with_kernel("alibi", causal=True).with_token_merging(2, metric="state")
+    causal = enc.with_token_merging(2, metric="state").with_kernel("alibi", causal=True)
     with pytest.raises(ValueError, match="causal support of its own"):
         causal(x)
     merged = enc.with_token_merging(2)
@@ -499,3 +502,95 @@ def test_exports_train_flags_and_unmerge_refuse_what_they_cannot_honour():
                        (out, True)):
         with pytest.raises(ValueError, match="MergeTrace.unmerge"):
             trace.unmerge(bad, point)
+
+
+# -- leftovers of the trial and the review (issue 17) -------------------------------------------
+def test_causal_models_refuse_merging_when_it_is_asked_for():
+    """GPT-2 and the decoder-only models have a causal support whatever the inputs:
+    with_token_merging refuses them itself (it used to accept, and only the forward refused);
+    r = 0 and None (no merging) stay accepted, and the forward check stays for the supports
+    the inputs ask for (is_causal on the encoder)."""
+    import transformers
+
+    import splitformer
+
+    torch.manual_seed(0)
+    gpt2 = splitformer.from_hf(transformers.GPT2Model(transformers.GPT2Config(
+        vocab_size=31, n_positions=16, n_embd=16, n_layer=2, n_head=2)).eval())
+    for model in (gpt2, causal_decoder(11, 8, 16, 2, 2), causal_decoder(11, 8, 16, 2, 2,
+                                                                        lm_head=True)):
+        assert model.causal_support
+        with pytest.raises(ValueError, match=rf"with_token_merging: {type(model).__name__} has "
+                                             r"a causal support \(x' <= x"):
+            model.with_token_merging(2)
+        with pytest.raises(ValueError, match="causal support"):
+            model.with_token_merging([0, 1], where="step", metric="state")
+        model.with_token_merging(0)
+        model.with_token_merging(None)
+    assert not encoder().causal_support
+    with pytest.raises(ValueError, match="causal"):  # asked for by the input: at the forward
+        encoder().with_token_merging(1)(src(), is_causal=True,
+                                        mask=torch.ones(N, N).triu(1).bool())
+
+
+def test_nothing_mergeable_warns_naming_protect_and_n_and_runs_unmerged():
+    """protect covering the grid (or padding leaving fewer than 2 mergeable nodes in a row)
+    merges nothing: a warning names protect and N, and the output is the unmerged model's."""
+    import warnings
+
+    m, x = encoder(), src()
+    with torch.no_grad():
+        plain = m(x)
+        for protect in (N, N - 1, N + 5):
+            with pytest.warns(UserWarning, match=rf"nothing can merge.*N = {N} nodes with "
+                                                 rf"protect = {protect}"):
+                out = m.with_token_merging(2, protect=protect)(x)
+            assert torch.equal(out, plain)
+        kpm = torch.zeros(B, N, dtype=torch.bool)
+        kpm[1, 1:] = True  # row 1: one node left, nothing to merge it with
+        with pytest.warns(UserWarning, match=r"fewest row has 1 mergeable node"):
+            m.with_token_merging(2)(x, src_key_padding_mask=kpm)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # two mergeable nodes: one merge, no warning
+            trace = m.with_token_merging(2, protect=N - 2).merge_trace(x)
+    assert trace.nodes == [N - 1]
+
+
+def test_merging_on_the_meta_device_is_a_shape_pass_or_a_clear_refusal():
+    """A model built under torch.device('meta'): without weights or padding the merge runs
+    shape-only (the node counts of the trace); token_weights with values (on the CPU) count
+    the mergeable nodes there; weights or a padding mask on the meta device (no values) are
+    refused naming them (was: 'Tensor.item() cannot be called on meta tensors')."""
+    with torch.device("meta"):
+        m = network_encoder(D, H, FF, L).with_token_merging(2)
+    x = torch.empty(B, N, D, device="meta")
+    trace = m.merge_trace(x)
+    assert trace.nodes == [8, 6, 4] and trace.index[-1].is_meta
+    assert m.merge_trace(x, token_weights=torch.ones(N)).nodes == [8, 6, 4]
+    assert m(x).shape == (B, N, D)
+    with pytest.raises(ValueError, match="token_weights on the meta device"):
+        m(x, token_weights=torch.ones(N, device="meta"))
+    with pytest.raises(ValueError, match="key-padding mask.*on the meta device"):
+        m(x, src_key_padding_mask=torch.zeros(B, N, dtype=torch.bool, device="meta"))
+
+
+def test_train_merge_on_a_scheme_without_an_attention_stage_says_what_train_can_do():
+    """The library's advice (where='step', metric='state') names with_token_merging options
+    that `splitformer train` does not have: the ConfigError says what train can do instead
+    (a scheme with a top-level attention stage, or merge = 0); other refusals keep the
+    library's message."""
+    from splitformer.training.config import ConfigError, TrainConfig
+    from splitformer.training.families import build_model
+
+    digits = {"name": "digits", "task": "classify", "num_classes": 10, "vocab_size": None,
+              "input_shape": (1, 8, 8)}
+    cfg = TrainConfig(width=16, heads=2, depth=2, merge=2, scheme="parallel")
+    with pytest.raises(ConfigError, match=r"merge=2 \(family 'vit'\): training merges tokens "
+                                          r"after the attention substep.*scheme 'parallel'.*"
+                                          r"choose a scheme with one \(e.g. network, lie, "
+                                          r"strang\) or merge = 0") as e:
+        build_model(cfg, digits)
+    assert "use where=" not in str(e.value)
+    build_model(cfg.replace(scheme="strang"), digits)  # the advice holds
+    with pytest.raises(ConfigError, match="runs a step of its own"):
+        build_model(cfg.replace(scheme="reversible"), digits)

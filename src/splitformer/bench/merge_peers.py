@@ -33,15 +33,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Matching", "Merged", "PlainToMeBert", "bipartite_soft_matching", "merged_length"]
+__all__ = ["Matching", "Merged", "PlainToMeBert", "bipartite_soft_matching", "merged_length",
+           "merged_schedule"]
+
+
+def merged_schedule(n: int, r: int, layers: int, protected: int = 1) -> list[int]:
+    """The nodes each of ``layers`` merge steps of r nodes on N = ``n`` merges: r clipped to
+    half the unprotected nodes left, min(r, (N_n - protected) // 2) (ToMe's clip, and the
+    library's on a grid without padding: ``MergeTrace.clip``)."""
+    out = []
+    for _ in range(layers):
+        out.append(max(0, min(r, (n - protected) // 2)))
+        n -= out[-1]
+    return out
 
 
 def merged_length(n: int, r: int, layers: int, protected: int = 1) -> int:
-    """The number of nodes after ``layers`` merge steps of r nodes on N = ``n`` (each step
-    merges min(r, (N_n - protected) // 2))."""
-    for _ in range(layers):
-        n -= max(0, min(r, (n - protected) // 2))
-    return n
+    """The number of nodes after ``layers`` merge steps of r nodes on N = ``n``
+    (``merged_schedule``)."""
+    return n - sum(merged_schedule(n, r, layers, protected))
 
 
 @dataclass(frozen=True)

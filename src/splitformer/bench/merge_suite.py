@@ -17,8 +17,11 @@ its merged nodes. Sequences are never padded: ``embed`` groups them by length.
 (the repeats interleaved, eval under no_grad, ``timing.measure``) and gives one row per setting
 and length: ``median_s``, ``speedup`` (its family's r = 0 median over its median: the
 throughput ratio), ``ratios`` (median over that r = 0 median; the r = 0 rows over the
-transformers model's), ``tokens_out`` (nodes after the last step by ToMe's schedule,
-``merge_peers.merged_length``), ``mean_cosine`` (of its embeddings of all the passages with the
+transformers model's), ``r`` (the r asked for) and ``r_used`` (the nodes each layer merged:
+r clipped to half the unprotected nodes left, ``merge_peers.merged_schedule``, as the peer
+and the library clip it), ``tokens_out`` (nodes after the last step,
+``merge_peers.merged_length``), ``path`` ("no_grad": eval under no_grad, the only path
+timed), ``mean_cosine`` (of its embeddings of all the passages with the
 unmerged model's) and whatever ``workload.quality`` measures (once per setting).
 ``random_workload(size)`` is a random-weight BERT at a bench ``Size`` on random ids
 (``splitformer bench merge --size``); the pretrained all-MiniLM-L6-v2 on King James passages
@@ -35,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..interop import from_hf
-from .merge_peers import PlainToMeBert, merged_length
+from .merge_peers import PlainToMeBert, merged_length, merged_schedule
 from .timing import Contender, measure
 
 __all__ = ["FAMILIES", "OURS", "LastHidden", "MergeWorkload", "Setting",
@@ -208,7 +211,8 @@ def _row(suite_label: str, group: str, s: Setting, result: dict, names: dict, n:
     speedup = result[names[(s.family, 0, False)]]["median_s"] / r["median_s"]
     return {"suite": "merge", "size": suite_label, "group": group, "path": "no_grad",
             "name": s.name, "splitformer": s.family in OURS, "family": s.family,
-            "r": s.r, "proportional": s.proportional and s.r > 0, "seq": n, "batch": batch,
+            "r": s.r, "r_used": merged_schedule(n, s.r, layers),
+            "proportional": s.proportional and s.r > 0, "seq": n, "batch": batch,
             "tokens_out": merged_length(n, s.r, layers), **r, "ratios": ratios,
             "speedup": speedup, "note": note}
 

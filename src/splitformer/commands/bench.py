@@ -246,18 +246,35 @@ _MERGE_MEASURES = (("mean_cosine", "cosine"), ("lee_fidelity_spearman", "Lee fid
 
 
 def _merge_extra(row: dict) -> str:
-    """A merge row: its speed-up over r = 0, tokens at the end, and its fidelity."""
+    """A merge row: its speed-up over r = 0, tokens at the end (and the r each layer merged
+    where the clip to half the nodes left cut r), and its fidelity."""
     parts = [f"{row['speedup']:.2f}x over r=0", f"{row['seq']} -> {row['tokens_out']} tokens"]
+    used = row.get("r_used") or []
+    if any(u != row["r"] for u in used):
+        parts.append(f"r clipped to {','.join(map(str, used))} per layer")
     parts += [f"{label} {row[key]:.3f}" for key, label in _MERGE_MEASURES if key in row]
     return ", ".join(parts)
 
 
+TABLE_WIDTH = 160  # columns of a table sent to a pipe or a file (as benchmarks/ print theirs)
+
+
+def table_console():
+    """The console the tables print on: a terminal's own width (or ``COLUMNS`` when set);
+    ``TABLE_WIDTH`` columns when stdout is a pipe or a file, where rich would otherwise fall
+    back to 80 and fold every cell of the wide merge table onto several lines."""
+    from rich.console import Console
+
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=TABLE_WIDTH)
+
+
 def print_tables(rows: list[dict], suite: str, describe: dict[str, str],
                  console=None) -> None:
-    """One rich table of a suite's rows, and what each size is (on ``console``, default a
-    ``rich.console.Console()`` of the terminal). Every column folds what does not fit its width
-    onto the next line, never cutting it short: a missing peer's whole reason is shown."""
-    from rich.console import Console
+    """One rich table of a suite's rows, and what each size is (on ``console``, default
+    ``table_console()``). Every column folds what does not fit its width onto the next line,
+    never cutting it short: a missing peer's whole reason is shown."""
     from rich.table import Table
 
     from ..bench.timing import ms
@@ -282,7 +299,7 @@ def print_tables(rows: list[dict], suite: str, describe: dict[str, str],
         cells = [r["size"], r["group"], r["path"], r["name"],
                  ms(r["median_s"]) if "median_s" in r else "", _ratios(r)]
         table.add_row(*cells, *([_extra(r)] if extra else []))
-    console = Console() if console is None else console
+    console = table_console() if console is None else console
     console.print(table)
     for label, text in describe.items():
         console.print(f"  {label}: {text}")
@@ -326,6 +343,7 @@ def run(args: argparse.Namespace) -> int:
         _print_list(suites, args.json)
         return 0
     names = _suite_names(args, suites)
+    args.paths = _measured_paths(args.paths, names, suites)
     out = _check_out(args.out)
     sizes = _sizes(args, names)
     if args.tokens is not None and args.size:
@@ -395,6 +413,14 @@ def _suite_names(args: argparse.Namespace, suites: dict) -> list[str]:
                              f"{', '.join(suites[name].paths)}; none of them is in "
                              f"{','.join(args.paths)}")
     return names
+
+
+def _measured_paths(paths: tuple[str, ...], names: list[str], suites: dict
+                    ) -> tuple[str, ...]:
+    """Of ``paths`` (--paths), those the suites ``names`` measure, in the order given: each
+    suite times the paths asked for that it can measure (``Suite.paths``; the merge suite
+    only no_grad), so the JSON's command and options record what was run."""
+    return tuple(p for p in paths if any(p in suites[n].paths for n in names))
 
 
 def _sizes(args: argparse.Namespace, names: list[str]) -> list:

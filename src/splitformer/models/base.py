@@ -123,6 +123,9 @@ class EvolutionModel(nn.Module):
     source: Source = _SourceAttribute()  # type: ignore[assignment]  # where it came from
     # the prefix nodes of the token grid (class and register tokens): never merged
     num_prefix_tokens: int = 0
+    # the self-attention's support is causal (x' <= x) whatever the inputs: GPT-2 and the
+    # decoder-only models (with_token_merging refuses them when called, not at the forward)
+    causal_support: bool = False
 
     # -- what a family supplies ------------------------------------------------------------
     def initial_condition(self, *inputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Context]:
@@ -307,10 +310,12 @@ class EvolutionModel(nn.Module):
         (default ``num_prefix_tokens``: class and register tokens); padding never merges.
         ``unmerge``: the read-out sees u(T) on the input grid (default) or the merged grid.
         r = 0 is the model itself; ``r=None`` removes merging. See ``operators.merging``.
-        Refused by name: models with several evolutions (CvT, encoder-decoder), operators
-        that need the regular grid (``Operator.needs_regular_grid``), the checkpoint and
-        reversible adjoints, the reversible scheme; causal supports and masks that are not key
-        padding when the model runs."""
+        Refused by name: models with several evolutions (CvT, encoder-decoder), a causal
+        model (``causal_support``: GPT-2, the decoder-only models) and a kernel with a causal
+        support of its own, operators that need the regular grid
+        (``Operator.needs_regular_grid``), the checkpoint and reversible adjoints, the
+        reversible scheme; when the model runs, a causal support asked for by the inputs
+        (``is_causal``, ``tgt_is_causal``) and masks that are not key padding."""
         owners = self.evolution_owners()
         if len(owners) != 1 or owners[0] is not self:
             raise ValueError(f"with_token_merging: {type(self).__name__} runs "
@@ -319,6 +324,11 @@ class EvolutionModel(nn.Module):
         value = None if r is None else TokenMerging(
             r, metric=metric, where=where, proportional=proportional, unmerge=unmerge,
             protect=self.num_prefix_tokens if protect is None else protect)
+        if value is not None and value.active and self.causal_support:
+            raise ValueError(f"with_token_merging: {type(self).__name__} has a causal support "
+                             "(x' <= x: each token attends to the tokens before it, as in "
+                             "GPT-2 and every decoder-only model): a merged node would carry a "
+                             "later token's state into an earlier one; refused")
         return self._map_evolutions(lambda e, i: e.with_token_merging(value))
 
     def with_kernel(self, kernel, **kwargs):

@@ -197,7 +197,8 @@ class BertEncoderModel(EvolutionModel):
         b, n, _ = u0.shape
         mask = self.attention_support(attention_mask, b, n, u0.dtype, u0.device)
         ctx = with_token_grid(Context(attn_mask=mask, extra={"labels": labels}), token_weights,
-                              token_coords, batch=b, seq=n, owner=type(self).__name__)
+                              token_coords, batch=b, seq=n, owner=type(self).__name__,
+                              dtype=u0.dtype)
         return u0, keep_steps(ctx, output_hidden_states)
 
     def read_out(self, u: torch.Tensor, context: Context) -> BertEncoderOutput:

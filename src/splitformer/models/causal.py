@@ -155,8 +155,10 @@ class CausalDecoderModel(EvolutionModel):
     when False, position_ids that restart inside a row mark packed sequences, each with its own
     causal support (transformers detects packing only when it runs without a cache).
     ``token_weights`` / ``token_coords`` (keywords; (N,) or (B, N)) give the token grid (module
-    docstring).
+    docstring). ``causal_support``: token merging is refused by ``with_token_merging``.
     """
+
+    causal_support = True
 
     def __init__(
         self,
@@ -202,7 +204,7 @@ class CausalDecoderModel(EvolutionModel):
                              device=u0.device, additive=self.additive_mask, packed=not cache,
                              on_grid=on_token_grid(token_weights, token_coords))
         ctx = with_token_grid(ctx, token_weights, token_coords, batch=b, seq=n,
-                              owner=type(self).__name__)
+                              owner=type(self).__name__, dtype=u0.dtype)
         ctx.extra.update(labels=labels, logits_to_keep=logits_to_keep)
         return u0, keep_steps(ctx, output_hidden_states)
 

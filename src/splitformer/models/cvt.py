@@ -370,8 +370,10 @@ class ConvolutionalVisionTransformer(EvolutionModel):
     def check_token_grid(self, token_weights: torch.Tensor | None,
                          token_coords: torch.Tensor | None) -> None:
         """The token grid CvT can take: none, or weights constant along each row (they cancel
-        on the regular grid). ValueError naming the argument for other weights and for any
-        coordinates (the convolutions in x need the regular 2-D grid)."""
+        on the regular grid), sized to the last stage's field (its N with the class token;
+        checked in ``initial_condition``: the earlier stages run as the restriction chain on
+        the regular grid and take no weights). ValueError naming the argument for other weights
+        and for any coordinates (the convolutions in x need the regular 2-D grid)."""
         why = ("its convolutional token embeddings and Q/K/V projections need the regular 2-D "
                "token grid (docs/math.md 3.7, 3.12)")
         if token_coords is not None:
@@ -379,10 +381,10 @@ class ConvolutionalVisionTransformer(EvolutionModel):
                              f"{why}")
         if token_weights is None:
             return
-        check_grid_tensor(token_weights, "ConvolutionalVisionTransformer (CvT): token_weights",
-                          weights=True)
+        token_weights = check_grid_tensor(
+            token_weights, "ConvolutionalVisionTransformer (CvT): token_weights", weights=True)
         rows = token_weights if token_weights.dim() == 2 else token_weights.unsqueeze(0)
-        if not bool((rows == rows[:, :1]).all()):
+        if not rows.is_meta and not bool((rows == rows[:, :1]).all()):
             raise ValueError(f"ConvolutionalVisionTransformer (CvT): token_weights other than "
                              f"constant (along each row) are refused: {why}")
 
@@ -393,8 +395,8 @@ class ConvolutionalVisionTransformer(EvolutionModel):
         """u(0) of the last stage: the stages before it run as the restriction chain (each
         stage's output grid is the next one's input), then the last stage's initial condition.
         The earlier stages' output grids ride in the context for the hidden states. A token
-        grid is checked (``check_token_grid``: constant weights only, which cancel) and not
-        passed on."""
+        grid is checked (``check_token_grid``: constant weights only, which cancel, of the
+        last stage's N) and not passed on."""
         self.check_token_grid(token_weights, token_coords)
         self._check_pixels(pixel_values)
         grid, hidden = pixel_values, []
@@ -402,8 +404,14 @@ class ConvolutionalVisionTransformer(EvolutionModel):
             grid, _ = stage(grid)
             hidden.append(grid)
         u0, ctx = self.stages[-1].initial_condition(grid)
+        last = len(self.stages)
         masks.check_token_grid(token_weights, None, batch=u0.shape[0], seq=u0.shape[1],
-                               owner="ConvolutionalVisionTransformer (CvT)")
+                               owner=f"ConvolutionalVisionTransformer (CvT): token_weights "
+                                     f"are on the last stage's token grid (stage {last} of "
+                                     f"{last}: {u0.shape[1]} nodes"
+                                     + (", its class token first" if
+                                        self.stages[-1].cls_token is not None else "")
+                                     + "; the earlier stages take none)")
         ctx.extra.update(hidden=hidden if output_hidden_states else None)
         return u0, ctx
 

@@ -39,14 +39,17 @@ def sample_positions(table: torch.Tensor, coords: torch.Tensor, *, name: str = "
                      ) -> torch.Tensor:
     """p(x_j) for the learned positions ``table`` (P, D) read as samples p(n), n = 0 .. P-1:
     row x_j for an integer x_j (exactly), p(n) + (x - n)(p(n+1) - p(n)) with n = floor(x)
-    between rows. ``coords`` (N,) or (B, N), floating point, in [0, P-1] (ValueError naming
-    ``name`` otherwise; under ``torch.compile`` asserted inside the graph); returns (1 or B, N,
-    D) in the table's dtype."""
-    check_grid_tensor(coords, name, weights=False)
+    between rows. ``coords`` (N,) or (B, N), floating point or integer (read in the table's
+    dtype), in [0, P-1] (ValueError naming ``name`` otherwise; under ``torch.compile`` asserted
+    inside the graph; not on the meta device, which has no values); returns (1 or B, N, D) in
+    the table's dtype."""
+    coords = check_grid_tensor(coords, name, weights=False, dtype=table.dtype)
     last = table.shape[0] - 1
     x = (coords if coords.dim() == 2 else coords.unsqueeze(0)).to(device=table.device)
     if torch.compiler.is_compiling():
         torch._assert_async(((x >= 0) & (x <= last)).all(), f"{name} must lie in [0, {last}]")
+    elif x.is_meta:
+        pass
     elif float(x.min()) < 0 or float(x.max()) > last:
         raise ValueError(f"{name} must lie in [0, {last}] (the learned positions p(0) .. "
                          f"p({last}) are samples of p(x) on that interval), got values in "
@@ -172,7 +175,8 @@ class TokenEmbedding(nn.Module):
             raise ValueError("pass position_ids or token_coords, not both: both say where the "
                              "tokens sit (token_coords x_j evaluate the learned positions p(x) "
                              "on [0, max_positions - 1]; position_ids index its rows)")
-        check_grid_tensor(coords, "token_coords", weights=False)
+        coords = check_grid_tensor(coords, "token_coords", weights=False,
+                                   dtype=self.position.weight.dtype)
         if coords.shape[-1] != n or (coords.dim() == 2 and coords.shape[0] not in (1, b)):
             raise ValueError(f"token_coords has shape {tuple(coords.shape)} but the input has "
                              f"{n} tokens (batch {b}): expected ({n},) or ({b}, {n})")

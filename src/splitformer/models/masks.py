@@ -109,25 +109,32 @@ def attention_support(
 
 def check_token_grid(weights: torch.Tensor | None, coords: torch.Tensor | None, *, batch: int,
                      seq: int, owner: str, names: tuple[str, str] = ("token_weights",
-                                                                      "token_coords")) -> None:
+                                                                      "token_coords"),
+                     dtype: torch.dtype | None = None
+                     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The token grid of a field of ``seq`` nodes and batch ``batch``: ``weights`` (w_j >= 0, a
-    positive sum per row; 0 = padding) and ``coords`` (x_j, finite), each None or a
-    floating-point tensor of shape (seq,) or (batch, seq) (a leading 1 broadcasts). TypeError /
-    ValueError naming ``owner`` and the argument (``names``: the forward's keyword names)."""
-    check_grid_tensor(weights, f"{owner}: {names[0]}", weights=True)
-    check_grid_tensor(coords, f"{owner}: {names[1]}", weights=False)
+    positive sum per row; 0 = padding) and ``coords`` (x_j, finite), each None or a real
+    (floating-point or integer) tensor of shape (seq,) or (batch, seq) (a leading 1
+    broadcasts). TypeError / ValueError naming ``owner`` and the argument (``names``: the
+    forward's keyword names). Returns (weights, coords), an integer tensor cast to ``dtype``
+    (the state's; ``check_grid_tensor``)."""
+    weights = check_grid_tensor(weights, f"{owner}: {names[0]}", weights=True, dtype=dtype)
+    coords = check_grid_tensor(coords, f"{owner}: {names[1]}", weights=False, dtype=dtype)
     TokenGrid(weights, coords).check(seq, batch, owner, names)
+    return weights, coords
 
 
 def with_token_grid(context: Context, weights: torch.Tensor | None,
                     coords: torch.Tensor | None, *, batch: int, seq: int, owner: str,
-                    names: tuple[str, str] = ("token_weights", "token_coords")) -> Context:
-    """``context`` with the token grid (w_j, x_j) of its field, checked (``check_token_grid``);
-    None and None leave it as it is (the uniform index grid: the network)."""
+                    names: tuple[str, str] = ("token_weights", "token_coords"),
+                    dtype: torch.dtype | None = None) -> Context:
+    """``context`` with the token grid (w_j, x_j) of its field, checked (``check_token_grid``;
+    an integer tensor cast to ``dtype``, the state's); None and None leave it as it is (the
+    uniform index grid: the network)."""
     if weights is None and coords is None:
         return context
-    check_token_grid(weights, coords, batch=batch, seq=seq, owner=owner, names=names)
-    context.token_weights, context.token_coords = weights, coords
+    context.token_weights, context.token_coords = check_token_grid(
+        weights, coords, batch=batch, seq=seq, owner=owner, names=names, dtype=dtype)
     return context
 
 
@@ -172,7 +179,8 @@ def build_context(
                                 mask_name=mask_name, kpm_name=kpm_name)
     if on_token_grid(token_weights, token_coords):
         return with_token_grid(Context(attn_mask=support, is_causal=bool(is_causal)),
-                               token_weights, token_coords, batch=batch, seq=seq, owner=owner)
+                               token_weights, token_coords, batch=batch, seq=seq, owner=owner,
+                               dtype=dtype)
     if is_causal and support is not None:
         return Context(attn_mask=merge_supports(causal_support(seq, seq, device), support, dtype))
     return Context(attn_mask=support, is_causal=bool(is_causal))

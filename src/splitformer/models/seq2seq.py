@@ -194,8 +194,10 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
         if u0.shape[0] != m.shape[0]:
             raise ValueError(f"tgt and memory must have the same batch size, got {u0.shape[0]} "
                              f"and {m.shape[0]}")
-        grids = (tgt_token_weights, tgt_token_coords, memory_token_weights, memory_token_coords)
-        self._check_grids(grids, u0.shape[0], u0.shape[1], m.shape[1])
+        grids = self._check_grids((tgt_token_weights, tgt_token_coords, memory_token_weights,
+                                   memory_token_coords), u0.shape[0], u0.shape[1], m.shape[1],
+                                  u0.dtype)
+        tgt_token_weights, tgt_token_coords, memory_token_weights, memory_token_coords = grids
 
         def batched(kpm):
             if unbatched and isinstance(kpm, torch.Tensor) and kpm.dim() == 1:
@@ -217,11 +219,15 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
     _GRID_NAMES = ("tgt_token_weights", "tgt_token_coords", "memory_token_weights",
                    "memory_token_coords")
 
-    def _check_grids(self, grids: tuple, b: int, n: int, s: int) -> None:
-        """The target grid against tgt's N, the memory's against the memory's (naming them)."""
+    def _check_grids(self, grids: tuple, b: int, n: int, s: int,
+                     dtype: torch.dtype | None = None) -> tuple:
+        """The target grid against tgt's N, the memory's against the memory's (naming them);
+        the four tensors back, an integer one cast to ``dtype``."""
         owner, names = type(self).__name__, self._GRID_NAMES
-        check_token_grid(grids[0], grids[1], batch=b, seq=n, owner=owner, names=names[:2])
-        check_token_grid(grids[2], grids[3], batch=b, seq=s, owner=owner, names=names[2:])
+        return (*check_token_grid(grids[0], grids[1], batch=b, seq=n, owner=owner,
+                                  names=names[:2], dtype=dtype),
+                *check_token_grid(grids[2], grids[3], batch=b, seq=s, owner=owner,
+                                  names=names[2:], dtype=dtype))
 
     def _masks(self, b: int) -> dict[str, Any]:
         p = self._param()

@@ -54,7 +54,8 @@ class SeriesEmbedding(nn.Module):
         if not isinstance(series, torch.Tensor) or series.dim() not in (2, 3):
             raise ValueError("series must be a tensor of shape (batch, length) or (batch, "
                              f"length, channels), got {getattr(series, 'shape', series)!r}")
-        check_grid_tensor(token_coords, "token_coords", weights=False)
+        token_coords = check_grid_tensor(token_coords, "token_coords", weights=False,
+                                         dtype=self.position.dtype)
         s = series.unsqueeze(-1) if series.dim() == 2 else series
         n = self.length if token_coords is None else s.shape[1]
         if s.shape[1:] != (n, self.channels):
@@ -96,7 +97,7 @@ class SequenceClassifier(EvolutionModel):
         u0 = self.embedding(series, token_coords=token_coords)
         b, n, _ = u0.shape
         return u0, with_token_grid(Context(), token_weights, token_coords, batch=b, seq=n,
-                                   owner=type(self).__name__)
+                                   owner=type(self).__name__, dtype=u0.dtype)
 
     def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
         """logits = W_C P_f(sum_j w_j u_j / sum_j w_j) + b_C (the plain mean on the uniform

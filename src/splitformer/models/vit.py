@@ -624,7 +624,7 @@ def _with_grid(context: Context, u0: torch.Tensor, token_weights: torch.Tensor |
     b, n = u0.shape[:2]
     return with_token_grid(context, token_weights, token_coords, batch=b, seq=n,
                            owner="ViT (the N_x tokens are the class and register tokens, "
-                                 "then the patches)")
+                                 "then the patches)", dtype=u0.dtype)
 
 
 def build_vit(

@@ -78,8 +78,11 @@ class Context:
                             f"x' <= x), got {type(self.is_causal).__name__} {self.is_causal!r}")
         if not isinstance(self.extra, dict):
             raise TypeError(f"Context.extra must be a dict, got {type(self.extra).__name__}")
-        check_grid_tensor(self.token_weights, "Context.token_weights", weights=True)
-        check_grid_tensor(self.token_coords, "Context.token_coords", weights=False)
+        # checked; an integer grid (torch.arange(N)) is kept cast to a floating dtype
+        self.token_weights = check_grid_tensor(self.token_weights, "Context.token_weights",
+                                               weights=True)
+        self.token_coords = check_grid_tensor(self.token_coords, "Context.token_coords",
+                                              weights=False)
 
     @property
     def token_grid(self) -> TokenGrid:

@@ -30,14 +30,20 @@ into): token-level outputs keep their shape and order.
 
 What is refused, by name: a causal support (a merged node would carry a later token's state
 into an earlier one), and a mask that is not key padding (a (B, H, N, N) mask has no node-wise
-reading under merging). ``TokenMerging`` is the value that says how to merge; the evolution
-places it in its steps (``time.evolution``), and ``models.base`` unmerges the read-out.
+reading under merging), and weights or a mask on the meta device (which nodes may merge
+depends on their values). An input on which nothing can merge (fewer than 2 mergeable nodes
+in a row: the protected prefix covers the grid, or padding does) runs unmerged, with a
+warning naming ``protect`` and N: the output is right (the unmerged model's), and one model
+meets inputs of many lengths, so it is not an error, but a merge that never happens is said.
+``TokenMerging`` is the value that says how to merge; the evolution places it in its steps
+(``time.evolution``), and ``models.base`` unmerges the read-out.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -264,8 +270,13 @@ class MergeTrace:
         if w is None and context.attn_mask is None:  # every unprotected node mergeable
             self.free = max(0, n - merging.protect)
         else:  # the fewest mergeable nodes of a row (one sync, here only)
-            ok = mergeable_nodes(self.mass, context.attn_mask, merging.protect)
-            self.free = int(ok.sum(1).min())
+            self.free = _fewest_mergeable(w, context.attn_mask, b, n, merging.protect, dtype)
+        if merging.active and self.free < 2:
+            warnings.warn(f"token merging {merging}: nothing can merge on this input: N = {n} "
+                          f"nodes with protect = {merging.protect} (a prefix never merged), and "
+                          f"the fewest row has {self.free} mergeable node(s) (padding and "
+                          "weight-0 nodes never merge; a merge takes 2); the model runs "
+                          "unmerged", stacklevel=2)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -318,6 +329,29 @@ class MergeTrace:
         context.token_weights = self.input_weights
         context.token_coords = self.input_coords
         context.attn_mask = self.input_mask
+
+
+def _fewest_mergeable(w: torch.Tensor | None, mask: torch.Tensor | None, b: int, n: int,
+                      protect: int, dtype: torch.dtype) -> int:
+    """The fewest mergeable nodes of a row (``mergeable_nodes``), counted on the device where
+    the weights (else the mask) hold their values, the state's device being free to be the
+    meta device (a shape-only pass). ValueError naming them when they are on the meta device
+    themselves: which nodes may merge depends on their values, so the merged grid has no
+    shape."""
+    meta = [name for name, t in (("token_weights", w), ("the key-padding mask (attention_mask, "
+                                                       "src_key_padding_mask)", mask))
+            if t is not None and t.is_meta]
+    if meta:
+        raise ValueError(f"token merging: {' and '.join(meta)} on the meta device (no values): "
+                         "the nodes that may merge depend on them (padding and weight-0 nodes "
+                         "never merge), so the merged grid has no shape; give token_weights on "
+                         "a device with values (the model may stay on meta), run a padded "
+                         "input on a model with values (model.to_empty(device=...)), or give "
+                         "neither for a shape-only pass")
+    device = (w if w is not None else mask).device
+    mass = torch.ones(b, n, dtype=dtype, device=device) if w is None else \
+        torch.broadcast_to(w.to(dtype=dtype), (b, n))
+    return int(mergeable_nodes(mass, mask, protect).sum(1).min())
 
 
 def trace_of(context: Context | None) -> MergeTrace | None:

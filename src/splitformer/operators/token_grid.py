@@ -34,10 +34,15 @@ import torch
 __all__ = ["KernelGrid", "TokenGrid", "check_grid_tensor", "split_node", "weighted_mean"]
 
 
-def check_grid_tensor(t: Any, name: str, *, weights: bool) -> torch.Tensor | None:
-    """A token weight or coordinate tensor as given (None passes): a floating-point
-    torch.Tensor of shape (N,) or (B, N), finite; weights also >= 0 with a positive sum per
-    row (a weight-0 node is padding). TypeError / ValueError naming ``name``."""
+def check_grid_tensor(t: Any, name: str, *, weights: bool,
+                      dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """A token weight or coordinate tensor, checked (None passes): a real torch.Tensor of
+    shape (N,) or (B, N), finite; weights also >= 0 with a positive sum per row (a weight-0
+    node is padding). An integer tensor (``torch.arange(N)``, counts) is accepted and returned
+    cast to ``dtype`` (the state's floating dtype; default ``torch.get_default_dtype()``); a
+    floating tensor is returned as it is; bool and complex tensors are refused. On the meta
+    device (no values) only the dtype and the shape are checked. TypeError / ValueError
+    naming ``name``."""
     if t is None:
         return None
     what = ("quadrature weights w_j >= 0 (0 = padding), shape (N,) or (B, N)" if weights
@@ -45,11 +50,17 @@ def check_grid_tensor(t: Any, name: str, *, weights: bool) -> torch.Tensor | Non
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be None or a torch.Tensor of {what}, got "
                         f"{type(t).__name__}")
-    if not t.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor of {what}, got dtype {t.dtype}")
+    if t.dtype == torch.bool or t.is_complex():
+        raise TypeError(f"{name} must be a real (floating-point or integer) tensor of {what}, "
+                        f"got dtype {t.dtype}")
+    if not t.is_floating_point():  # an integer grid: x_j = 0 .. N-1, or counts as weights
+        t = t.to(dtype if dtype is not None and dtype.is_floating_point
+                 else torch.get_default_dtype())
     if t.dim() not in (1, 2) or t.shape[-1] == 0:
         raise ValueError(f"{name} must have shape (N,) or (B, N) with N >= 1 ({what}), got "
                          f"shape {tuple(t.shape)}")
+    if t.is_meta:  # shapes only: a meta tensor has no values to check
+        return t
     if not bool(torch.isfinite(t).all()):
         raise ValueError(f"{name} must be finite ({what}); it holds NaN or inf")
     if weights:
@@ -206,8 +217,10 @@ def split_node(u: torch.Tensor, weights: torch.Tensor | None, coords: torch.Tens
     n = u.shape[1]
     if not (isinstance(j, int) and 0 <= j < n):
         raise ValueError(f"split_node: j must be a node index in [0, {n}), got {j!r}")
-    w = torch.ones(n, dtype=u.dtype, device=u.device) if weights is None else weights
-    c = torch.arange(n, dtype=u.dtype, device=u.device) if coords is None else coords
+    w = torch.ones(n, dtype=u.dtype, device=u.device) if weights is None else \
+        check_grid_tensor(weights, "split_node: weights", weights=True, dtype=u.dtype)
+    c = torch.arange(n, dtype=u.dtype, device=u.device) if coords is None else \
+        check_grid_tensor(coords, "split_node: coords", weights=False, dtype=u.dtype)
     w = _split_tensor(w, n, j, (-1,)).clone()
     w[..., j] = w[..., j] / 2
     w[..., j + 1] = w[..., j + 1] / 2

@@ -455,11 +455,14 @@ def _check_merging(merging: TokenMerging, scheme: Scheme, controls: Controls, ad
     """ValueError, naming what, where ``merging`` cannot run in this evolution: the reversible
     scheme (its doubled state) and a scheme with a step of its own (no stages to place the
     merge among), the checkpoint and reversible adjoints (they recompute or invert a step from
-    its start, where the grid was finer), CvT's convolutional attention (a regular 2-D grid),
-    a scheme without a top-level attention stage where one is needed (the keys, or
-    where="attention"), a state saved before the merge for a relaxation after it, and a
-    schedule whose length is not the number of unit intervals of [0, T]."""
+    its start, where the grid was finer), a kernel with a causal support of its own, CvT's
+    convolutional attention (a regular 2-D grid), a scheme without a top-level attention
+    stage where one is needed (the keys, or where="attention"), a state saved before the merge
+    for a relaxation after it, and a schedule whose length is not the number of unit intervals
+    of [0, T]."""
     what = f"token merging {merging}"
+    if merging.active:  # at the forward too: with_kernel may install such a kernel later
+        _refuse_causal_kernels(controls, merging)
     if isinstance(scheme, ReversibleScheme) or type(scheme.plan(controls[0], 1.0)) is not Plan:
         raise ValueError(f"{what}: scheme {scheme.name!r} [{scheme}] runs a step of its own "
                          "(the reversible scheme's doubled state, or an overridden step), with "

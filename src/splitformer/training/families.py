@@ -129,7 +129,19 @@ def _merged(model: EvolutionModel, cfg: TrainConfig) -> EvolutionModel:
     try:
         return model.with_token_merging(cfg.merge)
     except ValueError as e:
-        raise ConfigError(f"merge={cfg.merge} (family {cfg.family!r}): {e}") from None
+        try:  # refused only for ToMe's placement, which is the one train can ask for?
+            model.with_token_merging(cfg.merge, where="step", metric="state")
+        except ValueError:
+            raise ConfigError(f"merge={cfg.merge} (family {cfg.family!r}): {e}") from None
+        scheme = model.evolution.scheme
+        raise ConfigError(f"merge={cfg.merge} (family {cfg.family!r}): training merges tokens "
+                          "after the attention substep, on its keys (ToMe's placement, the one "
+                          "train runs), and scheme "
+                          f"{scheme.name!r} [{scheme}] has no top-level attention stage to "
+                          "merge after (or saves a state before it); choose a scheme with "
+                          "one (e.g. network, lie, strang) or merge = 0 (from Python, "
+                          "with_token_merging(r, where='step', metric='state') merges on this "
+                          "scheme)") from None
 
 
 def build_model(cfg: TrainConfig, data: Dataset | dict[str, Any]) -> EvolutionModel:

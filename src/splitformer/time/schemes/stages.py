@@ -359,7 +359,8 @@ class Scheme:
                 if not theta[st.tangent].has_tangent:
                     raise ValueError(f"stage '{st}': {st.tangent!r} "
                                      f"({type(theta[st.tangent]).__name__}) has no tangent "
-                                     "space projection; use form='raw'")
+                                     "space projection; use form='raw' (in a scheme string: "
+                                     f"the stage without '~{st.tangent}')")
             if st.kind == "field" and st.integrator != "euler" and any(
                     theta[n].changes_width for n in st.fields()):
                 raise ValueError(f"stage '{st}': integrator {st.integrator!r} needs a field "
