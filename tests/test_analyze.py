@@ -1082,6 +1082,7 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
+@pytest.mark.slow  # 50-170 s (subprocesses): make test-slow
 @needs("series")  # the built-in "encoder" knows data 'series'
 def test_ctrl_c_leaves_the_report_folder_as_it_was(tmp_path, monkeypatch, capsys):
     """Interrupted while writing: an existing folder keeps its old files (no new figure next to

@@ -71,6 +71,7 @@ def test_two_run_sweep_writes_the_table_and_a_rerun_does_nothing(tmp_path):
     assert _mtimes(out / "runs") == before  # nothing was retrained or rewritten
 
 
+@pytest.mark.slow  # 50-170 s (subprocesses): make test-slow
 def test_a_sweep_killed_after_its_first_run_finishes_the_second_on_restart(tmp_path):
     """The second run is killed after a checkpoint; the restart resumes it, leaves the first
     alone, and the resumed run's metrics equal an uninterrupted run's."""
@@ -262,6 +263,7 @@ def test_a_trained_run_is_evaluated_again_not_retrained(tmp_path):
     assert rows[-1]["evaluation"]["at_tau"]["1"]["test_accuracy"] == first["value"]
 
 
+@pytest.mark.slow  # 50-170 s (subprocesses): make test-slow
 def test_a_failing_run_does_not_lose_the_others(tmp_path):
     """lr = 1e9 makes the loss non-finite: that run fails (exit 1, one line naming it), the
     other finishes and is tabulated, with two workers as with one."""

@@ -101,6 +101,7 @@ def _cli(*args, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # 50-170 s (subprocesses): make test-slow
 def test_cli_json_and_errors(tmp_path):
     r = _cli("--width", "16", "--heads", "2", "--depth", "2", "--epochs", "1", "--json",
              "--out", str(tmp_path / "run"))
@@ -129,6 +130,7 @@ def test_default_run_reaches_the_bar(tmp_path):
     assert json.loads(r.stdout)["test_accuracy"] >= 0.97
 
 
+@pytest.mark.slow  # 50-170 s (subprocesses): make test-slow
 def test_a_run_killed_with_sigkill_resumes_with_nothing_lost(tmp_path):
     """`splitformer train` killed with kill -9 while it runs (and writes checkpoints every
     step) resumes from its last complete checkpoint to the uninterrupted run's final model."""
@@ -164,6 +166,7 @@ def test_a_run_killed_with_sigkill_resumes_with_nothing_lost(tmp_path):
             assert abs(x["loss"] - y["loss"]) <= 1e-6, (x["step"], x["loss"], y["loss"])
 
 
+@pytest.mark.slow  # 50-170 s (subprocesses): make test-slow
 def test_cli_refuses_what_the_trial_found(tmp_path):
     """Bad input a new user tried: each one line, exit status 2, before any training."""
     done = tmp_path / "done"
