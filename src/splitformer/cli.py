@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "analyze": "splitformer.commands.analyze",
     "report": "splitformer.commands.report",
     "bench": "splitformer.commands.bench",
+    "compress": "splitformer.commands.compress",
 }
 
 

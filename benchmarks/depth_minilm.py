@@ -1,0 +1,251 @@
+"""Depth as a choice on all-MiniLM-L6-v2 (issue 18, docs/depth.md): training-free coarse grids,
+healed ones, throughput, beside the 6-step original and paraphrase-MiniLM-L3-v2.
+
+    python benchmarks/depth_minilm.py [--out results/depth-minilm] [--free] [--speed]
+        [--heal SPEC ...] [--budget 600] [--threads 2] [--background LOG]
+
+Every row is one JSON line appended to ``--out``/rows.jsonl as it is measured; rows already
+there are skipped (resumable; a healing run resumes from its checkpoints in
+``--out``/runs/<id>/heal). Rows:
+
+* ``reference``: the 6-step model scored against itself (its human Lee-50, probe, word
+  pairs) and paraphrase-MiniLM-L3-v2 (ONNX, onnxruntime), ``experiments.depth_eval``;
+* ``--free``: every method of ``compression.coarsenings`` at N_t = 4, 3, 2, training-free;
+* ``--heal SPEC``: SPEC = method:steps:objective[:key=value...], e.g. ``drop:3:distill``
+  (the plain recipe: ShortGPT's drop, u(T) only), ``drop:3:shoot``, ``coarsen-linear:6,3,2:
+  shoot`` (random-tau healing: one network for N_t = 6, 3 and 2), ``drop:3:shoot:merge=16``;
+  keys: seed, shooting, embedding, merge, lr, budget. Each healed N_t is one row;
+* ``--speed``: forward throughput (no_grad, 8 held-out passages, interleaved medians) at 128
+  and 256 tokens of the 6-step model, the drop grids at 4, 3, 2 steps, with merging, and L3.
+
+The fidelity keys are ``depth_eval.Evaluation``'s (mean cosine to the 6-step embeddings on the
+130 held-out texts, Lee-50 pair-cosine Spearman against the 6-step model's, human Lee-50, the
+polarity probe, WordSim-353, SimLex-999). ``--table`` prints the markdown tables of rows.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from splitformer.compression.coarsenings import method_names, plan
+from splitformer.compression.heal import HealConfig, heal
+from splitformer.experiments import depth_eval
+from splitformer.experiments.text_benchmarks import load_minilm
+from splitformer.files import append_line, read_jsonl
+from splitformer.interop import from_hf
+
+
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="results/depth-minilm")
+    p.add_argument("--free", action="store_true", help="the training-free rows")
+    p.add_argument("--speed", action="store_true", help="the throughput rows")
+    p.add_argument("--heal", action="append", default=[], metavar="SPEC")
+    p.add_argument("--budget", type=float, default=600.0, help="healing seconds (600)")
+    p.add_argument("--windows", type=int, default=4096)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--table", action="store_true", help="print the tables and exit")
+    p.add_argument("--background", default=None, metavar="LOG")
+    return p.parse_args(argv)
+
+
+def _say(text: str) -> None:
+    print(f"[depth] {text}", file=sys.stderr, flush=True)
+
+
+def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig]:
+    """SPEC (module doc) -> (row id, HealConfig)."""
+    parts = spec.split(":")
+    if len(parts) < 3:
+        raise SystemExit(f"--heal {spec!r}: expected method:steps:objective[:key=value...]")
+    method, steps, objective = parts[0], parts[1], parts[2]
+    if method not in method_names():
+        raise SystemExit(f"--heal {spec!r}: method must be one of {method_names()}")
+    if objective not in ("distill", "shoot"):
+        raise SystemExit(f"--heal {spec!r}: objective must be distill or shoot")
+    options: dict[str, Any] = {"seed": 0, "shooting": 1.0 if objective == "shoot" else 0.0,
+                               "embedding": 0.0, "merge": 0, "lr": 1e-4, "budget": budget}
+    for kv in parts[3:]:
+        key, _, value = kv.partition("=")
+        if key not in options:
+            raise SystemExit(f"--heal {spec!r}: unknown key {key!r} ({sorted(options)})")
+        options[key] = type(options[key])(value)
+    cfg = HealConfig(method=method, steps=tuple(int(s) for s in steps.split(",")),
+                     budget=options["budget"], lr=options["lr"], seed=options["seed"],
+                     shooting=options["shooting"], embedding=options["embedding"],
+                     merge=options["merge"])
+    return spec, cfg
+
+
+class Study:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.rows_path = self.out / "rows.jsonl"
+        self.rows = read_jsonl(self.rows_path, repair=True) if self.rows_path.exists() else []
+        self.done = {r["id"] for r in self.rows}
+        torch.set_num_threads(args.threads)
+        self.minilm = load_minilm()
+        self.teacher = from_hf(self.minilm.model).eval()
+        self.evaluation = depth_eval.Evaluation(self.minilm)
+        self._windows: torch.Tensor | None = None
+
+    def windows(self) -> torch.Tensor:
+        if self._windows is None:
+            self._windows = depth_eval.healing_windows(self.minilm.tokenizer, 128,
+                                                       self.args.windows, 0)
+        return self._windows
+
+    def add(self, row: dict[str, Any]) -> None:
+        append_line(self.rows_path, json.dumps(row))
+        self.rows.append(row)
+        self.done.add(row["id"])
+        keys = ("mean_cosine", "lee_fidelity_spearman", "lee_human_spearman")
+        _say(f"{row['id']}: " + ", ".join(f"{k} {row[k]:.4f}" for k in keys if k in row))
+
+    def score(self, model) -> dict[str, float]:
+        return self.evaluation(depth_eval.minilm_embed(model.eval()), full=True)
+
+    def references(self) -> None:
+        if "reference/6" not in self.done:
+            self.add({"id": "reference/6", "kind": "reference", "steps": 6,
+                      **self.score(self.teacher)})
+        if "reference/paraphrase-L3" not in self.done:
+            try:
+                l3 = depth_eval.paraphrase_l3(threads=self.args.threads)
+            except Exception as e:  # noqa: BLE001 - the reference is optional data
+                _say(f"paraphrase-MiniLM-L3-v2 skipped: {e}")
+                return
+            self.add({"id": "reference/paraphrase-L3", "kind": "reference", "steps": 3,
+                      **self.evaluation(l3.embed, full=True)})
+
+    def probe(self) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.windows()[:32]}
+
+    def free(self) -> None:
+        for method in method_names():
+            for n in (4, 3, 2):
+                rid = f"free/{method}/{n}"
+                if rid in self.done:
+                    continue
+                try:
+                    c = plan(method, self.teacher, n, self.probe())
+                except ValueError as e:
+                    _say(f"{rid}: {e}")
+                    continue
+                self.add({"id": rid, "kind": "free", "method": method, "steps": n,
+                          "grid": str(c), **self.score(c.apply(self.teacher))})
+
+    def healed(self, spec: str) -> None:
+        rid, cfg = parse_spec(spec, self.args.budget)
+        ids = [f"heal/{rid}/{n}" for n in cfg.steps]
+        if all(i in self.done for i in ids):
+            return
+        folder = self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
+        _say(f"healing {rid} ({cfg.budget:g} s, {self.args.threads} threads) in {folder}")
+        t0 = time.perf_counter()
+        result = heal(cfg, teacher=self.teacher, windows=self.windows(), out=folder)
+        for n, i in zip(cfg.steps, ids, strict=True):
+            if i in self.done:
+                continue
+            self.add({"id": i, "kind": "healed", "spec": rid, "method": cfg.method,
+                      "steps": n, "healed_for": list(cfg.steps), "heal": cfg.to_dict(),
+                      "grid": str(result.coarsenings[n]), "metrics": result.metrics,
+                      "wall_s": round(time.perf_counter() - t0, 1),
+                      **self.score(result.student(n))})
+
+    def speed(self) -> None:
+        if "speed" in self.done:
+            return
+        fns: dict[str, Any] = {"6 steps": self.teacher}
+        for n in (4, 3, 2):
+            fns[f"drop {n}"] = plan("drop", self.teacher, n, self.probe()).apply(self.teacher)
+        fns["6 steps, merge r=16"] = self.teacher.with_token_merging(16, metric="state",
+                                                                     where="step")
+        fns["3 steps, merge r=16"] = fns["drop 3"].with_token_merging(16, metric="state",
+                                                                     where="step")
+        calls = {name: (lambda m: (lambda ids, mask: m(input_ids=ids, attention_mask=mask)))(
+            m.eval()) for name, m in fns.items()}
+        try:
+            l3 = depth_eval.paraphrase_l3(threads=self.args.threads)
+            calls["paraphrase-L3 (onnxruntime)"] = l3.forward
+        except Exception as e:  # noqa: BLE001
+            _say(f"L3 speed skipped: {e}")
+        result = depth_eval.throughput(calls, (128, 256), repeats=self.args.repeats,
+                                       threads=self.args.threads,
+                                       tokenizer=self.minilm.tokenizer)
+        self.add({"id": "speed", "kind": "speed", "threads": self.args.threads,
+                  "repeats": self.args.repeats,
+                  "results": {name: {str(n): v for n, v in r.items()}
+                              for name, r in result.items()}})
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    keys = [("mean_cosine", "cos"), ("lee_fidelity_spearman", "Lee fid."),
+            ("lee_human_spearman", "Lee human"), ("probe_accuracy", "probe"),
+            ("wordsim353", "WS353"), ("simlex999", "SL999")]
+    lines = ["| row | N_t | " + " | ".join(h for _, h in keys) + " |",
+             "|---|---|" + "---|" * len(keys)]
+    for r in rows:
+        if r["kind"] == "speed":
+            continue
+        cells = []
+        for k, _ in keys:
+            v = r.get(k)
+            cells.append("-" if v is None else f"{v:.3f}" + (
+                f" +- {r['probe_std']:.3f}" if k == "probe_accuracy" else ""))
+        lines.append(f"| {r['id']} | {r['steps']} | " + " | ".join(cells) + " |")
+    for r in rows:
+        if r["kind"] != "speed":
+            continue
+        lines += ["", f"throughput ({r['threads']} threads, {r['repeats']} repeats, medians)",
+                  "", "| model | 128 tokens | 256 tokens |", "|---|---|---|"]
+        for name, by in r["results"].items():
+            lines.append(f"| {name} | " + " | ".join(
+                f"{by[n]['speedup']:.2f}x ({by[n]['median_s'] * 1e3:.0f} ms)"
+                for n in ("128", "256")) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
+    if args.background:
+        rest = [a for a in (argv if argv is not None else sys.argv[1:])]
+        i = rest.index("--background")
+        rest = rest[:i] + rest[i + 2:]
+        with open(args.background, "ab") as log:
+            proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *rest],
+                                    stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        print(f"started pid {proc.pid}, log {args.background}")
+        return 0
+    if args.table:
+        path = Path(args.out) / "rows.jsonl"
+        print(table(read_jsonl(path, repair=True)))
+        return 0
+    study = Study(args)
+    study.references()
+    if args.free:
+        study.free()
+    for spec in args.heal:
+        study.healed(spec)
+    if args.speed:
+        study.speed()
+    print(table(study.rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

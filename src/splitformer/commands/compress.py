@@ -1,0 +1,246 @@
+"""`splitformer compress`: fewer steps (and tokens) for a pretrained text encoder, healed as
+an optimal-control problem within a wall-clock budget (docs/depth.md).
+
+MODEL is a local Hugging Face BERT folder (as ``save_pretrained`` writes it; default: the
+packaged all-MiniLM-L6-v2 of ``make data``). ``--method`` chooses the coarse grid
+(``compression.coarsenings``), ``--steps`` its N_t (several, comma-separated: one set of
+parameters healed to serve each, drawn per step: random-tau healing), ``--heal`` the objective
+(``control.healing.Distillation``): "distill" matches u(T) only, "shoot" also the states at the
+coarse grid's times (multiple shooting, weight ``--shooting``), "none" writes the
+training-free coarse model. The healing text is King James windows outside the held-out books
+plus gensim's lee_background.cor (``experiments.depth_eval.healing_windows``); the evaluation
+documents never reach it. ``--merge R`` heals with token merging on (R nodes per unit of time,
+metric state, at the start of each step).
+
+Writes DIR (``--out``): compress.json, model.safetensors, hf/ (the N_t-layer network that
+transformers loads, when the grid is a layer list) and heal/ (the healing run: rerunning the
+same command resumes it; a finished DIR is refused). ``splitformer.load(DIR)`` rebuilds the
+model. Prints the result and, unless ``--no-eval``, its fidelity to the original on held-out
+text (mean cosine of the sentence embeddings, Lee-50 pair-cosine Spearman); ``--json`` prints
+one JSON object on the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from . import UsageError, int_list, positive_int, stripped
+
+HELP = "coarsen a pretrained encoder in depth (and tokens) and heal it within a budget"
+EPILOG = ("exit status: 0 done, 2 bad input (one line on stderr), 130 interrupted (the healing "
+          "checkpoints are kept: the same command resumes)")
+
+
+def _budget(text: str) -> float:
+    """'600', '600s', '10m', '1.5h' -> seconds (>= 0)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected seconds or a duration like 90s, 10m, 1h, "
+                                         f"got {text!r}")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    v = _nonnegative_float(text)
+    if v == 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return v
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..compression import method_names
+
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help="a local Hugging Face BERT folder (default: the packaged "
+                        "all-MiniLM-L6-v2, `make data`)")
+    p.add_argument("--steps", type=int_list(1, why="coarse N_t"), default=(3,),
+                   help="the coarse number of steps; several (6,3,2): one healed network "
+                        "serves each (default 3)")
+    p.add_argument("--method", type=stripped, choices=method_names(), default="drop",
+                   help="how the coarse grid is chosen (default drop: ShortGPT's block "
+                        "influence)")
+    p.add_argument("--heal", type=stripped, choices=("distill", "shoot", "none"),
+                   default="distill",
+                   help="distill: match u(T); shoot: also the states at the coarse grid's "
+                        "times; none: training-free (default distill)")
+    p.add_argument("--shooting", type=_nonnegative_float, default=1.0,
+                   help="weight of the shooting terms with --heal shoot (default 1)")
+    p.add_argument("--embedding", type=_nonnegative_float, default=0.0,
+                   help="weight of 1 - cos of the sentence embeddings (default 0)")
+    p.add_argument("--budget", type=_budget, default=600.0,
+                   help="healing wall-clock budget: seconds or 90s, 10m, 1h (default 10m)")
+    p.add_argument("--max-steps", type=_nonnegative_int, default=None,
+                   help="at most this many optimiser steps (default: the budget alone)")
+    p.add_argument("--lr", type=_positive_float, default=1e-4, help="AdamW rate (1e-4)")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="windows a step (16)")
+    p.add_argument("--length", type=positive_int, default=128,
+                   help="tokens a healing window (128)")
+    p.add_argument("--windows", type=positive_int, default=4096,
+                   help="healing windows drawn from the text (4096)")
+    p.add_argument("--merge", type=_nonnegative_int, default=0,
+                   help="heal with token merging on: nodes merged per unit of time (0: off)")
+    p.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (0)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="result folder (default out/compress-<method>-<steps>)")
+    p.add_argument("--no-eval", action="store_true",
+                   help="skip the fidelity check on held-out text")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object on the last line of stdout")
+    p.set_defaults(_interrupted="the healing checkpoints in DIR/heal are kept; the same "
+                                "command resumes")
+
+
+def _model_folder(arg: str | None) -> Path:
+    from ..experiments.text_benchmarks import minilm_folder
+    from ..training.data import DatasetError
+
+    if arg is None:
+        try:
+            return minilm_folder()
+        except DatasetError as e:
+            raise UsageError(f"argument MODEL: {e}") from None
+    folder = Path(arg)
+    if not (folder / "config.json").is_file():
+        raise UsageError(f"argument MODEL: {arg!r} is not a Hugging Face model folder (no "
+                         "config.json)")
+    try:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"argument MODEL: {folder / 'config.json'}: {e}") from None
+    if model_type != "bert":
+        raise UsageError(f"argument MODEL: compress heals BERT text encoders (model_type "
+                         f"'bert'), got model_type {model_type!r}")
+    return folder
+
+
+def _check_out(args: argparse.Namespace) -> Path:
+    out = Path(args.out if args.out is not None else
+               f"out/compress-{args.method}-{'-'.join(map(str, args.steps))}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"argument --out: {str(out)!r} is a file, expected a folder")
+    if (out / "compress.json").exists():
+        raise UsageError(f"argument --out: {str(out)!r} holds a finished compression "
+                         "(compress.json); choose another folder")
+    if out.is_dir():
+        extra = sorted(p.name for p in out.iterdir()
+                       if p.name not in ("heal", "model.safetensors", "hf", "hf.tmp",
+                                         "model.safetensors.tmp"))
+        if extra:
+            raise UsageError(f"argument --out: {str(out)!r} holds other files ({extra[:3]}); "
+                             "choose a new or empty folder")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..compression.heal import HealConfig
+
+    if args.heal == "none":
+        budget, max_steps = 0.0, 0
+    else:
+        budget, max_steps = args.budget, args.max_steps
+    try:
+        cfg = HealConfig(method=args.method, steps=tuple(args.steps), budget=budget,
+                         max_steps=max_steps, lr=args.lr, batch_size=args.batch_size,
+                         length=args.length, seed=args.seed, merge=args.merge,
+                         shooting=args.shooting if args.heal == "shoot" else 0.0,
+                         embedding=args.embedding)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    folder = _model_folder(args.model)
+    out = _check_out(args)
+    import torch
+
+    from ..compression.heal import heal
+    from ..compression.store import write_result
+    from ..experiments import depth_eval
+    from ..experiments.text_benchmarks import load_minilm
+    from ..interop import from_hf
+    from ..training.data import DatasetError
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        minilm = load_minilm(folder)
+    except (DatasetError, OSError, ValueError) as e:
+        raise UsageError(f"argument MODEL: {' '.join(str(e).split())}") from None
+    teacher = from_hf(minilm.model).eval()
+    layers = teacher.evolution.num_steps
+    bad = [n for n in cfg.steps if n > layers]
+    if bad:
+        raise UsageError(f"argument --steps: {bad} exceed the model's {layers} steps")
+    if len(cfg.steps) == 1 and cfg.steps[0] == layers:
+        raise UsageError(f"argument --steps: {layers} is the model itself; ask for fewer")
+    try:
+        windows = depth_eval.healing_windows(minilm.tokenizer, cfg.length, args.windows,
+                                             cfg.seed)
+    except DatasetError as e:
+        raise UsageError(f"the healing text is missing: {e}") from None
+    say = _say(args.json)
+    say(f"compress: {cfg.method} {layers} -> {','.join(map(str, cfg.steps))} steps, heal "
+        f"{args.heal}" + (f" for {cfg.budget:g} s" if cfg.budget else "") + f", out {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        result = heal(cfg, teacher=teacher, windows=windows, out=out / "heal",
+                      progress=lambda row: say(
+                          f"  step {row['step']} ({row['seconds']:.0f} s) N_t={row['steps']} "
+                          f"loss {row['loss']:.4g}"))
+    except ValueError as e:
+        raise UsageError(f"argument --out: {e}") from None
+    report: dict = {"model": str(args.model) if args.model else "all-MiniLM-L6-v2",
+                    "method": cfg.method, "steps": list(cfg.steps), "heal": args.heal,
+                    "metrics": result.metrics,
+                    "coarsenings": {str(n): str(c) for n, c in result.coarsenings.items()}}
+    if not args.no_eval:
+        evaluation = depth_eval.Evaluation(minilm)
+        report["fidelity"] = {
+            str(n): {k: v for k, v in evaluation(depth_eval.minilm_embed(result.student(n)),
+                                                 full=False).items()
+                     if "cosine" in k or "fidelity" in k}
+            for n in cfg.steps}
+    record = write_result(out, base=result.base, coarsenings=result.coarsenings,
+                          default=cfg.steps[0], info={"heal": cfg.to_dict(), **report},
+                          tokenizer_from=folder)
+    report["out"] = str(out)
+    report["hf"] = str(out / "hf") if record["hf"] else record["hf_note"]
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for n, c in result.coarsenings.items():
+            print(f"{c}")
+            for k, v in report.get("fidelity", {}).get(str(n), {}).items():
+                print(f"  {k}: {v:.4f}")
+        print(f"healed {result.metrics['steps_taken']} steps in "
+              f"{result.metrics['seconds']:.0f} s; wrote {out} (hf: {report['hf']})")
+    return 0
+
+
+def _say(quiet: bool):
+    def say(text: str) -> None:
+        if not quiet:
+            print(text, file=sys.stderr, flush=True)
+    return say

@@ -1,0 +1,127 @@
+"""The folder a compression writes, and ``splitformer.load`` of it (docs/depth.md "The result
+folder").
+
+    DIR/compress.json       what was done: the base model's source (its transformers config),
+                            the healing config, the coarse grid of every healed N_t (the
+                            operations on the base), the default N_t, the metrics
+    DIR/model.safetensors   the healed parameters, in the base model's structure
+    DIR/hf/                 the default N_t as an ordinary network (``as_network``, ``to_hf``),
+                            with the base folder's tokenizer: ``transformers.AutoModel
+                            .from_pretrained(DIR/hf)`` loads it (absent when the scheme cannot be
+                            a layer list, e.g. with token merging)
+    DIR/heal/               the healing run (config, metrics.jsonl, checkpoints: resumable)
+
+``load(DIR)`` rebuilds the base model from its source (random weights, nothing downloaded),
+loads the healed parameters and applies the coarse grid of the default N_t (``steps=`` another
+healed one); a folder without compress.json is ``training.checkpoints.load_model``'s.
+compress.json is written last: a folder without it is not a finished compression.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file, save_file
+
+from ..files import write_atomic
+from ..training.checkpoints import load_model as load_training_model
+from .coarsenings import Coarsening
+
+__all__ = ["FORMAT", "load", "load_compressed", "write_result"]
+
+FORMAT = "splitformer-compression/1"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                   "special_tokens_map.json")
+
+
+def _base_record(model) -> dict[str, Any]:
+    from ..interop.hf_bert import HFBertConfig
+
+    source = model.source
+    if not isinstance(source, HFBertConfig):
+        raise ValueError(f"the compressed model must come from a transformers BERT "
+                         f"(from_hf), got a model whose source is {type(source).__name__}")
+    return {"kind": "hf-bert", "source": dataclasses.asdict(source)}
+
+
+def _rebuild(record: dict[str, Any]):
+    from ..interop.hf_bert import HFBertConfig, build
+
+    if record.get("kind") != "hf-bert":
+        raise ValueError(f"unknown base kind {record.get('kind')!r} (expected 'hf-bert')")
+    return build(HFBertConfig(**record["source"]))
+
+
+def write_result(folder: str | os.PathLike, *, base, coarsenings: dict[int, Coarsening],
+                 default: int, info: dict[str, Any], tokenizer_from: str | os.PathLike | None
+                 ) -> dict[str, Any]:
+    """Write the result files (module doc) into ``folder`` (it exists); returns the record of
+    compress.json. The HF folder is written when the default grid is a layer list."""
+    from ..interop import to_hf
+
+    folder = Path(folder)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in base.state_dict().items()}
+    tmp = folder / "model.safetensors.tmp"
+    save_file(tensors, str(tmp))
+    os.replace(tmp, folder / "model.safetensors")
+    student = coarsenings[default].apply(base).eval()
+    hf_note = None
+    hf_dir = folder / "hf"
+    try:
+        exported = to_hf(student)
+    except ValueError as e:
+        hf_note = f"not exported: {e}"
+        exported = None
+    if exported is not None:
+        staging = folder / "hf.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        exported.save_pretrained(staging)
+        if tokenizer_from is not None:
+            for name in TOKENIZER_FILES:
+                src = Path(tokenizer_from) / name
+                if src.is_file():
+                    shutil.copyfile(src, staging / name)
+        shutil.rmtree(hf_dir, ignore_errors=True)
+        os.replace(staging, hf_dir)
+    record = {"format": FORMAT, "base": _base_record(base), "default_steps": default,
+              "coarsenings": {str(n): c.to_dict() for n, c in coarsenings.items()},
+              "hf": "hf" if exported is not None else None, "hf_note": hf_note, **info}
+    write_atomic(folder / "compress.json", json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def load_compressed(folder: str | os.PathLike, steps: int | None = None):
+    """The compressed model of ``folder`` at its default N_t (or ``steps``), eval mode."""
+    folder = Path(folder)
+    path = folder / "compress.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a compression record ({e})") from None
+    if record.get("format") != FORMAT:
+        raise ValueError(f"{path}: format {record.get('format')!r}, expected {FORMAT!r}")
+    grids = {int(n): Coarsening.from_dict(c) for n, c in record["coarsenings"].items()}
+    n = int(record["default_steps"]) if steps is None else steps
+    if n not in grids:
+        raise ValueError(f"steps={n!r}: {folder} was healed for N_t in {sorted(grids)}")
+    base = _rebuild(record["base"])
+    weights = load_file(str(folder / "model.safetensors"))
+    base.load_state_dict(weights, strict=True)
+    return grids[n].apply(base.eval()).eval()
+
+
+def load(directory: str | os.PathLike, steps: int | None = None):
+    """``splitformer.load``: a compression folder (compress.json; ``steps``: which healed N_t)
+    or a folder of ``splitformer.save`` / a training run (``training.checkpoints
+    .load_model``)."""
+    if (Path(directory) / "compress.json").is_file():
+        return load_compressed(directory, steps)
+    if steps is not None:
+        raise ValueError(f"load(steps={steps!r}): {str(directory)!r} is not a compression "
+                         "folder (no compress.json)")
+    return load_training_model(directory)

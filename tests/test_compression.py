@@ -1,0 +1,186 @@
+"""Compression in depth (docs/depth.md): the coarse grids of ``compression.coarsenings``, the
+healing objective and loop, the result folder, against transformers where there is a
+reference.
+
+* ShortGPT's drop removes the steps of least block influence, computed here from transformers'
+  own hidden states (``output_hidden_states``), and the dropped model is transformers' model
+  without those layers;
+* the healing objective is zero for the fine model itself and decreases under healing; a
+  healing run killed after a checkpoint resumes to the same parameters as an uninterrupted one;
+* ``splitformer.load`` of the result folder is the healed model, and its hf/ folder, loaded by
+  transformers, gives the same last hidden state (1e-5, float32).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import splitformer
+from splitformer.compression import method_names, plan
+from splitformer.compression.heal import HealConfig, heal
+from splitformer.compression.store import load_compressed, write_result
+from splitformer.control.healing import Distillation
+
+transformers = pytest.importorskip("transformers")
+
+
+def _hf(layers: int = 6) -> nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=layers,
+                                  num_attention_heads=4, intermediate_size=48,
+                                  max_position_embeddings=40)
+    return transformers.BertModel(cfg, add_pooling_layer=False).eval()
+
+
+def _windows(n: int = 64, length: int = 16) -> torch.Tensor:
+    g = torch.Generator().manual_seed(3)
+    return torch.randint(0, 60, (n, length), generator=g)
+
+
+@pytest.mark.parametrize("method", method_names())
+@pytest.mark.parametrize("steps", [4, 3, 2])
+def test_every_method_gives_a_coarse_network_of_n_steps(method, steps):
+    model = splitformer.from_hf(_hf()).eval()
+    try:
+        c = plan(method, model, steps, {"input_ids": _windows(8)})
+    except ValueError as e:
+        assert method == "every-other" and "divide" in str(e)
+        return
+    coarse = c.apply(model)
+    assert coarse.evolution.num_steps == steps == c.steps
+    assert c.fine_points[0] == 0 and c.fine_points[-1] == 6
+    with torch.no_grad():
+        out = coarse(_windows(2)).last_hidden_state
+    assert out.shape == (2, 16, 32) and torch.isfinite(out).all()
+    assert type(c).from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+def test_shortgpt_drops_the_least_influential_layers_of_transformers():
+    hf = _hf()
+    ids = _windows(8)
+    model = splitformer.from_hf(hf).eval()  # before transformers' hidden-state hooks
+    with torch.no_grad():
+        hidden = hf(ids, output_hidden_states=True).hidden_states
+    bi = [1 - float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1).mean())
+          for a, b in zip(hidden[:-1], hidden[1:], strict=True)]
+    want = sorted(sorted(range(6), key=lambda n: bi[n])[:3])
+    c = plan("drop", model, 3, {"input_ids": ids})
+    assert c.ops == (("drop_steps", tuple(want)),)
+    assert c.note["block_influence"] == pytest.approx(bi, abs=1e-6)
+    ref = copy.deepcopy(hf)
+    ref.encoder.layer = nn.ModuleList(hf.encoder.layer[i] for i in range(6) if i not in want)
+    with torch.no_grad():
+        ours = c.apply(model)(ids).last_hidden_state
+        assert float((ours - ref(ids).last_hidden_state).abs().max()) < 1e-5
+
+
+def test_the_objective_is_zero_on_the_fine_path_and_names_bad_points():
+    model = splitformer.from_hf(_hf()).eval()
+    same = Distillation(model, model, range(7), shooting=1.0, embedding=1.0)
+    obj = same({"input_ids": _windows(4)})
+    assert float(obj.total.detach()) == pytest.approx(0.0, abs=1e-6)
+    assert set(obj.parts) == {"terminal", "shooting", "embedding"}
+    coarse = model.coarsen(2)
+    d = Distillation(coarse, model, (0, 2, 4, 6), shooting=1.0)
+    assert d.interior() == [(1, 2), (2, 4)]
+    assert float(d({"input_ids": _windows(4)}).total.detach()) > 0
+    with pytest.raises(ValueError, match="4 entries, the student has 4"):
+        Distillation(coarse, model, (0, 2, 6))
+    with pytest.raises(ValueError, match="shooting must be a number >= 0"):
+        Distillation(coarse, model, (0, 2, 4, 6), shooting=-1)
+
+
+def _cfg(**kw) -> HealConfig:
+    base = {"method": "drop", "steps": (3,), "budget": 1e6, "max_steps": 30, "lr": 1e-3,
+            "batch_size": 4, "length": 16, "checkpoint_every": 10, "log_every": 5,
+            "probe": 8, "warmup": 2}
+    return HealConfig(**{**base, **kw})
+
+
+def test_healing_lowers_the_terminal_cost():
+    teacher = splitformer.from_hf(_hf()).eval()
+    result = heal(_cfg(), teacher=teacher, windows=_windows(), out=None)
+    losses = [r["terminal"] for r in result.history]
+    assert result.metrics["steps_taken"] == 30 and losses[-1] < 0.5 * losses[0]
+    # the teacher is not changed, the student shares nothing with it
+    assert all(not p.requires_grad for p in teacher.parameters())
+    assert not any(p is q for p in result.base.parameters() for q in teacher.parameters())
+
+
+def test_a_killed_healing_run_resumes_to_the_uninterrupted_parameters(tmp_path):
+    teacher = splitformer.from_hf(_hf()).eval()
+    cfg = _cfg(shooting=1.0, method="coarsen-linear")
+    whole = heal(cfg, teacher=teacher, windows=_windows(), out=tmp_path / "a")
+
+    class Killed(Exception):
+        pass
+
+    def kill(row):
+        if row["step"] == 15:
+            raise Killed
+
+    with pytest.raises(Killed):
+        heal(cfg, teacher=teacher, windows=_windows(), out=tmp_path / "b", progress=kill)
+    assert not (tmp_path / "b" / "final.json").exists()
+    resumed = heal(cfg, teacher=teacher, windows=_windows(), out=tmp_path / "b")
+    assert resumed.metrics["steps_taken"] == 30
+    for (name, p), q in zip(whole.base.state_dict().items(), resumed.base.state_dict().values(),
+                            strict=True):
+        assert torch.equal(p, q), name
+    rows = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().split()]
+    assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30][:len(rows)] or \
+        [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30]
+    with pytest.raises(ValueError, match="another config"):
+        heal(_cfg(lr=2e-3), teacher=teacher, windows=_windows(), out=tmp_path / "b")
+
+
+def test_random_tau_healing_serves_every_depth():
+    teacher = splitformer.from_hf(_hf()).eval()
+    result = heal(_cfg(method="coarsen-linear", steps=(6, 3, 2), max_steps=12),
+                  teacher=teacher, windows=_windows(), out=None)
+    assert {r["steps"] for r in result.history} <= {6, 3, 2}
+    for n in (6, 3, 2):
+        assert result.student(n).evolution.num_steps == n
+
+
+def test_the_result_folder_loads_in_splitformer_and_transformers(tmp_path):
+    teacher = splitformer.from_hf(_hf()).eval()
+    result = heal(_cfg(max_steps=5), teacher=teacher, windows=_windows(), out=None)
+    record = write_result(tmp_path, base=result.base, coarsenings=result.coarsenings, default=3,
+                          info={}, tokenizer_from=None)
+    assert record["hf"] == "hf"
+    ids = _windows(3)
+    student = result.student(3)
+    loaded = splitformer.load(tmp_path)
+    hf = transformers.AutoModel.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    assert hf.config.num_hidden_layers == 3
+    with torch.no_grad():
+        want = student(ids).last_hidden_state
+        assert torch.equal(loaded(ids).last_hidden_state, want)
+        assert float((hf(ids).last_hidden_state - want).abs().max()) < 1e-5
+    with pytest.raises(ValueError, match="healed for N_t in"):
+        load_compressed(tmp_path, steps=2)
+    with pytest.raises(ValueError, match="not a compression folder"):
+        splitformer.load(tmp_path / "hf", steps=3)
+
+
+def test_heal_config_refuses_bad_values():
+    for kw, match in [({"method": "nope"}, "method must be one of"),
+                      ({"steps": (0,)}, "steps must be distinct"),
+                      ({"steps": (3, 3)}, "steps must be distinct"),
+                      ({"budget": -1}, "budget must be"),
+                      ({"lr": float("nan")}, "lr must be"),
+                      ({"batch_size": 0}, "batch_size must be"),
+                      ({"max_steps": -2}, "max_steps must be")]:
+        with pytest.raises(ValueError, match=match):
+            _cfg(**kw)
+    teacher = splitformer.from_hf(_hf()).eval()
+    with pytest.raises(ValueError, match="windows must be a 2-D integer tensor"):
+        heal(_cfg(), teacher=teacher, windows=torch.zeros(4, 8), out=None)
+    with pytest.raises(ValueError, match=r"steps must be an int in \[1, 6\]"):
+        plan("drop", teacher, 7, {"input_ids": _windows(4)})
