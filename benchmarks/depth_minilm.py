@@ -75,7 +75,8 @@ def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig]:
     if objective not in ("distill", "shoot"):
         raise SystemExit(f"--heal {spec!r}: objective must be distill or shoot")
     options: dict[str, Any] = {"seed": 0, "shooting": 1.0 if objective == "shoot" else 0.0,
-                               "embedding": 0.0, "merge": 0, "lr": 1e-4, "budget": budget}
+                               "embedding": 0.0, "merge": 0, "lr": 1e-4, "budget": budget,
+                               "length": 128, "batch_size": 16}
     for kv in parts[3:]:
         key, _, value = kv.partition("=")
         if key not in options:
@@ -84,7 +85,8 @@ def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig]:
     cfg = HealConfig(method=method, steps=tuple(int(s) for s in steps.split(",")),
                      budget=options["budget"], lr=options["lr"], seed=options["seed"],
                      shooting=options["shooting"], embedding=options["embedding"],
-                     merge=options["merge"])
+                     merge=options["merge"], length=options["length"],
+                     batch_size=options["batch_size"])
     return spec, cfg
 
 
@@ -102,9 +104,9 @@ class Study:
         self.evaluation = depth_eval.Evaluation(self.minilm)
         self._windows: torch.Tensor | None = None
 
-    def windows(self) -> torch.Tensor:
-        if self._windows is None:
-            self._windows = depth_eval.healing_windows(self.minilm.tokenizer, 128,
+    def windows(self, length: int = 128) -> torch.Tensor:
+        if self._windows is None or self._windows.shape[1] != length:
+            self._windows = depth_eval.healing_windows(self.minilm.tokenizer, length,
                                                        self.args.windows, 0)
         return self._windows
 
@@ -132,7 +134,7 @@ class Study:
                       **self.evaluation(l3.embed, full=True)})
 
     def probe(self) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.windows()[:32]}
+        return {"input_ids": self.windows(128)[:32]}
 
     def free(self) -> None:
         for method in method_names():
@@ -156,7 +158,7 @@ class Study:
         folder = self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
         _say(f"healing {rid} ({cfg.budget:g} s, {self.args.threads} threads) in {folder}")
         t0 = time.perf_counter()
-        result = heal(cfg, teacher=self.teacher, windows=self.windows(), out=folder)
+        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length), out=folder)
         for n, i in zip(cfg.steps, ids, strict=True):
             if i in self.done:
                 continue
@@ -176,8 +178,7 @@ class Study:
                                                                      where="step")
         fns["3 steps, merge r=16"] = fns["drop 3"].with_token_merging(16, metric="state",
                                                                      where="step")
-        calls = {name: (lambda m: (lambda ids, mask: m(input_ids=ids, attention_mask=mask)))(
-            m.eval()) for name, m in fns.items()}
+        calls = {name: _call(m.eval()) for name, m in fns.items()}
         try:
             l3 = depth_eval.paraphrase_l3(threads=self.args.threads)
             calls["paraphrase-L3 (onnxruntime)"] = l3.forward
@@ -190,6 +191,10 @@ class Study:
                   "repeats": self.args.repeats,
                   "results": {name: {str(n): v for n, v in r.items()}
                               for name, r in result.items()}})
+
+
+def _call(model):
+    return lambda ids, mask: model(input_ids=ids, attention_mask=mask)
 
 
 def table(rows: list[dict[str, Any]]) -> str:

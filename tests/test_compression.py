@@ -89,7 +89,7 @@ def test_the_objective_is_zero_on_the_fine_path_and_names_bad_points():
     d = Distillation(coarse, model, (0, 2, 4, 6), shooting=1.0)
     assert d.interior() == [(1, 2), (2, 4)]
     assert float(d({"input_ids": _windows(4)}).total.detach()) > 0
-    with pytest.raises(ValueError, match="4 entries, the student has 4"):
+    with pytest.raises(ValueError, match="3 entries, the student has 4"):
         Distillation(coarse, model, (0, 2, 6))
     with pytest.raises(ValueError, match="shooting must be a number >= 0"):
         Distillation(coarse, model, (0, 2, 4, 6), shooting=-1)
@@ -132,9 +132,8 @@ def test_a_killed_healing_run_resumes_to_the_uninterrupted_parameters(tmp_path):
     for (name, p), q in zip(whole.base.state_dict().items(), resumed.base.state_dict().values(),
                             strict=True):
         assert torch.equal(p, q), name
-    rows = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().split()]
-    assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30][:len(rows)] or \
-        [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30]
+    lines = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [5, 10, 15, 20, 25, 30]
     with pytest.raises(ValueError, match="another config"):
         heal(_cfg(lr=2e-3), teacher=teacher, windows=_windows(), out=tmp_path / "b")
 

@@ -80,7 +80,15 @@ def write_result(folder: str | os.PathLike, *, base, coarsenings: dict[int, Coar
     if exported is not None:
         staging = folder / "hf.tmp"
         shutil.rmtree(staging, ignore_errors=True)
-        exported.save_pretrained(staging)
+        from transformers.utils import logging
+
+        shown = logging.is_progress_bar_enabled()
+        logging.disable_progress_bar()
+        try:
+            exported.save_pretrained(staging)
+        finally:
+            if shown:
+                logging.enable_progress_bar()
         if tokenizer_from is not None:
             for name in TOKENIZER_FILES:
                 src = Path(tokenizer_from) / name
