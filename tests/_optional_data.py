@@ -61,7 +61,7 @@ def _onnx_l3() -> bool:
     from splitformer.experiments import depth_eval
     from splitformer.training.data import DatasetError
 
-    if importlib.util.find_spec("onnxruntime") is None:
+    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
         return False
     try:
         return depth_eval.paraphrase_l3_path().is_file()

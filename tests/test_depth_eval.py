@@ -271,7 +271,7 @@ def test_l3_embeds_alike_in_both_runtimes(texts, l3, l3_bert):
 def test_onnx_reader_refuses_other_files(tmp_path, monkeypatch):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x0f\x00")  # field 1, wire type 7
-    with pytest.raises(DatasetError, match="wire type 7"):
+    with pytest.raises(DatasetError, match="not an ONNX model"):
         de.onnx_graph(bad)
     bad.write_bytes(b"\x08\x07")  # field 1 = 7 (ir_version), no graph
     with pytest.raises(DatasetError, match="no ONNX graph"):
@@ -288,10 +288,10 @@ def test_onnx_reader_refuses_other_files(tmp_path, monkeypatch):
 
 @needs_l3
 @needs_text
-def test_depth_eval_imports_neither_gensim_nor_onnx(minilm, l3_bert):
+def test_depth_eval_never_imports_gensim(minilm, l3_bert):
     # after the healing stream, the held-out texts and the ONNX graph were read (fixtures)
     de.healing_stream(minilm.tokenizer)
-    assert "gensim" not in sys.modules and "onnx" not in sys.modules
+    assert "gensim" not in sys.modules
 
 
 def test_the_report_command_names_make_data(monkeypatch, capsys):

@@ -62,7 +62,7 @@ ONNX embedding table has 30,522 rows). ``paraphrase_l3_bert()`` maps the graph's
 into a transformers ``BertModel`` (3 layers, the configuration read from the graph: shapes,
 the attention scale 1 / sqrt(head size), the LayerNorm epsilon, erf GELU), so that its
 throughput is measured with the same PyTorch as the 6-step model's. The ONNX file is read with
-a small protobuf reader here (``onnx_graph``); the onnx package is not needed.
+the onnx package (``onnx_graph``: ``onnx.load``, ``numpy_helper``).
 
 ``report()`` (``python -m splitformer.experiments.depth_eval``) prints the evaluation of the
 6-step model against itself and of paraphrase-L3, and the throughput of L3 (PyTorch and
@@ -76,8 +76,7 @@ import argparse
 import functools
 import importlib.util
 import json
-import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -361,81 +360,6 @@ def paraphrase_l3_path() -> Path:
                        "(`make data`)")
 
 
-def _varint(buf: memoryview, i: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        b = buf[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, i
-        shift += 7
-
-
-def _fields(buf: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
-    """(field number, wire type, value) of a protobuf message: an int (varint), or the bytes
-    (length-delimited, fixed32, fixed64)."""
-    i, end = 0, len(buf)
-    while i < end:
-        key, i = _varint(buf, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(buf, i)
-        elif wire == 2:
-            size, i = _varint(buf, i)
-            value, i = buf[i:i + size], i + size
-        elif wire in (1, 5):
-            size = 8 if wire == 1 else 4
-            value, i = buf[i:i + size], i + size
-        else:
-            raise DatasetError(f"unsupported protobuf wire type {wire} (not an ONNX file?)")
-        yield field, wire, value
-
-
-_DTYPES = {1: np.float32, 6: np.int32, 7: np.int64, 11: np.float64}
-
-
-def _tensor(buf: memoryview) -> tuple[str, np.ndarray]:
-    """An ONNX TensorProto: dims 1, data_type 2, float_data 4, int64_data 7, name 8,
-    raw_data 9."""
-    dims: list[int] = []
-    dtype, name, raw, floats, ints = 1, "", None, [], []
-    for field, wire, v in _fields(buf):
-        if field == 1:
-            if wire == 2:
-                j = 0
-                while j < len(v):
-                    d, j = _varint(v, j)
-                    dims.append(d)
-            else:
-                dims.append(v)
-        elif field == 2:
-            dtype = v
-        elif field == 8:
-            name = bytes(v).decode()
-        elif field == 9:
-            raw = bytes(v)
-        elif field == 4:
-            floats.append(np.frombuffer(bytes(v), "<f4"))
-        elif field == 7:
-            if wire == 2:
-                j = 0
-                while j < len(v):
-                    d, j = _varint(v, j)
-                    ints.append(d - (1 << 64) if d >= 1 << 63 else d)
-            else:
-                ints.append(v - (1 << 64) if v >= 1 << 63 else v)
-    if dtype not in _DTYPES:
-        raise DatasetError(f"ONNX tensor {name!r}: data type {dtype} is not read here")
-    if raw is not None:
-        array = np.frombuffer(raw, np.dtype(_DTYPES[dtype]).newbyteorder("<"))
-    elif floats:
-        array = np.concatenate(floats)
-    else:
-        array = np.array(ints, dtype=_DTYPES[dtype])
-    return name, array.astype(_DTYPES[dtype]).reshape(dims)
-
-
 @dataclass(frozen=True)
 class _Node:
     op: str
@@ -445,46 +369,28 @@ class _Node:
     attributes: dict
 
 
-def _node(buf: memoryview) -> _Node:
-    """An ONNX NodeProto: input 1, output 2, name 3, op_type 4, attribute 5 (AttributeProto:
-    name 1, f 2, i 3, t 5)."""
-    inputs, outputs, name, op, attributes = [], [], "", "", {}
-    for field, _wire, v in _fields(buf):
-        if field in (1, 2):
-            (inputs if field == 1 else outputs).append(bytes(v).decode())
-        elif field == 3:
-            name = bytes(v).decode()
-        elif field == 4:
-            op = bytes(v).decode()
-        elif field == 5:
-            key, value = "", None
-            for f, _w, a in _fields(v):
-                if f == 1:
-                    key = bytes(a).decode()
-                elif f == 2:
-                    value = struct.unpack("<f", bytes(a))[0]
-                elif f == 3:
-                    value = a - (1 << 64) if a >= 1 << 63 else a
-                elif f == 5:
-                    value = _tensor(a)[1]
-            attributes[key] = value
-    return _Node(op, name, tuple(inputs), tuple(outputs), attributes)
-
-
 def onnx_graph(path: str | Path) -> tuple[dict[str, np.ndarray], list[_Node]]:
-    """The initializers (name -> array) and nodes of an ONNX model file (ModelProto's graph 7;
-    GraphProto: node 1, initializer 5), read with the protobuf wire format."""
-    buf = memoryview(Path(path).read_bytes())
-    graph = next((v for f, w, v in _fields(buf) if f == 7 and w == 2), None)
-    if graph is None:
+    """The initializers (name -> array) and nodes of an ONNX model file, read with the onnx
+    package (``onnx.load``, ``numpy_helper.to_array``, ``helper.get_attribute_value``)."""
+    if importlib.util.find_spec("onnx") is None:
+        raise DatasetError(f"reading {L3}'s weights needs the onnx package: run `make data`")
+    import onnx
+    from onnx import helper, numpy_helper
+
+    try:
+        model = onnx.load(str(path))
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
+        raise DatasetError(f"{path}: not an ONNX model ({type(e).__name__}: {e})") from None
+    if not model.graph.node:
         raise DatasetError(f"{path}: no ONNX graph")
-    initializers, nodes = {}, []
-    for field, _wire, v in _fields(graph):
-        if field == 1:
-            nodes.append(_node(v))
-        elif field == 5:
-            name, array = _tensor(v)
-            initializers[name] = array
+    initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+    def value(attr):
+        v = helper.get_attribute_value(attr)
+        return numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v
+
+    nodes = [_Node(n.op_type, n.name, tuple(n.input), tuple(n.output),
+                   {a.name: value(a) for a in n.attribute}) for n in model.graph.node]
     return initializers, nodes
 
 
