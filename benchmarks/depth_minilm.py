@@ -174,10 +174,11 @@ class Study:
         fns: dict[str, Any] = {"6 steps": self.teacher}
         for n in (4, 3, 2):
             fns[f"drop {n}"] = plan("drop", self.teacher, n, self.probe()).apply(self.teacher)
-        fns["6 steps, merge r=16"] = self.teacher.with_token_merging(16, metric="state",
-                                                                     where="step")
-        fns["3 steps, merge r=16"] = fns["drop 3"].with_token_merging(16, metric="state",
-                                                                     where="step")
+        for r in (32, 40):
+            fns[f"6 steps, merge r={r}"] = self.teacher.with_token_merging(
+                r, metric="state", where="step")
+            fns[f"drop 3, merge r={r}"] = fns["drop 3"].with_token_merging(
+                r, metric="state", where="step")
         calls = {name: _call(m.eval()) for name, m in fns.items()}
         try:
             l3 = depth_eval.paraphrase_l3(threads=self.args.threads)
