@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     report: dict = {"model": str(args.model) if args.model else "all-MiniLM-L6-v2",
                     "method": cfg.method, "steps": list(cfg.steps), "heal": args.heal,
                     "metrics": result.metrics,
-                    "coarsenings": {str(n): str(c) for n, c in result.coarsenings.items()}}
+                    "grids": {str(n): str(c) for n, c in result.coarsenings.items()}}
     if not args.no_eval:
         evaluation = depth_eval.Evaluation(minilm)
         report["fidelity"] = {

@@ -102,7 +102,7 @@ class Coarsening:
                        data.get("note") or None)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not a Coarsening record ({type(e).__name__}: {e}): "
-                             f"{dict(data)!r:.200}") from None
+                             f"{data!r:.200}") from None
 
     def __str__(self) -> str:
         ops = ", ".join(f"{name}({_jsonable(arg)})" for name, arg in self.ops)

@@ -96,6 +96,9 @@ def write_result(folder: str | os.PathLike, *, base, coarsenings: dict[int, Coar
                     shutil.copyfile(src, staging / name)
         shutil.rmtree(hf_dir, ignore_errors=True)
         os.replace(staging, hf_dir)
+    clash = sorted({"format", "base", "default_steps", "coarsenings", "hf", "hf_note"} & set(info))
+    if clash:
+        raise ValueError(f"write_result(info): the keys {clash} are the record's own")
     record = {"format": FORMAT, "base": _base_record(base), "default_steps": default,
               "coarsenings": {str(n): c.to_dict() for n, c in coarsenings.items()},
               "hf": "hf" if exported is not None else None, "hf_note": hf_note, **info}

@@ -1,0 +1,89 @@
+"""`splitformer compress` (docs/depth.md): bad inputs are one line and exit 2 before anything
+is loaded or written; a short real run writes a folder that splitformer and transformers
+load to the same embeddings, and the same command on a finished folder is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from _optional_data import needs
+
+import splitformer
+from splitformer.cli import main
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--steps", "0"], "--steps"),
+    (["--steps", "3,x"], "--steps"),
+    (["--budget", "ten"], "--budget"),
+    (["--budget", "-5"], "--budget"),
+    (["--method", "nope"], "--method"),
+    (["--heal", "magic"], "--heal"),
+    (["--lr", "0"], "--lr"),
+    (["--lr", "inf"], "--lr"),
+    (["--shooting", "-1"], "--shooting"),
+    (["--merge", "-2"], "--merge"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--max-steps", "1.5"], "--max-steps"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(argv, flag, capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        main(["compress", *argv, "--out", str(tmp_path / "o")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and flag in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def _code(argv) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return int(e.code)
+
+
+def test_bad_model_and_out_are_named(capsys, tmp_path):
+    assert _code(["compress", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert "argument MODEL" in capsys.readouterr().err
+    vit = tmp_path / "vit"
+    vit.mkdir()
+    (vit / "config.json").write_text(json.dumps({"model_type": "vit"}))
+    assert _code(["compress", str(vit), "--out", str(tmp_path / "o")]) == 2
+    assert "model_type 'bert'" in capsys.readouterr().err
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert _code(["compress", "--out", str(afile)]) == 2
+    assert "is a file" in capsys.readouterr().err
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    assert _code(["compress", "--out", str(full)]) == 2
+    assert "holds other files" in capsys.readouterr().err
+    assert (full / "notes.txt").read_text() == "mine"
+
+
+@needs("minilm", "text", "gensim")
+def test_a_short_compression_loads_in_splitformer_and_transformers(capsys, tmp_path):
+    import transformers
+
+    out = tmp_path / "c"
+    argv = ["compress", "--steps", "3", "--method", "drop", "--heal", "shoot", "--max-steps",
+            "2", "--windows", "16", "--batch-size", "2", "--length", "32", "--threads", "1",
+            "--out", str(out), "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["metrics"]["steps_taken"] == 2 and report["hf"] == str(out / "hf")
+    assert 0.3 < report["fidelity"]["3"]["mean_cosine"] < 1.0
+    model = splitformer.load(out)
+    assert model.evolution.num_steps == 3
+    hf = transformers.AutoModel.from_pretrained(out / "hf", local_files_only=True).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out / "hf", local_files_only=True)
+    enc = tok(["In the beginning was the Word."], return_tensors="pt")
+    with torch.no_grad():
+        a = model(**enc).last_hidden_state
+        b = hf(**enc).last_hidden_state
+    assert float((a - b).abs().max()) < 1e-5
+    assert _code(argv) == 2
+    assert "holds a finished compression" in capsys.readouterr().err
