@@ -23,7 +23,8 @@ ALLOWED_CIRCLES = {("splitformer.time.adjoints", "splitformer.time.evolution")}
 LAYERS = {
     "files": 0, "operators": 1, "time": 2, "models": 3,
     "interop": 4, "verification": 4, "analysis": 4, "control": 4, "bench": 4,
-    "training": 5, "experiments": 6, "subjects": 6, "compression": 6, "commands": 7, "cli": 7, "__main__": 7,
+    "training": 5, "experiments": 6, "subjects": 6, "compression": 6,
+    "commands": 7, "cli": 7, "__main__": 7,
     "": 7,  # the package itself: the public face, re-exports from every layer
 }
 
