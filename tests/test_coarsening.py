@@ -208,3 +208,42 @@ def test_coarsening_keeps_the_merge_schedule():
     assert dropped.evolution.merging.r == (1, 3, 4)
     _, trace = dropped.solve_traced(_ids())
     assert list(trace.steps) == [0, 1, 2]
+
+
+def test_to_hf_exports_a_coarsened_vit_and_gpt2():
+    torch.manual_seed(0)
+    cfg = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32,
+                                 num_hidden_layers=4, num_attention_heads=4,
+                                 intermediate_size=48)
+    vit = splitformer.from_hf(transformers.ViTModel(cfg).eval()).eval()
+    x = torch.randn(2, 3, 16, 16)
+    gcfg = transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=4,
+                                   n_head=4)
+    gpt = splitformer.from_hf(transformers.GPT2Model(gcfg).eval()).eval()
+    ids = torch.randint(0, 50, (2, 7))
+    for model, inputs in ((vit, (x,)), (gpt, (ids,))):
+        for coarse in (model.coarsen(2), model.drop_steps([1]),
+                       model.with_controls_in_time("linear").coarsen(2)):
+            out = splitformer.to_hf(coarse).eval()
+            with torch.no_grad():
+                assert _close(coarse(*inputs), out(*inputs)) < F32_TOL
+
+
+def test_as_network_folds_tau_through_layerscale_and_refuses_a_nonlinear_post():
+    """timm's LayerScale (a linear post map) takes the fold: the coarse step equals its
+    exported network; a norm after the field (not linear) is refused by name."""
+    torch.manual_seed(0)
+    from splitformer.models.vit import build_vit
+
+    vit = build_vit(image_size=8, patch_size=4, in_chans=3, dim=16, depth=2, num_heads=2,
+                    hidden_dim=24, num_classes=3, read_out="timm", layer_scale=0.5).eval()
+    x = torch.randn(2, 3, 8, 8)
+    coarse = vit.coarsen(2)
+    assert any(st.post for st in coarse.evolution.scheme.stages)
+    with torch.no_grad():
+        assert float((coarse.as_network()(x) - coarse(x)).abs().max()) < F32_TOL
+        assert float((coarse(x) - vit(x)).abs().max()) > 1e-3
+    hf = splitformer.from_hf(_hf_bert(2)).eval()
+    post = hf.with_scheme("attention<norm1 norm1:project ffn norm2:project").coarsen(2)
+    with pytest.raises(ValueError, match="not a linear map"):
+        post.as_network()

@@ -107,9 +107,11 @@ def test_healing_lowers_the_terminal_cost():
     result = heal(_cfg(), teacher=teacher, windows=_windows(), out=None)
     losses = [r["terminal"] for r in result.history]
     assert result.metrics["steps_taken"] == 30 and losses[-1] < 0.5 * losses[0]
-    # the teacher is not changed, the student shares nothing with it
-    assert all(not p.requires_grad for p in teacher.parameters())
+    # the student shares nothing with the teacher, whose flags are as they were
     assert not any(p is q for p in result.base.parameters() for q in teacher.parameters())
+    teacher.train()
+    heal(_cfg(max_steps=1), teacher=teacher, windows=_windows(), out=None)
+    assert teacher.training and all(p.requires_grad for p in teacher.parameters())
 
 
 def test_a_killed_healing_run_resumes_to_the_uninterrupted_parameters(tmp_path):

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-__all__ = ["UsageError", "bounded_int", "positive_int", "stripped"]
+__all__ = ["UsageError", "bounded_int", "duration", "int_list", "nonnegative_float",
+           "nonnegative_int", "positive_float", "positive_int", "stripped"]
 
 
 class UsageError(Exception):
@@ -76,3 +77,44 @@ def bounded_int(maximum: int, why: str = "") -> Callable[[str], int]:
 
     parse.__name__ = "bounded_int"
     return parse
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (0 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    value = nonnegative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def duration(text: str) -> float:
+    """argparse type: seconds >= 0, as '600', '600s', '10m' or '1.5h'."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected seconds or a duration like 90s, 10m, 1h, "
+                                         f"got {text!r}")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]

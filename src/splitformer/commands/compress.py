@@ -24,51 +24,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
+import os
 import sys
 from pathlib import Path
 
-from . import UsageError, int_list, positive_int, stripped
+from . import (
+    UsageError,
+    bounded_int,
+    duration,
+    int_list,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    stripped,
+)
 
 HELP = "coarsen a pretrained encoder in depth (and tokens) and heal it within a budget"
 EPILOG = ("exit status: 0 done, 2 bad input (one line on stderr), 130 interrupted (the healing "
           "checkpoints are kept: the same command resumes)")
-
-
-def _budget(text: str) -> float:
-    """'600', '600s', '10m', '1.5h' -> seconds (>= 0)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected seconds or a duration like 90s, 10m, 1h, "
-                                         f"got {text!r}")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    v = _nonnegative_float(text)
-    if v == 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return v
-
-
-def _nonnegative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return v
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -87,24 +61,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default="distill",
                    help="distill: match u(T); shoot: also the states at the coarse grid's "
                         "times; none: training-free (default distill)")
-    p.add_argument("--shooting", type=_nonnegative_float, default=1.0,
+    p.add_argument("--shooting", type=nonnegative_float, default=1.0,
                    help="weight of the shooting terms with --heal shoot (default 1)")
-    p.add_argument("--embedding", type=_nonnegative_float, default=0.0,
+    p.add_argument("--embedding", type=nonnegative_float, default=0.0,
                    help="weight of 1 - cos of the sentence embeddings (default 0)")
-    p.add_argument("--budget", type=_budget, default=600.0,
+    p.add_argument("--budget", type=duration, default=600.0,
                    help="healing wall-clock budget: seconds or 90s, 10m, 1h (default 10m)")
-    p.add_argument("--max-steps", type=_nonnegative_int, default=None,
+    p.add_argument("--max-steps", type=nonnegative_int, default=None,
                    help="at most this many optimiser steps (default: the budget alone)")
-    p.add_argument("--lr", type=_positive_float, default=1e-4, help="AdamW rate (1e-4)")
+    p.add_argument("--lr", type=positive_float, default=1e-4, help="AdamW rate (1e-4)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="windows a step (16)")
     p.add_argument("--length", type=positive_int, default=128,
                    help="tokens a healing window (128)")
     p.add_argument("--windows", type=positive_int, default=4096,
                    help="healing windows drawn from the text (4096)")
-    p.add_argument("--merge", type=_nonnegative_int, default=0,
+    p.add_argument("--merge", type=nonnegative_int, default=0,
                    help="heal with token merging on: nodes merged per unit of time (0: off)")
-    p.add_argument("--seed", type=_nonnegative_int, default=0, help="seed (0)")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch threads")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed (0)")
+    p.add_argument("--threads", type=bounded_int(os.cpu_count() or 1, "(torch threads)"),
+                   default=None, help="torch threads")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="result folder (default out/compress-<method>-<steps>)")
     p.add_argument("--no-eval", action="store_true",
@@ -138,6 +113,9 @@ def _model_folder(arg: str | None) -> Path:
     return folder
 
 
+_OURS = ("heal", "model.safetensors", "hf", ".lock")
+
+
 def _check_out(args: argparse.Namespace) -> Path:
     out = Path(args.out if args.out is not None else
                f"out/compress-{args.method}-{'-'.join(map(str, args.steps))}")
@@ -146,14 +124,40 @@ def _check_out(args: argparse.Namespace) -> Path:
     if (out / "compress.json").exists():
         raise UsageError(f"argument --out: {str(out)!r} holds a finished compression "
                          "(compress.json); choose another folder")
-    if out.is_dir():
-        extra = sorted(p.name for p in out.iterdir()
-                       if p.name not in ("heal", "model.safetensors", "hf", "hf.tmp",
-                                         "model.safetensors.tmp"))
+    if out.is_dir():  # ours, or a temporary file of ours a kill left (files' .name.tmp-*)
+        extra = sorted(p.name for p in out.iterdir() if p.name not in _OURS
+                       and not (p.name.startswith(".") and ".tmp" in p.name))
         if extra:
             raise UsageError(f"argument --out: {str(out)!r} holds other files ({extra[:3]}); "
                              "choose a new or empty folder")
     return out
+
+
+def _check_grid(cfg, teacher, folder: Path) -> None:
+    """The coarse grids exist and the windows fit the model: checked before anything is
+    written (the method's own refusal, named by its flag)."""
+    from ..compression.coarsenings import plan
+
+    layers = teacher.evolution.num_steps
+    bad = [n for n in cfg.steps if n > layers]
+    if bad:
+        raise UsageError(f"argument --steps: {bad} exceed the model's {layers} steps")
+    if len(cfg.steps) == 1 and cfg.steps[0] == layers:
+        raise UsageError(f"argument --steps: {layers} is the model itself; ask for fewer")
+    for n in cfg.steps:
+        if cfg.method == "every-other" and n != layers and layers % n:
+            raise UsageError(f"argument --steps: every-other needs N_t dividing the model's "
+                             f"{layers} steps, got {n}")
+        if cfg.method not in ("drop", "angular"):  # the data-free grids: built now
+            try:
+                plan(cfg.method, teacher, n)
+            except ValueError as e:
+                raise UsageError(f"argument --method: {e}") from None
+    positions = json.loads((folder / "config.json").read_text()).get(
+        "max_position_embeddings", 512)
+    if not 3 <= cfg.length <= positions:
+        raise UsageError(f"argument --length: expected 3 to {positions} tokens (the model's "
+                         f"learned positions; [CLS] and [SEP] included), got {cfg.length}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -163,6 +167,12 @@ def run(args: argparse.Namespace) -> int:
         budget, max_steps = 0.0, 0
     else:
         budget, max_steps = args.budget, args.max_steps
+        if budget == 0 and not max_steps:
+            raise UsageError("argument --budget: 0 heals nothing; use --heal none for the "
+                             "training-free model, or give a budget")
+    if args.heal != "shoot" and args.shooting != 1.0:
+        raise UsageError(f"argument --shooting: weights the shooting terms of --heal shoot, "
+                         f"but --heal is {args.heal}")
     try:
         cfg = HealConfig(method=args.method, steps=tuple(args.steps), budget=budget,
                          max_steps=max_steps, lr=args.lr, batch_size=args.batch_size,
@@ -175,10 +185,8 @@ def run(args: argparse.Namespace) -> int:
     out = _check_out(args)
     import torch
 
-    from ..compression.heal import heal
-    from ..compression.store import write_result
-    from ..experiments import depth_eval
     from ..experiments.text_benchmarks import load_minilm
+    from ..files import FolderLock, FolderLockedError
     from ..interop import from_hf
     from ..training.data import DatasetError
 
@@ -189,32 +197,59 @@ def run(args: argparse.Namespace) -> int:
     except (DatasetError, OSError, ValueError) as e:
         raise UsageError(f"argument MODEL: {' '.join(str(e).split())}") from None
     teacher = from_hf(minilm.model).eval()
-    layers = teacher.evolution.num_steps
-    bad = [n for n in cfg.steps if n > layers]
-    if bad:
-        raise UsageError(f"argument --steps: {bad} exceed the model's {layers} steps")
-    if len(cfg.steps) == 1 and cfg.steps[0] == layers:
-        raise UsageError(f"argument --steps: {layers} is the model itself; ask for fewer")
+    _check_grid(cfg, teacher, folder)
+    fresh = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = FolderLock(out, what="compression folder").acquire()
+    except FolderLockedError as e:
+        raise UsageError(f"argument --out: {e}") from None
+    try:
+        return _compress(args, cfg, minilm, teacher, folder, out)
+    except BaseException:
+        if fresh and not any(p.name != ".lock" for p in out.iterdir()):
+            lock.release()
+            lock = None
+            from ..files import remove_path
+
+            remove_path(out)  # nothing of ours was written: leave no empty folder
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
+    from ..compression.heal import heal
+    from ..compression.store import write_result
+    from ..experiments import depth_eval
+    from ..training.checkpoints import CheckpointError
+    from ..training.data import DatasetError
+
     try:
         windows = depth_eval.healing_windows(minilm.tokenizer, cfg.length, args.windows,
                                              cfg.seed)
     except DatasetError as e:
         raise UsageError(f"the healing text is missing: {e}") from None
+    except ValueError as e:
+        raise UsageError(f"argument --length: {e}") from None
     say = _say(args.json)
+    layers = teacher.evolution.num_steps
     say(f"compress: {cfg.method} {layers} -> {','.join(map(str, cfg.steps))} steps, heal "
         f"{args.heal}" + (f" for {cfg.budget:g} s" if cfg.budget else "") + f", out {out}")
-    out.mkdir(parents=True, exist_ok=True)
     try:
         result = heal(cfg, teacher=teacher, windows=windows, out=out / "heal",
                       progress=lambda row: say(
                           f"  step {row['step']} ({row['seconds']:.0f} s) N_t={row['steps']} "
                           f"loss {row['loss']:.4g}"))
-    except ValueError as e:
-        raise UsageError(f"argument --out: {e}") from None
+    except (CheckpointError, ValueError) as e:
+        raise UsageError(f"argument --out: {' '.join(str(e).split())}") from None
     report: dict = {"model": str(args.model) if args.model else "all-MiniLM-L6-v2",
-                    "method": cfg.method, "steps": list(cfg.steps), "heal": args.heal,
+                    "method": cfg.method, "steps": list(cfg.steps), "objective": args.heal,
                     "metrics": result.metrics,
-                    "grids": {str(n): str(c) for n, c in result.coarsenings.items()}}
+                    "grids": {str(n): str(c) for n, c in result.coarsenings.items()},
+                    "notes": {str(n): dict(c.note or {})
+                              for n, c in result.coarsenings.items()}}
     if not args.no_eval:
         evaluation = depth_eval.Evaluation(minilm)
         report["fidelity"] = {
@@ -232,6 +267,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         for n, c in result.coarsenings.items():
             print(f"{c}")
+            for key, values in (c.note or {}).items():
+                print(f"  {key}: {', '.join(f'{v:.4f}' for v in values)}")
             for k, v in report.get("fidelity", {}).get(str(n), {}).items():
                 print(f"  {k}: {v:.4f}")
         print(f"healed {result.metrics['steps_taken']} steps in "

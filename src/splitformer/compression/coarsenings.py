@@ -6,7 +6,10 @@ value: the derivation (a tuple of operations on the model, each a (name, argumen
 of them copies sharing the parameters: ``drop_steps``, ``refine``, ``coarsen``,
 ``with_controls_in_time``, ``with_token_merging``) and, for every coarse grid point, the fine
 grid point whose state it approximates (the targets of multiple shooting; None where a coarse
-point falls between fine ones).
+point falls between fine ones). For a dropped grid, coarse point j is the input of the j-th kept
+step k_j and approximates the fine u(k_j): the kept steps keep their trained inputs, and the
+kept step before a dropped stretch is asked to do its work (keep (0, 4, 5) of 6: targets
+u_0, u_4, u_5, u_6).
 
     keep-first     the first N steps (the last L - N dropped)
     every-other    steps 0, k, 2k, ... at tau = 1 (k = L / N)
@@ -123,7 +126,9 @@ Probe = Callable[[], list[torch.Tensor]]
 def _dropped(method: str, model, drop: list[int], note: dict | None = None) -> Coarsening:
     L = model.evolution.num_steps
     keep = [i for i in range(L) if i not in drop]
-    points = (0, *(k + 1 for k in keep[:-1]), L)
+    # coarse point j (the input of the j-th kept step) <- fine point keep[j]: each kept step
+    # keeps its trained input, and the step before it absorbs the dropped ones
+    points = (0, *keep[1:], L)
     return Coarsening(method, L, (("drop_steps", tuple(sorted(drop))),), points, note)
 
 

@@ -9,9 +9,16 @@ The parameters healed are a copy of the teacher's (``result.base``); each N_t of
 several N_t (random-tau healing, the t-analogue of ``--tau-choices``) one set of parameters is
 asked to serve every depth: optimiser step s trains the depth drawn uniformly by a generator
 seeded with (seed, s). The batches are windows of healing text (``windows``: (M, n) token ids,
-no padding), a seeded permutation per pass. AdamW; the learning rate warms up linearly over
-``warmup`` steps, then follows a half cosine of the progress max(seconds / budget,
-step / max_steps). Dropout is off (the models are in eval mode: a deterministic problem).
+no padding, n = ``length``), a seeded permutation per pass. AdamW (matrices decayed, gains and
+biases not: ``training.loop.parameter_groups``); the learning rate warms up linearly over
+``warmup`` steps, then follows a half cosine of the progress: step / max_steps when
+``max_steps`` is given (the budget is then only a cut-off, and the run does not depend on the
+machine's speed), else seconds / budget. Dropout is off (the student runs in eval mode; the
+teacher too, its flag restored after: a deterministic problem).
+
+A resumed run must heal the same teacher on the same windows: the checkpoint records a SHA-256
+of the teacher's state and of the windows, and another teacher (``MODEL``) or other windows
+(``--windows``, ``--length``) are refused by name.
 
 ``out`` receives config.json, metrics.jsonl (a row every ``log_every`` steps) and checkpoints
 (``training.checkpoints``: safetensors + JSON, every ``checkpoint_every`` steps and at the end);
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import math
 import random
@@ -38,6 +46,7 @@ from torch import nn
 from ..control.healing import Distillation
 from ..files import FolderLock, append_line, read_jsonl, write_atomic
 from ..training.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..training.loop import parameter_groups
 from .coarsenings import METHODS, Coarsening, plan
 
 __all__ = ["HealConfig", "HealResult", "heal", "student_of"]
@@ -138,9 +147,10 @@ def student_of(base: nn.Module, coarsening: Coarsening) -> nn.Module:
 
 def _progress_lr(cfg: HealConfig, step: int, seconds: float) -> float:
     warm = min(1.0, (step + 1) / cfg.warmup) if cfg.warmup else 1.0
-    done = seconds / cfg.budget if cfg.budget else 0.0
     if cfg.max_steps:
-        done = max(done, step / cfg.max_steps)
+        done = step / cfg.max_steps
+    else:
+        done = seconds / cfg.budget if cfg.budget else 0.0
     return cfg.lr * warm * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
 
 
@@ -161,6 +171,16 @@ def _draw(cfg: HealConfig, step: int) -> int:
     if len(cfg.steps) == 1:
         return cfg.steps[0]
     return random.Random(f"heal steps {cfg.seed} {step}").choice(cfg.steps)
+
+
+def fingerprint(*tensors: torch.Tensor) -> str:
+    """SHA-256 of the tensors' shapes, dtypes and bytes (in order)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().contiguous().cpu()
+        h.update(f"{tuple(t.shape)} {t.dtype};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 def coarsenings_for(cfg: HealConfig, base: nn.Module, windows: torch.Tensor
@@ -185,18 +205,28 @@ def heal(cfg: HealConfig, *, teacher: nn.Module, windows: torch.Tensor,
             windows.is_floating_point() and len(windows) >= 1):
         raise ValueError(f"windows must be a 2-D integer tensor (M, n) of token ids, got "
                          f"{getattr(windows, 'shape', type(windows).__name__)}")
-    teacher = teacher.eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
+    if windows.shape[1] != cfg.length:
+        raise ValueError(f"windows: {windows.shape[1]} tokens each, the config's length is "
+                         f"{cfg.length}")
+    was_training = teacher.training
+    try:
+        return _heal(cfg, teacher.eval(), windows, out, progress)
+    finally:
+        teacher.train(was_training)
+
+
+def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str | Path | None,
+          progress: Callable[[dict[str, Any]], None] | None) -> HealResult:
     base = copy.deepcopy(teacher)
     for p in base.parameters():
         p.requires_grad_(True)
+    identity = {"teacher": fingerprint(*teacher.state_dict().values()),
+                "windows": fingerprint(windows)}
     coarse = coarsenings_for(cfg, base, windows)
     problems = {n: Distillation(c.apply(base).eval(), teacher, c.fine_points,
                                 shooting=cfg.shooting, embedding=cfg.embedding)
                 for n, c in coarse.items()}
-    optimizer = torch.optim.AdamW([p for p in base.parameters() if p.requires_grad],
-                                  lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(parameter_groups(base, cfg.weight_decay), lr=cfg.lr)
     folder = None if out is None else Path(out)
     lock = None
     history: list[dict[str, Any]] = []
@@ -214,6 +244,12 @@ def heal(cfg: HealConfig, *, teacher: nn.Module, windows: torch.Tensor,
                                      if state.get("config", {}).get(k) != v)
                     raise ValueError(f"out: {str(folder)!r} holds a healing run of another "
                                      f"config (differs in {changed}); choose another folder")
+                for key, what in (("teacher", "the teacher (MODEL)"),
+                                  ("windows", "the healing windows (--windows, --length)")):
+                    if state.get(key) != identity[key]:
+                        raise ValueError(f"out: {str(folder)!r} holds a healing run of another "
+                                         f"{key}: {what} differs from the run's; choose another "
+                                         "folder")
                 step, before = int(state["step"]), float(state["seconds"])
                 history = [r for r in read_jsonl(folder / "metrics.jsonl", repair=True)
                            if isinstance(r, dict) and r.get("step", 0) <= step] \
@@ -232,7 +268,7 @@ def heal(cfg: HealConfig, *, teacher: nn.Module, windows: torch.Tensor,
             if folder is not None:
                 save_checkpoint(folder, model=base, optimizer=optimizer,
                                 state={"step": step, "seconds": seconds(),
-                                       "config": cfg.to_dict()})
+                                       "config": cfg.to_dict(), **identity})
 
         last: dict[str, float] = {}
         while cfg.budget and seconds() < cfg.budget and (cfg.max_steps is None

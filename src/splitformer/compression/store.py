@@ -22,13 +22,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
-from ..files import write_atomic
+from ..files import atomic_folder, remove_path, write_atomic, write_synced
 from ..training.checkpoints import load_model as load_training_model
 from .coarsenings import Coarsening
 
@@ -60,45 +59,45 @@ def _rebuild(record: dict[str, Any]):
 def write_result(folder: str | os.PathLike, *, base, coarsenings: dict[int, Coarsening],
                  default: int, info: dict[str, Any], tokenizer_from: str | os.PathLike | None
                  ) -> dict[str, Any]:
-    """Write the result files (module doc) into ``folder`` (it exists); returns the record of
-    compress.json. The HF folder is written when the default grid is a layer list."""
+    """Write the result files (module doc) into ``folder`` (it exists; one writer: the caller
+    holds its lock); returns the record of compress.json. compress.json, the completion mark,
+    is removed first and written last, each file replaced at once (``files``), so a kill
+    leaves no record beside other files. The HF folder is written when the default grid is a
+    layer list."""
     from ..interop import to_hf
 
+    clash = sorted({"format", "base", "default_steps", "coarsenings", "hf", "hf_note"}
+                   & set(info))
+    if clash:
+        raise ValueError(f"write_result(info): the keys {clash} are the record's own")
     folder = Path(folder)
+    remove_path(folder / "compress.json")
     tensors = {k: v.detach().contiguous().cpu() for k, v in base.state_dict().items()}
-    tmp = folder / "model.safetensors.tmp"
-    save_file(tensors, str(tmp))
-    os.replace(tmp, folder / "model.safetensors")
+    write_atomic(folder / "model.safetensors", save(tensors))
     student = coarsenings[default].apply(base).eval()
     hf_note = None
-    hf_dir = folder / "hf"
     try:
         exported = to_hf(student)
     except ValueError as e:
         hf_note = f"not exported: {e}"
         exported = None
     if exported is not None:
-        staging = folder / "hf.tmp"
-        shutil.rmtree(staging, ignore_errors=True)
         from transformers.utils import logging
 
         shown = logging.is_progress_bar_enabled()
         logging.disable_progress_bar()
         try:
-            exported.save_pretrained(staging)
+            with atomic_folder(folder / "hf") as staging:
+                exported.save_pretrained(staging)
+                for name in TOKENIZER_FILES if tokenizer_from is not None else ():
+                    src = Path(tokenizer_from) / name
+                    if src.is_file():
+                        write_synced(staging / name, src.read_bytes())
         finally:
             if shown:
                 logging.enable_progress_bar()
-        if tokenizer_from is not None:
-            for name in TOKENIZER_FILES:
-                src = Path(tokenizer_from) / name
-                if src.is_file():
-                    shutil.copyfile(src, staging / name)
-        shutil.rmtree(hf_dir, ignore_errors=True)
-        os.replace(staging, hf_dir)
-    clash = sorted({"format", "base", "default_steps", "coarsenings", "hf", "hf_note"} & set(info))
-    if clash:
-        raise ValueError(f"write_result(info): the keys {clash} are the record's own")
+    else:
+        remove_path(folder / "hf")
     record = {"format": FORMAT, "base": _base_record(base), "default_steps": default,
               "coarsenings": {str(n): c.to_dict() for n, c in coarsenings.items()},
               "hf": "hf" if exported is not None else None, "hf_note": hf_note, **info}

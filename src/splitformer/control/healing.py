@@ -91,9 +91,12 @@ class Distillation(nn.Module):
         inputs = dict(inputs)
         mask = inputs.get("attention_mask")
         teacher = self.teacher[0]
-        with torch.no_grad():
-            fine = teacher.trajectory(**inputs, saveat=SaveAt(steps=True)).state_list
         pairs = self.interior() if self.shooting else []
+        with torch.no_grad():
+            if pairs:
+                fine = teacher.trajectory(**inputs, saveat=SaveAt(steps=True)).state_list
+            else:  # u_f(T) alone
+                fine = [teacher.trajectory(**inputs, saveat=SaveAt()).final]
         if pairs:
             coarse = self.student.trajectory(**inputs, saveat=SaveAt(steps=True)).state_list
             final = coarse[-1]

@@ -448,8 +448,9 @@ def to_timm_model(model: ViT) -> nn.Module:
     network_scheme(evo, {want.name: want}, "to_timm")
     check_softmax(evo, "to_timm")
     if len(evo.controls) != config.kwargs["depth"]:
-        raise ValueError(f"source depth={config.kwargs['depth']} differs from the number of "
-                         f"control sets {len(evo.controls)}")
+        raise ValueError(f"to_timm: the model has {len(evo.controls)} steps, its source "
+                         f"depth={config.kwargs['depth']}; a coarsened ViT is not exported to "
+                         "timm (export it with to_hf, or the model it came from)")
     p = model.embedding.patch.weight
     tm = VisionTransformer(**_timm_kwargs(config), weight_init="skip", device=p.device,
                            dtype=p.dtype)

@@ -88,6 +88,7 @@ class StochasticDepth(Operator):
     """
 
     kind = "map"
+    is_linear = True  # u * xi / (1 - p): a per-sample factor
 
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()

@@ -106,6 +106,9 @@ class Operator(nn.Module):
     needs_regular_grid: ClassVar[bool] = False
     # the class's promise that forward returns a new tensor nothing else holds (``returns_new``)
     returns_new: ClassVar[bool] = False
+    # a map that is linear in u (LayerScale's diag(gamma) u, stochastic depth's per-sample
+    # factor): c M(u) = M(c u), so a step size folds through it (``Evolution.as_network``)
+    is_linear: ClassVar[bool] = False
 
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         raise NotImplementedError

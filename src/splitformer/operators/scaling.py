@@ -33,6 +33,7 @@ class DiagonalScaling(Operator):
     """D u = gamma(y) * u: a per-feature step size tau(y) = tau gamma(y) when used as ``post``."""
 
     kind = "map"
+    is_linear = True  # diag(gamma) u
 
     def __init__(
         self,

@@ -299,8 +299,10 @@ class Evolution(nn.Module):
         tau times the controls'). The evolution itself when it is one already (tau = 1,
         constant controls). Refused by name: a scheme whose field stages are not one Euler
         substep of the whole step each (Strang, Heun, relaxations, parallel, reversible: not
-        an ordinary layer), a field operator without ``scale_``. Post-stage maps of a field
-        must be linear (LayerScale, stochastic depth in eval) for the fold to be exact."""
+        an ordinary layer), a field operator without ``scale_``, a post map of a field that is
+        not linear (``Operator.is_linear``: LayerScale and stochastic depth are; a norm after
+        the field is not, and the fold would change the function). Each distinct field module
+        of a step is scaled once, however many stages name it."""
         if self.is_network:
             return self
         scheme = self.scheme
@@ -319,15 +321,26 @@ class Evolution(nn.Module):
         sets = []
         for i in range(self.grid.num_steps):
             theta = self.controls.frozen_at((i + 0.5) * tau)
+            scaled: set[int] = set()
             for st in scheme.stages:
-                for name in st.fields() if st.kind == "field" else ():
+                if st.kind != "field":
+                    continue
+                for name in st.post:
+                    post = theta[name]
+                    if not (isinstance(post, Operator) and post.is_linear):
+                        raise ValueError(f"as_network: stage {str(st)!r} applies {name!r} "
+                                         f"({type(post).__name__}) after its field, which is "
+                                         "not a linear map (Operator.is_linear): tau cannot "
+                                         "fold into the field's weights through it")
+                for name in st.fields():
                     op = theta[name]
                     if not (isinstance(op, Operator) and op.has_scale):
                         raise ValueError(f"as_network: field {name!r} ({type(op).__name__}) "
                                          "cannot fold the step size into its weights (it "
                                          "declares no Operator.scale_)")
-                    if tau != 1.0:
+                    if tau != 1.0 and id(op) not in scaled:
                         op.scale_(tau)
+                        scaled.add(id(op))
             sets.append(theta)
         controls = Controls(sets)
         return Evolution(controls, scheme, TimeGrid(float(len(sets)), len(sets)),

@@ -239,11 +239,17 @@ def _evaluate(model: nn.Module, data: Dataset, cfg: TrainConfig,
         model.train(was)
 
 
-def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """The optimiser's groups: matrices decayed by ``weight_decay``, vectors (gains, biases)
+    not."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": rest, "weight_decay": 0.0}]
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": rest, "weight_decay": 0.0}]
+
+
+def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    groups = parameter_groups(model, cfg.weight_decay)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
     return torch.optim.AdamW(groups, lr=cfg.lr)
