@@ -15,6 +15,8 @@ there are skipped (resumable; a healing run resumes from its checkpoints in
   (the plain recipe: ShortGPT's drop, u(T) only), ``drop:3:shoot``, ``coarsen-linear:6,3,2:
   shoot`` (random-tau healing: one network for N_t = 6, 3 and 2), ``drop:3:shoot:merge=16``;
   keys: seed, shooting, embedding, merge, lr, budget. Each healed N_t is one row;
+* ``--merged SPEC``: the healed model of SPEC with training-free token merging (metric state,
+  at the start of each step) at r = 16, 32, 40: x and t coarsening combined;
 * ``--speed``: forward throughput (no_grad, 8 held-out passages, interleaved medians) at 128
   and 256 tokens of the 6-step model, the drop grids at 4, 3, 2 steps, with merging, and L3.
 
@@ -51,6 +53,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--free", action="store_true", help="the training-free rows")
     p.add_argument("--speed", action="store_true", help="the throughput rows")
     p.add_argument("--heal", action="append", default=[], metavar="SPEC")
+    p.add_argument("--merged", action="append", default=[], metavar="SPEC")
     p.add_argument("--budget", type=float, default=600.0, help="healing seconds (600)")
     p.add_argument("--windows", type=int, default=4096)
     p.add_argument("--threads", type=int, default=2)
@@ -76,7 +79,7 @@ def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig]:
         raise SystemExit(f"--heal {spec!r}: objective must be distill or shoot")
     options: dict[str, Any] = {"seed": 0, "shooting": 1.0 if objective == "shoot" else 0.0,
                                "embedding": 0.0, "merge": 0, "lr": 1e-4, "budget": budget,
-                               "length": 128, "batch_size": 16}
+                               "length": 128, "batch_size": 16, "max_steps": 0}
     for kv in parts[3:]:
         key, _, value = kv.partition("=")
         if key not in options:
@@ -86,7 +89,8 @@ def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig]:
                      budget=options["budget"], lr=options["lr"], seed=options["seed"],
                      shooting=options["shooting"], embedding=options["embedding"],
                      merge=options["merge"], length=options["length"],
-                     batch_size=options["batch_size"])
+                     batch_size=options["batch_size"],
+                     max_steps=options["max_steps"] or None)
     return spec, cfg
 
 
@@ -148,7 +152,9 @@ class Study:
                     _say(f"{rid}: {e}")
                     continue
                 self.add({"id": rid, "kind": "free", "method": method, "steps": n,
-                          "grid": str(c), **self.score(c.apply(self.teacher))})
+                          "grid": str(c), **self.evaluation(
+                              depth_eval.minilm_embed(c.apply(self.teacher).eval()),
+                              full=False)})
 
     def healed(self, spec: str) -> None:
         rid, cfg = parse_spec(spec, self.args.budget)
@@ -167,6 +173,21 @@ class Study:
                       "grid": str(result.coarsenings[n]), "metrics": result.metrics,
                       "wall_s": round(time.perf_counter() - t0, 1),
                       **self.score(result.student(n))})
+
+    def merged(self, spec: str) -> None:
+        """The healed model of ``spec`` (healed already: its run folder is read back) with
+        training-free merging at r = 16, 32, 40."""
+        rid, cfg = parse_spec(spec, self.args.budget)
+        folder = self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
+        todo = [r for r in (16, 32, 40) if f"merged/{rid}/r{r}" not in self.done]
+        if not todo:
+            return
+        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length), out=folder)
+        student = result.student(cfg.steps[0])
+        for r in todo:
+            m = student.with_token_merging(r, metric="state", where="step")
+            self.add({"id": f"merged/{rid}/r{r}", "kind": "merged", "spec": rid,
+                      "steps": cfg.steps[0], "merge": r, **self.score(m)})
 
     def speed(self) -> None:
         if "speed" in self.done:
@@ -247,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         study.free()
     for spec in args.heal:
         study.healed(spec)
+    for spec in args.merged:
+        study.merged(spec)
     if args.speed:
         study.speed()
     print(table(study.rows))

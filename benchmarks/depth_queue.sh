@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
 # The measurements of docs/depth.md, in order (resumable: rerun it; finished rows are skipped).
 #   nohup bash benchmarks/depth_queue.sh > results/depth-minilm/log.txt 2>&1 &
+# Each healing row gets the optimiser steps that 600 s buy on 2 idle cores:
+# max_steps = round(600 / t), t from benchmarks/heal_step_time.py (the fastest of 3 rounds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-S="$PY benchmarks/depth_minilm.py --out results/depth-minilm --threads 2"
+R=results/depth-minilm
+[ -f $R/step_seconds.json ] || $PY benchmarks/heal_step_time.py --out $R/step_seconds.json
+steps() { $PY -c "import json,sys; t=json.load(open('$R/step_seconds.json'))['seconds_per_step']; \
+print(round(600 / (sum(t[n] for n in sys.argv[1:]) / (len(sys.argv) - 1))))" "$@"; }
+S="$PY benchmarks/depth_minilm.py --out $R --threads 2 --budget 7200"
 E=":embedding=1"
-$S --speed
-$S --heal drop:3:distill --heal "drop:3:shoot$E"
+A=$(steps "drop N3 distill 16x128"); B=$(steps "drop N3 shoot 16x128")
+C3=$(steps "coarsen-linear N3 shoot 16x128"); C2=$(steps "coarsen-linear N2 shoot 16x128")
+RT=$(steps "N6 shoot 16x128" "coarsen-linear N3 shoot 16x128" "coarsen-linear N2 shoot 16x128")
+M6=$(steps "N6 shoot merge40 8x256")
+$S --heal "drop:3:distill:max_steps=$A" --heal "drop:3:shoot$E:max_steps=$B"
 $S --free
-$S --heal "coarsen-linear:6,3,2:shoot$E" --heal "coarsen-linear:3:shoot$E" \
-   --heal "coarsen-linear:2:shoot$E"
-$S --heal "drop:6:shoot$E:merge=40:length=256:batch_size=8" \
-   --heal "drop:3:shoot$E:merge=40:length=256:batch_size=8"
-$S --table > results/depth-minilm/table.md
+$S --heal "coarsen-linear:6,3,2:shoot$E:max_steps=$RT" \
+   --heal "coarsen-linear:3:shoot$E:max_steps=$C3" --heal "coarsen-linear:2:shoot$E:max_steps=$C2"
+$S --heal "drop:6:shoot$E:merge=40:length=256:batch_size=8:max_steps=$M6"
+$S --merged "drop:3:shoot$E:max_steps=$B"
+$S --speed
+$S --table > $R/table.md
