@@ -247,3 +247,15 @@ def test_as_network_folds_tau_through_layerscale_and_refuses_a_nonlinear_post():
     post = hf.with_scheme("attention<norm1 norm1:project ffn norm2:project").coarsen(2)
     with pytest.raises(ValueError, match="not a linear map"):
         post.as_network()
+
+
+def test_linear_controls_between_grid_points_merge_on_the_keys():
+    """ToMe's keys metric after the attention substep works on blended controls (a coarse
+    step of linear controls), and merging nothing is the model itself."""
+    model = splitformer.from_hf(_hf_bert(4)).eval().with_controls_in_time("linear").coarsen(2)
+    ids = _ids()
+    with torch.no_grad():
+        merged = model.with_token_merging(2)(ids).last_hidden_state
+        assert merged.shape == (3, 9, 32) and torch.isfinite(merged).all()
+        assert torch.equal(model.with_token_merging(0)(ids).last_hidden_state,
+                           model(ids).last_hidden_state)

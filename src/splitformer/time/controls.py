@@ -25,7 +25,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.utils.stateless import _reparametrize_module
 
-__all__ = ["Controls"]
+__all__ = ["Controls", "operator_of"]
 
 
 class Controls(nn.Module):
@@ -136,3 +136,10 @@ class _Interpolated:
                 return attr(*args, **kwargs)
 
         return bound
+
+
+def operator_of(op):
+    """The operator module behind a control: ``op`` itself, or for a blend of two control sets
+    (piecewise-linear controls between grid points) the module it is evaluated as, so that
+    what it is (an attention operator, a projection) can be asked of it."""
+    return op.module if isinstance(op, _Interpolated) else op

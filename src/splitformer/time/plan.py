@@ -35,6 +35,7 @@ from torch import nn
 from ..operators.attention import AttentionOperator
 from ..operators.base import Context, returns_new, tree_has_hooks
 from ..operators.merging import TokenMerging, attention_keys, merge_tokens
+from .controls import operator_of
 from .integrators import INTEGRATORS, euler
 
 __all__ = ["Plan", "StepPlan", "attention_stage", "merge_plan"]
@@ -228,7 +229,7 @@ def attention_stage(scheme, theta: Mapping[str, nn.Module]) -> int | None:
     """The index of the first top-level stage whose field holds an attention operator (where
     a merge after the attention substep goes), or None."""
     for j, st in enumerate(scheme.stages):
-        if st.kind == "field" and any(isinstance(theta[n], AttentionOperator)
+        if st.kind == "field" and any(isinstance(operator_of(theta[n]), AttentionOperator)
                                       for n in st.fields()):
             return j
     return None
@@ -237,7 +238,8 @@ def attention_stage(scheme, theta: Mapping[str, nn.Module]) -> int | None:
 def _keys_of(st, theta: Mapping[str, nn.Module]) -> Callable[[torch.Tensor, Context], torch.Tensor]:
     """ToMe's metric at a stage's input u: the head-averaged keys of its attention operator at
     pre(u) (``operators.merging.attention_keys``), without gradient."""
-    op = next(theta[n] for n in st.fields() if isinstance(theta[n], AttentionOperator))
+    op = next(theta[n] for n in st.fields()
+              if isinstance(operator_of(theta[n]), AttentionOperator))
     pre = tuple(theta[n] for n in st.pre)
 
     def keys(u, ctx):
