@@ -18,9 +18,13 @@ RT=$(steps "N6 shoot 16x128" "coarsen-linear N3 shoot 16x128" "coarsen-linear N2
 M6=$(steps "N6 shoot merge40 8x256")
 $S --heal "drop:3:distill:max_steps=$A" --heal "drop:3:shoot$E:max_steps=$B"
 $S --free
-$S --heal "coarsen-linear:6,3,2:shoot$E:max_steps=$RT" \
-   --heal "coarsen-linear:3:shoot$E:max_steps=$C3" --heal "coarsen-linear:2:shoot$E:max_steps=$C2"
-$S --heal "drop:6:shoot$E:merge=40:length=256:batch_size=8:max_steps=$M6"
-$S --merged "drop:3:shoot$E:max_steps=$B"
+# the same budget at a 3x learning rate, both recipes; the pooled read-out weighted 4
+L=":lr=0.0003"
+$S --heal "drop:3:shoot:embedding=4$L:max_steps=$B" --heal "drop:3:distill$L:max_steps=$A"
+$S --heal "drop:6:shoot:embedding=4$L:merge=40:length=256:batch_size=8:max_steps=$M6"
+$S --heal "coarsen-linear:6,3,2:shoot:embedding=4$L:max_steps=$RT" \
+   --heal "coarsen-linear:3:shoot:embedding=4$L:max_steps=$C3"
+$S --merged "drop:3:shoot:embedding=4$L:max_steps=$B"
 $S --speed
+$S --heal "coarsen-linear:2:shoot:embedding=4$L:max_steps=$C2"
 $S --table > $R/table.md

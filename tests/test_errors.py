@@ -79,8 +79,8 @@ def test_unsupported_module_options():
 
 
 def test_to_torch_refuses_what_torch_cannot_express(model):
-    with pytest.raises(ValueError, match="tau = 1"):
-        splitformer.to_torch(model.refine(2))
+    with pytest.raises(ValueError, match="not one explicit Euler substep"):
+        splitformer.to_torch(model.with_scheme("strang").refine(2))
     with pytest.raises(TypeError, match="Encoder"):
         splitformer.to_torch(nn.Linear(2, 2))
 

@@ -280,8 +280,15 @@ def test_round_trip_state_dict(kind):
 
 def test_to_hf_needs_the_network_form():
     ours = from_hf_model(make_bert())
-    with pytest.raises(ValueError, match="tau = 1"):
-        splitformer.to_hf(ours.refine(2))
+    # a refined model is a network of 2L layers with halved output projections (as_network,
+    # docs/depth.md): transformers runs it as the refined evolution
+    fine = ours.eval().refine(2)
+    out = splitformer.to_hf(fine).eval()
+    ids = torch.randint(0, out.config.vocab_size, (2, 5))
+    assert out.config.num_hidden_layers == 2 * len(ours.evolution.controls)
+    with torch.no_grad():
+        assert float((out(ids).last_hidden_state - fine(ids).last_hidden_state).abs().max()) \
+            < 1e-5
     with pytest.raises(ValueError, match="needs the scheme 'lie'"):
         splitformer.to_hf(ours.with_scheme("prenorm"))
     # a Lie scheme with other substep integrators is not the network either
