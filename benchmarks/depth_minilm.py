@@ -200,6 +200,11 @@ class Study:
                 r, metric="state", where="step")
             fns[f"drop 3, merge r={r}"] = fns["drop 3"].with_token_merging(
                 r, metric="state", where="step")
+        fns["6 steps (transformers BertModel)"] = self.minilm.model
+        try:
+            fns["paraphrase-L3 (transformers BertModel)"] = depth_eval.paraphrase_l3_bert()
+        except Exception as e:  # noqa: BLE001 - the reference is optional data
+            _say(f"L3 (transformers) skipped: {e}")
         calls = {name: _call(m.eval()) for name, m in fns.items()}
         try:
             l3 = depth_eval.paraphrase_l3(threads=self.args.threads)
