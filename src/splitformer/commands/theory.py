@@ -87,6 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="check b: how far each frozen step is continued (default 100)")
     p.add_argument("--meta-t-max", default=30, metavar="T", type=bounded_int(10000, "(time)"),
                    help="check c: how far each frozen step is continued (default 30)")
+    p.add_argument("--reference-t-max", default=2500, metavar="T", type=int,
+                   help="check c: how far its reference system (Q = K = V = I on the circle) "
+                        "runs (default 2500; 0 skips it)")
     p.add_argument("--refine", default=10, metavar="K", type=bounded_int(1000, "(substeps)"),
                    help="checks b, c: steps per unit of time, tau = 1/K (default 10)")
     p.add_argument("--betas", default=(0.5, 1.0, 2.0, 4.0), metavar="B,B,B,B", type=_betas,
@@ -140,6 +143,9 @@ def _run(args: argparse.Namespace, checks: list[str], progress: Progress) -> int
     from ..subjects.inputs import check_utf8
     from ..subjects.subject import InputError
 
+    if not 0 <= args.reference_t_max <= 100000:
+        raise UsageError(f"argument --reference-t-max: expected an integer in [0, 100000], "
+                         f"got {args.reference_t_max}")
     if args.data is not None and args.sample is None:
         raise UsageError("argument --data: only with --sample")
     if args.text is not None:
@@ -266,7 +272,7 @@ def _theory(args, sub, inputs, lengths, record, checks, out: Path, progress) -> 
         raise UsageError(f"argument {flag}: {' '.join(e.detail.split())[:240]}") from None
     results = run_checks(probe, checks, seed=args.seed, t_max=args.t_max, refine=args.refine,
                          meta_t_max=args.meta_t_max, betas=args.betas, lengths=args.lengths,
-                         progress=progress)
+                         reference_t_max=args.reference_t_max, progress=progress)
     progress("writing the report")
     evo = probe.evolution
     model = {"description": sub.what, "source": sub.source, "evolution": probe.label,
@@ -274,6 +280,7 @@ def _theory(args, sub, inputs, lengths, record, checks, out: Path, progress) -> 
              "tau": evo.tau, "tokens": int(probe.u0.shape[1]),
              "features": int(probe.u0.shape[-1])}
     settings = {"seed": args.seed, "t_max": args.t_max, "meta_t_max": args.meta_t_max,
+                "reference_t_max": args.reference_t_max,
                 "refine": args.refine, "betas": list(args.betas), "lengths": list(args.lengths),
                 "checks": checks, "dtype": "float64"}
     with staging(out) as stage:

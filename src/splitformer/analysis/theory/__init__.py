@@ -66,11 +66,13 @@ CHECKS: dict[str, tuple[str, str]] = {
 def run_checks(probe: Probe, names: Sequence[str] | None = None, *, seed: int = 0,
                t_max: int = 100, refine: int = 10, meta_t_max: int = 30,
                betas: Sequence[float] = BETAS, lengths: Sequence[int] = LENGTHS,
+               reference_t_max: int = 2500,
                progress: Callable[[str], Any] | None = None) -> list[Check]:
     """The checks ``names`` (default all, in the order of ``CHECKS``) on ``probe``: clustering
     to ``t_max``, metastability to ``meta_t_max``, both at tau = 1 / ``refine``; ``betas`` the
-    score multipliers of check c, ``lengths`` the token counts of check d; ``progress`` is
-    called with a line before each check."""
+    score multipliers of check c, ``reference_t_max`` how far its reference system runs (0: not
+    run), ``lengths`` the token counts of check d; ``progress`` is called with a line before
+    each check."""
     chosen = list(CHECKS) if names is None else list(dict.fromkeys(names))
     unknown = [n for n in chosen if n not in CHECKS]
     if unknown:
@@ -84,7 +86,8 @@ def run_checks(probe: Probe, names: Sequence[str] | None = None, *, seed: int = 
         elif n == "clustering":
             out.append(clustering(probe, t_max=t_max, k=refine))
         elif n == "metastability":
-            out.append(metastability(probe, betas=betas, t_max=meta_t_max, k=refine, seed=seed))
+            out.append(metastability(probe, betas=betas, t_max=meta_t_max, k=refine,
+                                     reference_t_max=reference_t_max, seed=seed))
         elif n == "log_n_scaling":
             out.append(log_n_scaling(probe, lengths=lengths))
         else:

@@ -65,6 +65,7 @@ __all__ = ["BETAS", "REFERENCE_BETAS", "clustering", "gegenbauer_mode", "metasta
 
 BETAS = (0.5, 1.0, 2.0, 4.0)
 REFERENCE_BETAS = (1.0, 2.0, 3.0, 4.0)
+REFERENCE_EVERY = 10  # the reference's cluster counts are kept every 10 units of time
 R2_BAR = 0.9
 HYPERPLANE_GAP = 0.05
 
@@ -355,9 +356,10 @@ def _plateau(evo, u, ctx, k: int, n_tokens: int) -> dict[str, Any]:
 
 
 def metastability(probe: Probe, betas=BETAS, t_max: int = 30, k: int = 10,
-                  reference: bool = True, seed: int = 0) -> Check:
+                  reference_t_max: int = 2500, seed: int = 0) -> Check:
     """Check c (module docstring): the sphere run of every step with its scores times each
-    beta, to t_max at tau = 1 / k; and the reference system (Q = K = V = I on the circle)."""
+    beta, to t_max at tau = 1 / k; and the reference system (Q = K = V = I on the circle) to
+    ``reference_t_max`` (0: not run)."""
     betas = tuple(float(b) for b in betas)
     evo = probe.evolution
     op, _, post, _ = _attention_field(evo)
@@ -392,7 +394,7 @@ def metastability(probe: Probe, betas=BETAS, t_max: int = 30, k: int = 10,
                        [math.log(r["dwell"]) if r["dwell"] > 0 else None for r in rs])
         per_step_fits.append({"step": n, "slope": f["slope"], "r2": f["r2"],
                               "censored": sum(int(r["censored"]) for r in rs)})
-    ref = reference_run(seed=seed) if reference else None
+    ref = reference_run(t_max=reference_t_max, seed=seed) if reference_t_max > 0 else None
     dist = [value_spectrum(th[op]) for th in evo.controls]
     gegen = {"applicable": False,
              "why": "the Gegenbauer count assumes Q = K = V = I, many tokens near the uniform "
@@ -498,10 +500,11 @@ def reference_run(betas=REFERENCE_BETAS, tokens: int = 64, t_max: int = 2500, k:
             first = 1  # straight to one cluster: the mode l = 1
         rows.append({"beta": float(b), "dwell": p["dwell"], "censored": p["censored"],
                      "first_metastable_clusters": first, "gegenbauer_mode": gegenbauer_mode(b, 2),
-                     "clusters": p["clusters"]})
+                     "clusters": p["clusters"][::REFERENCE_EVERY]})
     fit = linear_fit([r["beta"] for r in rows],
                      [math.log(r["dwell"]) if r["dwell"] > 0 else None for r in rows])
     return {"system": "Q = K = V = I, one head, tokens on the circle", "tokens": tokens,
+            "clusters_every": REFERENCE_EVERY,
             "t_max": t_max, "tau": 1.0 / k, "rows": rows, "fit": fit,
             "matches": sum(1 for r in rows
                            if r["first_metastable_clusters"] == r["gegenbauer_mode"])}

@@ -204,7 +204,7 @@ def relative_residual(u: torch.Tensor) -> list[float]:
     v = u.detach().double()
     res = v - v.mean(dim=-2, keepdim=True)
     norm = v.flatten(1).norm(dim=1)
-    return [float(r / n) if n > 0 else float("nan")
+    return [float(r / n) if n > 0 else 0.0
             for r, n in zip(res.flatten(1).norm(dim=1), norm, strict=True)]
 
 

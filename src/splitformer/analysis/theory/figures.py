@@ -120,9 +120,10 @@ def _metastability(check: Check, folder: Path, name: str) -> Figure:
     a.legend(fontsize=6, ncol=2)
     ref = d.get("reference")
     if ref:
+        every = ref.get("clusters_every", 1)
         for r in ref["rows"]:
             c = r["clusters"]
-            b.step(range(len(c)), c, where="post",
+            b.step([every * i for i in range(len(c))], c, where="post",
                    label=f"beta {r['beta']:g} (Gegenbauer {r['gegenbauer_mode']}, first "
                          f"plateau {r['first_metastable_clusters']})")
         b.set_yscale("log")
