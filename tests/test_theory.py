@@ -308,6 +308,26 @@ def test_an_image_model_runs_with_log_n_scaling_not_applicable(tmp_path, capsys)
     assert data["input"]["kind"] == "sample"
 
 
+def test_help_names_every_flag_and_check(capsys):
+    rc, out, _ = cli(["theory", "--help"], capsys)
+    text = " ".join(out.split())
+    assert rc == 0
+    for flag in ("--text", "--sample", "--data", "--tokens", "--lengths", "--check", "--t-max",
+                 "--meta-t-max", "--reference-t-max", "--refine", "--betas", "--seed",
+                 "--threads", "--out", "--json", "--no-progress"):
+        assert flag in text
+    for name in CHECKS:
+        assert name in text
+
+
+def test_threads_are_restored_after_the_run(tmp_path, capsys):
+    before = torch.get_num_threads()
+    rc, _, err = cli(["theory", "bert-tiny", "--text", TEXT, "--out", str(tmp_path / "t"),
+                      "--check", "rank_collapse", "--threads", str(before + 1), *FAST], capsys)
+    assert rc == 0, err
+    assert torch.get_num_threads() == before
+
+
 def test_the_summary_is_printed_without_json(tmp_path, capsys):
     rc, out, err = cli(["theory", "bert-tiny", "--text", TEXT, "--out", str(tmp_path / "s"),
                         "--check", "rank_collapse", *FAST], capsys)

@@ -163,11 +163,12 @@ def _run(args: argparse.Namespace, checks: list[str], progress: Progress) -> int
     spec = _model_spec(args)
     sub = load_subject(spec)
     out = check_out(args.out if args.out is not None else str(Path("theory") / sub.name))
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
     inputs, lengths, record = _inputs(args, sub, spec)
+    import torch
+
+    threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     try:
         data = _theory(args, sub, inputs, lengths, record, checks, out, progress)
     except (UsageError, KeyboardInterrupt):
@@ -177,6 +178,8 @@ def _run(args: argparse.Namespace, checks: list[str], progress: Progress) -> int
         print(f"splitformer theory: error: {type(e).__name__}: "
               f"{' '.join(str(e).split())[:300]}", file=sys.stderr)
         return 1
+    finally:
+        torch.set_num_threads(threads)  # as it was (the command may run in-process)
     progress.close()
     if args.json:
         print(json.dumps(data))
