@@ -402,8 +402,8 @@ def metastability(probe: Probe, betas=BETAS, t_max: int = 30, k: int = 10,
                     + ", ".join(f"{d['distance_from_identity']:.2f}" if d else "n/a"
                                 for d in dist)
                     + f"), its {n_tokens} tokens start from its embedding, d = "
-                    f"{u0.shape[-1]}",
-             "predicted_mode": [gegenbauer_mode(b * 1.0, int(u0.shape[-1]) - 1) for b in betas]}
+                    f"{u0.shape[-1]}; the reference system below is the setting where it "
+                    "holds"}
     constants = {"betas": list(betas), "median_dwell": medians, "dwell_growth": fit["slope"],
                  "log_dwell_intercept": fit["intercept"], "censored_runs": censored,
                  "runs": len(runs), "t_max": t_max, "tau": 1.0 / k}
