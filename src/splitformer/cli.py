@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "report": "splitformer.commands.report",
     "bench": "splitformer.commands.bench",
     "compress": "splitformer.commands.compress",
+    "theory": "splitformer.commands.theory",
 }
 
 

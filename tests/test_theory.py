@@ -1,0 +1,433 @@
+"""`splitformer theory` and ``splitformer.analysis.theory``: each check returns its fields, the
+verdicts on constructed cases whose answer is known (pure attention collapses doubly
+exponentially; Q = K = V = I on the sphere makes one cluster; a repelling value map, a rank-one
+u(0), a causal kernel or an image model are not applicable), the Gegenbauer mode, the --json
+shape, determinism for a seed, bad inputs as one-line usage errors, and the HTML report (its
+numbers against the JSON, opened in headless Chromium when available)."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from _optional_data import skip_unless
+
+from splitformer.analysis.theory import (
+    CHECKS,
+    Check,
+    Probe,
+    cluster_count,
+    clustering,
+    doubly_stochastic,
+    gegenbauer_mode,
+    linear_fit,
+    log_n_scaling,
+    metastability,
+    rank_collapse,
+    reference_run,
+    relative_residual,
+)
+from splitformer.cli import main
+from splitformer.operators.attention import NonlocalAttention
+from splitformer.operators.base import Context
+from splitformer.operators.projections import SphereProjection
+from splitformer.time import Evolution, TimeGrid
+from splitformer.time.controls import Controls
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+FIELDS = {"name", "title", "claim", "citation", "run", "criterion", "verdict", "reason",
+          "assumptions", "constants", "fit", "data", "notes", "figure"}
+TEXT = ("In the beginning God created the heaven and the earth. And the earth was without "
+        "form, and void; and darkness was upon the face of the deep.")
+
+
+def cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# -- constructed systems -------------------------------------------------------------------------
+def _identity_attention(d: int, value: float = 1.0, scale: float | None = None
+                        ) -> NonlocalAttention:
+    """One head with Q = K = I and W_O W_V = value * I."""
+    att = NonlocalAttention(d, 1, bias=False, dtype=torch.float64)
+    with torch.no_grad():
+        eye = torch.eye(d, dtype=torch.float64)
+        att.qkv_weight.copy_(torch.cat([eye, eye, value * eye]))
+        att.out_weight.copy_(eye)
+    if scale is not None:
+        att.set_kernel("softmax", scale=scale)
+    return att
+
+
+def _sphere_probe(value: float = 1.0, tokens: int = 12, d: int = 6, steps: int = 2,
+                  seed: int = 0) -> Probe:
+    """A post-LN-shaped evolution of attention and the exact sphere projection: the theorems'
+    own system (Q = K = V = I) when value = 1, a repelling one (V = -I) when value = -1."""
+    thetas = [{"attention": _identity_attention(d, value), "norm1": SphereProjection(d).double()}
+              for _ in range(steps)]
+    evo = Evolution(Controls(thetas), "attention norm1:project", TimeGrid(steps, steps))
+    g = torch.Generator().manual_seed(seed)
+    u0 = thetas[0]["norm1"](torch.randn(1, tokens, d, generator=g, dtype=torch.float64))
+    return Probe(None, evo, u0, None)
+
+
+@pytest.fixture(scope="module")
+def bert_probe() -> Probe:
+    from splitformer.subjects.resolve import load_subject
+
+    sub = load_subject("bert-tiny")
+    enc = sub.encode([TEXT], "--text").inputs
+    ids = enc["input_ids"]
+
+    def at(n: int):
+        return {"input_ids": ids[:, :n]}
+
+    return Probe.from_model(sub.model, at(48), lengths=at, max_tokens=int(ids.shape[1]))
+
+
+# -- values ------------------------------------------------------------------------------------
+def test_linear_fit_and_residual_and_cluster_count_on_known_values():
+    f = linear_fit([0, 1, 2, 3], [1.0, 3.0, 5.0, 7.0])
+    assert f["slope"] == pytest.approx(2.0) and f["intercept"] == pytest.approx(1.0)
+    assert f["r2"] == pytest.approx(1.0) and f["points"] == 4
+    noisy = linear_fit([0, 1, 2, 3], [0.0, 1.0, 0.0, 1.0])
+    assert noisy["r2"] == pytest.approx(0.2)  # slope 0.2, SS_res 0.8 of SS_tot 1
+    assert linear_fit([0, 1], [0, 1])["r2"] is None  # two points: no R^2
+    assert linear_fit([0, 1, 2], [1.0, None, math.nan])["slope"] is None
+    u = torch.tensor([[[1.0, 0.0], [2.0, 0.0]], [[1.0, 1.0], [1.0, -1.0]]], dtype=torch.float64)
+    assert relative_residual(u) == pytest.approx([0.5 / math.sqrt(5) * math.sqrt(2),
+                                                  math.sqrt(2) / 2])
+    pts = torch.tensor([[1.0, 0.0, 0.0], [0.999, 0.01, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0],
+                        [0.0, 0.01, 0.9999]])
+    assert cluster_count(pts) == 3  # {0, 1}, {2}, {3, 4}
+    assert cluster_count(pts[None]) == 3
+    assert cluster_count(torch.ones(4, 3)) == 1
+
+
+def test_a_check_value_refuses_a_bad_verdict_and_a_fit_without_r2():
+    with pytest.raises(ValueError, match="verdict"):
+        Check("x", "X", "c", "s", "r", "k", "passed", "why")
+    with pytest.raises(ValueError, match="r2"):
+        Check("x", "X", "c", "s", "r", "k", "pass", "why", fit={"slope": 1.0})
+    d = Check("x", "X", "c", "s", "r", "k", "fail", "why", constants={"v": math.inf}).as_dict()
+    assert set(d) == FIELDS and d["constants"]["v"] is None  # JSON-friendly
+
+
+def test_gegenbauer_mode_matches_bruno_et_al_on_the_circle():
+    # l^2 I_l(beta): 3 at beta = 5 (their Figure 4: a 3-periodic state)
+    assert gegenbauer_mode(5.0, 2) == 3
+    assert [gegenbauer_mode(b, 2) for b in (1.0, 2.0, 8.0)] == [1, 2, 4]
+    assert gegenbauer_mode(0.0, 2) == 1
+    assert gegenbauer_mode(20.0, 3) > gegenbauer_mode(5.0, 3)  # sharper kernel: finer mode
+
+
+def test_the_reference_system_shows_the_gegenbauer_count():
+    ref = reference_run(betas=(2.0, 4.0), t_max=120)
+    assert [r["gegenbauer_mode"] for r in ref["rows"]] == [2, 3]
+    assert [r["first_metastable_clusters"] for r in ref["rows"]] == [2, 3]
+    assert ref["matches"] == 2 and {"fit", "rows", "tokens"} <= set(ref)
+
+
+# -- a: rank collapse -----------------------------------------------------------------------------
+def test_rank_collapse_passes_on_a_tiny_bert(bert_probe):
+    c = rank_collapse(bert_probe)
+    d = c.as_dict()
+    assert set(d) == FIELDS and c.name == "rank_collapse"
+    pure = d["data"]["pure_attention"]
+    assert len(pure) == bert_probe.steps + 1
+    # doubly exponential: each step's residual is below a power > 1 of the one before
+    above = [r for r in pure if r > 1e-12]
+    assert all(b < a for a, b in zip(above, above[1:], strict=False))
+    assert c.verdict == "pass", c.reason
+    assert c.fit["slope"] > 0 and c.fit["r2"] >= 0.9
+    assert d["constants"]["full_final_ratio"] >= 1e-3
+    assert d["data"]["full_scheme"][0] == pytest.approx(pure[0])
+
+
+def test_rank_collapse_is_not_applicable_when_u0_is_rank_one(bert_probe):
+    probe = Probe(None, bert_probe.evolution, torch.ones_like(bert_probe.u0), None)
+    c = rank_collapse(probe)
+    assert c.verdict == "not applicable"
+    assert any(not a["holds"] and "rank one" in a["name"] for a in c.assumptions)
+
+
+def test_rank_collapse_without_values_collapses_at_once_and_is_not_applicable():
+    probe = _sphere_probe(value=0.0, steps=3)  # W_V = 0: A(U) = 0 at the first step
+    c = rank_collapse(probe)
+    assert c.verdict == "not applicable" and c.constants["floor_reached_at"] == 1
+
+
+# -- b, c: clustering and metastability ------------------------------------------------------------
+def test_clustering_of_the_theorems_own_system_is_one_cluster():
+    c = clustering(_sphere_probe(1.0), t_max=40, k=4)
+    assert set(c.as_dict()) == FIELDS
+    assert c.verdict == "pass", c.reason
+    for r in c.data["steps"]:
+        assert r["sphere_final_clusters"] == 1 and r["sphere_time_to_one_cluster"] is not None
+        assert r["distance_from_identity"] == pytest.approx(0.0, abs=1e-12)
+        assert r["predicted_geometry"].startswith("polytope")
+    assert c.fit["r2"] is not None and c.fit["slope"] < 0  # 1 - cos decays
+
+
+def test_clustering_with_a_repelling_value_map_is_not_applicable():
+    c = clustering(_sphere_probe(-1.0), t_max=5, k=2)
+    assert c.verdict == "not applicable"
+    assert all(r["top_eigenvalue_real"] < 0 for r in c.data["steps"])
+
+
+def test_metastability_returns_the_fit_and_says_the_gegenbauer_count_does_not_apply(bert_probe):
+    c = metastability(bert_probe, betas=(0.5, 1.0, 2.0, 4.0), t_max=4, k=4, reference_t_max=0)
+    d = c.as_dict()
+    assert set(d) == FIELDS and c.verdict in ("pass", "fail", "not applicable")
+    assert d["constants"]["betas"] == [0.5, 1.0, 2.0, 4.0] and "r2" in d["fit"]
+    assert len(d["data"]["runs"]) == 4 * bert_probe.steps
+    assert d["data"]["gegenbauer"]["applicable"] is False
+    assert d["data"]["reference"] is None
+
+
+def test_metastability_needs_four_betas(bert_probe):
+    c = metastability(bert_probe, betas=(1.0, 2.0, 3.0), t_max=2, k=2, reference_t_max=0)
+    assert c.verdict == "not applicable" and "four" in c.reason
+
+
+# -- d, e: the kernels ----------------------------------------------------------------------------
+def test_log_n_scaling_measures_entropy_and_rank_at_each_length(bert_probe):
+    c = log_n_scaling(bert_probe, lengths=(8, 16, 32, 1000))
+    assert c.constants["lengths"] == [8, 16, 32]  # 1000 is more than the text has
+    rows = c.data["rows"]
+    assert [r["beta"] for r in rows] == pytest.approx([1.0, math.log(16) / math.log(8),
+                                                      math.log(32) / math.log(8)])
+    assert all(0 < e <= 1 for r in rows for e in r["pretrained_entropy"] + r["scaled_entropy"])
+    assert rows[0]["pretrained_entropy"] == pytest.approx(rows[0]["scaled_entropy"])  # beta 1
+    assert c.verdict in ("pass", "fail") and "r2" in c.fit
+
+
+def test_log_n_scaling_is_not_applicable_without_lengths(bert_probe):
+    probe = Probe(None, bert_probe.evolution, bert_probe.u0, None)
+    assert log_n_scaling(probe).verdict == "not applicable"
+
+
+def test_doubly_stochastic_is_zero_for_a_uniform_kernel_and_not_applicable_when_causal(
+        bert_probe):
+    # Q = K = 0 scores: every kernel is uniform, hence doubly stochastic: deviation 0
+    probe = _sphere_probe(1.0, steps=2)
+    for theta in probe.evolution.controls:
+        with torch.no_grad():
+            theta["attention"].qkv_weight[:12].zero_()
+    c = doubly_stochastic(probe, seed=0)
+    assert c.data["trained"] == pytest.approx([0.0, 0.0], abs=1e-12)
+    assert c.constants["init_mean_deviation"] > 0  # random Q, K at initialisation
+    assert c.verdict == "pass"
+    causal = Probe(None, bert_probe.evolution, bert_probe.u0, Context(is_causal=True))
+    c = doubly_stochastic(causal)
+    assert c.verdict == "not applicable" and "causal" in c.reason
+
+
+def test_doubly_stochastic_is_deterministic_for_a_seed(bert_probe):
+    a = doubly_stochastic(bert_probe, seed=3).as_dict()
+    b = doubly_stochastic(bert_probe, seed=3).as_dict()
+    c = doubly_stochastic(bert_probe, seed=4).as_dict()
+    assert a == b and a["data"]["init"] != c["data"]["init"]
+    assert a["data"]["trained"] == c["data"]["trained"]
+
+
+# -- the command ----------------------------------------------------------------------------------
+FAST = ["--t-max", "8", "--meta-t-max", "3", "--refine", "3", "--reference-t-max", "0",
+        "--lengths", "16,32,64", "--tokens", "32", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def bert_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("theory") / "bert"
+    rc = main(["theory", "bert-tiny", "--text", TEXT, "--out", str(out), "--json", *FAST])
+    assert rc == 0
+    return out, json.loads((out / "theory.json").read_text())
+
+
+def test_json_is_one_object_on_the_last_line_with_every_check(tmp_path, capsys):
+    rc, out, err = cli(["theory", "bert-tiny", "--text", TEXT, "--out", str(tmp_path / "t"),
+                        "--json", "--check", "rank_collapse", "--check", "doubly_stochastic",
+                        *FAST], capsys)
+    assert rc == 0, err
+    last = out.rstrip("\n").split("\n")[-1]
+    data = json.loads(last)
+    assert [c["name"] for c in data["checks"]] == ["rank_collapse", "doubly_stochastic"]
+    for c in data["checks"]:
+        assert {"name", "claim", "verdict", "constants", "fit", "figure"} <= set(c)
+        assert "r2" in c["fit"] and c["verdict"] in ("pass", "fail", "not applicable")
+        assert (tmp_path / "t" / c["figure"]["png"]).is_file()
+        assert (tmp_path / "t" / c["figure"]["svg"]).is_file()
+    assert data["report"] == str(tmp_path / "t" / "index.html")
+
+
+def test_all_five_checks_write_the_report_and_the_json(bert_report):
+    out, data = bert_report
+    assert [c["name"] for c in data["checks"]] == list(CHECKS)
+    assert [c["letter"] for c in data["checks"]] == ["a", "b", "c", "d", "e"]
+    assert (out / "index.html").is_file()
+    for c in data["checks"]:
+        assert c["verdict"] in ("pass", "fail", "not applicable") and c["constants"]
+        assert (out / c["figure"]["png"]).is_file()
+    assert data["input"]["source"] == "--text" and data["model"]["steps"] == 4
+
+
+def test_same_seed_same_json(tmp_path, capsys):
+    runs = []
+    for name in ("x", "y"):
+        rc, out, err = cli(["theory", "bert-tiny", "--text", TEXT, "--out", str(tmp_path / name),
+                            "--json", "--check", "doubly_stochastic", "--check",
+                            "metastability", "--seed", "5", *FAST], capsys)
+        assert rc == 0, err
+        d = json.loads(out)
+        d.pop("report")
+        runs.append(d)
+    assert runs[0] == runs[1]
+
+
+def test_an_image_model_runs_with_log_n_scaling_not_applicable(tmp_path, capsys):
+    rc, out, err = cli(["theory", "vit-digits", "--out", str(tmp_path / "v"), "--json",
+                        "--check", "log_n_scaling", "--check", "rank_collapse", *FAST], capsys)
+    if rc == 2 and "digits" in err:
+        pytest.skip(f"the digits data set is not available: {err.strip()}")
+    assert rc == 0, err
+    data = json.loads(out)
+    by = {c["name"]: c for c in data["checks"]}
+    assert by["log_n_scaling"]["verdict"] == "not applicable"
+    assert "fixed token count" in by["log_n_scaling"]["reason"]
+    assert data["input"]["kind"] == "sample"
+
+
+def test_help_names_every_flag_and_check(capsys):
+    rc, out, _ = cli(["theory", "--help"], capsys)
+    text = " ".join(out.split())
+    assert rc == 0
+    for flag in ("--text", "--sample", "--data", "--tokens", "--lengths", "--check", "--t-max",
+                 "--meta-t-max", "--reference-t-max", "--refine", "--betas", "--seed",
+                 "--threads", "--out", "--json", "--no-progress"):
+        assert flag in text
+    for name in CHECKS:
+        assert name in text
+
+
+def test_threads_are_restored_after_the_run(tmp_path, capsys):
+    before = torch.get_num_threads()
+    rc, _, err = cli(["theory", "bert-tiny", "--text", TEXT, "--out", str(tmp_path / "t"),
+                      "--check", "rank_collapse", "--threads", str(before + 1), *FAST], capsys)
+    assert rc == 0, err
+    assert torch.get_num_threads() == before
+
+
+def test_the_summary_is_printed_without_json(tmp_path, capsys):
+    rc, out, err = cli(["theory", "bert-tiny", "--text", TEXT, "--out", str(tmp_path / "s"),
+                        "--check", "rank_collapse", *FAST], capsys)
+    assert rc == 0, err
+    assert "a rank_collapse: pass (" in out and out.rstrip().endswith("index.html")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["nope-model"], "argument MODEL"),
+    (["bert-tiny", "--check", "nothing"], "argument --check"),
+    (["bert-tiny", "--betas", "1,2,3"], "argument --betas"),
+    (["bert-tiny", "--betas", "1,2,3,-4"], "argument --betas"),
+    (["bert-tiny", "--data", "digits"], "argument --data"),
+    (["bert-tiny", "--text", "  "], "argument --text"),
+    (["vit-digits", "--text", "hello"], "argument --text"),
+    (["bert-tiny", "--lengths", "2,x"], "argument --lengths"),
+    (["bert-tiny", "--reference-t-max", "-1"], "argument --reference-t-max"),
+])
+def test_bad_inputs_are_one_line_usage_errors(argv, expected, tmp_path, capsys):
+    rc, out, err = cli(["theory", *argv, "--out", str(tmp_path / "o"), "--no-progress"], capsys)
+    assert rc == 2, err
+    assert expected in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_out_that_is_a_file_is_refused_before_loading(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    rc, _, err = cli(["theory", "nope-model", "--out", str(f)], capsys)
+    assert rc == 2 and "argument --out" in err and err.count("\n") == 1
+
+
+# -- the page -------------------------------------------------------------------------------------
+def _embedded(page: str) -> dict:
+    m = re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S)
+    assert m, "no embedded JSON"
+    return json.loads(m.group(1).replace("<\\/", "</"))
+
+
+def _walk(value, path=""):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _walk(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _walk(v, f"{path}.{i}" if path else str(i))
+    else:
+        yield path, value
+
+
+def test_the_page_is_self_contained_and_its_numbers_are_the_json(bert_report):
+    out, data = bert_report
+    page = (out / "index.html").read_text()
+    assert _embedded(page) == json.loads(json.dumps(data))
+    assert "<img" not in page or "data:image/png;base64," in page
+    assert not re.search(r'(src|href)="(?!data:|#)', page)  # nothing fetched
+    assert page.count("<figure") == len(data["checks"])
+    shown = dict(re.findall(r'data-path="([^"]+)" title="([^"]+)"', page))
+    values = dict(_walk(data))
+    assert shown, "no number in the tables"
+    for path, exact in shown.items():
+        assert path in values, path
+        assert float(html.unescape(exact)) == pytest.approx(values[path], rel=1e-12), path
+    for c in data["checks"]:  # each check's section says its verdict and reason
+        assert html.escape(f"Verdict: {c['verdict']} ({c['reason']})") in page
+        assert html.escape(c["claim"]) in page
+
+
+def test_the_page_opens_in_headless_chromium(bert_report):
+    if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
+        skip_unless("chromium")
+        pytest.skip(f"needs chromium and chromedriver at {CHROMIUM} and {CHROMEDRIVER}")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the dev "
+                                    "extra)")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    out, data = bert_report
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1200,900"):
+        options.add_argument(arg)
+    options.binary_location = str(CHROMIUM)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        driver.get((out / "index.html").resolve().as_uri())
+        assert driver.title == "splitformer theory bert-tiny"
+        shown = driver.find_elements(By.CSS_SELECTOR, "figure svg, figure img")
+        assert len(shown) == len(data["checks"])
+        for el in shown:
+            box = driver.execute_script(
+                "const r = arguments[0].getBoundingClientRect(); return [r.width, r.height]", el)
+            assert box[0] > 0 and box[1] > 0
+        blob = driver.execute_script("return JSON.parse(document.getElementById('data')"
+                                     ".textContent)")
+        assert [c["verdict"] for c in blob["checks"]] == [c["verdict"] for c in data["checks"]]
+        fetched = driver.execute_script(
+            "return performance.getEntriesByType('resource').map(e => e.name)")
+        assert all(u.startswith(("data:", "file:")) for u in fetched), fetched
+        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
