@@ -77,7 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="healing windows drawn from the text (4096)")
     p.add_argument("--merge", type=nonnegative_int, default=0,
                    help="heal with token merging on: nodes merged per unit of time (0: off)")
-    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed (0)")
+    p.add_argument("--seed", type=bounded_int(2**31 - 1, "(a seed)"), default=0,
+                   help="seed (default 0; 1 .. 2^31 - 1)")
     p.add_argument("--threads", type=bounded_int(os.cpu_count() or 1, "(torch threads)"),
                    default=None, help="torch threads")
     p.add_argument("--out", default=None, metavar="DIR",
@@ -86,8 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the fidelity check on held-out text")
     p.add_argument("--json", action="store_true",
                    help="one JSON object on the last line of stdout")
-    p.set_defaults(_interrupted="the healing checkpoints in DIR/heal are kept; the same "
-                                "command resumes")
+    p.set_defaults(_interrupted=" (a checkpoint of the healing is written in the --out "
+                                "folder's heal/; the same command resumes)")
 
 
 def _model_folder(arg: str | None) -> Path:
@@ -199,7 +200,11 @@ def run(args: argparse.Namespace) -> int:
     teacher = from_hf(minilm.model).eval()
     _check_grid(cfg, teacher, folder)
     fresh = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"argument --out: cannot make the folder {str(out)!r} "
+                         f"({e.strerror or e})") from None
     try:
         lock = FolderLock(out, what="compression folder").acquire()
     except FolderLockedError as e:

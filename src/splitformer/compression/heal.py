@@ -271,31 +271,35 @@ def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str |
                                        "config": cfg.to_dict(), **identity})
 
         last: dict[str, float] = {}
-        while cfg.budget and seconds() < cfg.budget and (cfg.max_steps is None
-                                                         or step < cfg.max_steps):
-            n = _draw(cfg, step)
-            lr = _progress_lr(cfg, step, seconds())
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            obj = problems[n]({"input_ids": _batch(windows, cfg, step)})
-            loss = float(obj.total.detach())
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"heal: the loss is {loss} at step {step}; lower lr")
-            optimizer.zero_grad(set_to_none=True)
-            obj.total.backward()
-            optimizer.step()
-            step += 1
-            last = {"loss": loss, **{k: float(v.detach()) for k, v in obj.parts.items()}}
-            if step % cfg.log_every == 0:
-                row = {"step": step, "seconds": round(seconds(), 3), "lr": lr, "steps": n,
-                       **last}
-                history.append(row)
-                if folder is not None:
-                    append_line(folder / "metrics.jsonl", json.dumps(row))
-                if progress is not None:
-                    progress(row)
-            if step % cfg.checkpoint_every == 0:
-                checkpoint()
+        try:
+            while cfg.budget and seconds() < cfg.budget and (cfg.max_steps is None
+                                                             or step < cfg.max_steps):
+                n = _draw(cfg, step)
+                lr = _progress_lr(cfg, step, seconds())
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                obj = problems[n]({"input_ids": _batch(windows, cfg, step)})
+                loss = float(obj.total.detach())
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"heal: the loss is {loss} at step {step}; lower lr")
+                optimizer.zero_grad(set_to_none=True)
+                obj.total.backward()
+                optimizer.step()
+                step += 1
+                last = {"loss": loss, **{k: float(v.detach()) for k, v in obj.parts.items()}}
+                if step % cfg.log_every == 0:
+                    row = {"step": step, "seconds": round(seconds(), 3), "lr": lr, "steps": n,
+                           **last}
+                    history.append(row)
+                    if folder is not None:
+                        append_line(folder / "metrics.jsonl", json.dumps(row))
+                    if progress is not None:
+                        progress(row)
+                if step % cfg.checkpoint_every == 0:
+                    checkpoint()
+        except KeyboardInterrupt:  # between optimiser steps the state is whole: keep it
+            checkpoint()
+            raise
         metrics = {"steps_taken": step, "seconds": round(seconds(), 3), **last}
         if folder is not None:
             checkpoint()
