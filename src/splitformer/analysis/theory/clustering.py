@@ -280,7 +280,7 @@ def clustering(probe: Probe, t_max: int = 100, k: int = 10) -> Check:
     data = {"steps": per_step, "sphere_scheme": sphere_scheme, "layernorm_scheme": ln_scheme}
     if not applicable:
         return Check("clustering", "Clustering in long time", CLAIM_B, CITATION_B, run,
-                     criterion, NOT_APPLICABLE, "not applicable: no step's value map is "
+                     criterion, NOT_APPLICABLE, "no step's value map is "
                      "attracting (top eigenvalue of W_O W_V with real part <= 0)", assumptions,
                      constants, fit, data)
     bad = [r["step"] for r in applicable if r["sphere_final_clusters"] != 1]
@@ -436,7 +436,7 @@ def metastability(probe: Probe, betas=BETAS, t_max: int = 30, k: int = 10,
     if not all(a["holds"] for a in assumptions[:3]):
         failed = [a["name"] for a in assumptions[:3] if not a["holds"]]
         return Check("metastability", "Metastability in beta", CLAIM_C, CITATION_C, run,
-                     criterion, NOT_APPLICABLE, "not applicable: " + "; ".join(failed),
+                     criterion, NOT_APPLICABLE, "; ".join(failed),
                      assumptions, constants, fit, data)
     ok = fit["slope"] is not None and fit["slope"] > 0 and fit["r2"] is not None \
         and fit["r2"] >= R2_BAR

@@ -50,7 +50,8 @@ class Check:
     """One prediction tested on one model: what it claims (``claim``, ``citation``), what was
     run (``run``), the criterion of the verdict (``criterion``), the assumptions of the theory
     and whether the model meets them (``assumptions``: records ``name``, ``holds``, ``detail``),
-    the ``verdict`` ("pass", "fail", "not applicable"), the fitted ``constants``, the headline
+    the ``verdict`` ("pass", "fail", "not applicable") and its ``reason`` (one line: the
+    measured numbers, or the assumptions that fail), the fitted ``constants``, the headline
     ``fit`` (with ``r2``, None where there was nothing to fit), the measured series (``data``),
     ``notes`` and, once drawn, the ``figure`` record (name, title, caption, png, svg)."""
 

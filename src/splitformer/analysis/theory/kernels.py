@@ -146,7 +146,7 @@ def log_n_scaling(probe: Probe, lengths: Sequence[int] = LENGTHS, n0: int | None
                  f"{FLAT:g} (flat: a change below 0.028 from 32 to 512 tokens)")
     if why is not None:
         return Check("log_n_scaling", title, CLAIM_D, CITATION_D, "nothing was run", criterion,
-                     NOT_APPLICABLE, f"not applicable: {why}", assumptions)
+                     NOT_APPLICABLE, why, assumptions)
     n0 = usable[0] if n0 is None else int(n0)
     rows = []
     for n in usable:
@@ -257,7 +257,7 @@ def doubly_stochastic(probe: Probe, seed: int = 0) -> Check:
     if not all(a["holds"] for a in assumptions):
         failed = [a["name"] for a in assumptions if not a["holds"]]
         return Check("doubly_stochastic", title, CLAIM_E, CITATION_E, "nothing was run",
-                     criterion, NOT_APPLICABLE, "not applicable: " + "; ".join(failed),
+                     criterion, NOT_APPLICABLE, "; ".join(failed),
                      assumptions)
     trained = _deviations(evo, u0, ctx)
     init = _deviations(_reset(seed)(evo), u0, ctx)

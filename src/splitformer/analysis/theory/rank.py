@@ -112,7 +112,7 @@ def rank_collapse(probe: Probe) -> Check:
     if not all(a["holds"] for a in assumptions):
         failed = [a["name"] for a in assumptions if not a["holds"]]
         return Check("rank_collapse", "Rank collapse of pure attention", CLAIM, CITATION, run,
-                     criterion, NOT_APPLICABLE, "not applicable: " + "; ".join(failed),
+                     criterion, NOT_APPLICABLE, "; ".join(failed),
                      assumptions, constants, fit, data)
     ok_pure = fit["slope"] is not None and fit["slope"] > 0 and fit["r2"] is not None \
         and fit["r2"] >= R2_BAR
@@ -140,5 +140,5 @@ def _scheme_residuals(evo, scheme: str | None, u0, ctx) -> list[float]:
 
 def _na(probe: Probe, why: str, assumptions) -> Check:
     return Check("rank_collapse", "Rank collapse of pure attention", CLAIM, CITATION,
-                 "nothing was run", "", NOT_APPLICABLE, f"not applicable: {why}",
+                 "nothing was run", "", NOT_APPLICABLE, why,
                  [*assumptions, assumption(why, False, why)])
