@@ -120,22 +120,29 @@ def _metastability(check: Check, folder: Path, name: str) -> Figure:
     a.legend(fontsize=6, ncol=2)
     ref = d.get("reference")
     if ref:
-        every = ref.get("clusters_every", 1)
-        for r in ref["rows"]:
-            c = r["clusters"]
-            b.step([every * i for i in range(len(c))], c, where="post",
-                   label=f"beta {r['beta']:g} (Gegenbauer {r['gegenbauer_mode']}, first "
-                         f"plateau {r['first_metastable_clusters']})")
+        rows = ref["rows"]
+        xs = [r["beta"] for r in rows]
+        b.plot(xs, [max(r["dwell"], 1e-3) for r in rows], "ko", label="dwell")
+        rf = ref["fit"]
+        if rf.get("slope") is not None:
+            b.plot(xs, [math.exp(rf["intercept"] + rf["slope"] * x) for x in xs], "k--",
+                   label=f"fit: slope {rf['slope']:.3g}, R^2 "
+                         f"{'n/a' if rf['r2'] is None else format(rf['r2'], '.3f')}")
+        for r in rows:
+            b.annotate(f"{r['first_metastable_clusters']} clusters (Gegenbauer "
+                       f"{r['gegenbauer_mode']})", (r["beta"], max(r["dwell"], 1e-3)),
+                       fontsize=6, xytext=(4, -10), textcoords="offset points")
         b.set_yscale("log")
-        _style(b, "t", "clusters", "reference: Q = K = V = I on the circle")
+        _style(b, "beta", "dwell time", "reference: Q = K = V = I on the circle")
         b.legend(fontsize=6)
     else:
         b.axis("off")
     return _save(fig, folder, name, check.title,
                  "Left: the dwell time (longest plateau of 2 <= clusters < N) of each step's "
                  "sphere run against beta, their median and the fit of log dwell against beta "
-                 "(log axis); right: the cluster counts of the reference system against t, "
-                 "with the Gegenbauer mode and the first metastable count.")
+                 "(log axis); right: the same for the reference system (Q = K = V = I on the "
+                 "circle), each point labelled with its first metastable cluster count and the "
+                 "Gegenbauer mode.")
 
 
 def _scaling(check: Check, folder: Path, name: str) -> Figure:
