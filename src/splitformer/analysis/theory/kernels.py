@@ -51,7 +51,7 @@ CLAIM_E = ("Trained softmax attention drifts towards doubly stochastic kernels: 
            "of a trained kernel are closer to 1 than those of the same network at "
            "initialisation.")
 CITATION_E = ("Sander, Ablin, Blondel, Peyre, 'Sinkformers: Transformers with doubly stochastic "
-              "attention', AISTATS 2022 (Section 3 and Figure 1).")
+              "attention', AISTATS 2022.")
 
 
 def step_kernels(evo, u0: torch.Tensor, ctx) -> list[dict[str, Any]]:

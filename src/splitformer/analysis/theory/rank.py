@@ -52,7 +52,8 @@ CLAIM = ("Pure self-attention (no skip connection, no FFN) loses rank doubly exp
          "grows linearly in the number of steps n; with the skip connection and the FFN (the "
          "full scheme) it does not.")
 CITATION = ("Dong, Cordonnier, Loukas, 'Attention is not all you need: pure attention loses "
-            "rank doubly exponentially with depth', ICML 2021 (Theorem 2.2 and Section 3).")
+            "rank doubly exponentially with depth', ICML 2021 (the residual bound for pure "
+            "self-attention networks, and the role of skip connections).")
 
 
 def _mean(values: list[float]) -> float:
