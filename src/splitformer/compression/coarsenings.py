@@ -73,12 +73,7 @@ class Coarsening:
     def apply(self, model):
         """The coarse model: the operations on ``model`` (copies sharing its parameters)."""
         for name, arg in self.ops:
-            if name == "with_token_merging":
-                model = model.with_token_merging(**dict(arg))
-            elif name == "drop_steps":
-                model = model.drop_steps(list(arg))
-            else:
-                model = getattr(model, name)(arg)
+            model = _APPLY[name](model, arg)
         return model
 
     def with_merging(self, r: int, **options: Any) -> Coarsening:
@@ -110,6 +105,15 @@ class Coarsening:
     def __str__(self) -> str:
         ops = ", ".join(f"{name}({_jsonable(arg)})" for name, arg in self.ops)
         return f"{self.method}: {self.fine_steps} -> {self.steps} steps [{ops}]"
+
+
+_APPLY: dict[str, Callable[[Any, Any], Any]] = {
+    "drop_steps": lambda m, arg: m.drop_steps(list(arg)),
+    "refine": lambda m, k: m.refine(k),
+    "coarsen": lambda m, k: m.coarsen(k),
+    "with_controls_in_time": lambda m, reading: m.with_controls_in_time(reading),
+    "with_token_merging": lambda m, options: m.with_token_merging(**dict(options)),
+}
 
 
 def _jsonable(arg: Any) -> Any:
