@@ -256,10 +256,25 @@ def test_attention_mask_of_another_shape_is_refused():
             ours(input_ids=ids, attention_mask=bad)
 
 
+def test_to_hf_exports_a_refined_model_as_its_steps():
+    """A refined model (tau = 1/2, 2L steps) is exported as the 2L-layer GPT-2 whose W_O, b_O and
+    FFN output projections are tau times the controls' (Evolution.as_network): transformers'
+    own forward then computes the refined evolution."""
+    ref = make_gpt2(torch.float64)
+    fine = splitformer.from_hf(ref).refine(2)
+    exported = splitformer.to_hf(fine)
+    assert exported.config.n_layer == 2 * ref.config.n_layer
+    ids, mask = batch()
+    with torch.no_grad():
+        want = fine(input_ids=ids, attention_mask=mask)[0]
+        got = exported(input_ids=ids, attention_mask=mask).last_hidden_state
+        plain = ref(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert maxdiff(got, want) <= TOL[torch.float64]
+    assert maxdiff(plain, want) > 1e-3  # the refined evolution is another function
+
+
 def test_to_hf_needs_the_network_form():
     ours = splitformer.from_hf(make_gpt2(torch.float32))
-    with pytest.raises(ValueError, match="tau = 1"):
-        splitformer.to_hf(ours.refine(2))
     with pytest.raises(ValueError, match="needs the scheme 'prenorm'"):
         splitformer.to_hf(ours.with_scheme("lie", integrator="heun"))
     with pytest.raises(ValueError, match="hf_class"):
