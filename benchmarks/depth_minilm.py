@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,11 @@ from splitformer.experiments import depth_eval
 from splitformer.experiments.text_benchmarks import load_minilm
 from splitformer.files import append_line, read_jsonl
 from splitformer.interop import from_hf
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:  # the sibling module background.py, run or imported
+    sys.path.insert(0, _HERE)
+from background import relaunch  # noqa: E402  (--background LOG)
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -254,15 +258,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
     if args.background:
-        rest = [a for a in (argv if argv is not None else sys.argv[1:])]
-        i = rest.index("--background")
-        rest = rest[:i] + rest[i + 2:]
-        with open(args.background, "ab") as log:
-            proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *rest],
-                                    stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        print(f"started pid {proc.pid}, log {args.background}")
-        return 0
+        return relaunch(__file__, args.background, argv)
     if args.table:
         path = Path(args.out) / "rows.jsonl"
         print(table(read_jsonl(path, repair=True)))

@@ -44,8 +44,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -64,6 +62,7 @@ from splitformer.training.loop import evaluate
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:  # the sibling script patch_grid.py, run or imported
     sys.path.insert(0, _HERE)
+from background import relaunch  # noqa: E402  (--background LOG)
 from patch_grid import subset, trained  # noqa: E402  (the first N examples; train or resume)
 
 # variant -> with_token_merging options (besides r and where)
@@ -297,44 +296,38 @@ def tables(results: dict[str, Any], args: argparse.Namespace) -> str:
                          + " | ".join(f"{c['images_per_s']:.0f} ({c['ratio']:.2f}x)"
                                       for c in row) + " |")
         lines.append("")
-    lines += [f"test accuracy (%) on {args.test_size} test images, mean +- std over seeds "
-              + ",".join(map(str, seeds)) + "; plain: trained without merging; merge<r>: "
-              "trained with merge=r (keys +w, after attention); x: the keys +w throughput "
-              "ratio", "",
-              "| r | x | " + " | ".join(f"{n}: {v}" for n in names for v in VARIANTS) + " |",
-              "|---|---|" + "---|" * (len(names) * len(VARIANTS))]
-    for r in args.rs:
-        x = f"{tp['keys +w'][str(r)]['ratio']:.2f}" if tp else "-"
-        cells = [_cell([runs[f"{n}-s{s}"]["accuracy"][v][str(r)] for s in seeds
-                        if f"{n}-s{s}" in runs]) for n in names for v in VARIANTS]
-        lines.append(f"| {r} | {x} | " + " | ".join(cells) + " |")
-    lines += ["", "the same, as the change against the plain model unmerged (r = 0) of the same "
-              "seed, in points (mean +- std over the seeds: the seed-to-seed spread of the "
-              "accuracy itself cancels)", "",
-              "| r | x | " + " | ".join(f"{n}: {v}" for n in names for v in VARIANTS) + " |",
-              "|---|---|" + "---|" * (len(names) * len(VARIANTS))]
-    for r in args.rs:
-        x = f"{tp['keys +w'][str(r)]['ratio']:.2f}" if tp else "-"
-        cells = [_cell([runs[f"{n}-s{s}"]["accuracy"][v][str(r)]
-                        - runs[f"plain-s{s}"]["accuracy"][v]["0"] for s in seeds
-                        if f"{n}-s{s}" in runs and f"plain-s{s}" in runs], signed=True)
-                 for n in names for v in VARIANTS]
-        lines.append(f"| {r} | {x} | " + " | ".join(cells) + " |")
+    def accuracy_table(caption: str, cell) -> list[str]:
+        """One row per r: the merge throughput ratio x, then ``cell(name, variant, r)``."""
+        out = [caption, "",
+               "| r | x | " + " | ".join(f"{n}: {v}" for n in names for v in VARIANTS) + " |",
+               "|---|---|" + "---|" * (len(names) * len(VARIANTS))]
+        for r in args.rs:
+            x = f"{tp['keys +w'][str(r)]['ratio']:.2f}" if tp else "-"
+            out.append(f"| {r} | {x} | "
+                       + " | ".join(cell(n, v, str(r)) for n in names for v in VARIANTS) + " |")
+        return out
+
+    lines += accuracy_table(
+        f"test accuracy (%) on {args.test_size} test images, mean +- std over seeds "
+        + ",".join(map(str, seeds)) + "; plain: trained without merging; merge<r>: trained with "
+        "merge=r (keys +w, after attention); x: the keys +w throughput ratio",
+        lambda n, v, r: _cell([runs[f"{n}-s{s}"]["accuracy"][v][r] for s in seeds
+                               if f"{n}-s{s}" in runs]))
+    lines.append("")
+    lines += accuracy_table(
+        "the same, as the change against the plain model unmerged (r = 0) of the same seed, in "
+        "points (mean +- std over the seeds: the seed-to-seed spread of the accuracy itself "
+        "cancels)",
+        lambda n, v, r: _cell([runs[f"{n}-s{s}"]["accuracy"][v][r]
+                               - runs[f"plain-s{s}"]["accuracy"][v]["0"] for s in seeds
+                               if f"{n}-s{s}" in runs and f"plain-s{s}" in runs], signed=True))
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
     if args.background is not None:
-        given = list(argv if argv is not None else sys.argv[1:])
-        rest = [a for i, a in enumerate(given) if not a.startswith("--background")
-                and not (i and given[i - 1] == "--background")]
-        with open(args.background, "ab") as log:
-            proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *rest],
-                                    stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        print(f"started pid {proc.pid}; output in {args.background}")
-        return 0
+        return relaunch(__file__, args.background, argv)
     results = sweep(args)
     text = tables(results, args)
     write_atomic(Path(args.out) / "table.md", text + "\n")

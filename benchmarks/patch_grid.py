@@ -34,7 +34,6 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,6 +48,11 @@ from splitformer.training.checkpoints import latest_checkpoint, load_checkpoint
 from splitformer.training.data import Dataset, Split, load_dataset
 from splitformer.training.families import build_model
 from splitformer.training.loop import evaluate, fit
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:  # the sibling module background.py, run or imported
+    sys.path.insert(0, _HERE)
+from background import relaunch  # noqa: E402  (--background LOG)
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -241,15 +245,7 @@ def tables(results: dict[str, Any], args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
     if args.background is not None:
-        given = list(argv if argv is not None else sys.argv[1:])
-        rest = [a for i, a in enumerate(given) if not a.startswith("--background")
-                and not (i and given[i - 1] == "--background")]
-        with open(args.background, "ab") as log:
-            proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *rest],
-                                    stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        print(f"started pid {proc.pid}; output in {args.background}")
-        return 0
+        return relaunch(__file__, args.background, argv)
     results = sweep(args)
     text = tables(results, args)
     write_atomic(Path(args.out) / "table.md", text + "\n")
