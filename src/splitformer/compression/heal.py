@@ -215,6 +215,58 @@ def heal(cfg: HealConfig, *, teacher: nn.Module, windows: torch.Tensor,
         teacher.train(was_training)
 
 
+def _refuse_another_run(folder: Path, state: dict[str, Any], cfg: HealConfig,
+                        identity: dict[str, str]) -> None:
+    """ValueError when the checkpoint in ``folder`` is of another config, teacher or windows."""
+    if state.get("config") != cfg.to_dict():
+        changed = sorted(k for k, v in cfg.to_dict().items()
+                         if state.get("config", {}).get(k) != v)
+        raise ValueError(f"out: {str(folder)!r} holds a healing run of another config "
+                         f"(differs in {changed}); choose another folder")
+    for key, what in (("teacher", "the teacher (MODEL)"),
+                      ("windows", "the healing windows (--windows, --length)")):
+        if state.get(key) != identity[key]:
+            raise ValueError(f"out: {str(folder)!r} holds a healing run of another {key}: "
+                             f"{what} differs from the run's; choose another folder")
+
+
+def _resume(folder: Path, cfg: HealConfig, base: nn.Module, optimizer: torch.optim.Optimizer,
+            identity: dict[str, str]) -> tuple[int, float, list[dict[str, Any]],
+                                               dict[str, Any] | None]:
+    """(step, seconds, metrics rows, final metrics or None) of the run in ``folder``, its
+    checkpoint loaded into ``base`` and ``optimizer``; (0, 0, [], None) for a new folder, whose
+    config.json and empty metrics.jsonl are written."""
+    step, before, history, final = 0, 0.0, [], None
+    if latest_checkpoint(folder) is not None:
+        state = load_checkpoint(folder, model=base, optimizer=optimizer, restore_rng=False)
+        _refuse_another_run(folder, state, cfg, identity)
+        step, before = int(state["step"]), float(state["seconds"])
+        if (folder / "metrics.jsonl").exists():
+            history = [r for r in read_jsonl(folder / "metrics.jsonl", repair=True)
+                       if isinstance(r, dict) and r.get("step", 0) <= step]
+        if (folder / "final.json").exists():
+            return step, before, history, json.loads((folder / "final.json").read_text())
+    write_atomic(folder / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
+    write_atomic(folder / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in history))
+    return step, before, history, final
+
+
+def _optimiser_step(problem: Distillation, optimizer: torch.optim.Optimizer,
+                    batch: torch.Tensor, lr: float, step: int) -> dict[str, float]:
+    """One AdamW step on the healing objective at rate ``lr``: its loss and parts. A loss
+    that is not finite is refused before the parameters change."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    obj = problem({"input_ids": batch})
+    loss = float(obj.total.detach())
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"heal: the loss is {loss} at step {step}; lower lr")
+    optimizer.zero_grad(set_to_none=True)
+    obj.total.backward()
+    optimizer.step()
+    return {"loss": loss, **{k: float(v.detach()) for k, v in obj.parts.items()}}
+
+
 def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str | Path | None,
           progress: Callable[[dict[str, Any]], None] | None) -> HealResult:
     base = copy.deepcopy(teacher)
@@ -235,30 +287,9 @@ def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str |
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
             lock = FolderLock(folder, what="healing folder").acquire()
-            final = folder / "final.json"
-            if latest_checkpoint(folder) is not None:
-                state = load_checkpoint(folder, model=base, optimizer=optimizer,
-                                        restore_rng=False)
-                if state.get("config") != cfg.to_dict():
-                    changed = sorted(k for k, v in cfg.to_dict().items()
-                                     if state.get("config", {}).get(k) != v)
-                    raise ValueError(f"out: {str(folder)!r} holds a healing run of another "
-                                     f"config (differs in {changed}); choose another folder")
-                for key, what in (("teacher", "the teacher (MODEL)"),
-                                  ("windows", "the healing windows (--windows, --length)")):
-                    if state.get(key) != identity[key]:
-                        raise ValueError(f"out: {str(folder)!r} holds a healing run of another "
-                                         f"{key}: {what} differs from the run's; choose another "
-                                         "folder")
-                step, before = int(state["step"]), float(state["seconds"])
-                history = [r for r in read_jsonl(folder / "metrics.jsonl", repair=True)
-                           if isinstance(r, dict) and r.get("step", 0) <= step] \
-                    if (folder / "metrics.jsonl").exists() else []
-                if final.exists():
-                    return HealResult(base, coarse, json.loads(final.read_text()), history)
-            write_atomic(folder / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
-            write_atomic(folder / "metrics.jsonl", "".join(json.dumps(r) + "\n"
-                                                           for r in history))
+            step, before, history, final = _resume(folder, cfg, base, optimizer, identity)
+            if final is not None:
+                return HealResult(base, coarse, final, history)
         start = time.perf_counter()
 
         def seconds() -> float:
@@ -276,17 +307,9 @@ def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str |
                                                              or step < cfg.max_steps):
                 n = _draw(cfg, step)
                 lr = _progress_lr(cfg, step, seconds())
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                obj = problems[n]({"input_ids": _batch(windows, cfg, step)})
-                loss = float(obj.total.detach())
-                if not math.isfinite(loss):
-                    raise FloatingPointError(f"heal: the loss is {loss} at step {step}; lower lr")
-                optimizer.zero_grad(set_to_none=True)
-                obj.total.backward()
-                optimizer.step()
+                last = _optimiser_step(problems[n], optimizer, _batch(windows, cfg, step), lr,
+                                       step)
                 step += 1
-                last = {"loss": loss, **{k: float(v.detach()) for k, v in obj.parts.items()}}
                 if step % cfg.log_every == 0:
                     row = {"step": step, "seconds": round(seconds(), 3), "lr": lr, "steps": n,
                            **last}
