@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from splitformer.compression import method_names, plan
 from splitformer.compression.heal import HealConfig, heal
 from splitformer.compression.store import load_compressed, write_result
 from splitformer.control.healing import Distillation
+from splitformer.verification.references import perturb_
 
 transformers = pytest.importorskip("transformers")
 
@@ -42,21 +44,68 @@ def _windows(n: int = 64, length: int = 16) -> torch.Tensor:
     return torch.randint(0, 60, (n, length), generator=g)
 
 
+def _hf_reference(hf: nn.Module, method: str, steps: int, c) -> nn.Module:
+    """The coarse network built from transformers' own layers, independently of splitformer:
+    a layer list keeps the fine layers the method names; a coarse grid (tau = 6 / steps) takes,
+    for its step over [t, t + tau], the controls at the midpoint (constant: theta^n on the
+    unit interval (n, n + 1], so layer ceil(t_mid) - 1, the first of a pair at a boundary;
+    linear: interpolated between the layers' nodes n + 1/2) with the attention's and the FFN's
+    output projections times tau (docs/math.md 3.13)."""
+    L = len(hf.encoder.layer)
+    if method in ("keep-first", "every-other", "drop", "angular"):
+        (op, drop), = c.ops
+        keep = [i for i in range(L) if i not in drop]
+        if method == "keep-first":
+            assert keep == list(range(steps))
+        elif method == "every-other":
+            assert keep == list(range(0, L, L // steps))
+        elif method == "angular":  # one contiguous block is dropped
+            assert list(drop) == list(range(drop[0], drop[0] + L - steps))
+        ref = copy.deepcopy(hf)
+        ref.encoder.layer = nn.ModuleList(copy.deepcopy(hf.encoder.layer[i]) for i in keep)
+        return ref
+    tau = L / steps
+    layers = [dict(layer.state_dict()) for layer in hf.encoder.layer]
+    ref = copy.deepcopy(hf)
+    ref.encoder.layer = nn.ModuleList(copy.deepcopy(hf.encoder.layer[i]) for i in range(steps))
+    for j, layer in enumerate(ref.encoder.layer):
+        mid = (j + 0.5) * tau
+        if method == "coarsen":
+            weights = {math.ceil(mid) - 1: 1.0}
+        else:  # theta^n sits at n + 1/2
+            lo = min(max(int(mid - 0.5), 0), L - 2)
+            f = min(max(mid - 0.5 - lo, 0.0), 1.0)
+            weights = {lo: 1 - f, lo + 1: f}
+        state = {k: sum(w * layers[n][k] for n, w in weights.items()) for k in layers[0]}
+        for k in ("attention.output.dense.weight", "attention.output.dense.bias",
+                  "output.dense.weight", "output.dense.bias"):
+            state[k] = tau * state[k]
+        layer.load_state_dict(state)
+    return ref
+
+
 @pytest.mark.parametrize("method", method_names())
 @pytest.mark.parametrize("steps", [4, 3, 2])
-def test_every_method_gives_a_coarse_network_of_n_steps(method, steps):
-    model = splitformer.from_hf(_hf()).eval()
+def test_every_method_is_the_coarse_network_transformers_computes(method, steps):
+    """Each method's coarse model equals a BertModel assembled from transformers' layers by the
+    method's rule (kept layers; midpoint controls and outputs times tau), to round-off."""
+    hf = _hf()
+    model = splitformer.from_hf(hf).eval()
+    ids = _windows(8)
     try:
-        c = plan(method, model, steps, {"input_ids": _windows(8)})
+        c = plan(method, model, steps, {"input_ids": ids})
     except ValueError as e:
         assert method == "every-other" and "divide" in str(e)
         return
     coarse = c.apply(model)
     assert coarse.evolution.num_steps == steps == c.steps
     assert c.fine_points[0] == 0 and c.fine_points[-1] == 6
+    ref = _hf_reference(hf, method, steps, c).eval()
     with torch.no_grad():
-        out = coarse(_windows(2)).last_hidden_state
-    assert out.shape == (2, 16, 32) and torch.isfinite(out).all()
+        out = coarse(ids).last_hidden_state
+        fine = model(ids).last_hidden_state
+        assert float((out - ref(ids).last_hidden_state).abs().max()) < 1e-5
+    assert float((out - fine).abs().max()) > 1e-2  # the coarse network is another function
     assert type(c).from_dict(json.loads(json.dumps(c.to_dict()))) == c
 
 
@@ -93,6 +142,21 @@ def test_the_objective_is_zero_on_the_fine_path_and_names_bad_points():
         Distillation(coarse, model, (0, 2, 6))
     with pytest.raises(ValueError, match="shooting must be a number >= 0"):
         Distillation(coarse, model, (0, 2, 4, 6), shooting=-1)
+
+
+def test_the_teacher_is_a_target_not_a_trained_submodule():
+    """Distillation holds the fine model as a FineSolution value: only the student's parameters
+    are the objective's, and the teacher gets no gradient from the cost."""
+    teacher = splitformer.from_hf(_hf()).eval()
+    student = copy.deepcopy(teacher).coarsen(2)
+    d = Distillation(student, teacher, (0, 2, 4, 6), shooting=1.0, embedding=1.0)
+    ours = {id(p) for p in d.parameters()}
+    assert ours == {id(p) for p in student.parameters()}
+    assert not ours & {id(p) for p in teacher.parameters()}
+    assert all(k.startswith("student.") for k in d.state_dict())
+    d({"input_ids": _windows(2)}).total.backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    assert any(p.grad is not None for p in student.parameters())
 
 
 def _cfg(**kw) -> HealConfig:
@@ -141,12 +205,23 @@ def test_a_killed_healing_run_resumes_to_the_uninterrupted_parameters(tmp_path):
 
 
 def test_random_tau_healing_serves_every_depth():
-    teacher = splitformer.from_hf(_hf()).eval()
-    result = heal(_cfg(method="coarsen-linear", steps=(6, 3, 2), max_steps=12),
-                  teacher=teacher, windows=_windows(), out=None)
+    """One set of parameters healed at N_t drawn from {6, 3, 2} lowers the terminal cost of
+    the coarse depths on held-out windows, and each student is its own coarse grid of them."""
+    teacher = splitformer.from_hf(perturb_(_hf(), seed=5, scale=0.05)).eval()  # layers that act
+    cfg = _cfg(method="coarsen-linear", steps=(6, 3, 2), max_steps=24)
+    result = heal(cfg, teacher=teacher, windows=_windows(), out=None)
     assert {r["steps"] for r in result.history} <= {6, 3, 2}
-    for n in (6, 3, 2):
-        assert result.student(n).evolution.num_steps == n
+    held_out = {"input_ids": torch.randint(0, 60, (8, 16),
+                                           generator=torch.Generator().manual_seed(11))}
+    for n in (3, 2):
+        c = plan("coarsen-linear", teacher, n)
+        before = Distillation(c.apply(teacher).eval(), teacher, c.fine_points)(held_out)
+        student = result.student(n)
+        assert student.evolution.num_steps == n
+        after = Distillation(student, teacher, c.fine_points)(held_out)
+        assert float(after.terminal) < 0.8 * float(before.terminal), n
+    with pytest.raises(ValueError, match="healed for"):
+        result.student(4)
 
 
 def test_the_result_folder_loads_in_splitformer_and_transformers(tmp_path):

@@ -20,6 +20,7 @@ student's read-out is not used (for BERT's last hidden state it is u(T) itself).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ from torch import nn
 from ..time import SaveAt
 from .problem import Objective
 
-__all__ = ["Distillation"]
+__all__ = ["Distillation", "FineSolution"]
 
 
 def _relative_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -45,6 +46,27 @@ def _pooled(u: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return u.mean(1)
     m = mask.to(u.dtype).unsqueeze(-1)
     return (u * m).sum(1) / m.sum(1).clamp_min(1e-9)
+
+
+@dataclass(frozen=True, eq=False)
+class FineSolution:
+    """The target of healing: the fine (teacher) model's path u_f, computed without gradients.
+    A value held by the objective, not a submodule: the teacher's parameters are neither
+    trained nor part of the objective's ``parameters()`` or ``state_dict``."""
+
+    model: nn.Module
+
+    @property
+    def num_steps(self) -> int:
+        """L, the fine grid's steps (its final point is T)."""
+        return self.model.evolution.num_steps
+
+    def path(self, inputs: Mapping[str, Any], *, every_step: bool) -> list[torch.Tensor]:
+        """u_f at the fine grid points 0 .. L (``every_step``) or [u_f(T)] alone."""
+        with torch.no_grad():
+            if every_step:
+                return self.model.trajectory(**inputs, saveat=SaveAt(steps=True)).state_list
+            return [self.model.trajectory(**inputs, saveat=SaveAt()).final]
 
 
 class Distillation(nn.Module):
@@ -79,7 +101,7 @@ class Distillation(nn.Module):
             raise ValueError(f"Distillation: fine_points ends at {points[-1]}, the teacher's "
                              f"final grid point is {teacher.evolution.num_steps}")
         self.student = student
-        self.teacher = [teacher]  # not a submodule: its parameters are not the student's
+        self.target = FineSolution(teacher)
         self.fine_points = points
         self.shooting, self.embedding = float(shooting), float(embedding)
 
@@ -90,13 +112,8 @@ class Distillation(nn.Module):
     def forward(self, inputs: Mapping[str, Any]) -> Objective:
         inputs = dict(inputs)
         mask = inputs.get("attention_mask")
-        teacher = self.teacher[0]
         pairs = self.interior() if self.shooting else []
-        with torch.no_grad():
-            if pairs:
-                fine = teacher.trajectory(**inputs, saveat=SaveAt(steps=True)).state_list
-            else:  # u_f(T) alone
-                fine = [teacher.trajectory(**inputs, saveat=SaveAt()).final]
+        fine = self.target.path(inputs, every_step=bool(pairs))
         if pairs:
             coarse = self.student.trajectory(**inputs, saveat=SaveAt(steps=True)).state_list
             final = coarse[-1]
