@@ -11,11 +11,11 @@ import html
 import json
 import math
 import re
-from pathlib import Path
 
 import pytest
 import torch
-from _optional_data import skip_unless
+from _browser import headless_chromium
+from _cli import cli
 
 from splitformer.analysis.theory import (
     CHECKS,
@@ -39,21 +39,10 @@ from splitformer.operators.projections import SphereProjection
 from splitformer.time import Evolution, TimeGrid
 from splitformer.time.controls import Controls
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 FIELDS = {"name", "title", "claim", "citation", "run", "criterion", "verdict", "reason",
           "assumptions", "constants", "fit", "data", "notes", "figure"}
 TEXT = ("In the beginning God created the heaven and the earth. And the earth was without "
         "form, and void; and darkness was upon the face of the deep.")
-
-
-def cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        rc = main(argv)
-    except SystemExit as e:
-        rc = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 # -- constructed systems -------------------------------------------------------------------------
@@ -328,6 +317,23 @@ def test_threads_are_restored_after_the_run(tmp_path, capsys):
     assert torch.get_num_threads() == before
 
 
+def test_a_check_that_fails_to_run_is_exit_1_with_one_line_and_threads_restored(
+        tmp_path, capsys, monkeypatch):
+    import splitformer.analysis.theory as theory
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the check\nbroke")
+
+    monkeypatch.setattr(theory, "run_checks", broken)
+    before = torch.get_num_threads()
+    rc, out, err = cli(["theory", "bert-tiny", "--text", TEXT, "--out", str(tmp_path / "t"),
+                        "--threads", str(before + 1), *FAST], capsys)
+    assert rc == 1 and out == ""
+    assert err == "splitformer theory: error: RuntimeError: the check broke\n"
+    assert torch.get_num_threads() == before
+    assert not (tmp_path / "t").exists()  # nothing written
+
+
 def test_the_summary_is_printed_without_json(tmp_path, capsys):
     rc, out, err = cli(["theory", "bert-tiny", "--text", TEXT, "--out", str(tmp_path / "s"),
                         "--check", "rank_collapse", *FAST], capsys)
@@ -397,23 +403,8 @@ def test_the_page_is_self_contained_and_its_numbers_are_the_json(bert_report):
 
 
 def test_the_page_opens_in_headless_chromium(bert_report):
-    if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
-        skip_unless("chromium")
-        pytest.skip(f"needs chromium and chromedriver at {CHROMIUM} and {CHROMEDRIVER}")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the dev "
-                                    "extra)")
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-
-    out, data = bert_report
-    options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1200,900"):
-        options.add_argument(arg)
-    options.binary_location = str(CHROMIUM)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    try:
+    with headless_chromium() as (driver, By):
+        out, data = bert_report
         driver.get((out / "index.html").resolve().as_uri())
         assert driver.title == "splitformer theory bert-tiny"
         shown = driver.find_elements(By.CSS_SELECTOR, "figure svg, figure img")
@@ -429,5 +420,3 @@ def test_the_page_opens_in_headless_chromium(bert_report):
             "return performance.getEntriesByType('resource').map(e => e.name)")
         assert all(u.startswith(("data:", "file:")) for u in fetched), fetched
         assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
-    finally:
-        driver.quit()
