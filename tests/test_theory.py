@@ -7,7 +7,9 @@ numbers against the JSON, opened in headless Chromium when available)."""
 
 from __future__ import annotations
 
+import copy
 import html
+import importlib
 import json
 import math
 import re
@@ -17,6 +19,7 @@ import torch
 from _browser import headless_chromium
 from _cli import cli
 
+from splitformer.analysis.checks import ArgumentError
 from splitformer.analysis.theory import (
     CHECKS,
     Check,
@@ -31,6 +34,8 @@ from splitformer.analysis.theory import (
     rank_collapse,
     reference_run,
     relative_residual,
+    rescale_scores,
+    scaled_attention,
 )
 from splitformer.cli import main
 from splitformer.operators.attention import NonlocalAttention
@@ -169,6 +174,26 @@ def test_clustering_of_the_theorems_own_system_is_one_cluster():
     assert c.fit["r2"] is not None and c.fit["slope"] < 0  # 1 - cos decays
 
 
+def test_the_single_cluster_assumption_needs_q_k_as_well_as_v():
+    name = "V = I and Q^T K = I (the single-cluster theorem)"
+    probe = _sphere_probe(1.0, steps=1)
+    held = {a["name"]: a["holds"] for a in clustering(probe, t_max=2, k=1).assumptions}
+    assert held[name]
+    with torch.no_grad():  # V = I still, but Q^T K a random matrix
+        probe.evolution.controls[0]["attention"].qkv_weight[:6].normal_(
+            generator=torch.Generator().manual_seed(0))
+    c = clustering(probe, t_max=2, k=1)
+    held = {a["name"]: a["holds"] for a in c.assumptions}
+    assert not held[name]
+    r = c.data["steps"][0]
+    assert r["distance_from_identity"] == pytest.approx(0.0, abs=1e-12)
+    w = probe.evolution.controls[0]["attention"].qkv_weight.detach()
+    m = w[:6].T @ w[6:12]
+    assert r["score_distance_from_identity"] == pytest.approx(
+        float(torch.linalg.matrix_norm(m - torch.trace(m) / 6 * torch.eye(6, dtype=m.dtype))
+              / torch.linalg.matrix_norm(m)), rel=1e-12)
+
+
 def test_clustering_with_a_repelling_value_map_is_not_applicable():
     c = clustering(_sphere_probe(-1.0), t_max=5, k=2)
     assert c.verdict == "not applicable"
@@ -183,6 +208,34 @@ def test_metastability_returns_the_fit_and_says_the_gegenbauer_count_does_not_ap
     assert len(d["data"]["runs"]) == 4 * bert_probe.steps
     assert d["data"]["gegenbauer"]["applicable"] is False
     assert d["data"]["reference"] is None
+
+
+@pytest.mark.parametrize("plateaus, applicable", [((1, 0, 0), False), ((1, 1, 0), True)])
+def test_metastability_applies_where_the_median_dwell_is_positive(plateaus, applicable,
+                                                                  monkeypatch):
+    # the fit is of the median over the steps: a beta where most steps have no multi-cluster
+    # plateau (median dwell 0) has no dwell to fit, even though one step has a plateau
+    module = importlib.import_module("splitformer.analysis.theory.clustering")
+
+    calls = iter(range(100))
+
+    def plateau(evo, u, ctx, k, n_tokens):
+        i = next(calls)
+        step, b = divmod(i, 4)
+        dwell = float(2 ** b) if plateaus[step] else 0.0  # doubling with beta: exponential
+        return {"dwell": dwell, "count": 2 if dwell else None, "start": 0.0 if dwell else None,
+                "censored": False, "clusters": [3, 2]}
+
+    monkeypatch.setattr(module, "_plateau", plateau)
+    c = metastability(_sphere_probe(1.0, steps=3), betas=(1.0, 2.0, 3.0, 4.0), t_max=2, k=1,
+                      reference_t_max=0)
+    assert "median dwell" in c.criterion and "no multi-cluster plateau at all" not in c.criterion
+    if applicable:
+        assert c.constants["median_dwell"] == [1.0, 2.0, 4.0, 8.0]
+        assert c.verdict == "pass" and c.fit["slope"] == pytest.approx(math.log(2))
+    else:
+        assert c.constants["median_dwell"] == [0.0, 0.0, 0.0, 0.0]
+        assert c.verdict == "not applicable" and "dwell time" in c.reason
 
 
 def test_metastability_needs_four_betas(bert_probe):
@@ -205,6 +258,70 @@ def test_log_n_scaling_measures_entropy_and_rank_at_each_length(bert_probe):
 def test_log_n_scaling_is_not_applicable_without_lengths(bert_probe):
     probe = Probe(None, bert_probe.evolution, bert_probe.u0, None)
     assert log_n_scaling(probe).verdict == "not applicable"
+
+
+def _tied_probe(tied: bool, d: int = 6, steps: int = 2) -> Probe:
+    """Two steps of one random attention operator (tied: the same module in both control sets;
+    untied: a copy in each), and 24 tokens of a seeded random state."""
+    torch.manual_seed(3)
+    theta = {"attention": NonlocalAttention(d, 2, dtype=torch.float64),
+             "norm1": SphereProjection(d).double()}
+    sets = [theta if tied else copy.deepcopy(theta) for _ in range(steps)]
+    evo = Evolution(Controls(sets), "attention norm1:project", TimeGrid(steps, steps))
+    g = torch.Generator().manual_seed(4)
+    full = torch.randn(1, 24, d, generator=g, dtype=torch.float64)
+    return Probe(None, evo, full[:, :8], None, lengths=lambda n: (full[:, :n], None),
+                 max_tokens=24)
+
+
+def test_log_n_scaling_scales_a_tied_operator_once():
+    # an operator shared by two steps is one operator: the scores are times beta_n once, not
+    # beta_n ** 2, so the tied and untied evolutions (the same weights) measure the same
+    tied = log_n_scaling(_tied_probe(True), lengths=(8, 16, 24))
+    untied = log_n_scaling(_tied_probe(False), lengths=(8, 16, 24))
+    assert tied.data["rows"][0]["pretrained_entropy"] == pytest.approx(
+        untied.data["rows"][0]["pretrained_entropy"], rel=1e-12)
+    for a, b in zip(tied.data["rows"], untied.data["rows"], strict=True):
+        assert a["scaled_entropy"] == pytest.approx(b["scaled_entropy"], rel=1e-12)
+
+
+@pytest.mark.parametrize("kernel, options, kept", [
+    ("alibi", {"causal": True}, "causal"),
+    ("sinkhorn", {"iterations": 7}, "iterations"),
+    ("rotary", {"base": 500.0}, "base"),
+])
+def test_scaled_scores_keep_the_kernels_other_options(kernel, options, kept):
+    d, heads, beta = 8, 2, 2.5
+    op = NonlocalAttention(d, heads, dtype=torch.float64)
+    op.set_kernel(kernel, **options)
+    s = op.head_dim ** -0.5
+    # the same operator with the kernel built by name at beta s
+    ref = copy.deepcopy(op)
+    ref.set_kernel(kernel, **options, scale=beta * s)
+    u = torch.randn(1, 7, d, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for scaled in (scaled_attention(op, beta), _rescaled_in_place(op, beta)):
+        assert scaled.score_scale() == pytest.approx(beta * s, rel=1e-15)
+        assert getattr(scaled.kernel, kept) == options[kept]
+        torch.testing.assert_close(scaled(u, None), ref(u, None), rtol=1e-13, atol=1e-13)
+    assert op.score_scale() is None or op.score_scale() == pytest.approx(s)  # op untouched
+    if kernel == "alibi":  # causal: token 0 does not see the others
+        v = u.clone()
+        v[:, 1:] += 1.0
+        torch.testing.assert_close(scaled_attention(op, beta)(v, None)[:, 0],
+                                   scaled_attention(op, beta)(u, None)[:, 0])
+
+
+def _rescaled_in_place(op, beta):
+    new = copy.deepcopy(op)
+    rescale_scores(new, beta)
+    return new
+
+
+def test_log_n_scaling_refuses_a_reference_length_below_2(bert_probe):
+    with pytest.raises(ArgumentError, match="n0"):
+        log_n_scaling(bert_probe, lengths=(8, 16, 32), n0=1)
+    with pytest.raises(ArgumentError, match="lengths"):
+        log_n_scaling(bert_probe, lengths=(1, 16, 32))
 
 
 def test_doubly_stochastic_is_zero_for_a_uniform_kernel_and_not_applicable_when_causal(

@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from ...operators.attention import AttentionOperator
+from ..checks import ArgumentError
 from ..geometry import attention_entropy, effective_rank
 from ..readings import attentions, compose, kernel_and_support, module_of
-from .core import NOT_APPLICABLE, Check, Probe, assumption, linear_fit
+from .core import NOT_APPLICABLE, Check, Probe, assumption, linear_fit, rescale_scores
 
 __all__ = ["LENGTHS", "doubly_stochastic", "log_n_scaling", "step_kernels", "with_attention"]
 
@@ -78,23 +80,22 @@ def step_kernels(evo, u0: torch.Tensor, ctx) -> list[dict[str, Any]]:
 
 def with_attention(evo, fn: Callable[[AttentionOperator], None]):
     """A deep copy of ``evo`` with ``fn`` applied in place to each attention operator of its
-    controls (its compiled plans dropped, so that they are built on the copies)."""
+    controls, once (an operator that several control sets share, as in a weight-tied network,
+    is one operator), its compiled plans dropped so that they are built on the copies."""
     new = copy.deepcopy(evo)
     new.__dict__.pop("_plans", None)
+    seen: set[int] = set()
     for theta in new.controls:
         for op in theta.values():
-            if isinstance(module_of(op), AttentionOperator):
-                fn(module_of(op))
+            m = module_of(op)
+            if isinstance(m, AttentionOperator) and id(m) not in seen:
+                seen.add(id(m))
+                fn(m)
     return new
 
 
 def _rescale(beta: float) -> Callable[[AttentionOperator], None]:
-    def fn(op: AttentionOperator) -> None:
-        s = op.score_scale()
-        s = op.head_dim ** -0.5 if s is None else s
-        op.set_kernel(op.kernel.name, scale=float(beta) * s)
-
-    return fn
+    return lambda op: rescale_scores(op, beta)
 
 
 def _entropy(g: torch.Tensor, support: torch.Tensor) -> float:
@@ -119,9 +120,16 @@ def _scaling_row(evo, u0, ctx) -> dict[str, Any]:
 
 def log_n_scaling(probe: Probe, lengths: Sequence[int] = LENGTHS, n0: int | None = None
                   ) -> Check:
-    """Check d (module docstring) at the token counts ``lengths`` (those the model takes);
-    n0 defaults to the smallest."""
+    """Check d (module docstring) at the token counts ``lengths`` (those the model takes; each
+    >= 2); n0 (>= 2) defaults to the smallest. ArgumentError naming ``n0`` or ``lengths``
+    otherwise."""
     title = "Critical log n scaling of the scores"
+    if n0 is not None and (isinstance(n0, bool) or not isinstance(n0, numbers.Integral)
+                           or n0 < 2):
+        raise ArgumentError("n0", f"expected a token count >= 2 (log n0 > 0), got {n0!r}")
+    short = [n for n in lengths if int(n) < 2]
+    if short:
+        raise ArgumentError("lengths", f"expected token counts >= 2, got {short}")
     usable = sorted({int(n) for n in lengths
                      if probe.max_tokens is None or n <= probe.max_tokens})
     why, assumptions = _length_assumptions(probe, lengths, usable)
