@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _browser import headless_chromium
+from _cli import cli
 from _optional_data import needs, skip_unless
 
 from splitformer.analysis.report import (
@@ -27,21 +29,8 @@ from splitformer.analysis.report import (
 )
 from splitformer.cli import main
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-
 
 # -- helpers ------------------------------------------------------------------------------------
-def cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    """Run `splitformer ARGV` in this process: (exit status, stdout, stderr)."""
-    try:
-        rc = main(argv)
-    except SystemExit as e:
-        rc = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def analyze_json(argv: list[str], capsys) -> dict[str, Any]:
     rc, out, err = cli(["analyze", *argv, "--json", "--no-progress"], capsys)
     assert rc == 0, err
@@ -315,33 +304,17 @@ def test_analyze_builtin_json_equals_the_file_and_the_report_tables(vit_report):
 
 def test_report_opens_in_headless_chromium_with_every_figure_drawn_and_no_errors(
         vit_report, tmp_path):
-    if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
-        skip_unless("chromium")  # elsewhere on PATH is not what the test drives: skip too
-        pytest.skip(f"needs chromium and chromedriver at {CHROMIUM} and {CHROMEDRIVER}: "
-                    "`make data` installs them (CI runs make data)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the dev "
-                                    "extra: pip install -e '.[dev]')")
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-
-    out, data, _ = vit_report
-    # a second page: the same figures, one of them as a PNG (no SVG), and the synthetic data
-    figs = [FigureFile(p.stem, p.stem, "", p.with_suffix(".png"), p)
-            for p in sorted(out.glob("*.svg"))]
-    assert figs, "analyze drew no figure"
-    first = figs[0]
-    figs.append(FigureFile("png-only", "PNG only", "", first.png, None))
-    other = write_report(tmp_path / "other", "other", [Section("F", figures=figs),
-                                                       Section("E", data="evolutions")],
-                         SYNTHETIC)
-    options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1200,900"):
-        options.add_argument(arg)
-    options.binary_location = str(CHROMIUM)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    try:
+    with headless_chromium() as (driver, By):
+        out, data, _ = vit_report
+        # a second page: the same figures, one of them as a PNG (no SVG), and the synthetic data
+        figs = [FigureFile(p.stem, p.stem, "", p.with_suffix(".png"), p)
+                for p in sorted(out.glob("*.svg"))]
+        assert figs, "analyze drew no figure"
+        first = figs[0]
+        figs.append(FigureFile("png-only", "PNG only", "", first.png, None))
+        other = write_report(tmp_path / "other", "other", [Section("F", figures=figs),
+                                                           Section("E", data="evolutions")],
+                             SYNTHETIC)
         for page, expect_img in ((out / "index.html", False), (other, True)):
             driver.get(page.resolve().as_uri())
             assert driver.title
@@ -370,8 +343,6 @@ def test_report_opens_in_headless_chromium_with_every_figure_drawn_and_no_errors
             assert all(u.startswith(("data:", "file:")) for u in fetched), fetched
             severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
             assert not severe, severe
-    finally:
-        driver.quit()
 
 
 def test_analyze_prints_the_summary_and_writes_under_analysis_by_default(

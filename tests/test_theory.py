@@ -7,16 +7,21 @@ numbers against the JSON, opened in headless Chromium when available)."""
 
 from __future__ import annotations
 
+import copy
 import html
+import importlib
 import json
 import math
 import re
-from pathlib import Path
+import statistics
 
 import pytest
 import torch
-from _optional_data import skip_unless
+from _browser import headless_chromium
+from _cli import cli
+from scipy import stats
 
+from splitformer.analysis.checks import ArgumentError
 from splitformer.analysis.theory import (
     CHECKS,
     Check,
@@ -31,6 +36,8 @@ from splitformer.analysis.theory import (
     rank_collapse,
     reference_run,
     relative_residual,
+    rescale_scores,
+    scaled_attention,
 )
 from splitformer.cli import main
 from splitformer.operators.attention import NonlocalAttention
@@ -39,21 +46,10 @@ from splitformer.operators.projections import SphereProjection
 from splitformer.time import Evolution, TimeGrid
 from splitformer.time.controls import Controls
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 FIELDS = {"name", "title", "claim", "citation", "run", "criterion", "verdict", "reason",
           "assumptions", "constants", "fit", "data", "notes", "figure"}
 TEXT = ("In the beginning God created the heaven and the earth. And the earth was without "
         "form, and void; and darkness was upon the face of the deep.")
-
-
-def cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        rc = main(argv)
-    except SystemExit as e:
-        rc = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 # -- constructed systems -------------------------------------------------------------------------
@@ -105,6 +101,12 @@ def test_linear_fit_and_residual_and_cluster_count_on_known_values():
     assert noisy["r2"] == pytest.approx(0.2)  # slope 0.2, SS_res 0.8 of SS_tot 1
     assert linear_fit([0, 1], [0, 1])["r2"] is None  # two points: no R^2
     assert linear_fit([0, 1, 2], [1.0, None, math.nan])["slope"] is None
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.rand(9, generator=g).tolist(), torch.randn(9, generator=g).tolist()
+    f, ref = linear_fit(x, y), stats.linregress(x, y)  # scipy's least squares
+    assert f["slope"] == pytest.approx(ref.slope, rel=1e-12)
+    assert f["intercept"] == pytest.approx(ref.intercept, rel=1e-12)
+    assert f["r2"] == pytest.approx(ref.rvalue ** 2, rel=1e-12)
     u = torch.tensor([[[1.0, 0.0], [2.0, 0.0]], [[1.0, 1.0], [1.0, -1.0]]], dtype=torch.float64)
     assert relative_residual(u) == pytest.approx([0.5 / math.sqrt(5) * math.sqrt(2),
                                                   math.sqrt(2) / 2])
@@ -146,11 +148,15 @@ def test_rank_collapse_passes_on_a_tiny_bert(bert_probe):
     assert set(d) == FIELDS and c.name == "rank_collapse"
     pure = d["data"]["pure_attention"]
     assert len(pure) == bert_probe.steps + 1
-    # doubly exponential: each step's residual is below a power > 1 of the one before
-    above = [r for r in pure if r > 1e-12]
-    assert all(b < a for a, b in zip(above, above[1:], strict=False))
+    # doubly exponential: each step's residual is below a power > 1 of the one before,
+    # r_{n+1} < r_n^p with p = log r_{n+1} / log r_n > 1 (exponential decay has p -> 1)
+    above = [r for r in pure if r >= 1e-12]
+    assert len(above) >= 3
+    assert all(math.log(b) / math.log(a) > 2 for a, b in zip(above, above[1:], strict=False))
     assert c.verdict == "pass", c.reason
-    assert c.fit["slope"] > 0 and c.fit["r2"] >= 0.9
+    ref = stats.linregress(range(len(above)), [math.log(-math.log(r)) for r in above])
+    assert c.fit["slope"] == pytest.approx(ref.slope, rel=1e-12) and ref.slope > 0
+    assert c.fit["r2"] == pytest.approx(ref.rvalue ** 2, rel=1e-12) and c.fit["r2"] >= 0.9
     assert d["constants"]["full_final_ratio"] >= 1e-3
     assert d["data"]["full_scheme"][0] == pytest.approx(pure[0])
 
@@ -180,6 +186,26 @@ def test_clustering_of_the_theorems_own_system_is_one_cluster():
     assert c.fit["r2"] is not None and c.fit["slope"] < 0  # 1 - cos decays
 
 
+def test_the_single_cluster_assumption_needs_q_k_as_well_as_v():
+    name = "V = I and Q^T K = I (the single-cluster theorem)"
+    probe = _sphere_probe(1.0, steps=1)
+    held = {a["name"]: a["holds"] for a in clustering(probe, t_max=2, k=1).assumptions}
+    assert held[name]
+    with torch.no_grad():  # V = I still, but Q^T K a random matrix
+        probe.evolution.controls[0]["attention"].qkv_weight[:6].normal_(
+            generator=torch.Generator().manual_seed(0))
+    c = clustering(probe, t_max=2, k=1)
+    held = {a["name"]: a["holds"] for a in c.assumptions}
+    assert not held[name]
+    r = c.data["steps"][0]
+    assert r["distance_from_identity"] == pytest.approx(0.0, abs=1e-12)
+    w = probe.evolution.controls[0]["attention"].qkv_weight.detach()
+    m = w[:6].T @ w[6:12]
+    assert r["score_distance_from_identity"] == pytest.approx(
+        float(torch.linalg.matrix_norm(m - torch.trace(m) / 6 * torch.eye(6, dtype=m.dtype))
+              / torch.linalg.matrix_norm(m)), rel=1e-12)
+
+
 def test_clustering_with_a_repelling_value_map_is_not_applicable():
     c = clustering(_sphere_probe(-1.0), t_max=5, k=2)
     assert c.verdict == "not applicable"
@@ -189,11 +215,72 @@ def test_clustering_with_a_repelling_value_map_is_not_applicable():
 def test_metastability_returns_the_fit_and_says_the_gegenbauer_count_does_not_apply(bert_probe):
     c = metastability(bert_probe, betas=(0.5, 1.0, 2.0, 4.0), t_max=4, k=4, reference_t_max=0)
     d = c.as_dict()
-    assert set(d) == FIELDS and c.verdict in ("pass", "fail", "not applicable")
+    assert set(d) == FIELDS
     assert d["constants"]["betas"] == [0.5, 1.0, 2.0, 4.0] and "r2" in d["fit"]
     assert len(d["data"]["runs"]) == 4 * bert_probe.steps
     assert d["data"]["gegenbauer"]["applicable"] is False
     assert d["data"]["reference"] is None
+    # by t = 4 no bert-tiny step holds a multi-cluster plateau: nothing to fit
+    assert d["constants"]["median_dwell"] == [0.0] * 4
+    assert c.verdict == "not applicable" and "dwell time" in c.reason
+
+
+def test_metastability_dwell_and_fit_on_the_theorems_own_system():
+    probe = _sphere_probe(1.0, tokens=12, steps=2)
+    t_max, k, betas = 6, 3, (0.5, 1.0, 2.0, 4.0)
+    c = metastability(probe, betas=betas, t_max=t_max, k=k, reference_t_max=0)
+    runs = c.data["runs"]
+    assert [(r["step"], r["beta"]) for r in runs] == [(n, b) for n in (0, 1) for b in betas]
+    assert any(r["dwell"] > 0 for r in runs)
+    for r in runs:  # a plateau of 2 <= c < N clusters inside [0, t_max], on the substep grid
+        if r["dwell"] == 0:
+            assert r["count"] is None and not r["censored"]
+            continue
+        assert 2 <= r["count"] < 12 and 0 <= r["start"]
+        assert r["start"] + r["dwell"] <= t_max + 1e-12
+        assert r["dwell"] * k == pytest.approx(round(r["dwell"] * k))
+        assert r["censored"] == (r["start"] + r["dwell"] == pytest.approx(t_max))
+        # the unit-time counts inside the plateau are its count
+        inside = [n for t, n in enumerate(r["clusters"])
+                  if r["start"] < t < r["start"] + r["dwell"] - 1e-9]
+        assert all(n == r["count"] for n in inside)
+    medians = [statistics.median(r["dwell"] for r in runs if r["beta"] == b) for b in betas]
+    assert c.constants["median_dwell"] == pytest.approx(medians)
+    if all(m > 0 for m in medians):
+        ref = stats.linregress(betas, [math.log(m) for m in medians])
+        assert c.fit["slope"] == pytest.approx(ref.slope, rel=1e-12)
+        assert c.fit["r2"] == pytest.approx(ref.rvalue ** 2, rel=1e-12)
+        assert c.verdict == ("pass" if ref.slope > 0 and ref.rvalue ** 2 >= 0.9 else "fail")
+    else:
+        assert c.verdict == "not applicable"
+
+
+@pytest.mark.parametrize("plateaus, applicable", [((1, 0, 0), False), ((1, 1, 0), True)])
+def test_metastability_applies_where_the_median_dwell_is_positive(plateaus, applicable,
+                                                                  monkeypatch):
+    # the fit is of the median over the steps: a beta where most steps have no multi-cluster
+    # plateau (median dwell 0) has no dwell to fit, even though one step has a plateau
+    module = importlib.import_module("splitformer.analysis.theory.clustering")
+
+    calls = iter(range(100))
+
+    def plateau(evo, u, ctx, k, n_tokens):
+        i = next(calls)
+        step, b = divmod(i, 4)
+        dwell = float(2 ** b) if plateaus[step] else 0.0  # doubling with beta: exponential
+        return {"dwell": dwell, "count": 2 if dwell else None, "start": 0.0 if dwell else None,
+                "censored": False, "clusters": [3, 2]}
+
+    monkeypatch.setattr(module, "_plateau", plateau)
+    c = metastability(_sphere_probe(1.0, steps=3), betas=(1.0, 2.0, 3.0, 4.0), t_max=2, k=1,
+                      reference_t_max=0)
+    assert "median dwell" in c.criterion and "no multi-cluster plateau at all" not in c.criterion
+    if applicable:
+        assert c.constants["median_dwell"] == [1.0, 2.0, 4.0, 8.0]
+        assert c.verdict == "pass" and c.fit["slope"] == pytest.approx(math.log(2))
+    else:
+        assert c.constants["median_dwell"] == [0.0, 0.0, 0.0, 0.0]
+        assert c.verdict == "not applicable" and "dwell time" in c.reason
 
 
 def test_metastability_needs_four_betas(bert_probe):
@@ -210,12 +297,85 @@ def test_log_n_scaling_measures_entropy_and_rank_at_each_length(bert_probe):
                                                       math.log(32) / math.log(8)])
     assert all(0 < e <= 1 for r in rows for e in r["pretrained_entropy"] + r["scaled_entropy"])
     assert rows[0]["pretrained_entropy"] == pytest.approx(rows[0]["scaled_entropy"])  # beta 1
-    assert c.verdict in ("pass", "fail") and "r2" in c.fit
+    # the first step sees the same state with both scales: a sharper softmax (beta > 1) has a
+    # lower entropy
+    assert all(r["scaled_entropy"][0] < r["pretrained_entropy"][0] for r in rows[1:])
+    x = [math.log(r["tokens"]) for r in rows]
+    sp = stats.linregress(x, [r["pretrained_mean_entropy"] for r in rows]).slope
+    ss = stats.linregress(x, [r["scaled_mean_entropy"] for r in rows]).slope
+    assert c.constants["entropy_slope_pretrained"] == pytest.approx(sp, rel=1e-12)
+    assert c.constants["entropy_slope_scaled"] == pytest.approx(ss, rel=1e-12)
+    assert c.fit["slope"] == pytest.approx(ss, rel=1e-12)
+    assert c.verdict == ("pass" if abs(ss) <= max(0.5 * abs(sp), 0.01) else "fail")
 
 
 def test_log_n_scaling_is_not_applicable_without_lengths(bert_probe):
     probe = Probe(None, bert_probe.evolution, bert_probe.u0, None)
     assert log_n_scaling(probe).verdict == "not applicable"
+
+
+def _tied_probe(tied: bool, d: int = 6, steps: int = 2) -> Probe:
+    """Two steps of one random attention operator (tied: the same module in both control sets;
+    untied: a copy in each), and 24 tokens of a seeded random state."""
+    torch.manual_seed(3)
+    theta = {"attention": NonlocalAttention(d, 2, dtype=torch.float64),
+             "norm1": SphereProjection(d).double()}
+    sets = [theta if tied else copy.deepcopy(theta) for _ in range(steps)]
+    evo = Evolution(Controls(sets), "attention norm1:project", TimeGrid(steps, steps))
+    g = torch.Generator().manual_seed(4)
+    full = torch.randn(1, 24, d, generator=g, dtype=torch.float64)
+    return Probe(None, evo, full[:, :8], None, lengths=lambda n: (full[:, :n], None),
+                 max_tokens=24)
+
+
+def test_log_n_scaling_scales_a_tied_operator_once():
+    # an operator shared by two steps is one operator: the scores are times beta_n once, not
+    # beta_n ** 2, so the tied and untied evolutions (the same weights) measure the same
+    tied = log_n_scaling(_tied_probe(True), lengths=(8, 16, 24))
+    untied = log_n_scaling(_tied_probe(False), lengths=(8, 16, 24))
+    assert tied.data["rows"][0]["pretrained_entropy"] == pytest.approx(
+        untied.data["rows"][0]["pretrained_entropy"], rel=1e-12)
+    for a, b in zip(tied.data["rows"], untied.data["rows"], strict=True):
+        assert a["scaled_entropy"] == pytest.approx(b["scaled_entropy"], rel=1e-12)
+
+
+@pytest.mark.parametrize("kernel, options, kept", [
+    ("alibi", {"causal": True}, "causal"),
+    ("sinkhorn", {"iterations": 7}, "iterations"),
+    ("rotary", {"base": 500.0}, "base"),
+])
+def test_scaled_scores_keep_the_kernels_other_options(kernel, options, kept):
+    d, heads, beta = 8, 2, 2.5
+    op = NonlocalAttention(d, heads, dtype=torch.float64)
+    op.set_kernel(kernel, **options)
+    s = op.head_dim ** -0.5
+    # the same operator with the kernel built by name at beta s
+    ref = copy.deepcopy(op)
+    ref.set_kernel(kernel, **options, scale=beta * s)
+    u = torch.randn(1, 7, d, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for scaled in (scaled_attention(op, beta), _rescaled_in_place(op, beta)):
+        assert scaled.score_scale() == pytest.approx(beta * s, rel=1e-15)
+        assert getattr(scaled.kernel, kept) == options[kept]
+        torch.testing.assert_close(scaled(u, None), ref(u, None), rtol=1e-13, atol=1e-13)
+    assert op.score_scale() is None or op.score_scale() == pytest.approx(s)  # op untouched
+    if kernel == "alibi":  # causal: token 0 does not see the others
+        v = u.clone()
+        v[:, 1:] += 1.0
+        torch.testing.assert_close(scaled_attention(op, beta)(v, None)[:, 0],
+                                   scaled_attention(op, beta)(u, None)[:, 0])
+
+
+def _rescaled_in_place(op, beta):
+    new = copy.deepcopy(op)
+    rescale_scores(new, beta)
+    return new
+
+
+def test_log_n_scaling_refuses_a_reference_length_below_2(bert_probe):
+    with pytest.raises(ArgumentError, match="n0"):
+        log_n_scaling(bert_probe, lengths=(8, 16, 32), n0=1)
+    with pytest.raises(ArgumentError, match="lengths"):
+        log_n_scaling(bert_probe, lengths=(1, 16, 32))
 
 
 def test_doubly_stochastic_is_zero_for_a_uniform_kernel_and_not_applicable_when_causal(
@@ -277,9 +437,32 @@ def test_all_five_checks_write_the_report_and_the_json(bert_report):
     assert [c["letter"] for c in data["checks"]] == ["a", "b", "c", "d", "e"]
     assert (out / "index.html").is_file()
     for c in data["checks"]:
-        assert c["verdict"] in ("pass", "fail", "not applicable") and c["constants"]
+        assert c["verdict"] == _verdict_by_criterion(c), c["name"]
         assert (out / c["figure"]["png"]).is_file()
     assert data["input"]["source"] == "--text" and data["model"]["steps"] == 4
+
+
+def _verdict_by_criterion(c: dict) -> str:
+    """A check's verdict read off its JSON record by its stated criterion."""
+    k, data, fit = c["constants"], c["data"], c["fit"]
+    if not all(a["holds"] for a in c["assumptions"]
+               if c["name"] != "metastability" or "Gegenbauer" not in a["name"]) \
+            and c["name"] != "clustering":
+        return "not applicable"
+    if c["name"] == "rank_collapse":
+        ok = fit["slope"] > 0 and fit["r2"] >= 0.9 and k["full_final_ratio"] >= 1e-3
+    elif c["name"] == "clustering":
+        attracting = [r for r in data["steps"] if r["top_eigenvalue_real"] > 0]
+        if not attracting:
+            return "not applicable"
+        ok = all(r["sphere_final_clusters"] == 1 for r in attracting)
+    elif c["name"] == "metastability":
+        ok = fit["slope"] > 0 and fit["r2"] >= 0.9
+    elif c["name"] == "log_n_scaling":
+        ok = abs(k["entropy_slope_scaled"]) <= max(0.5 * abs(k["entropy_slope_pretrained"]), 0.01)
+    else:
+        ok = k["trained_mean_deviation"] < k["init_mean_deviation"]
+    return "pass" if ok else "fail"
 
 
 def test_same_seed_same_json(tmp_path, capsys):
@@ -326,6 +509,23 @@ def test_threads_are_restored_after_the_run(tmp_path, capsys):
                       "--check", "rank_collapse", "--threads", str(before + 1), *FAST], capsys)
     assert rc == 0, err
     assert torch.get_num_threads() == before
+
+
+def test_a_check_that_fails_to_run_is_exit_1_with_one_line_and_threads_restored(
+        tmp_path, capsys, monkeypatch):
+    import splitformer.analysis.theory as theory
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the check\nbroke")
+
+    monkeypatch.setattr(theory, "run_checks", broken)
+    before = torch.get_num_threads()
+    rc, out, err = cli(["theory", "bert-tiny", "--text", TEXT, "--out", str(tmp_path / "t"),
+                        "--threads", str(before + 1), *FAST], capsys)
+    assert rc == 1 and out == ""
+    assert err == "splitformer theory: error: RuntimeError: the check broke\n"
+    assert torch.get_num_threads() == before
+    assert not (tmp_path / "t").exists()  # nothing written
 
 
 def test_the_summary_is_printed_without_json(tmp_path, capsys):
@@ -397,23 +597,8 @@ def test_the_page_is_self_contained_and_its_numbers_are_the_json(bert_report):
 
 
 def test_the_page_opens_in_headless_chromium(bert_report):
-    if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
-        skip_unless("chromium")
-        pytest.skip(f"needs chromium and chromedriver at {CHROMIUM} and {CHROMEDRIVER}")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the dev "
-                                    "extra)")
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-
-    out, data = bert_report
-    options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1200,900"):
-        options.add_argument(arg)
-    options.binary_location = str(CHROMIUM)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    try:
+    with headless_chromium() as (driver, By):
+        out, data = bert_report
         driver.get((out / "index.html").resolve().as_uri())
         assert driver.title == "splitformer theory bert-tiny"
         shown = driver.find_elements(By.CSS_SELECTOR, "figure svg, figure img")
@@ -429,5 +614,3 @@ def test_the_page_opens_in_headless_chromium(bert_report):
             "return performance.getEntriesByType('resource').map(e => e.name)")
         assert all(u.startswith(("data:", "file:")) for u in fetched), fetched
         assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
-    finally:
-        driver.quit()

@@ -73,7 +73,7 @@ from ..subjects.resolve import load_subject as _resolve
 from ..subjects.subject import Encoded, ImageSpec, InputError, Notes, Subject, image_grid
 from . import UsageError, bounded_int, stripped
 from .progress import Progress
-from .report import check_out, staging
+from .report import check_out, finish, staging
 
 __all__ = ["BUILTINS", "Encoded", "ImageSpec", "Subject", "add_arguments", "load_subject",
            "model_inputs", "run", "summary"]
@@ -257,22 +257,9 @@ def _run(args: argparse.Namespace, progress: Progress) -> int:
         inputs, record = model_inputs(sub, text=args.text, image=args.image,
                                       sample=args.sample, data=args.data, model=args.model,
                                       notes=notes)
-    try:
-        data = _analysis(args, sub, inputs, record, notes.lines, out, progress)
-    except (UsageError, KeyboardInterrupt):
-        raise
-    except Exception as e:  # noqa: BLE001 - a failure after the inputs were accepted: exit 1
-        progress.close()
-        print(f"splitformer analyze: error: {type(e).__name__}: "
-              f"{' '.join(str(e).split())[:300]}", file=sys.stderr)
-        return 1
-    progress.close()
-    if args.json:
-        print(json.dumps(data))
-    else:
-        print(summary(data))
-        print(f"report: {data['report']}")
-    return 0
+    return finish("analyze", lambda: _analysis(args, sub, inputs, record, notes.lines, out,
+                                               progress),
+                  progress, args.json, summary)
 
 
 def _diagnose(args: argparse.Namespace, sub: Subject, inputs: Any) -> Any:

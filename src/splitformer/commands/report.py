@@ -28,7 +28,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +167,34 @@ def _remove_made(made: list[Path]) -> None:
             folder.rmdir()  # only if empty
         except OSError:
             break
+
+
+# -- a report command's end ----------------------------------------------------------------------
+def finish(command: str, work: Callable[[], dict[str, Any]], progress: Any, as_json: bool,
+           summary: Callable[[dict[str, Any]], str]) -> int:
+    """The end of a command that writes a report (``analyze``, ``theory``): ``work()``, the part
+    after the inputs were accepted, returns the data; then the progress line is closed and
+    ``--json`` (``as_json``) prints it as one JSON object, otherwise ``summary(data)`` and
+    ``report: <data["report"]>`` are printed: exit status 0. A usage error or Ctrl-C passes
+    through; any other failure closes the progress line and prints one line
+    ``splitformer COMMAND: error: Type: message`` (at most 300 characters of the message) on
+    stderr: exit status 1."""
+    try:
+        data = work()
+    except (UsageError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 - a failure after the inputs were accepted: exit 1
+        progress.close()
+        print(f"splitformer {command}: error: {type(e).__name__}: "
+              f"{' '.join(str(e).split())[:300]}", file=sys.stderr)
+        return 1
+    progress.close()
+    if as_json:
+        print(json.dumps(data))
+    else:
+        print(summary(data))
+        print(f"report: {data['report']}")
+    return 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

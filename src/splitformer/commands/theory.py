@@ -28,13 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 from . import UsageError, bounded_int, int_list, stripped
 from .progress import Progress
-from .report import check_out, staging
+from .report import check_out, finish, staging
 
 __all__ = ["add_arguments", "run", "summary"]
 
@@ -170,23 +169,11 @@ def _run(args: argparse.Namespace, checks: list[str], progress: Progress) -> int
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
-        data = _theory(args, sub, inputs, lengths, record, checks, out, progress)
-    except (UsageError, KeyboardInterrupt):
-        raise
-    except Exception as e:  # noqa: BLE001 - a failure after the inputs were accepted: exit 1
-        progress.close()
-        print(f"splitformer theory: error: {type(e).__name__}: "
-              f"{' '.join(str(e).split())[:300]}", file=sys.stderr)
-        return 1
+        return finish("theory", lambda: _theory(args, sub, inputs, lengths, record, checks, out,
+                                                progress),
+                      progress, args.json, summary)
     finally:
         torch.set_num_threads(threads)  # as it was (the command may run in-process)
-    progress.close()
-    if args.json:
-        print(json.dumps(data))
-    else:
-        print(summary(data))
-        print(f"report: {data['report']}")
-    return 0
 
 
 # -- the input --------------------------------------------------------------------------------

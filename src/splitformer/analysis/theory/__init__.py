@@ -41,6 +41,7 @@ from .core import (
     frozen_evolution,
     linear_fit,
     relative_residual,
+    rescale_scores,
     scaled_attention,
 )
 from .figures import draw
@@ -50,7 +51,7 @@ from .rank import rank_collapse
 __all__ = ["BETAS", "CHECKS", "LENGTHS", "VERDICTS", "Check", "Probe", "cluster_count",
            "clustering", "doubly_stochastic", "draw", "frozen_evolution", "gegenbauer_mode",
            "linear_fit", "log_n_scaling", "metastability", "rank_collapse", "reference_run",
-           "relative_residual", "run_checks", "scaled_attention", "step_kernels",
+           "relative_residual", "rescale_scores", "run_checks", "scaled_attention", "step_kernels",
            "value_spectrum"]
 
 # name -> (letter, what it tests)

@@ -25,8 +25,9 @@ top left eigenvector (gaps > 0.05 of the largest |projection|).
 Metastability: the scores scaled by beta (``core.scaled_attention``) for at least four betas;
 the dwell time of a run is its longest plateau of a constant cluster count c with
 2 <= c < N (sampled every substep), censored when it lasts to t_max; the fit is of
-log(median over the steps of the dwell) against beta. The Gegenbauer prediction of the
-number of metastable clusters (Bruno et al.: the degree l maximising
+log(median over the steps of the dwell) against beta (not applicable where that median is 0).
+The Gegenbauer prediction of the number of metastable clusters (Bruno et al.: the degree l
+maximising
 l (l + d - 2) I_{l + d/2 - 1}(beta), the growth rate of the degree-l spherical harmonics of
 the linearised mean-field equation at the uniform measure on S^{d-1}, I the modified Bessel
 function) assumes Q = K = V = I, many tokens and a near-uniform start on the circle (d = 2)
@@ -61,7 +62,7 @@ from .core import (
 )
 
 __all__ = ["BETAS", "REFERENCE_BETAS", "clustering", "gegenbauer_mode", "metastability",
-           "reference_run", "value_spectrum"]
+           "reference_run", "score_distance", "value_spectrum"]
 
 BETAS = (0.5, 1.0, 2.0, 4.0)
 REFERENCE_BETAS = (1.0, 2.0, 3.0, 4.0)
@@ -123,6 +124,23 @@ def value_spectrum(op: AttentionOperator) -> dict[str, Any] | None:
             "top_is_positive": bool(positive), "top_is_simple": bool(simple),
             "distance_from_identity": identity_dist, "predicted_geometry": predicted,
             "direction": direction}
+
+
+def score_distance(op: AttentionOperator) -> float | None:
+    """||B - (tr B / d) I||_F / ||B||_F for the score map B = W_Q^T W_K of a
+    ``NonlocalAttention`` (the score of one head is <W_Q x, W_K x'> = x^T B x'; several heads:
+    B sums theirs): 0 when Q^T K is a multiple of I, the theorems' setting up to the
+    temperature. None for other attention operators."""
+    m = module_of(op)
+    if not isinstance(m, NonlocalAttention) or type(m) is not NonlocalAttention:
+        return None
+    d = m.dim
+    w = m.qkv_weight.detach().double()
+    b = w[:d].T @ w[d:2 * d]
+    norm = b.norm()
+    if norm == 0:
+        return float("nan")
+    return float((b - torch.trace(b) / d * torch.eye(d, dtype=b.dtype)).norm() / norm)
 
 
 def hyperplanes(u: torch.Tensor, direction: torch.Tensor) -> int:
@@ -194,44 +212,70 @@ def clustering(probe: Probe, t_max: int = 100, k: int = 10) -> Check:
     evo = probe.evolution
     op, pre, post, proj = _attention_field(evo)
     u0, ctx = probe.first()
-    n_tokens = int(u0.shape[1])
     ln_scheme = _scheme(op, pre, post, proj)
     sphere_scheme = _scheme(op, (), post, "sphere")
-    per_step: list[dict[str, Any]] = []
-    for n, theta in enumerate(evo.controls):
-        spec = value_spectrum(theta[op])
-        direction = spec.pop("direction") if spec is not None else None
-        s_theta = _sphere_theta(theta, op, post)
-        sphere = frozen_evolution(s_theta, sphere_scheme, t_max, k)
-        start = s_theta["sphere"](u0, ctx)
-        hs = _history(sphere, start, ctx, k)
-        final = hs.pop("final")
-        hl = _history(frozen_evolution(theta, ln_scheme, t_max, k), u0, ctx, k)
-        hl.pop("final")
-        record: dict[str, Any] = {
-            "step": n, "sphere_clusters": hs["clusters"], "sphere_mean_cosine": hs["mean_cosine"],
-            "sphere_time_to_one_cluster": _time_to_one(hs["clusters"]),
-            "sphere_final_clusters": hs["clusters"][-1],
-            "layernorm_clusters": hl["clusters"],
-            "layernorm_time_to_one_cluster": _time_to_one(hl["clusters"]),
-            "layernorm_final_clusters": hl["clusters"][-1]}
-        if proj is not None:
-            alone = _history(frozen_evolution(theta, f"{proj}:project", t_max, k), u0, ctx, k)
-            alone.pop("final")
-            record["layernorm_alone_clusters"] = alone["clusters"]
-            record["layernorm_alone_final_clusters"] = alone["clusters"][-1]
-        rate = _rate(hs["clusters"], hs["mean_cosine"])
-        record["convergence_rate"] = rate["slope"] if rate["slope"] is None else -rate["slope"]
-        record["convergence_r2"] = rate["r2"]
-        if spec is not None:
-            record.update(spec)
-            record["hyperplanes"] = hyperplanes(final, direction)
-            record["geometry_consistent"] = _consistent(spec["predicted_geometry"],
-                                                        record["hyperplanes"])
-        record["attracting"] = spec is None or spec["top_eigenvalue_real"] > 0
-        per_step.append(record)
+    per_step = [_frozen_step(n, theta, op, post, proj, sphere_scheme, ln_scheme, u0, ctx,
+                             t_max, k)
+                for n, theta in enumerate(evo.controls)]
     applicable = [r for r in per_step if r["attracting"]]
-    assumptions = [
+    assumptions = _clustering_assumptions(evo, op, u0, per_step, applicable)
+    fit, constants = _clustering_fit(per_step, applicable, t_max, k, int(u0.shape[1]))
+    run = _clustering_run(len(per_step), t_max, k, int(u0.shape[1]), sphere_scheme, ln_scheme,
+                          proj)
+    criterion = ("pass if the sphere run of every step with an attracting value map ends in one "
+                 f"cluster by t = {t_max}; fail otherwise; not applicable when no step has an "
+                 "attracting value map")
+    data = {"steps": per_step, "sphere_scheme": sphere_scheme, "layernorm_scheme": ln_scheme}
+    verdict, reason = _clustering_verdict(per_step, applicable, t_max,
+                                          constants["max_time_to_one_cluster"])
+    return Check("clustering", "Clustering in long time", CLAIM_B, CITATION_B, run, criterion,
+                 verdict, reason, assumptions, constants, fit, data)
+
+
+def _frozen_step(n: int, theta, op: str, post: tuple[str, ...], proj: str | None,
+                 sphere_scheme: str, ln_scheme: str, u0, ctx, t_max: int, k: int
+                 ) -> dict[str, Any]:
+    """The record of step n: theta^n frozen, on the sphere (from P_S1(u0)) and with the
+    network's LayerNorm (and the LayerNorm alone when it is a projection substep); the cluster
+    counts, the time to one cluster, the rate of 1 - mean cosine and the value map's spectrum
+    with the hyperplanes of the sphere run's final state."""
+    spec = value_spectrum(theta[op])
+    direction = spec.pop("direction") if spec is not None else None
+    s_theta = _sphere_theta(theta, op, post)
+    sphere = frozen_evolution(s_theta, sphere_scheme, t_max, k)
+    hs = _history(sphere, s_theta["sphere"](u0, ctx), ctx, k)
+    final = hs.pop("final")
+    hl = _history(frozen_evolution(theta, ln_scheme, t_max, k), u0, ctx, k)
+    hl.pop("final")
+    record: dict[str, Any] = {
+        "step": n, "sphere_clusters": hs["clusters"], "sphere_mean_cosine": hs["mean_cosine"],
+        "sphere_time_to_one_cluster": _time_to_one(hs["clusters"]),
+        "sphere_final_clusters": hs["clusters"][-1],
+        "layernorm_clusters": hl["clusters"],
+        "layernorm_time_to_one_cluster": _time_to_one(hl["clusters"]),
+        "layernorm_final_clusters": hl["clusters"][-1]}
+    if proj is not None:
+        alone = _history(frozen_evolution(theta, f"{proj}:project", t_max, k), u0, ctx, k)
+        alone.pop("final")
+        record["layernorm_alone_clusters"] = alone["clusters"]
+        record["layernorm_alone_final_clusters"] = alone["clusters"][-1]
+    rate = _rate(hs["clusters"], hs["mean_cosine"])
+    record["convergence_rate"] = rate["slope"] if rate["slope"] is None else -rate["slope"]
+    record["convergence_r2"] = rate["r2"]
+    if spec is not None:
+        record.update(spec)
+        record["hyperplanes"] = hyperplanes(final, direction)
+        record["geometry_consistent"] = _consistent(spec["predicted_geometry"],
+                                                    record["hyperplanes"])
+        record["score_distance_from_identity"] = score_distance(theta[op])
+    record["attracting"] = spec is None or spec["top_eigenvalue_real"] > 0
+    return record
+
+
+def _clustering_assumptions(evo, op: str, u0, per_step: list[dict[str, Any]],
+                            applicable: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The theorems' assumptions and whether the network meets them."""
+    return [
         assumption("autonomous field", True, "controls frozen at theta^n (one control set "
                    "repeated to t_max)"),
         assumption("state on a sphere", True, "the sphere reading projects onto S1 after every "
@@ -240,15 +284,24 @@ def clustering(probe: Probe, t_max: int = 100, k: int = 10) -> Check:
         assumption("attracting value map (top eigenvalue of W_O W_V has positive real part)",
                    bool(applicable), f"{len(applicable)} of {len(per_step)} steps"),
         assumption("V = I and Q^T K = I (the single-cluster theorem)",
-                   any(r.get("distance_from_identity", 1.0) < 0.1 for r in per_step),
-                   "distance of W_O W_V from a multiple of I per step: "
-                   + ", ".join(f"{r.get('distance_from_identity', float('nan')):.2f}"
+                   any(r.get("distance_from_identity", 1.0) < 0.1
+                       and r.get("score_distance_from_identity", 1.0) < 0.1 for r in per_step),
+                   "distance of W_O W_V and of W_Q^T W_K from a multiple of I per step: "
+                   + ", ".join(f"{r.get('distance_from_identity', float('nan')):.2f} and "
+                               f"{r.get('score_distance_from_identity', float('nan')):.2f}"
                                for r in per_step)
                    + " (the single-cluster statement for generic parameters is the "
                    "papers' conjecture; the verdict tests it)"),
         assumption("one attention head (the geometry theorems)", _heads(evo, op) == 1,
                    f"{_heads(evo, op)} heads: M = W_O W_V sums them"),
     ]
+
+
+def _clustering_fit(per_step: list[dict[str, Any]], applicable: list[dict[str, Any]],
+                    t_max: int, k: int, n_tokens: int
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(fit, constants): the rate fit of the step of median rate, and the counts and times
+    over the steps."""
     ends = [r["sphere_final_clusters"] for r in applicable]
     times = [r["sphere_time_to_one_cluster"] for r in applicable]
     rates = [r for r in applicable if r["convergence_rate"] is not None]
@@ -268,31 +321,33 @@ def clustering(probe: Probe, t_max: int = 100, k: int = 10) -> Check:
         "geometry_consistent_steps": sum(1 for r in per_step if r.get("geometry_consistent")),
         "geometry_predicted_steps": sum(1 for r in per_step
                                         if r.get("geometry_consistent") is not None)}
-    run = (f"Each of the {len(per_step)} steps frozen (controls fixed at theta^n) and continued "
-           f"to t = {t_max} at tau = 1/{k} from the network's u(0) of one input ({n_tokens} "
-           f"tokens, float64): attention only, on the sphere ('{sphere_scheme}', "
-           f"SphereProjection) and with the network's LayerNorm ('{ln_scheme}')"
-           + (f", and the LayerNorm alone ('{proj}:project') as a control" if proj else "")
-           + "; clusters counted at every unit of time.")
-    criterion = ("pass if the sphere run of every step with an attracting value map ends in one "
-                 f"cluster by t = {t_max}; fail otherwise; not applicable when no step has an "
-                 "attracting value map")
-    data = {"steps": per_step, "sphere_scheme": sphere_scheme, "layernorm_scheme": ln_scheme}
+    return fit, constants
+
+
+def _clustering_run(steps: int, t_max: int, k: int, n_tokens: int, sphere_scheme: str,
+                    ln_scheme: str, proj: str | None) -> str:
+    """What check b ran, in a sentence."""
+    return (f"Each of the {steps} steps frozen (controls fixed at theta^n) and continued "
+            f"to t = {t_max} at tau = 1/{k} from the network's u(0) of one input ({n_tokens} "
+            f"tokens, float64): attention only, on the sphere ('{sphere_scheme}', "
+            f"SphereProjection) and with the network's LayerNorm ('{ln_scheme}')"
+            + (f", and the LayerNorm alone ('{proj}:project') as a control" if proj else "")
+            + "; clusters counted at every unit of time.")
+
+
+def _clustering_verdict(per_step: list[dict[str, Any]], applicable: list[dict[str, Any]],
+                        t_max: int, last: float | None) -> tuple[str, str]:
+    """(verdict, reason): pass when every attracting step's sphere run ends in one cluster."""
     if not applicable:
-        return Check("clustering", "Clustering in long time", CLAIM_B, CITATION_B, run,
-                     criterion, NOT_APPLICABLE, "no step's value map is "
-                     "attracting (top eigenvalue of W_O W_V with real part <= 0)", assumptions,
-                     constants, fit, data)
+        return NOT_APPLICABLE, ("no step's value map is attracting (top eigenvalue of W_O W_V "
+                                "with real part <= 0)")
     bad = [r["step"] for r in applicable if r["sphere_final_clusters"] != 1]
-    verdict = "fail" if bad else "pass"
     ends_bad = [per_step[b]["sphere_final_clusters"] for b in bad]
-    last = constants["max_time_to_one_cluster"]
     reason = (f"{len(applicable) - len(bad)} of {len(applicable)} steps reach one cluster on the "
               f"sphere by t = {t_max}"
               + (f"; steps {bad} end in {ends_bad} clusters" if bad else
                  f" (the last at t = {last:g})"))
-    return Check("clustering", "Clustering in long time", CLAIM_B, CITATION_B, run, criterion,
-                 verdict, reason, assumptions, constants, fit, data)
+    return ("fail" if bad else "pass"), reason
 
 
 def _heads(evo, op: str) -> int:
@@ -366,10 +421,37 @@ def metastability(probe: Probe, betas=BETAS, t_max: int = 30, k: int = 10,
     u0, ctx = probe.first()
     n_tokens = int(u0.shape[1])
     scheme = _scheme(op, (), post, "sphere")
+    runs, attracting = _beta_runs(evo, op, post, scheme, u0, ctx, betas, t_max, k)
+    medians = [_median([r["dwell"] for r in runs if r["beta"] == b]) for b in betas]
+    fit = linear_fit(betas, [math.log(m) if m is not None and m > 0 else None for m in medians])
+    fit["what"] = "log(median dwell over the steps) against beta"
+    ref = reference_run(t_max=reference_t_max, seed=seed) if reference_t_max > 0 else None
+    gegen = _gegenbauer_note(evo, op, n_tokens, int(u0.shape[-1]))
+    censored = sum(int(r["censored"]) for r in runs)
+    constants = {"betas": list(betas), "median_dwell": medians, "dwell_growth": fit["slope"],
+                 "log_dwell_intercept": fit["intercept"], "censored_runs": censored,
+                 "runs": len(runs), "t_max": t_max, "tau": 1.0 / k}
+    if ref is not None:
+        constants["reference_dwell_growth"] = ref["fit"]["slope"]
+        constants["reference_r2"] = ref["fit"]["r2"]
+        constants["reference_gegenbauer_matches"] = ref["matches"]
+    assumptions = _metastability_assumptions(betas, attracting, medians, gegen["why"])
+    run, criterion = _metastability_text(scheme, betas, t_max, k, n_tokens)
+    data = {"runs": runs, "per_step_fits": _per_step_fits(runs), "gegenbauer": gegen,
+            "reference": ref}
+    verdict, reason = _metastability_verdict(assumptions[:3], fit, censored, len(runs))
+    return Check("metastability", "Metastability in beta", CLAIM_C, CITATION_C, run, criterion,
+                 verdict, reason, assumptions, constants, fit, data)
+
+
+def _beta_runs(evo, op: str, post: tuple[str, ...], scheme: str, u0, ctx,
+               betas: tuple[float, ...], t_max: int, k: int
+               ) -> tuple[list[dict[str, Any]], list[bool]]:
+    """(runs, attracting): the plateau (``_plateau``) of the sphere run of every step with an
+    attracting value map at each beta, and per step whether its value map attracts."""
     runs: list[dict[str, Any]] = []
-    per_beta: dict[float, list[float]] = {b: [] for b in betas}
-    censored = 0
     attracting = []
+    n_tokens = int(u0.shape[1])
     for n, theta in enumerate(evo.controls):
         spec = value_spectrum(theta[op])
         attract = spec is None or spec["top_eigenvalue_real"] > 0
@@ -381,37 +463,38 @@ def metastability(probe: Probe, betas=BETAS, t_max: int = 30, k: int = 10,
             fe = frozen_evolution(s_theta, scheme, t_max, k)
             p = _plateau(fe, s_theta["sphere"](u0, ctx), ctx, k, n_tokens)
             runs.append({"step": n, "beta": b, **p})
-            per_beta[b].append(p["dwell"])
-            censored += int(p["censored"])
-    medians = [_median(per_beta[b]) for b in betas]
-    logs = [math.log(m) if m is not None and m > 0 else None for m in medians]
-    fit = linear_fit(betas, logs)
-    fit["what"] = "log(median dwell over the steps) against beta"
-    per_step_fits = []
+    return runs, attracting
+
+
+def _per_step_fits(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per step: the fit of log dwell against beta over its runs, and its censored runs."""
+    out = []
     for n in sorted({r["step"] for r in runs}):
         rs = [r for r in runs if r["step"] == n]
         f = linear_fit([r["beta"] for r in rs],
                        [math.log(r["dwell"]) if r["dwell"] > 0 else None for r in rs])
-        per_step_fits.append({"step": n, "slope": f["slope"], "r2": f["r2"],
-                              "censored": sum(int(r["censored"]) for r in rs)})
-    ref = reference_run(t_max=reference_t_max, seed=seed) if reference_t_max > 0 else None
+        out.append({"step": n, "slope": f["slope"], "r2": f["r2"],
+                    "censored": sum(int(r["censored"]) for r in rs)})
+    return out
+
+
+def _gegenbauer_note(evo, op: str, n_tokens: int, d: int) -> dict[str, Any]:
+    """Why the Gegenbauer count is not applied to the network (its assumptions)."""
     dist = [value_spectrum(th[op]) for th in evo.controls]
-    gegen = {"applicable": False,
-             "why": "the Gegenbauer count assumes Q = K = V = I, many tokens near the uniform "
-                    "measure on the circle; the network's value maps are far from I (distance "
-                    + ", ".join(f"{d['distance_from_identity']:.2f}" if d else "n/a"
-                                for d in dist)
-                    + f"), its {n_tokens} tokens start from its embedding, d = "
-                    f"{u0.shape[-1]}; the reference system below is the setting where it "
-                    "holds"}
-    constants = {"betas": list(betas), "median_dwell": medians, "dwell_growth": fit["slope"],
-                 "log_dwell_intercept": fit["intercept"], "censored_runs": censored,
-                 "runs": len(runs), "t_max": t_max, "tau": 1.0 / k}
-    if ref is not None:
-        constants["reference_dwell_growth"] = ref["fit"]["slope"]
-        constants["reference_r2"] = ref["fit"]["r2"]
-        constants["reference_gegenbauer_matches"] = ref["matches"]
-    assumptions = [
+    return {"applicable": False,
+            "why": "the Gegenbauer count assumes Q = K = V = I, many tokens near the uniform "
+                   "measure on the circle; the network's value maps are far from I (distance "
+                   + ", ".join(f"{x['distance_from_identity']:.2f}" if x else "n/a"
+                               for x in dist)
+                   + f"), its {n_tokens} tokens start from its embedding, d = "
+                   f"{d}; the reference system below is the setting where it "
+                   "holds"}
+
+
+def _metastability_assumptions(betas: tuple[float, ...], attracting: list[bool],
+                               medians: list[float | None], why: str) -> list[dict[str, Any]]:
+    """The assumptions of check c; the first three decide whether it applies."""
+    return [
         assumption("at least four betas", len(betas) >= 4, f"{len(betas)} betas"),
         assumption("attracting value maps", any(attracting),
                    f"{sum(attracting)} of {len(attracting)} steps"),
@@ -420,8 +503,13 @@ def metastability(probe: Probe, betas=BETAS, t_max: int = 30, k: int = 10,
                    "median dwell per beta: " + ", ".join("none" if m is None else f"{m:.3g}"
                                                          for m in medians)),
         assumption("Q = K = V = I, many tokens, near-uniform start (the Gegenbauer count)",
-                   False, gegen["why"]),
+                   False, why),
     ]
+
+
+def _metastability_text(scheme: str, betas: tuple[float, ...], t_max: int, k: int,
+                        n_tokens: int) -> tuple[str, str]:
+    """(run, criterion) of check c, in sentences."""
     run = (f"Every step with an attracting value map, frozen, attention only on the sphere "
            f"('{scheme}'), its scores multiplied by beta in {list(betas)}, to t = {t_max} at "
            f"tau = 1/{k} from u(0) of one input ({n_tokens} tokens); dwell = the longest "
@@ -429,22 +517,24 @@ def metastability(probe: Probe, betas=BETAS, t_max: int = 30, k: int = 10,
            "when it lasts to t_max). Reference: the theory's own system (Q = K = V = I, one "
            f"head, 64 tokens near-uniform on the circle, betas {list(REFERENCE_BETAS)}).")
     criterion = (f"pass if log(median dwell) against beta has slope > 0 and R^2 >= {R2_BAR}; "
-                 "not applicable when a beta has no multi-cluster plateau at all or no step has "
-                 "an attracting value map")
-    data = {"runs": runs, "per_step_fits": per_step_fits, "gegenbauer": gegen,
-            "reference": ref}
-    if not all(a["holds"] for a in assumptions[:3]):
-        failed = [a["name"] for a in assumptions[:3] if not a["holds"]]
-        return Check("metastability", "Metastability in beta", CLAIM_C, CITATION_C, run,
-                     criterion, NOT_APPLICABLE, "; ".join(failed),
-                     assumptions, constants, fit, data)
+                 "not applicable with fewer than four betas, when no step has an attracting "
+                 "value map, or when the median dwell over the steps is 0 at some beta (most "
+                 "steps have no multi-cluster plateau there)")
+    return run, criterion
+
+
+def _metastability_verdict(deciding: list[dict[str, Any]], fit: dict[str, Any],
+                           censored: int, runs: int) -> tuple[str, str]:
+    """(verdict, reason): not applicable when a deciding assumption fails; pass when the fit
+    of log dwell against beta rises with R^2 >= R2_BAR."""
+    if not all(a["holds"] for a in deciding):
+        return NOT_APPLICABLE, "; ".join(a["name"] for a in deciding if not a["holds"])
     ok = fit["slope"] is not None and fit["slope"] > 0 and fit["r2"] is not None \
         and fit["r2"] >= R2_BAR
     r2 = "None" if fit["r2"] is None else f"{fit['r2']:.3f}"
     reason = (f"log dwell against beta: slope {fit['slope']:.3g}, R^2 {r2} ({censored} of "
-              f"{len(runs)} runs censored at t_max)")
-    return Check("metastability", "Metastability in beta", CLAIM_C, CITATION_C, run, criterion,
-                 "pass" if ok else "fail", reason, assumptions, constants, fit, data)
+              f"{runs} runs censored at t_max)")
+    return ("pass" if ok else "fail"), reason
 
 
 def _log_bessel_i(nu: float, x: float) -> float:
@@ -473,7 +563,7 @@ def reference_run(betas=REFERENCE_BETAS, tokens: int = 64, t_max: int = 2500, k:
     """The theory's own system: Q = K = V = I, one head, the tokens on the circle (3 features
     projected onto S1: a circle in the plane mean_y u = 0, radius sqrt(3)), equally spaced with
     angular noise 0.01 (seeded), scores beta <x, x'> / |x|^2. Per beta: the first metastable
-    count (the first plateau of 2 <= c < N lasting at least 5 units; 1 when the tokens go
+    count (the first count 2 <= c < N seen at 5 consecutive unit times; 1 when the tokens go
     straight to one cluster), the Gegenbauer mode on
     the circle, the dwell (``_plateau``); the fit of log dwell against beta."""
     g = torch.Generator().manual_seed(int(seed))

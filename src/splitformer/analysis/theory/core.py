@@ -9,6 +9,7 @@ autonomous evolutions and score-scaled attention operators.
     cluster_count      components of the graph cos(u(x), u(x')) > threshold
     frozen_evolution   Evolution(Controls([theta] * t_max), scheme, TimeGrid(t_max, t_max))
                        refined k times: one step theta^n continued as an autonomous system
+    rescale_scores     an attention operator's score scale times beta, its kernel otherwise kept
     scaled_attention   a copy of an attention operator whose score scale is beta times its own
     attention_names    the operators of a control set that are attention operators
     relative_residual  ||U - 1 mean_x U||_F / ||U||_F per input (Dong et al.'s res, normalised)
@@ -32,13 +33,14 @@ from torch import nn
 
 from ...operators.attention import AttentionOperator
 from ...operators.base import Context
+from ...operators.kernels import check_scale
 from ...time import Evolution, TimeGrid
 from ...time.controls import Controls
 from ..checks import ArgumentError
 
 __all__ = ["NOT_APPLICABLE", "VERDICTS", "Check", "Probe", "attention_names", "cluster_count",
            "frozen_evolution", "linear_fit", "mean_cosine", "min_cosine", "relative_residual",
-           "scaled_attention"]
+           "rescale_scores", "scaled_attention"]
 
 VERDICTS = ("pass", "fail", "not applicable")
 NOT_APPLICABLE = "not applicable"
@@ -250,18 +252,28 @@ def attention_names(theta: Mapping[str, nn.Module]) -> list[str]:
     return [n for n, op in theta.items() if isinstance(module_of(op), AttentionOperator)]
 
 
-def scaled_attention(op: AttentionOperator, beta: float) -> AttentionOperator:
-    """A copy of ``op`` whose kernel scores are beta times its own: a(x, x') = beta s <Q, K>
-    (s the operator's score scale, 1/sqrt(d_h) by default). ArgumentError("model") for a
-    kernel without a score scale (linear)."""
-    new = copy.deepcopy(op)
-    kernel = new.kernel
+def rescale_scores(op: AttentionOperator, beta: float) -> None:
+    """Multiply the score scale of ``op`` by beta, in place: a(x, x') = beta s <Q, K> (s the
+    operator's score scale, 1/sqrt(d_h) by default). The kernel is a copy of its own with only
+    the scale changed, so that its other options (ALiBi's causal support and slopes, Sinkhorn's
+    iterations, the rotary base) stay as they were. ArgumentError("model") for a kernel without
+    a score scale (linear)."""
+    kernel = op.kernel
     if not kernel.takes_scale:
         raise ArgumentError("model", f"the {kernel.name!r} kernel has no score scale to "
                                      "multiply by beta")
-    s = new.score_scale()
-    s = new.head_dim ** -0.5 if s is None else s
-    new.set_kernel(kernel.name, scale=float(beta) * s)
+    s = op.score_scale()
+    s = op.head_dim ** -0.5 if s is None else s
+    new = copy.deepcopy(kernel)
+    new.scale = check_scale(float(beta) * s, f"beta = {beta!r}")
+    new.check_operator(op)
+    op.install_kernel(new)
+
+
+def scaled_attention(op: AttentionOperator, beta: float) -> AttentionOperator:
+    """A copy of ``op`` whose kernel scores are beta times its own (``rescale_scores``)."""
+    new = copy.deepcopy(op)
+    rescale_scores(new, beta)
     return new
 
 

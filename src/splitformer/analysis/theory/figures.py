@@ -22,14 +22,11 @@ def draw(check: Check, folder: str | Path) -> Figure:
     name = f"theory-{check.name.replace('_', '-')}"
     drawer = _DRAWERS.get(check.name)
     if drawer is None or not check.data:
-        fig = _new(6.0, 2.0)
-        ax = fig.subplots()
-        ax.axis("off")
-        ax.text(0.5, 0.5, f"{check.verdict}: {check.reason}", ha="center", va="center",
-                wrap=True, fontsize=9)
-        out = _save(fig, folder, name, check.title, f"Nothing was measured: {check.reason}.")
+        size, drawer = (6.0, 2.0), _nothing
     else:
-        out = drawer(check, folder, name)
+        size, drawer = drawer
+    fig = _new(*size)
+    out = _save(fig, folder, name, check.title, drawer(check, fig))
     check.figure = {"name": out.name, "title": out.title, "caption": out.caption,
                     "png": out.png.name, "svg": out.svg.name}
     return out
@@ -43,9 +40,30 @@ def _style(ax, xlabel: str, ylabel: str, title: str) -> None:
     ax.grid(alpha=0.3)
 
 
-def _rank(check: Check, folder: Path, name: str) -> Figure:
+def _fit_label(f: dict) -> str:
+    """'fit: slope s, R^2 r' of a ``linear_fit`` (R^2 'n/a' where there is none)."""
+    r2 = "n/a" if f["r2"] is None else f"{f['r2']:.3f}"
+    return f"fit: slope {f['slope']:.3g}, R^2 {r2}"
+
+
+def _exp_fit(ax, xs: list[float], f: dict, style: str) -> None:
+    """The fitted line of log y = intercept + slope x drawn as y (when there is a fit)."""
+    if f.get("slope") is not None:
+        ax.plot(xs, [math.exp(f["intercept"] + f["slope"] * x) for x in xs], style,
+                label=_fit_label(f))
+
+
+# Each drawer draws ``check`` on a new matplotlib figure and returns its caption.
+def _nothing(check: Check, fig) -> str:
+    ax = fig.subplots()
+    ax.axis("off")
+    ax.text(0.5, 0.5, f"{check.verdict}: {check.reason}", ha="center", va="center",
+            wrap=True, fontsize=9)
+    return f"Nothing was measured: {check.reason}."
+
+
+def _rank(check: Check, fig) -> str:
     d = check.data
-    fig = _new(11.0, 3.8)
     a, b = fig.subplots(1, 2)
     steps, ll = d["steps"], d["loglog_pure"]
     pts = [(n, y) for n, y in zip(steps, ll, strict=True) if y is not None]
@@ -53,9 +71,7 @@ def _rank(check: Check, folder: Path, name: str) -> Figure:
     f = check.fit
     if f.get("slope") is not None:
         xs = [pts[0][0], pts[-1][0]]
-        r2 = "n/a" if f["r2"] is None else f"{f['r2']:.3f}"
-        a.plot(xs, [f["intercept"] + f["slope"] * x for x in xs], "-",
-               label=f"fit: slope {f['slope']:.3g}, R^2 {r2}")
+        a.plot(xs, [f["intercept"] + f["slope"] * x for x in xs], "-", label=_fit_label(f))
     _style(a, "steps n", "log(-log r_n)", "pure attention: doubly exponential collapse")
     a.legend(fontsize=7)
     floor = d["floor"]
@@ -69,16 +85,14 @@ def _rank(check: Check, folder: Path, name: str) -> Figure:
     b.axhline(floor, color="grey", ls=":", lw=1, label="round-off floor")
     _style(b, "steps n", "r_n = ||U - 1 mean U|| / ||U||", "relative residual")
     b.legend(fontsize=7)
-    return _save(fig, folder, name, check.title,
-                 "Left: log(-log r_n) of pure attention against the number of steps, with the "
-                 "least-squares line; right: the relative residual r_n of pure attention, "
-                 "attention with the skip and the full scheme (log axis; points below the "
-                 "round-off floor drawn at the floor / 10).")
+    return ("Left: log(-log r_n) of pure attention against the number of steps, with the "
+            "least-squares line; right: the relative residual r_n of pure attention, "
+            "attention with the skip and the full scheme (log axis; points below the "
+            "round-off floor drawn at the floor / 10).")
 
 
-def _clustering(check: Check, folder: Path, name: str) -> Figure:
+def _clustering(check: Check, fig) -> str:
     steps = check.data["steps"]
-    fig = _new(12.0, 3.8)
     axes = fig.subplots(1, 3 if "layernorm_alone_clusters" in steps[0] else 2)
     for key, ax, title in (("sphere_clusters", axes[0], "attention on the sphere"),
                            ("layernorm_clusters", axes[1], "attention with the network's LN"),
@@ -90,16 +104,14 @@ def _clustering(check: Check, folder: Path, name: str) -> Figure:
         ax.set_yscale("log")
         _style(ax, "t", "clusters (cos > 0.99)", title)
     axes[0].legend(fontsize=6, ncol=2)
-    return _save(fig, folder, name, check.title,
-                 "The number of clusters (components at cosine > 0.99) of each frozen step "
-                 "against t: attention on the sphere, attention with the network's LayerNorm"
-                 + (", and the LayerNorm iterated alone" if len(axes) > 2 else "")
-                 + " (log axis; a run stops once its tokens are one point).")
+    return ("The number of clusters (components at cosine > 0.99) of each frozen step "
+            "against t: attention on the sphere, attention with the network's LayerNorm"
+            + (", and the LayerNorm iterated alone" if len(axes) > 2 else "")
+            + " (log axis; a run stops once its tokens are one point).")
 
 
-def _metastability(check: Check, folder: Path, name: str) -> Figure:
+def _metastability(check: Check, fig) -> str:
     d = check.data
-    fig = _new(12.0, 3.8)
     a, b = fig.subplots(1, 2)
     runs = d["runs"]
     for n in sorted({r["step"] for r in runs}):
@@ -109,11 +121,7 @@ def _metastability(check: Check, folder: Path, name: str) -> Figure:
     betas = check.constants["betas"]
     med = check.constants["median_dwell"]
     a.plot(betas, [m if m else math.nan for m in med], "ko-", label="median")
-    f = check.fit
-    if f.get("slope") is not None:
-        a.plot(betas, [math.exp(f["intercept"] + f["slope"] * x) for x in betas], "k--",
-               label=f"fit: slope {f['slope']:.3g}, R^2 "
-                     f"{'n/a' if f['r2'] is None else format(f['r2'], '.3f')}")
+    _exp_fit(a, betas, check.fit, "k--")
     a.set_yscale("log")
     _style(a, "beta (score scale / pretrained)", "dwell time", "network: longest multi-cluster "
            "plateau")
@@ -123,11 +131,7 @@ def _metastability(check: Check, folder: Path, name: str) -> Figure:
         rows = ref["rows"]
         xs = [r["beta"] for r in rows]
         b.plot(xs, [max(r["dwell"], 1e-3) for r in rows], "ko", label="dwell")
-        rf = ref["fit"]
-        if rf.get("slope") is not None:
-            b.plot(xs, [math.exp(rf["intercept"] + rf["slope"] * x) for x in xs], "k--",
-                   label=f"fit: slope {rf['slope']:.3g}, R^2 "
-                         f"{'n/a' if rf['r2'] is None else format(rf['r2'], '.3f')}")
+        _exp_fit(b, xs, ref["fit"], "k--")
         for r in rows:
             b.annotate(f"{r['first_metastable_clusters']} clusters (Gegenbauer "
                        f"{r['gegenbauer_mode']})", (r["beta"], max(r["dwell"], 1e-3)),
@@ -137,17 +141,15 @@ def _metastability(check: Check, folder: Path, name: str) -> Figure:
         b.legend(fontsize=6)
     else:
         b.axis("off")
-    return _save(fig, folder, name, check.title,
-                 "Left: the dwell time (longest plateau of 2 <= clusters < N) of each step's "
-                 "sphere run against beta, their median and the fit of log dwell against beta "
-                 "(log axis); right: the same for the reference system (Q = K = V = I on the "
-                 "circle), each point labelled with its first metastable cluster count and the "
-                 "Gegenbauer mode.")
+    return ("Left: the dwell time (longest plateau of 2 <= clusters < N) of each step's "
+            "sphere run against beta, their median and the fit of log dwell against beta "
+            "(log axis); right: the same for the reference system (Q = K = V = I on the "
+            "circle), each point labelled with its first metastable cluster count and the "
+            "Gegenbauer mode.")
 
 
-def _scaling(check: Check, folder: Path, name: str) -> Figure:
+def _scaling(check: Check, fig) -> str:
     rows = check.data["rows"]
-    fig = _new(11.0, 3.8)
     a, b = fig.subplots(1, 2)
     n = [r["tokens"] for r in rows]
     for key, label in (("pretrained", "pretrained scale"), ("scaled", "beta_n = log n / log n0")):
@@ -158,15 +160,13 @@ def _scaling(check: Check, folder: Path, name: str) -> Figure:
         ax.set_xscale("log", base=2)
         _style(ax, "tokens n", ylabel, title)
         ax.legend(fontsize=7)
-    return _save(fig, folder, name, check.title,
-                 "The mean over the steps of the normalised attention entropy (left) and of the "
-                 "normalised effective rank (right) against the number of tokens, with the "
-                 "pretrained score scale and with the scores times log n / log n0.")
+    return ("The mean over the steps of the normalised attention entropy (left) and of the "
+            "normalised effective rank (right) against the number of tokens, with the "
+            "pretrained score scale and with the scores times log n / log n0.")
 
 
-def _stochastic(check: Check, folder: Path, name: str) -> Figure:
+def _stochastic(check: Check, fig) -> str:
     d = check.data
-    fig = _new(7.0, 3.8)
     ax = fig.subplots()
     steps = d["steps"]
     width = 0.27
@@ -176,11 +176,13 @@ def _stochastic(check: Check, folder: Path, name: str) -> Figure:
     _style(ax, "step n", "mean |column sum - 1|", "column-sum deviation of the kernels")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
-    return _save(fig, folder, name, check.title,
-                 "The column-sum deviation of each step's attention kernels (mean over heads "
-                 "and keys): trained, at the operators' initialisation, and with matched "
-                 "Gaussian weights (log axis).")
+    return ("The column-sum deviation of each step's attention kernels (mean over heads "
+            "and keys): trained, at the operators' initialisation, and with matched "
+            "Gaussian weights (log axis).")
 
 
-_DRAWERS = {"rank_collapse": _rank, "clustering": _clustering, "metastability": _metastability,
-            "log_n_scaling": _scaling, "doubly_stochastic": _stochastic}
+# check name -> (figure size in inches, drawer)
+_DRAWERS = {"rank_collapse": ((11.0, 3.8), _rank), "clustering": ((12.0, 3.8), _clustering),
+            "metastability": ((12.0, 3.8), _metastability),
+            "log_n_scaling": ((11.0, 3.8), _scaling),
+            "doubly_stochastic": ((7.0, 3.8), _stochastic)}

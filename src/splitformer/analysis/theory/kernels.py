@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from ...operators.attention import AttentionOperator
+from ..checks import ArgumentError
 from ..geometry import attention_entropy, effective_rank
 from ..readings import attentions, compose, kernel_and_support, module_of
-from .core import NOT_APPLICABLE, Check, Probe, assumption, linear_fit
+from .core import NOT_APPLICABLE, Check, Probe, assumption, linear_fit, rescale_scores
 
 __all__ = ["LENGTHS", "doubly_stochastic", "log_n_scaling", "step_kernels", "with_attention"]
 
@@ -78,23 +80,22 @@ def step_kernels(evo, u0: torch.Tensor, ctx) -> list[dict[str, Any]]:
 
 def with_attention(evo, fn: Callable[[AttentionOperator], None]):
     """A deep copy of ``evo`` with ``fn`` applied in place to each attention operator of its
-    controls (its compiled plans dropped, so that they are built on the copies)."""
+    controls, once (an operator that several control sets share, as in a weight-tied network,
+    is one operator), its compiled plans dropped so that they are built on the copies."""
     new = copy.deepcopy(evo)
     new.__dict__.pop("_plans", None)
+    seen: set[int] = set()
     for theta in new.controls:
         for op in theta.values():
-            if isinstance(module_of(op), AttentionOperator):
-                fn(module_of(op))
+            m = module_of(op)
+            if isinstance(m, AttentionOperator) and id(m) not in seen:
+                seen.add(id(m))
+                fn(m)
     return new
 
 
 def _rescale(beta: float) -> Callable[[AttentionOperator], None]:
-    def fn(op: AttentionOperator) -> None:
-        s = op.score_scale()
-        s = op.head_dim ** -0.5 if s is None else s
-        op.set_kernel(op.kernel.name, scale=float(beta) * s)
-
-    return fn
+    return lambda op: rescale_scores(op, beta)
 
 
 def _entropy(g: torch.Tensor, support: torch.Tensor) -> float:
@@ -119,28 +120,19 @@ def _scaling_row(evo, u0, ctx) -> dict[str, Any]:
 
 def log_n_scaling(probe: Probe, lengths: Sequence[int] = LENGTHS, n0: int | None = None
                   ) -> Check:
-    """Check d (module docstring) at the token counts ``lengths`` (those the model takes);
-    n0 defaults to the smallest."""
+    """Check d (module docstring) at the token counts ``lengths`` (those the model takes; each
+    >= 2); n0 (>= 2) defaults to the smallest. ArgumentError naming ``n0`` or ``lengths``
+    otherwise."""
     title = "Critical log n scaling of the scores"
-    top = probe.max_tokens
-    usable = sorted({int(n) for n in lengths if top is None or n <= top})
-    why = None
-    if probe.lengths is None:
-        why = ("the model's input has a fixed token count (an image or a series): n cannot be "
-               "varied on the same input")
-    elif len(usable) < 3:
-        why = (f"fewer than 3 of the lengths {list(lengths)} fit the model (at most {top} "
-               "tokens)")
-    kinds = {type(module_of(op).kernel).__name__ for th in probe.evolution.controls
-             for op in th.values() if isinstance(module_of(op), AttentionOperator)}
-    scalable = all(module_of(op).kernel.takes_scale for th in probe.evolution.controls
-                   for op in th.values() if isinstance(module_of(op), AttentionOperator))
-    if why is None and not scalable:
-        why = f"a kernel without a score scale ({sorted(kinds)})"
-    assumptions = [assumption("the token count can vary on one text", probe.lengths is not None,
-                              "a text model (its tokenizer) reads the same text at n tokens"
-                              if probe.lengths is not None else why or ""),
-                   assumption("kernels with a score scale", scalable, f"kernels {sorted(kinds)}")]
+    if n0 is not None and (isinstance(n0, bool) or not isinstance(n0, numbers.Integral)
+                           or n0 < 2):
+        raise ArgumentError("n0", f"expected a token count >= 2 (log n0 > 0), got {n0!r}")
+    short = [n for n in lengths if int(n) < 2]
+    if short:
+        raise ArgumentError("lengths", f"expected token counts >= 2, got {short}")
+    usable = sorted({int(n) for n in lengths
+                     if probe.max_tokens is None or n <= probe.max_tokens})
+    why, assumptions = _length_assumptions(probe, lengths, usable)
     criterion = ("pass if |slope| of the mean normalised entropy against log n with the scaled "
                  "kernel is at most half of its |slope| with the pretrained scale, or at most "
                  f"{FLAT:g} (flat: a change below 0.028 from 32 to 512 tokens)")
@@ -148,33 +140,9 @@ def log_n_scaling(probe: Probe, lengths: Sequence[int] = LENGTHS, n0: int | None
         return Check("log_n_scaling", title, CLAIM_D, CITATION_D, "nothing was run", criterion,
                      NOT_APPLICABLE, why, assumptions)
     n0 = usable[0] if n0 is None else int(n0)
-    rows = []
-    for n in usable:
-        u0, ctx = probe.lengths(n)
-        beta = math.log(n) / math.log(n0)
-        pre = _scaling_row(probe.evolution, u0, ctx)
-        scaled = _scaling_row(with_attention(probe.evolution, _rescale(beta)), u0, ctx)
-        rows.append({"tokens": n, "beta": beta, "pretrained_entropy": pre["entropy"],
-                     "scaled_entropy": scaled["entropy"], "pretrained_rank": pre["rank"],
-                     "scaled_rank": scaled["rank"],
-                     "pretrained_mean_entropy": pre["mean_entropy"],
-                     "scaled_mean_entropy": scaled["mean_entropy"],
-                     "pretrained_mean_rank": pre["mean_rank"],
-                     "scaled_mean_rank": scaled["mean_rank"]})
-    x = [math.log(r["tokens"]) for r in rows]
-    fits = {key: linear_fit(x, [r[key] for r in rows])
-            for key in ("pretrained_mean_entropy", "scaled_mean_entropy",
-                        "pretrained_mean_rank", "scaled_mean_rank")}
-    sp, ss = fits["pretrained_mean_entropy"]["slope"], fits["scaled_mean_entropy"]["slope"]
-    constants = {"n0": n0, "lengths": usable, "entropy_slope_pretrained": sp,
-                 "entropy_slope_scaled": ss,
-                 "rank_slope_pretrained": fits["pretrained_mean_rank"]["slope"],
-                 "rank_slope_scaled": fits["scaled_mean_rank"]["slope"],
-                 "entropy_spread_pretrained": _spread(r["pretrained_mean_entropy"] for r in rows),
-                 "entropy_spread_scaled": _spread(r["scaled_mean_entropy"] for r in rows)}
-    fit = {"what": "mean normalised entropy against log n, scaled kernel",
-           **fits["scaled_mean_entropy"],
-           "pretrained": fits["pretrained_mean_entropy"]}
+    rows = [_length_row(probe, n, n0) for n in usable]
+    fit, constants = _length_fits(rows, n0, usable)
+    sp, ss = constants["entropy_slope_pretrained"], constants["entropy_slope_scaled"]
     ok = sp is not None and ss is not None and abs(ss) <= max(0.5 * abs(sp), FLAT)
     run = (f"The network's evolution on the same text cut to n = {usable} tokens (float64), "
            f"with its pretrained score scale and with the scores times beta_n = log n / log "
@@ -186,6 +154,67 @@ def log_n_scaling(probe: Probe, lengths: Sequence[int] = LENGTHS, n0: int | None
     return Check("log_n_scaling", title, CLAIM_D, CITATION_D, run, criterion,
                  "pass" if ok else "fail", reason, assumptions, constants, fit,
                  {"rows": rows})
+
+
+def _length_assumptions(probe: Probe, lengths: Sequence[int], usable: list[int]
+                        ) -> tuple[str | None, list[dict[str, Any]]]:
+    """(why check d cannot run, or None; its assumptions): the token count must vary on one
+    text, at least 3 lengths must fit, and every kernel must have a score scale."""
+    why = None
+    if probe.lengths is None:
+        why = ("the model's input has a fixed token count (an image or a series): n cannot be "
+               "varied on the same input")
+    elif len(usable) < 3:
+        why = (f"fewer than 3 of the lengths {list(lengths)} fit the model (at most "
+               f"{probe.max_tokens} tokens)")
+    ops = [module_of(op) for th in probe.evolution.controls for op in th.values()
+           if isinstance(module_of(op), AttentionOperator)]
+    kinds = {type(op.kernel).__name__ for op in ops}
+    scalable = all(op.kernel.takes_scale for op in ops)
+    if why is None and not scalable:
+        why = f"a kernel without a score scale ({sorted(kinds)})"
+    assumptions = [assumption("the token count can vary on one text", probe.lengths is not None,
+                              "a text model (its tokenizer) reads the same text at n tokens"
+                              if probe.lengths is not None else why or ""),
+                   assumption("kernels with a score scale", scalable, f"kernels {sorted(kinds)}")]
+    return why, assumptions
+
+
+def _length_row(probe: Probe, n: int, n0: int) -> dict[str, Any]:
+    """The text at n tokens, run with the pretrained scale and with the scores times
+    beta_n = log n / log n0: per-step entropies and ranks, and their means."""
+    u0, ctx = probe.lengths(n)
+    beta = math.log(n) / math.log(n0)
+    pre = _scaling_row(probe.evolution, u0, ctx)
+    scaled = _scaling_row(with_attention(probe.evolution, _rescale(beta)), u0, ctx)
+    return {"tokens": n, "beta": beta, "pretrained_entropy": pre["entropy"],
+            "scaled_entropy": scaled["entropy"], "pretrained_rank": pre["rank"],
+            "scaled_rank": scaled["rank"],
+            "pretrained_mean_entropy": pre["mean_entropy"],
+            "scaled_mean_entropy": scaled["mean_entropy"],
+            "pretrained_mean_rank": pre["mean_rank"],
+            "scaled_mean_rank": scaled["mean_rank"]}
+
+
+def _length_fits(rows: list[dict[str, Any]], n0: int, usable: list[int]
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(fit, constants): the least-squares fits of the mean entropies and ranks against log n;
+    the headline fit is the scaled kernel's entropy."""
+    x = [math.log(r["tokens"]) for r in rows]
+    fits = {key: linear_fit(x, [r[key] for r in rows])
+            for key in ("pretrained_mean_entropy", "scaled_mean_entropy",
+                        "pretrained_mean_rank", "scaled_mean_rank")}
+    constants = {"n0": n0, "lengths": usable,
+                 "entropy_slope_pretrained": fits["pretrained_mean_entropy"]["slope"],
+                 "entropy_slope_scaled": fits["scaled_mean_entropy"]["slope"],
+                 "rank_slope_pretrained": fits["pretrained_mean_rank"]["slope"],
+                 "rank_slope_scaled": fits["scaled_mean_rank"]["slope"],
+                 "entropy_spread_pretrained": _spread(r["pretrained_mean_entropy"] for r in rows),
+                 "entropy_spread_scaled": _spread(r["scaled_mean_entropy"] for r in rows)}
+    fit = {"what": "mean normalised entropy against log n, scaled kernel",
+           **fits["scaled_mean_entropy"],
+           "pretrained": fits["pretrained_mean_entropy"]}
+    return fit, constants
 
 
 def _spread(values) -> float:

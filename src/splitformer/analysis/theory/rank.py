@@ -99,7 +99,7 @@ def rank_collapse(probe: Probe) -> Check:
     assumptions = [
         assumption("u(0) is not rank one", start > FLOOR, f"r_0 = {start:.3g}"),
         assumption("at least 3 steps above round-off", fit["points"] >= 3,
-                   f"{fit['points']} of {len(pure)} residuals are in (1e-12, 1)"),
+                   f"{fit['points']} of {len(pure)} residuals are in [1e-12, 1)"),
         assumption("every step has an attention operator", True,
                    f"operator {names[0][0]!r} of each of the {len(controls)} control sets")]
     run = (f"The network's {len(controls)} attention operators applied in order to its u(0) "
