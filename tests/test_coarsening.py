@@ -191,10 +191,30 @@ def test_coarsen_and_drop_refuse_bad_arguments():
     with pytest.raises(ValueError, match="not one explicit Euler substep"):
         model.with_scheme("strang").coarsen(2).as_network()
     with pytest.raises(ValueError, match="not one explicit Euler substep"):
+        model.with_scheme("strang").as_network()  # at tau = 1 too: a Strang step is no layer
+    assert model.as_network() is model
+    with pytest.raises(ValueError, match="not one explicit Euler substep"):
         splitformer.to_hf(model.with_scheme("strang").coarsen(2))
     cvt, _ = FAMILIES["cvt"]()
     with pytest.raises(ValueError, match="drop_steps: .* evolutions"):
         cvt.drop_steps([0])
+
+
+def test_numpy_integers_count_as_integers():
+    """coarsen, refine and drop_steps read NumPy integers as the ints they are (a step count
+    from an np.arange or an argsort); the grid holds a Python int."""
+    import numpy as np
+
+    model = splitformer.from_hf(_hf_bert(4))
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(0))
+    pairs = [(model.coarsen(np.int64(2)), model.coarsen(2)),
+             (model.refine(np.int32(2)), model.refine(2)),
+             (model.drop_steps(np.array([1, 2])), model.drop_steps([1, 2]))]
+    with torch.no_grad():
+        for ours, plain in pairs:
+            assert type(ours.evolution.num_steps) is int
+            assert ours.evolution.num_steps == plain.evolution.num_steps
+            assert torch.equal(ours(ids).last_hidden_state, plain(ids).last_hidden_state)
 
 
 def test_coarsening_keeps_the_merge_schedule():

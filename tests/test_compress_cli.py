@@ -27,6 +27,11 @@ from splitformer.cli import main
     (["--merge", "-2"], "--merge"),
     (["--batch-size", "0"], "--batch-size"),
     (["--max-steps", "1.5"], "--max-steps"),
+    (["--steps", "3,3"], "--steps"),  # a repeat would heal one depth twice as often
+    (["--windows", "1e12"], "--windows"),
+    (["--heal", "none", "--lr", "3e-4"], "--lr"),  # read by nothing without healing
+    (["--heal", "none", "--budget", "5m"], "--budget"),
+    (["--heal", "none", "--merge", "8"], "--merge"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(argv, flag, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
@@ -85,5 +90,38 @@ def test_a_short_compression_loads_in_splitformer_and_transformers(capsys, tmp_p
         a = model(**enc).last_hidden_state
         b = hf(**enc).last_hidden_state
     assert float((a - b).abs().max()) < 1e-5
+    assert (out / "heal" / "final.json").is_file() and not list((out / "heal").glob("ckpt-*"))
     assert _code(argv) == 2
     assert "holds a finished compression" in capsys.readouterr().err
+
+
+@needs("minilm", "text", "gensim")
+def test_a_plain_transformers_folder_and_a_rerun_of_other_settings(capsys, tmp_path,
+                                                                   monkeypatch):
+    """MODEL may be a BertModel folder without sentence-transformers files (the embedding is
+    then the masked mean, said so in the report); a folder healed with other settings is
+    refused in one line naming what differs."""
+    import transformers
+
+    from splitformer.experiments.text_benchmarks import minilm_folder
+
+    plain = tmp_path / "plain"
+    transformers.BertModel.from_pretrained(minilm_folder()).save_pretrained(plain)
+    transformers.AutoTokenizer.from_pretrained(minilm_folder()).save_pretrained(plain)
+    out = tmp_path / "c"
+    from splitformer.commands import compress
+
+    monkeypatch.setattr(compress, "_drop_checkpoints", lambda folder: None)  # killed before
+    argv = ["compress", str(plain), "--steps", "3", "--max-steps", "1", "--windows", "8",
+            "--batch-size", "2", "--length", "16", "--threads", "1", "--out", str(out),
+            "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "masked mean" in report["sentence_embedding"]
+    assert 0.3 < report["fidelity"]["3"]["mean_cosine"] < 1.0
+    for name in ("compress.json", "model.safetensors"):  # as if killed after the healing
+        (out / name).unlink()
+    capsys.readouterr()
+    assert _code([*argv[:-1], "--lr", "3e-4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.count("out:") == 1 and "['lr']" in err

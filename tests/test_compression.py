@@ -235,12 +235,16 @@ def test_the_result_folder_loads_in_splitformer_and_transformers(tmp_path):
     loaded = splitformer.load(tmp_path)
     hf = transformers.AutoModel.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
     assert hf.config.num_hidden_layers == 3
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "hf").iterdir()}
+    assert len(set(modes.values())) == 1, modes  # the weights readable as the config is
     with torch.no_grad():
         want = student(ids).last_hidden_state
         assert torch.equal(loaded(ids).last_hidden_state, want)
         assert float((hf(ids).last_hidden_state - want).abs().max()) < 1e-5
     with pytest.raises(ValueError, match="healed for N_t in"):
         load_compressed(tmp_path, steps=2)
+    with pytest.raises(TypeError, match="steps must be an int"):
+        splitformer.load(tmp_path, steps=[3])
     with pytest.raises(ValueError, match="not a compression folder"):
         splitformer.load(tmp_path / "hf", steps=3)
 

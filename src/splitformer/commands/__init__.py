@@ -37,16 +37,22 @@ def positive_int(text: str) -> int:
     return value
 
 
-def int_list(minimum: int = 1, maximum: int | None = None, why: str = ""
-             ) -> Callable[[str], tuple[int, ...]]:
+def int_list(minimum: int = 1, maximum: int | None = None, why: str = "", *,
+             repeats: bool = True) -> Callable[[str], tuple[int, ...]]:
     """argparse type: integers in [minimum, maximum] separated by commas, each kept once in
-    the order given; ``why`` (e.g. "(tokens)") follows the bounds in the error."""
+    the order given (``repeats=False``: a repeated value is refused, where a repeat would
+    mean something else); ``why`` (e.g. "(tokens)") follows the bounds in the error."""
 
     def parse(text: str) -> tuple[int, ...]:
         try:
-            values = tuple(dict.fromkeys(int(t) for t in text.split(",") if t.strip()))
+            given = [int(t) for t in text.split(",") if t.strip()]
         except ValueError:
-            values = ()
+            given = []
+        values = tuple(dict.fromkeys(given))
+        if not repeats and len(values) != len(given):
+            twice = sorted({v for v in given if given.count(v) > 1})
+            raise argparse.ArgumentTypeError(f"expected each value once, got {twice} more than "
+                                             f"once in {text!r}")
         if not values or min(values) < minimum or (maximum is not None
                                                    and max(values) > maximum):
             bounds = f"in [{minimum}, {maximum}]" if maximum is not None else \

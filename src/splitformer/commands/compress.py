@@ -14,10 +14,11 @@ metric state, at the start of each step).
 
 Writes DIR (``--out``): compress.json, model.safetensors, hf/ (the N_t-layer network that
 transformers loads, when the grid is a layer list) and heal/ (the healing run: rerunning the
-same command resumes it; a finished DIR is refused). ``splitformer.load(DIR)`` rebuilds the
-model. Prints the result and, unless ``--no-eval``, its fidelity to the original on held-out
-text (mean cosine of the sentence embeddings, Lee-50 pair-cosine Spearman); ``--json`` prints
-one JSON object on the last line.
+same command resumes it; once DIR is finished its checkpoints are removed, its config,
+metrics and final.json kept, and the finished DIR is refused). ``splitformer.load(DIR)``
+rebuilds the model. Prints the result and, unless ``--no-eval``, its fidelity to the original
+on held-out text (mean cosine of the sentence embeddings, Lee-50 pair-cosine Spearman);
+``--json`` prints one JSON object on the last line.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from . import (
     stripped,
 )
 
+MAX_WINDOWS = 100_000  # (count, length) int64 ids: 410 MB at 512 tokens
 HELP = "coarsen a pretrained encoder in depth (and tokens) and heal it within a budget"
 EPILOG = ("exit status: 0 done, 2 bad input (one line on stderr), 130 interrupted (the healing "
           "checkpoints are kept: the same command resumes)")
@@ -51,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
                    help="a local Hugging Face BERT folder (default: the packaged "
                         "all-MiniLM-L6-v2, `make data`)")
-    p.add_argument("--steps", type=int_list(1, why="coarse N_t"), default=(3,),
+    p.add_argument("--steps", type=int_list(1, why="coarse N_t", repeats=False), default=(3,),
                    help="the coarse number of steps; several (6,3,2): one healed network "
                         "serves each (default 3)")
     p.add_argument("--method", type=stripped, choices=method_names(), default="drop",
@@ -63,19 +65,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "times; none: training-free (default distill)")
     p.add_argument("--shooting", type=nonnegative_float, default=1.0,
                    help="weight of the shooting terms with --heal shoot (default 1)")
-    p.add_argument("--embedding", type=nonnegative_float, default=0.0,
+    p.add_argument("--embedding", type=nonnegative_float, default=_DEFAULTS["embedding"],
                    help="weight of 1 - cos of the sentence embeddings (default 0)")
-    p.add_argument("--budget", type=duration, default=600.0,
+    p.add_argument("--budget", type=duration, default=_DEFAULTS["budget"],
                    help="healing wall-clock budget: seconds or 90s, 10m, 1h (default 10m)")
-    p.add_argument("--max-steps", type=nonnegative_int, default=None,
+    p.add_argument("--max-steps", type=nonnegative_int, default=_DEFAULTS["max_steps"],
                    help="at most this many optimiser steps (default: the budget alone)")
-    p.add_argument("--lr", type=positive_float, default=1e-4, help="AdamW rate (1e-4)")
-    p.add_argument("--batch-size", type=positive_int, default=16, help="windows a step (16)")
+    p.add_argument("--lr", type=positive_float, default=_DEFAULTS["lr"], help="AdamW rate (1e-4)")
+    p.add_argument("--batch-size", type=positive_int, default=_DEFAULTS["batch_size"],
+                   help="windows a step (16)")
     p.add_argument("--length", type=positive_int, default=128,
                    help="tokens a healing window (128)")
-    p.add_argument("--windows", type=positive_int, default=4096,
-                   help="healing windows drawn from the text (4096)")
-    p.add_argument("--merge", type=nonnegative_int, default=0,
+    p.add_argument("--windows", type=bounded_int(MAX_WINDOWS, "(healing windows)"),
+                   default=4096, help=f"healing windows drawn from the text (4096; at most "
+                                      f"{MAX_WINDOWS})")
+    p.add_argument("--merge", type=nonnegative_int, default=_DEFAULTS["merge"],
                    help="heal with token merging on: nodes merged per unit of time (0: off)")
     p.add_argument("--seed", type=bounded_int(2**31 - 1, "(a seed)"), default=0,
                    help="seed (default 0; 1 .. 2^31 - 1)")
@@ -89,6 +93,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one JSON object on the last line of stdout")
     p.set_defaults(_interrupted=" (a checkpoint of the healing is written in the --out "
                                 "folder's heal/; the same command resumes)")
+
+
+# the flags that only the healing reads, and their defaults (refused with --heal none)
+_HEALING_FLAGS = (("--budget", "budget"), ("--max-steps", "max_steps"), ("--lr", "lr"),
+                  ("--batch-size", "batch_size"), ("--embedding", "embedding"),
+                  ("--merge", "merge"))
+_DEFAULTS = {"budget": 600.0, "max_steps": None, "lr": 1e-4, "batch_size": 16,
+             "embedding": 0.0, "merge": 0}
 
 
 def _model_folder(arg: str | None) -> Path:
@@ -165,6 +177,10 @@ def run(args: argparse.Namespace) -> int:
     from ..compression.heal import HealConfig
 
     if args.heal == "none":
+        given = [flag for flag, key in _HEALING_FLAGS if getattr(args, key) != _DEFAULTS[key]]
+        if given:
+            raise UsageError(f"argument {given[0]}: sets the healing, but --heal is none "
+                             "(the training-free model); drop it or choose distill or shoot")
         budget, max_steps = 0.0, 0
     else:
         budget, max_steps = args.budget, args.max_steps
@@ -240,21 +256,36 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
         raise UsageError(f"argument --length: {e}") from None
     say = _say(args.json)
     layers = teacher.evolution.num_steps
-    say(f"compress: {cfg.method} {layers} -> {','.join(map(str, cfg.steps))} steps, heal "
-        f"{args.heal}" + (f" for {cfg.budget:g} s" if cfg.budget else "") + f", out {out}")
+    header = [f"compress: {cfg.method} {layers} -> {','.join(map(str, cfg.steps))} steps, heal "
+              f"{args.heal}" + (f" for {cfg.budget:g} s" if cfg.budget else "") + f", out {out}"]
+
+    def announce() -> None:  # once healing runs (a refused folder prints its one line alone)
+        if header:
+            say(header.pop())
+
+    def progress(row: dict) -> None:
+        announce()
+        say(f"  step {row['step']} ({row['seconds']:.0f} s) N_t={row['steps']} "
+            f"loss {row['loss']:.4g}")
+
     try:
-        result = heal(cfg, teacher=teacher, windows=windows, out=out / "heal",
-                      progress=lambda row: say(
-                          f"  step {row['step']} ({row['seconds']:.0f} s) N_t={row['steps']} "
-                          f"loss {row['loss']:.4g}"))
+        result = heal(cfg, teacher=teacher, windows=windows, out=out / "heal", progress=progress)
     except (CheckpointError, ValueError) as e:
-        raise UsageError(f"argument --out: {' '.join(str(e).split())}") from None
+        text = " ".join(str(e).split())
+        raise UsageError(f"argument --out: {text.removeprefix('out: ')}") from None
+    announce()
+    if not minilm.sentence_transformers and not args.no_eval:
+        say("  MODEL has no sentence-transformers modules.json: the fidelity compares the "
+            "masked means of u(T), normalised")
     report: dict = {"model": str(args.model) if args.model else "all-MiniLM-L6-v2",
                     "method": cfg.method, "steps": list(cfg.steps), "objective": args.heal,
                     "metrics": result.metrics,
                     "grids": {str(n): str(c) for n, c in result.coarsenings.items()},
                     "notes": {str(n): dict(c.note or {})
-                              for n, c in result.coarsenings.items()}}
+                              for n, c in result.coarsenings.items()},
+                    "sentence_embedding": "sentence-transformers' modules" if
+                    minilm.sentence_transformers else "masked mean of u(T), normalised (MODEL "
+                    "has no sentence-transformers modules.json)"}
     if not args.no_eval:
         evaluation = depth_eval.Evaluation(minilm)
         report["fidelity"] = {
@@ -265,6 +296,7 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
     record = write_result(out, base=result.base, coarsenings=result.coarsenings,
                           default=cfg.steps[0], info={"heal": cfg.to_dict(), **report},
                           tokenizer_from=folder)
+    _drop_checkpoints(out / "heal")
     report["out"] = str(out)
     report["hf"] = str(out / "hf") if record["hf"] else record["hf_note"]
     if args.json:
@@ -279,6 +311,17 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
         print(f"healed {result.metrics['steps_taken']} steps in "
               f"{result.metrics['seconds']:.0f} s; wrote {out} (hf: {report['hf']})")
     return 0
+
+
+def _drop_checkpoints(folder: Path) -> None:
+    """Once DIR is written (compress.json last), the healing checkpoints (the base's weights
+    and AdamW's moments: three times model.safetensors) serve nothing: a finished DIR is
+    refused, not resumed. Its config, metrics and final.json stay."""
+    from ..files import remove_path
+
+    for p in folder.glob("ckpt-*"):
+        remove_path(p)
+    (folder / "latest").unlink(missing_ok=True)
 
 
 def _say(quiet: bool):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import os
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,11 @@ def write_result(folder: str | os.PathLike, *, base, coarsenings: dict[int, Coar
         try:
             with atomic_folder(folder / "hf") as staging:
                 exported.save_pretrained(staging)
+                # transformers writes its weights file 0600: give it the mode of the config
+                # file it wrote beside it (the umask's), as every other file here has
+                mode = (staging / "config.json").stat().st_mode & 0o777
+                for written in staging.iterdir():
+                    written.chmod(mode)
                 for name in TOKENIZER_FILES if tokenizer_from is not None else ():
                     src = Path(tokenizer_from) / name
                     if src.is_file():
@@ -116,7 +122,10 @@ def load_compressed(folder: str | os.PathLike, steps: int | None = None):
     if record.get("format") != FORMAT:
         raise ValueError(f"{path}: format {record.get('format')!r}, expected {FORMAT!r}")
     grids = {int(n): Coarsening.from_dict(c) for n, c in record["coarsenings"].items()}
-    n = int(record["default_steps"]) if steps is None else steps
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, numbers.Integral)):
+        raise TypeError(f"steps must be an int (one healed N_t) or None, got "
+                        f"{type(steps).__name__} {steps!r}")
+    n = int(record["default_steps"]) if steps is None else int(steps)
     if n not in grids:
         raise ValueError(f"steps={n!r}: {folder} was healed for N_t in {sorted(grids)}")
     base = _rebuild(record["base"])

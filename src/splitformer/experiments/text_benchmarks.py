@@ -191,9 +191,12 @@ def minilm_folder() -> Path:
     return folder
 
 
-def _sentence_config(folder: Path) -> int:
+def _sentence_config(folder: Path) -> int | None:
     """The max_seq_length of a sentence-transformers folder, after checking that its modules
-    are Transformer, mean Pooling and Normalize (what ``sentence_embeddings`` computes)."""
+    are Transformer, mean Pooling and Normalize (what ``sentence_embeddings`` computes); None
+    for a plain transformers folder (no modules.json)."""
+    if not (folder / "modules.json").exists():
+        return None
     modules = [m["type"].rsplit(".", 1)[-1]
                for m in json.loads((folder / "modules.json").read_text())]
     pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
@@ -206,13 +209,17 @@ def _sentence_config(folder: Path) -> int:
 
 @dataclass(frozen=True)
 class MiniLM:
-    """The transformers ``BertModel`` (eval) and tokenizer of all-MiniLM-L6-v2, and
-    ``max_seq_length`` from its sentence-transformers configuration."""
+    """The transformers ``BertModel`` (eval) and tokenizer of all-MiniLM-L6-v2 (or of another
+    BERT folder), and ``max_seq_length`` from its sentence-transformers configuration.
+    ``sentence_transformers``: False for a plain transformers folder, whose sentence embedding
+    is then taken as sentence-transformers' mean pooling would (the masked mean of the last
+    hidden state, normalised) and whose max_seq_length is its max_position_embeddings."""
 
     model: torch.nn.Module
     tokenizer: object
     max_seq_length: int
     folder: Path
+    sentence_transformers: bool = True
 
     def tokenize(self, texts: Sequence[str]) -> list[torch.Tensor]:
         """Each text's ids ([CLS] ... [SEP]), truncated to ``max_seq_length`` tokens."""
@@ -221,7 +228,9 @@ class MiniLM:
 
 
 def load_minilm(folder: str | Path | None = None) -> MiniLM:
-    """all-MiniLM-L6-v2 from ``folder`` (default: the package's), offline."""
+    """all-MiniLM-L6-v2 from ``folder`` (default: the package's), offline; a plain
+    transformers BERT folder (config.json, weights, tokenizer; no modules.json) loads too, with
+    ``sentence_transformers=False``."""
     from transformers import AutoTokenizer, BertModel
     from transformers.utils import logging
 
@@ -235,6 +244,9 @@ def load_minilm(folder: str | Path | None = None) -> MiniLM:
         if not quiet:
             logging.enable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    if length is None:
+        return MiniLM(model, tokenizer, int(model.config.max_position_embeddings), folder,
+                      sentence_transformers=False)
     return MiniLM(model, tokenizer, length, folder)
 
 

@@ -15,7 +15,8 @@ __all__ = ["TimeGrid"]
 class TimeGrid:
     """A uniform grid on [0, T] with N_t steps. The network with L layers is T = L, N_t = L.
 
-    T: a finite real number > 0 (stored as a float); num_steps: an int >= 1 (not a bool).
+    T: a finite real number > 0 (stored as a float); num_steps: an integer >= 1 (a Python or
+    NumPy integer, stored as an int; not a bool).
     """
 
     T: float
@@ -24,6 +25,7 @@ class TimeGrid:
     def __post_init__(self) -> None:
         if not _is_int(self.num_steps) or self.num_steps < 1:
             raise ValueError(f"num_steps must be an int >= 1, got {self.num_steps!r}")
+        object.__setattr__(self, "num_steps", int(self.num_steps))
         T = self.T
         if isinstance(T, bool) or not isinstance(T, numbers.Real):
             raise TypeError(f"T must be a real number > 0 (the final time), got "
@@ -49,9 +51,9 @@ class TimeGrid:
         """tau -> tau / k on the same [0, T]."""
         if not _is_int(k) or k < 1:
             raise ValueError(f"k must be an int >= 1, got {k!r}")
-        return TimeGrid(self.T, self.num_steps * k)
+        return TimeGrid(self.T, self.num_steps * int(k))
 
 
 def _is_int(n) -> bool:
-    """An int that is not a bool (True would read as 1)."""
-    return isinstance(n, int) and not isinstance(n, bool)
+    """An integer (int, NumPy's) that is not a bool (True would read as 1)."""
+    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
