@@ -190,9 +190,10 @@ def test_coarsen_and_drop_refuse_bad_arguments():
         model.refine(2).drop_steps([0])
     with pytest.raises(ValueError, match="not one explicit Euler substep"):
         model.with_scheme("strang").coarsen(2).as_network()
-    with pytest.raises(ValueError, match="not one explicit Euler substep"):
-        model.with_scheme("strang").as_network()  # at tau = 1 too: a Strang step is no layer
-    assert model.as_network() is model
+    strang = model.with_scheme("strang")  # at tau = 1 the network's own function: kept, and
+    assert model.as_network() is model and strang.as_network() is strang
+    with pytest.raises(ValueError, match="needs the scheme"):  # the exporter names the scheme
+        splitformer.to_hf(strang)
     with pytest.raises(ValueError, match="not one explicit Euler substep"):
         splitformer.to_hf(model.with_scheme("strang").coarsen(2))
     cvt, _ = FAMILIES["cvt"]()

@@ -263,9 +263,7 @@ class EvolutionModel(nn.Module):
         by tau (``Evolution.as_network``; new control parameters, the rest shared). What
         ``to_hf`` / ``to_torch`` / ``to_timm`` export from a coarsened or smooth-in-t model;
         the model itself when every evolution is a network already."""
-        owners = self.evolution_owners()
-        networks = [o.evolution.as_network() for o in owners]  # refusals first, by name
-        if all(n is o.evolution for n, o in zip(networks, owners, strict=True)):
+        if all(o.evolution.is_network for o in self.evolution_owners()):
             return self
         return self._map_evolutions(lambda e, i: e.as_network())
 

@@ -297,13 +297,17 @@ class Evolution(nn.Module):
         output scaled by tau (``Operator.scale_``: u + tau F(u) = u + F_tau(u) with F_tau =
         tau F, e.g. a post-LN step LN(u + tau A(u)) is an ordinary layer whose W_O and b_O are
         tau times the controls'). The evolution itself when it is one already (tau = 1,
-        constant controls, a layer's scheme). Refused by name: a scheme whose field stages
-        are not one Euler substep of the whole step each (Strang, Heun, relaxations,
-        parallel, reversible: not an ordinary layer, at tau = 1 too), a field operator without
+        constant controls), whatever its scheme: one step per layer is then the network's own
+        function, and an exporter checks that the scheme is its network's (``to_hf`` of a
+        Strang model is refused there, by name). Otherwise refused by name: a scheme whose
+        field stages are not one Euler substep of the whole step each (Strang, Heun,
+        relaxations, parallel, reversible: not an ordinary layer), a field operator without
         ``scale_``, a post map of a field that is not linear (``Operator.is_linear``:
         LayerScale and stochastic depth are; a norm after the field is not, and the fold
         would change the function). Each distinct field module of a step is scaled once,
         however many stages name it."""
+        if self.is_network:  # the network's own function; its exporter checks the scheme
+            return self
         scheme = self.scheme
         if type(scheme) is not Scheme:
             raise ValueError(f"as_network: the scheme {scheme.name!r} has a step of its own; "
@@ -316,8 +320,6 @@ class Evolution(nn.Module):
                 raise ValueError(f"as_network: stage {str(st)!r} of scheme {scheme.name!r} is "
                                  "not one explicit Euler substep over the whole step; only "
                                  "such steps (Lie, pre-norm) are ordinary layers")
-        if self.is_network:  # after the scheme's check: a Strang or Heun step is no layer
-            return self
         tau = self.tau
         sets = []
         for i in range(self.grid.num_steps):
