@@ -17,6 +17,8 @@ there are skipped (resumable; a healing run resumes from its checkpoints in
   keys: seed, shooting, embedding, merge, lr, budget. Each healed N_t is one row;
 * ``--merged SPEC``: the healed model of SPEC with training-free token merging (metric state,
   at the start of each step) at r = 16, 32, 40: x and t coarsening combined;
+* ``--exported SPEC``: the healed model of SPEC exported by ``to_hf`` and scored as the
+  transformers BertModel it is (and its largest difference from splitformer's model);
 * ``--speed``: forward throughput (no_grad, 8 held-out passages, interleaved medians) at 128
   and 256 tokens of the 6-step model, the drop grids at 4, 3, 2 steps, with merging, and L3.
 
@@ -58,6 +60,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--speed", action="store_true", help="the throughput rows")
     p.add_argument("--heal", action="append", default=[], metavar="SPEC")
     p.add_argument("--merged", action="append", default=[], metavar="SPEC")
+    p.add_argument("--exported", action="append", default=[], metavar="SPEC")
     p.add_argument("--budget", type=float, default=600.0, help="healing seconds (600)")
     p.add_argument("--windows", type=int, default=4096)
     p.add_argument("--threads", type=int, default=2)
@@ -193,6 +196,28 @@ class Study:
             self.add({"id": f"merged/{rid}/r{r}", "kind": "merged", "spec": rid,
                       "steps": cfg.steps[0], "merge": r, **self.score(m)})
 
+    def exported(self, spec: str) -> None:
+        """The healed model of ``spec`` exported by ``to_hf`` and scored as a transformers
+        BertModel (its own forward), with the largest difference of its last hidden state
+        from splitformer's on the held-out Lee documents."""
+        from splitformer.interop import to_hf
+
+        rid, cfg = parse_spec(spec, self.args.budget)
+        if f"exported/{rid}" in self.done:
+            return
+        folder = self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
+        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length), out=folder)
+        student = result.student(cfg.steps[0])
+        hf = to_hf(student).eval()
+        diff = 0.0
+        with torch.no_grad():
+            for ids in self.evaluation.texts.lee:
+                a = student(input_ids=ids[None]).last_hidden_state
+                b = hf(input_ids=ids[None]).last_hidden_state
+                diff = max(diff, float((a - b).abs().max()))
+        self.add({"id": f"exported/{rid}", "kind": "exported", "spec": rid,
+                  "steps": hf.config.num_hidden_layers, "max_abs_diff": diff, **self.score(hf)})
+
     def speed(self) -> None:
         if "speed" in self.done:
             return
@@ -229,7 +254,8 @@ def _call(model):
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    keys = [("mean_cosine", "cos"), ("lee_fidelity_spearman", "Lee fid."),
+    keys = [("mean_cosine", "cos"), ("kjv256_mean_cosine", "cos 256"),
+            ("lee_fidelity_spearman", "Lee fid."),
             ("lee_human_spearman", "Lee human"), ("probe_accuracy", "probe"),
             ("wordsim353", "WS353"), ("simlex999", "SL999")]
     lines = ["| row | N_t | " + " | ".join(h for _, h in keys) + " |",
@@ -271,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         study.healed(spec)
     for spec in args.merged:
         study.merged(spec)
+    for spec in args.exported:
+        study.exported(spec)
     if args.speed:
         study.speed()
     print(table(study.rows))

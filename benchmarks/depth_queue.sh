@@ -27,4 +27,8 @@ $S --heal "coarsen-linear:6,3,2:shoot:embedding=4$L:max_steps=$RT" \
 $S --merged "drop:3:shoot:embedding=4$L:max_steps=$B"
 $S --speed
 $S --heal "coarsen-linear:2:shoot:embedding=4$L:max_steps=$C2"
+# two more healing seeds of the best N_t = 3 row; that row exported to transformers
+$S --heal "drop:3:shoot:embedding=4$L:seed=1:max_steps=$B" \
+   --heal "drop:3:shoot:embedding=4$L:seed=2:max_steps=$B"
+$S --exported "drop:3:shoot:embedding=4$L:max_steps=$B"
 $S --table > $R/table.md
