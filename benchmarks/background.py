@@ -1,12 +1,19 @@
-"""``--background LOG`` for the long benchmarks: the same command, without the flag, as a new
-session writing to LOG, so the sweep survives the shell that started it (resumable: each
-benchmark skips what its output folder already holds)."""
+"""The main of the long benchmarks: ``--background LOG`` relaunches the same command, without
+the flag, as a new session writing to LOG, so the sweep survives the shell that started it
+(resumable: each benchmark skips what its output folder already holds); ``run_sweep`` runs a
+sweep and writes its tables."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from splitformer.files import write_atomic
 
 
 def without_flag(argv: list[str], flag: str = "--background") -> list[str]:
@@ -30,4 +37,17 @@ def relaunch(script: str, log: str, argv: list[str] | None) -> int:
         proc = subprocess.Popen([sys.executable, os.path.abspath(script), *rest],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     print(f"started pid {proc.pid}; output in {log}")
+    return 0
+
+
+def run_sweep(script: str, args: argparse.Namespace, argv: list[str] | None,
+              sweep: Callable[[argparse.Namespace], Any],
+              tables: Callable[[Any, argparse.Namespace], str]) -> int:
+    """The main of a resumable sweep: relaunched with ``--background``, else ``sweep(args)``
+    and its tables written to ``args.out``/table.md (atomically) and printed."""
+    if args.background is not None:
+        return relaunch(script, args.background, argv)
+    text = tables(sweep(args), args)
+    write_atomic(Path(args.out) / "table.md", text + "\n")
+    print(text)
     return 0

@@ -52,7 +52,7 @@ from splitformer.training.loop import evaluate, fit
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:  # the sibling module background.py, run or imported
     sys.path.insert(0, _HERE)
-from background import relaunch  # noqa: E402  (--background LOG)
+from background import run_sweep  # noqa: E402  (main: --background LOG, table.md)
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -243,14 +243,7 @@ def tables(results: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = arguments(argv)
-    if args.background is not None:
-        return relaunch(__file__, args.background, argv)
-    results = sweep(args)
-    text = tables(results, args)
-    write_atomic(Path(args.out) / "table.md", text + "\n")
-    print(text)
-    return 0
+    return run_sweep(__file__, arguments(argv), argv, sweep, tables)
 
 
 if __name__ == "__main__":
