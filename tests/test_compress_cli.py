@@ -32,6 +32,13 @@ from splitformer.cli import main
     (["--heal", "none", "--lr", "3e-4"], "--lr"),  # read by nothing without healing
     (["--heal", "none", "--budget", "5m"], "--budget"),
     (["--heal", "none", "--merge", "8"], "--merge"),
+    (["--heal", "none", "--budget", "10m"], "--budget"),  # the default, typed out
+    (["--max-steps", "0"], "--max-steps"),  # heals nothing, as --budget 0
+    (["--budget", "0", "--max-steps", "100"], "--budget"),
+    (["--batch-size", "17", "--windows", "16"], "--batch-size"),
+    (["--batch-size", "100000000"], "--batch-size"),  # was an allocation traceback
+    (["--steps", "3,"], "--steps"),
+    (["--lr", "nan"], "--lr"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(argv, flag, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
@@ -39,6 +46,7 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, flag, capsys, tmp_path):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and flag in err and "Traceback" not in err
+    assert "nan" not in argv or "> 0" in err  # the bound it states is the one it checks
     assert not (tmp_path / "o").exists()
 
 

@@ -45,7 +45,7 @@ def int_list(minimum: int = 1, maximum: int | None = None, why: str = "", *,
 
     def parse(text: str) -> tuple[int, ...]:
         try:
-            given = [int(t) for t in text.split(",") if t.strip()]
+            given = [int(t) for t in text.split(",")]  # an empty item ('3,') is no integer
         except ValueError:
             given = []
         values = tuple(dict.fromkeys(given))
@@ -66,19 +66,20 @@ def int_list(minimum: int = 1, maximum: int | None = None, why: str = "", *,
     return parse
 
 
-def bounded_int(maximum: int, why: str = "") -> Callable[[str], int]:
-    """argparse type: an integer in [1, maximum]; ``why`` (e.g. "(torch threads)") follows the
-    bound in the error."""
+def bounded_int(maximum: int, why: str = "", *, minimum: int = 1) -> Callable[[str], int]:
+    """argparse type: an integer in [minimum, maximum] (minimum 1 by default); ``why`` (e.g.
+    "(torch threads)") follows the bound in the error."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            value = 0
-        if not 1 <= value <= maximum:
+            value = minimum - 1
+        if not minimum <= value <= maximum:
             note = f" {why}" if why else ""
+            what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
             raise argparse.ArgumentTypeError(
-                f"expected a positive integer at most {maximum}{note}, got {text!r}")
+                f"expected {what} at most {maximum}{note}, got {text!r}")
         return value
 
     parse.__name__ = "bounded_int"
@@ -109,9 +110,12 @@ def nonnegative_float(text: str) -> float:
 
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
-    value = nonnegative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
     return value
 
 

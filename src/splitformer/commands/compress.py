@@ -65,24 +65,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "times; none: training-free (default distill)")
     p.add_argument("--shooting", type=nonnegative_float, default=1.0,
                    help="weight of the shooting terms with --heal shoot (default 1)")
-    p.add_argument("--embedding", type=nonnegative_float, default=_DEFAULTS["embedding"],
+    p.add_argument("--embedding", type=nonnegative_float, default=None,
                    help="weight of 1 - cos of the sentence embeddings (default 0)")
-    p.add_argument("--budget", type=duration, default=_DEFAULTS["budget"],
+    p.add_argument("--budget", type=duration, default=None,
                    help="healing wall-clock budget: seconds or 90s, 10m, 1h (default 10m)")
     p.add_argument("--max-steps", type=nonnegative_int, default=_DEFAULTS["max_steps"],
                    help="at most this many optimiser steps (default: the budget alone)")
-    p.add_argument("--lr", type=positive_float, default=_DEFAULTS["lr"], help="AdamW rate (1e-4)")
-    p.add_argument("--batch-size", type=positive_int, default=_DEFAULTS["batch_size"],
+    p.add_argument("--lr", type=positive_float, default=None, help="AdamW rate (1e-4)")
+    p.add_argument("--batch-size", type=positive_int, default=None,
                    help="windows a step (16)")
     p.add_argument("--length", type=positive_int, default=128,
                    help="tokens a healing window (128)")
     p.add_argument("--windows", type=bounded_int(MAX_WINDOWS, "(healing windows)"),
                    default=4096, help=f"healing windows drawn from the text (4096; at most "
                                       f"{MAX_WINDOWS})")
-    p.add_argument("--merge", type=nonnegative_int, default=_DEFAULTS["merge"],
+    p.add_argument("--merge", type=nonnegative_int, default=None,
                    help="heal with token merging on: nodes merged per unit of time (0: off)")
-    p.add_argument("--seed", type=bounded_int(2**31 - 1, "(a seed)"), default=0,
-                   help="seed (default 0; 1 .. 2^31 - 1)")
+    p.add_argument("--seed", type=bounded_int(2**31 - 1, "(a seed)", minimum=0), default=0,
+                   help="seed (default 0; 0 .. 2^31 - 1)")
     p.add_argument("--threads", type=bounded_int(os.cpu_count() or 1, "(torch threads)"),
                    default=None, help="torch threads")
     p.add_argument("--out", default=None, metavar="DIR",
@@ -100,7 +100,7 @@ _HEALING_FLAGS = (("--budget", "budget"), ("--max-steps", "max_steps"), ("--lr",
                   ("--batch-size", "batch_size"), ("--embedding", "embedding"),
                   ("--merge", "merge"))
 _DEFAULTS = {"budget": 600.0, "max_steps": None, "lr": 1e-4, "batch_size": 16,
-             "embedding": 0.0, "merge": 0}
+             "embedding": 0.0, "merge": 0}  # max_steps: None is the default itself
 
 
 def _model_folder(arg: str | None) -> Path:
@@ -176,17 +176,26 @@ def _check_grid(cfg, teacher, folder: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..compression.heal import HealConfig
 
+    given = [flag for flag, key in _HEALING_FLAGS if getattr(args, key) is not None]
+    for _, key in _HEALING_FLAGS:  # None: not given (so that a default typed out is seen)
+        if getattr(args, key) is None:
+            setattr(args, key, _DEFAULTS[key])
     if args.heal == "none":
-        given = [flag for flag, key in _HEALING_FLAGS if getattr(args, key) != _DEFAULTS[key]]
         if given:
             raise UsageError(f"argument {given[0]}: sets the healing, but --heal is none "
                              "(the training-free model); drop it or choose distill or shoot")
         budget, max_steps = 0.0, 0
     else:
         budget, max_steps = args.budget, args.max_steps
-        if budget == 0 and not max_steps:
+        if budget == 0:
             raise UsageError("argument --budget: 0 heals nothing; use --heal none for the "
                              "training-free model, or give a budget")
+        if max_steps == 0:
+            raise UsageError("argument --max-steps: 0 heals nothing; use --heal none for the "
+                             "training-free model, or give steps")
+    if args.batch_size > args.windows:
+        raise UsageError(f"argument --batch-size: at most --windows ({args.windows}) windows a "
+                         f"step, got {args.batch_size}")
     if args.heal != "shoot" and args.shooting != 1.0:
         raise UsageError(f"argument --shooting: weights the shooting terms of --heal shoot, "
                          f"but --heal is {args.heal}")
