@@ -99,6 +99,7 @@ def test_a_short_compression_loads_in_splitformer_and_transformers(capsys, tmp_p
         b = hf(**enc).last_hidden_state
     assert float((a - b).abs().max()) < 1e-5
     assert (out / "heal" / "final.json").is_file() and not list((out / "heal").glob("ckpt-*"))
+    assert not (out / "heal" / "latest").exists()
     assert _code(argv) == 2
     assert "holds a finished compression" in capsys.readouterr().err
 
@@ -117,9 +118,9 @@ def test_a_plain_transformers_folder_and_a_rerun_of_other_settings(capsys, tmp_p
     transformers.BertModel.from_pretrained(minilm_folder()).save_pretrained(plain)
     transformers.AutoTokenizer.from_pretrained(minilm_folder()).save_pretrained(plain)
     out = tmp_path / "c"
-    from splitformer.commands import compress
+    from splitformer.training import checkpoints
 
-    monkeypatch.setattr(compress, "_drop_checkpoints", lambda folder: None)  # killed before
+    monkeypatch.setattr(checkpoints, "remove_checkpoints", lambda folder: None)  # killed before
     argv = ["compress", str(plain), "--steps", "3", "--max-steps", "1", "--windows", "8",
             "--batch-size", "2", "--length", "16", "--threads", "1", "--out", str(out),
             "--json"]

@@ -97,26 +97,26 @@ def nonnegative_int(text: str) -> int:
     return value
 
 
-def nonnegative_float(text: str) -> float:
-    """argparse type: a finite number >= 0."""
+def _finite(text: str, strict: bool) -> float:
+    """A finite number > 0 (``strict``) or >= 0, or the argparse error stating that bound."""
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not (0 <= value < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    if not (value < float("inf") and (value > 0 if strict else value >= 0)):
+        raise argparse.ArgumentTypeError(
+            f"expected a finite number {'>' if strict else '>='} 0, got {text!r}")
     return value
+
+
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    return _finite(text, strict=False)
 
 
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (0 < value < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
+    return _finite(text, strict=True)
 
 
 def duration(text: str) -> float:

@@ -173,7 +173,10 @@ def _check_grid(cfg, teacher, folder: Path) -> None:
                          f"learned positions; [CLS] and [SEP] included), got {cfg.length}")
 
 
-def run(args: argparse.Namespace) -> int:
+def _heal_config(args: argparse.Namespace):
+    """The HealConfig the flags ask for, checked before anything is loaded: the healing-only
+    flags refused with --heal none (a flag left at None was not given), a budget or step
+    count of 0 refused when healing, a batch no larger than the windows."""
     from ..compression.heal import HealConfig
 
     given = [flag for flag, key in _HEALING_FLAGS if getattr(args, key) is not None]
@@ -200,13 +203,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"argument --shooting: weights the shooting terms of --heal shoot, "
                          f"but --heal is {args.heal}")
     try:
-        cfg = HealConfig(method=args.method, steps=tuple(args.steps), budget=budget,
+        return HealConfig(method=args.method, steps=tuple(args.steps), budget=budget,
                          max_steps=max_steps, lr=args.lr, batch_size=args.batch_size,
                          length=args.length, seed=args.seed, merge=args.merge,
                          shooting=args.shooting if args.heal == "shoot" else 0.0,
                          embedding=args.embedding)
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = _heal_config(args)
     folder = _model_folder(args.model)
     out = _check_out(args)
     import torch
@@ -250,10 +257,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
-    from ..compression.heal import heal
     from ..compression.store import write_result
     from ..experiments import depth_eval
-    from ..training.checkpoints import CheckpointError
+    from ..training.checkpoints import remove_checkpoints
     from ..training.data import DatasetError
 
     try:
@@ -264,25 +270,7 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
     except ValueError as e:
         raise UsageError(f"argument --length: {e}") from None
     say = _say(args.json)
-    layers = teacher.evolution.num_steps
-    header = [f"compress: {cfg.method} {layers} -> {','.join(map(str, cfg.steps))} steps, heal "
-              f"{args.heal}" + (f" for {cfg.budget:g} s" if cfg.budget else "") + f", out {out}"]
-
-    def announce() -> None:  # once healing runs (a refused folder prints its one line alone)
-        if header:
-            say(header.pop())
-
-    def progress(row: dict) -> None:
-        announce()
-        say(f"  step {row['step']} ({row['seconds']:.0f} s) N_t={row['steps']} "
-            f"loss {row['loss']:.4g}")
-
-    try:
-        result = heal(cfg, teacher=teacher, windows=windows, out=out / "heal", progress=progress)
-    except (CheckpointError, ValueError) as e:
-        text = " ".join(str(e).split())
-        raise UsageError(f"argument --out: {text.removeprefix('out: ')}") from None
-    announce()
+    result = _heal(args, cfg, teacher, windows, out, say)
     if not minilm.sentence_transformers and not args.no_eval:
         say("  MODEL has no sentence-transformers modules.json: the fidelity compares the "
             "masked means of u(T), normalised")
@@ -305,32 +293,59 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
     record = write_result(out, base=result.base, coarsenings=result.coarsenings,
                           default=cfg.steps[0], info={"heal": cfg.to_dict(), **report},
                           tokenizer_from=folder)
-    _drop_checkpoints(out / "heal")
+    # a finished DIR is refused, not resumed: the healing checkpoints (the base's weights and
+    # AdamW's moments, three times model.safetensors) serve nothing; config and metrics stay
+    remove_checkpoints(out / "heal")
     report["out"] = str(out)
     report["hf"] = str(out / "hf") if record["hf"] else record["hf_note"]
     if args.json:
         print(json.dumps(report))
     else:
-        for n, c in result.coarsenings.items():
-            print(f"{c}")
-            for key, values in (c.note or {}).items():
-                print(f"  {key}: {', '.join(f'{v:.4f}' for v in values)}")
-            for k, v in report.get("fidelity", {}).get(str(n), {}).items():
-                print(f"  {k}: {v:.4f}")
-        print(f"healed {result.metrics['steps_taken']} steps in "
-              f"{result.metrics['seconds']:.0f} s; wrote {out} (hf: {report['hf']})")
+        _print_result(report, result, out)
     return 0
 
 
-def _drop_checkpoints(folder: Path) -> None:
-    """Once DIR is written (compress.json last), the healing checkpoints (the base's weights
-    and AdamW's moments: three times model.safetensors) serve nothing: a finished DIR is
-    refused, not resumed. Its config, metrics and final.json stay."""
-    from ..files import remove_path
+def _heal(args, cfg, teacher, windows, out: Path, say):
+    """``compression.heal`` into DIR/heal/, its progress on stderr after a header line that
+    is printed once healing runs (a refused folder prints its one error line alone)."""
+    from ..compression.heal import heal
+    from ..training.checkpoints import CheckpointError
 
-    for p in folder.glob("ckpt-*"):
-        remove_path(p)
-    (folder / "latest").unlink(missing_ok=True)
+    header = (f"compress: {cfg.method} {teacher.evolution.num_steps} -> "
+              f"{','.join(map(str, cfg.steps))} steps, heal {args.heal}"
+              + (f" for {cfg.budget:g} s" if cfg.budget else "") + f", out {out}")
+    announced = False
+
+    def announce() -> None:
+        nonlocal announced
+        if not announced:
+            say(header)
+            announced = True
+
+    def progress(row: dict) -> None:
+        announce()
+        say(f"  step {row['step']} ({row['seconds']:.0f} s) N_t={row['steps']} "
+            f"loss {row['loss']:.4g}")
+
+    try:
+        result = heal(cfg, teacher=teacher, windows=windows, out=out / "heal", progress=progress)
+    except (CheckpointError, ValueError) as e:
+        text = " ".join(str(e).split())
+        raise UsageError(f"argument --out: {text.removeprefix('out: ')}") from None
+    announce()
+    return result
+
+
+def _print_result(report: dict, result, out: Path) -> None:
+    """Each healed grid, its method's notes and fidelity, and where DIR went."""
+    for n, c in result.coarsenings.items():
+        print(f"{c}")
+        for key, values in (c.note or {}).items():
+            print(f"  {key}: {', '.join(f'{v:.4f}' for v in values)}")
+        for k, v in report.get("fidelity", {}).get(str(n), {}).items():
+            print(f"  {k}: {v:.4f}")
+    print(f"healed {result.metrics['steps_taken']} steps in {result.metrics['seconds']:.0f} s; "
+          f"wrote {out} (hf: {report['hf']})")
 
 
 def _say(quiet: bool):

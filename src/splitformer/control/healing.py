@@ -97,11 +97,12 @@ class Distillation(nn.Module):
         if len(points) != steps + 1:
             raise ValueError(f"Distillation: fine_points has {len(points)} entries, the student "
                              f"has {steps + 1} grid points")
-        if points[-1] != teacher.evolution.num_steps:
+        target = FineSolution(teacher)
+        if points[-1] != target.num_steps:
             raise ValueError(f"Distillation: fine_points ends at {points[-1]}, the teacher's "
-                             f"final grid point is {teacher.evolution.num_steps}")
+                             f"final grid point is {target.num_steps}")
         self.student = student
-        self.target = FineSolution(teacher)
+        self.target = target
         self.fine_points = points
         self.shooting, self.embedding = float(shooting), float(embedding)
 

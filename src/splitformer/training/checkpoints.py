@@ -96,6 +96,7 @@ __all__ = [
     "load_checkpoint",
     "load_model",
     "recorded_config",
+    "remove_checkpoints",
     "save_checkpoint",
     "save_model",
 ]
@@ -279,6 +280,18 @@ def _checkpoint_files(model: nn.Module, optimizer: Any, scheduler: Any,
            "files": {name: _file_entry(data) for name, data in files.items()}}
     files["checkpoint.json"] = _sealed(doc)
     return files
+
+
+def remove_checkpoints(directory: str | os.PathLike) -> None:
+    """Delete every checkpoint of ``directory``, the ``latest`` pointer first (so that a kill
+    in between leaves no pointer to a removed folder) and the leftovers of killed saves; the
+    directory's other files stay."""
+    folder = _path(directory)
+    if not folder.is_dir():
+        return
+    (folder / POINTER).unlink(missing_ok=True)
+    for p in [*_checkpoints(folder), *(q for q in folder.iterdir() if _is_leftover(q))]:
+        remove_path(p)
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
