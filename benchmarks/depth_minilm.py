@@ -20,7 +20,8 @@ there are skipped (resumable; a healing run resumes from its checkpoints in
 * ``--exported SPEC``: the healed model of SPEC exported by ``to_hf`` and scored as the
   transformers BertModel it is (and its largest difference from splitformer's model);
 * ``--speed``: forward throughput (no_grad, 8 held-out passages, interleaved medians) at 128
-  and 256 tokens of the 6-step model, the drop grids at 4, 3, 2 steps, with merging, and L3.
+  and 256 tokens of the 6-step model, the drop grids at 4, 3, 2 steps, with merging, and L3;
+  ``--speed-parallel``: the same for the parallel grids at 4 and 3 steps beside drop's.
 
 The fidelity keys are ``depth_eval.Evaluation``'s (mean cosine to the 6-step embeddings on the
 130 held-out texts, Lee-50 pair-cosine Spearman against the 6-step model's, human Lee-50, the
@@ -58,6 +59,8 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="results/depth-minilm")
     p.add_argument("--free", action="store_true", help="the training-free rows")
     p.add_argument("--speed", action="store_true", help="the throughput rows")
+    p.add_argument("--speed-parallel", action="store_true",
+                   help="the parallel grids' throughput beside 6 steps and drop")
     p.add_argument("--heal", action="append", default=[], metavar="SPEC")
     p.add_argument("--merged", action="append", default=[], metavar="SPEC")
     p.add_argument("--exported", action="append", default=[], metavar="SPEC")
@@ -240,10 +243,25 @@ class Study:
             calls["paraphrase-L3 (onnxruntime)"] = l3.forward
         except Exception as e:  # noqa: BLE001
             _say(f"L3 speed skipped: {e}")
+        self._throughput("speed", calls)
+
+    def speed_parallel(self) -> None:
+        """The parallel grids' throughput beside the 6-step model and drop at the same N_t
+        (a superposed step computes every field it sums: the FLOPs of the steps it stands
+        for)."""
+        if "speed/parallel" in self.done:
+            return
+        fns: dict[str, Any] = {"6 steps": self.teacher}
+        for n in (4, 3):
+            fns[f"drop {n}"] = plan("drop", self.teacher, n, self.probe()).apply(self.teacher)
+            fns[f"parallel {n}"] = plan("parallel", self.teacher, n).apply(self.teacher)
+        self._throughput("speed/parallel", {name: _call(m.eval()) for name, m in fns.items()})
+
+    def _throughput(self, row_id: str, calls: dict[str, Any]) -> None:
         result = depth_eval.throughput(calls, (128, 256), repeats=self.args.repeats,
                                        threads=self.args.threads,
                                        tokenizer=self.minilm.tokenizer)
-        self.add({"id": "speed", "kind": "speed", "threads": self.args.threads,
+        self.add({"id": row_id, "kind": "speed", "threads": self.args.threads,
                   "repeats": self.args.repeats,
                   "results": {name: {str(n): v for n, v in r.items()}
                               for name, r in result.items()}})
@@ -272,7 +290,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         if r["kind"] != "speed":
             continue
-        lines += ["", f"throughput ({r['threads']} threads, {r['repeats']} repeats, medians)",
+        what = "" if r["id"] == "speed" else f" ({r['id']})"
+        lines += ["", f"throughput{what} ({r['threads']} threads, {r['repeats']} repeats, medians)",
                   "", "| model | 128 tokens | 256 tokens |", "|---|---|---|"]
         for name, by in r["results"].items():
             lines.append(f"| {name} | " + " | ".join(
@@ -301,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         study.exported(spec)
     if args.speed:
         study.speed()
+    if args.speed_parallel:
+        study.speed_parallel()
     print(table(study.rows))
     return 0
 

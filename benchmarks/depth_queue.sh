@@ -31,4 +31,11 @@ $S --heal "coarsen-linear:2:shoot:embedding=4$L:max_steps=$C2"
 $S --heal "drop:3:shoot:embedding=4$L:seed=1:max_steps=$B" \
    --heal "drop:3:shoot:embedding=4$L:seed=2:max_steps=$B"
 $S --exported "drop:3:shoot:embedding=4$L:max_steps=$B"
+# parallel middle steps (Sun et al.): training-free at 4, 3, 2 (--free skips the rows it has)
+# and healed at 3; a superposed step computes the fields of the steps it stands for, so its
+# optimiser step costs the 6-step model's (the N6 entry)
+P=$(steps "N6 shoot 16x128")
+$S --free
+$S --heal "parallel:3:shoot:embedding=4$L:max_steps=$P"
+$S --speed-parallel
 $S --table > $R/table.md

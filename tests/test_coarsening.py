@@ -280,3 +280,71 @@ def test_linear_controls_between_grid_points_merge_on_the_keys():
         assert merged.shape == (3, 9, 32) and torch.isfinite(merged).all()
         assert torch.equal(model.with_token_merging(0)(ids).last_hidden_state,
                            model(ids).last_hidden_state)
+
+
+def test_parallel_steps_is_torch_nn_layers_run_in_parallel():
+    """Pre-LN torch.nn: steps 1..3 superposed are x + sum_k SA_k(LN1_k(x)), then
+    h + sum_k FF_k(LN2_k(h)) with torch.nn's own submodules (each pre-norm is its field's
+    own), the other layers as they are; shared parameters; not exportable as a layer."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 24, dropout=0.0, batch_first=True,
+                                       norm_first=True)
+    enc = nn.TransformerEncoder(layer, 5, enable_nested_tensor=False).eval()
+    model = splitformer.from_torch(enc).eval()
+    ours = model.parallel_steps([(1, 2, 3)])
+    assert (ours.evolution.T, ours.evolution.num_steps) == (3.0, 3)
+    x = torch.randn(2, 7, 16)
+    L = enc.layers
+
+    def sa(lay, h):
+        y = lay.norm1(h)
+        return lay.self_attn(y, y, y, need_weights=False)[0]
+
+    def ff(lay, h):
+        return lay.linear2(torch.relu(lay.linear1(lay.norm2(h))))
+
+    with torch.no_grad():
+        h = L[0](x)
+        h = h + sum(sa(L[k], h) for k in (1, 2, 3))
+        h = h + sum(ff(L[k], h) for k in (1, 2, 3))
+        ref = L[4](h)
+        assert float((ours(x) - ref).abs().max()) < F32_TOL
+        assert float((ours(x) - enc(x)).abs().max()) > 1e-3
+    fields = ours.evolution.controls[1]
+    assert type(fields["attention"]).__name__ == "Superposition"
+    assert fields["attention"].fields[2].qkv_weight is \
+        model.evolution.controls[3]["attention"].qkv_weight  # shared parameters
+    with pytest.raises(ValueError, match="superposition of fields"):
+        splitformer.to_torch(ours)
+    assert not ours.evolution.is_network
+
+
+def test_parallel_steps_refuses_bad_groups():
+    model = splitformer.from_hf(_hf_bert(4))
+    for bad, err, match in [
+            ([1, 2], TypeError, "each group is a sequence"),
+            (3, TypeError, "a sequence of groups"),
+            ("12", TypeError, "a sequence of groups"),
+            ([], ValueError, "no group given"),
+            ([(1,)], ValueError, "at least two consecutive"),
+            ([(0, 2)], ValueError, "at least two consecutive"),
+            ([(0, 1), (1, 2)], ValueError, "in two groups"),
+            ([(3, 4)], ValueError, "outside"),
+            ([(1, 1)], ValueError, "given twice"),
+            ([(True, 1)], TypeError, "must be ints")]:
+        with pytest.raises(err, match=match):
+            model.parallel_steps(bad)
+    with pytest.raises(ValueError, match="one step per control set"):
+        model.refine(2).parallel_steps([(0, 1)])
+    with pytest.raises(ValueError, match="merges tokens"):
+        model.with_token_merging(2).parallel_steps([(0, 1)])
+    cvt, _ = FAMILIES["cvt"]()
+    with pytest.raises(ValueError, match="parallel_steps: .* evolutions"):
+        cvt.parallel_steps([(0, 1)])
+    # two groups at once, in any order, give the same network
+    a = model.parallel_steps([(2, 3), (0, 1)])
+    b = model.parallel_steps([(0, 1), (2, 3)])
+    ids = _ids()
+    with torch.no_grad():
+        assert torch.equal(a(ids).last_hidden_state, b(ids).last_hidden_state)
+    assert a.evolution.num_steps == 2

@@ -21,6 +21,10 @@ u_0, u_4, u_5, u_6).
                    each coarse step reads the constant controls at its midpoint
     coarsen-linear the same with piecewise-linear controls: two unit steps merge into one of
                    tau = 2 with the average controls (theta^n + theta^(n+1)) / 2
+    parallel       "Transformer layers as painters" (Sun et al. 2024): the L - N + 1 middle
+                   steps a .. a + L - N (a = (N - 1) // 2) run as one step of superposed
+                   fields, u + sum_k F_k(u) (``parallel_steps``: the state frozen at the
+                   stretch's start, the field's time integral exact; not exportable as a layer)
 
 The block influence and angular distance are ``analysis.geometry``'s, on the fine model's
 trajectory over the probe inputs (``probe``: the keyword inputs of the model's forward, e.g.
@@ -40,7 +44,8 @@ from ..analysis.geometry import angular_distance, block_influence
 
 __all__ = ["METHODS", "Coarsening", "method_names", "plan"]
 
-OPS = ("drop_steps", "refine", "coarsen", "with_controls_in_time", "with_token_merging")
+OPS = ("drop_steps", "parallel_steps", "refine", "coarsen", "with_controls_in_time",
+       "with_token_merging")
 
 
 @dataclass(frozen=True)
@@ -93,8 +98,7 @@ class Coarsening:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Coarsening:
         try:
-            ops = tuple((str(name), tuple(arg) if name == "drop_steps" else arg)
-                        for name, arg in data["ops"])
+            ops = tuple((str(name), _op_argument(str(name), arg)) for name, arg in data["ops"])
             return cls(str(data["method"]), int(data["fine_steps"]), ops,
                        tuple(None if p is None else int(p) for p in data["fine_points"]),
                        data.get("note") or None)
@@ -109,6 +113,7 @@ class Coarsening:
 
 _APPLY: dict[str, Callable[[Any, Any], Any]] = {
     "drop_steps": lambda m, arg: m.drop_steps(list(arg)),
+    "parallel_steps": lambda m, groups: m.parallel_steps([list(g) for g in groups]),
     "refine": lambda m, k: m.refine(k),
     "coarsen": lambda m, k: m.coarsen(k),
     "with_controls_in_time": lambda m, reading: m.with_controls_in_time(reading),
@@ -116,9 +121,18 @@ _APPLY: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
+def _op_argument(name: str, arg: Any) -> Any:
+    """An operation's argument read back from JSON (lists to the tuples ``ops`` holds)."""
+    if name == "drop_steps":
+        return tuple(arg)
+    if name == "parallel_steps":
+        return tuple(tuple(g) for g in arg)
+    return arg
+
+
 def _jsonable(arg: Any) -> Any:
     if isinstance(arg, tuple):
-        return list(arg)
+        return [_jsonable(a) for a in arg]
     if isinstance(arg, Mapping):
         return dict(arg)
     return arg
@@ -191,6 +205,19 @@ def coarsen_linear(model, steps: int, probe: Probe) -> Coarsening:
     return _coarse_grid("coarsen-linear", model, steps, "linear")
 
 
+def parallel(model, steps: int, probe: Probe) -> Coarsening:
+    L = model.evolution.num_steps
+    m = L - steps + 1
+    if m < 2:
+        raise ValueError(f"parallel: steps={steps} leaves no two steps to superpose (at most "
+                         f"{L - 1} of the network's {L})")
+    a = (steps - 1) // 2
+    group = tuple(range(a, a + m))
+    # coarse point j: the start of coarse step j on the fine grid (the group starts at a)
+    points = (*range(a + 1), *range(a + m, L + 1))
+    return Coarsening("parallel", L, (("parallel_steps", (group,)),), points)
+
+
 METHODS: dict[str, Callable[[Any, int, Probe], Coarsening]] = {
     "keep-first": keep_first,
     "every-other": every_other,
@@ -198,6 +225,7 @@ METHODS: dict[str, Callable[[Any, int, Probe], Coarsening]] = {
     "angular": angular,
     "coarsen": coarsen,
     "coarsen-linear": coarsen_linear,
+    "parallel": parallel,
 }
 
 

@@ -257,6 +257,18 @@ class EvolutionModel(nn.Module):
                              "evolution's steps to drop by calling it on that evolution")
         return self._map_evolutions(lambda e, i: e.drop_steps(indices))
 
+    def parallel_steps(self, groups):
+        """The same model (shared parameters) with each group of consecutive steps run as one
+        step of superposed fields ("Transformer layers as painters"' parallel layers;
+        ``Evolution.parallel_steps``), e.g. ``parallel_steps([(1, 2, 3, 4)])`` of a 6-step
+        network is a 3-step one. Models with several evolutions are refused."""
+        owners = self.evolution_owners()
+        if len(owners) != 1 or owners[0] is not self:
+            raise ValueError(f"parallel_steps: {type(self).__name__} runs {len(owners)} "
+                             "evolutions (stages, or an encoder and a decoder); say which "
+                             "evolution's steps to superpose by calling it on that evolution")
+        return self._map_evolutions(lambda e, i: e.parallel_steps(groups))
+
     def as_network(self):
         """The same function as an ordinary network: every evolution at tau = 1 with one
         control set per step, theta at each step's midpoint with the fields' outputs scaled

@@ -7,6 +7,7 @@ from .kernels import Kernel, SoftmaxKernel
 from .merging import MergeTrace, TokenMerging
 from .projections import Activation, LayerNormProjection, ProjectionS2, SphereProjection
 from .scaling import DiagonalScaling, LayerScale
+from .superposition import Superposition
 from .token_grid import KernelGrid, TokenGrid
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "ProjectionS2",
     "SoftmaxKernel",
     "SphereProjection",
+    "Superposition",
     "TokenGrid",
     "TokenMerging",
 ]

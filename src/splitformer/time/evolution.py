@@ -50,6 +50,7 @@ from torch import nn
 from ..operators.attention import AttentionOperator
 from ..operators.base import Context, Operator
 from ..operators.merging import TokenMerging, start_trace
+from ..operators.superposition import Superposition
 from .adjoints import Adjoint, Backprop, resolve_adjoint
 from .controls import Controls
 from .grid import TimeGrid, _is_int
@@ -286,10 +287,61 @@ class Evolution(nn.Module):
                          layout=self.layout, validate=self.validate, adjoint=self.adjoint,
                          merging=merging)
 
+    def parallel_steps(self, groups) -> Evolution:
+        """The evolution with each group of consecutive steps run as one step of superposed
+        fields ("Transformer layers as painters"' parallel layers; ``operators.superposition``):
+        for a group a .. a + m - 1, one unit step whose every field is the sum of the group's
+        m fields of that name (u + sum_k F_k(u): the state frozen at the group's start, the
+        field integrated exactly in time over the m intervals) and whose projections and maps
+        are those of the group's last step (its output is what the next step was trained
+        on). T -> T - sum (m - 1), one step per control set, shared parameters. ``groups``: a
+        sequence of groups, each a sequence of at least two consecutive step indices; the
+        groups are disjoint. Needs one step per control set (tau = 1), control sets with the
+        same operator names in a group, and no token merging (its metric reads an attention
+        operator, not a sum)."""
+        n = len(self.controls)
+        if self.grid.num_steps != n:
+            raise ValueError(f"parallel_steps: needs one step per control set (tau = 1), got "
+                             f"tau={self.tau:g} with N_t={self.grid.num_steps} over {n} control "
+                             f"sets; coarsen(k) or refine(k) back to tau = 1 first")
+        if self.merging is not None:
+            raise ValueError(f"parallel_steps: the evolution merges tokens ({self.merging}); "
+                             "token merging reads the keys of one attention operator, which a "
+                             "superposed step does not have; apply with_token_merging(None) "
+                             "first")
+        spans = _parallel_groups(groups, n)
+        start = {g[0]: g for g in spans}
+        sets: list[dict[str, nn.Module]] = []
+        i = 0
+        while i < n:
+            group = start.get(i, (i,))
+            thetas = [self.controls[k] for k in group]
+            names = list(thetas[-1].keys())
+            for k, th in zip(group, thetas, strict=True):
+                if list(th.keys()) != names:
+                    raise ValueError(f"parallel_steps: step {k} has the operators "
+                                     f"{list(th.keys())}, step {group[-1]} {names}; only "
+                                     "steps with the same operators superpose")
+            theta: dict[str, nn.Module] = {}
+            for name in names:
+                op = thetas[-1][name]
+                if len(group) > 1 and isinstance(op, Operator) and op.kind == "field":
+                    theta[name] = Superposition([th[name] for th in thetas])
+                else:
+                    theta[name] = op
+            sets.append(theta)
+            i += len(group)
+        controls = Controls(sets, self.controls.interpolation)
+        return Evolution(controls, self.scheme, TimeGrid(float(len(sets)), len(sets)),
+                         layout=self.layout, validate=self.validate, adjoint=self.adjoint)
+
     @property
     def is_network(self) -> bool:
-        """Whether each step is one layer of the controls: tau = 1, constant controls."""
-        return self.tau == 1.0 and self.controls.interpolation == "constant"
+        """Whether each step is one layer of the controls: tau = 1, constant controls, and
+        no superposed fields (``parallel_steps``: a sum of layers' fields is no layer)."""
+        return self.tau == 1.0 and self.controls.interpolation == "constant" \
+            and not any(isinstance(op, Superposition) for theta in self.controls
+                        for op in theta.values())
 
     def as_network(self) -> Evolution:
         """The same discrete evolution as a network: tau = 1, one control set per step, the
@@ -306,6 +358,12 @@ class Evolution(nn.Module):
         LayerScale and stochastic depth are; a norm after the field is not, and the fold
         would change the function). Each distinct field module of a step is scaled once,
         however many stages name it."""
+        for i, theta in enumerate(self.controls):
+            for name, op in theta.items():
+                if isinstance(op, Superposition):
+                    raise ValueError(f"as_network: operator {name!r} of control set {i} is a "
+                                     "superposition of fields (parallel_steps), which no "
+                                     "ordinary layer computes; it is not exported")
         if self.is_network:  # the network's own function; its exporter checks the scheme
             return self
         scheme = self.scheme
@@ -524,4 +582,34 @@ def _step_indices(indices, n: int, what: str) -> set[int]:
         if int(i) in out:
             raise ValueError(f"{what}: step index {int(i)} is given twice")
         out.add(int(i))
+    return out
+
+
+def _parallel_groups(groups, n: int) -> list[tuple[int, ...]]:
+    """``groups`` checked: disjoint runs of at least two consecutive step indices in [0, n)."""
+    what = "parallel_steps(groups)"
+    if isinstance(groups, (str, bytes)) or isinstance(groups, numbers.Integral):
+        raise TypeError(f"{what}: expected a sequence of groups of step indices, e.g. "
+                        f"[(1, 2, 3)], got {type(groups).__name__} {groups!r}")
+    try:
+        items = list(groups)
+    except TypeError:
+        raise TypeError(f"{what}: expected a sequence of groups of step indices, got "
+                        f"{type(groups).__name__}") from None
+    if not items:
+        raise ValueError(f"{what}: no group given; each group is at least two consecutive "
+                         "steps")
+    seen: set[int] = set()
+    out: list[tuple[int, ...]] = []
+    for g in items:
+        if isinstance(g, numbers.Integral):
+            raise TypeError(f"{what}: each group is a sequence of step indices, got the int "
+                            f"{g!r} (write [(1, 2, 3)], not [1, 2, 3])")
+        idx = sorted(_step_indices(g, n, what))
+        if len(idx) < 2 or idx != list(range(idx[0], idx[0] + len(idx))):
+            raise ValueError(f"{what}: a group is at least two consecutive steps, got {idx}")
+        if seen & set(idx):
+            raise ValueError(f"{what}: step {min(seen & set(idx))} is in two groups")
+        seen |= set(idx)
+        out.append(tuple(idx))
     return out
