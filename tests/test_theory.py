@@ -614,3 +614,58 @@ def test_the_page_opens_in_headless_chromium(bert_report):
             "return performance.getEntriesByType('resource').map(e => e.name)")
         assert all(u.startswith(("data:", "file:")) for u in fetched), fetched
         assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_doubly_stochastic_is_not_applicable_to_random_weights(tmp_path, capsys):
+    """A built-in model has random weights: the claim is about training, so check e says
+    'not applicable' (never compares 'trained' kernels that were not trained)."""
+    rc, out, err = cli(["theory", "bert-tiny", "--text", TEXT, "--out", str(tmp_path / "t"),
+                        "--json", "--check", "doubly_stochastic", *FAST], capsys)
+    assert rc == 0, err
+    (check,) = json.loads(out.rstrip("\n").split("\n")[-1])["checks"]
+    assert check["verdict"] == "not applicable" and "trained weights" in check["reason"]
+    held = {a["name"]: a["holds"] for a in check["assumptions"]}
+    assert held["trained weights"] is False
+
+
+def test_a_compression_folder_is_a_model(tmp_path, capsys):
+    """MODEL may be a `splitformer compress` result folder: its default healed grid (here a
+    parallel one, which has no hf/ folder), text through the tokenizer kept in DIR/tokenizer;
+    without a tokenizer, one line naming MODEL and exit 2."""
+    transformers = pytest.importorskip("transformers")
+    from splitformer.compression.heal import HealConfig, heal
+    from splitformer.compression.store import write_result
+    from splitformer.interop import from_hf
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *TEXT.lower().replace(
+        ".", " .").replace(",", " ,").replace(";", " ;").split()]
+    base = tmp_path / "bert"
+    base.mkdir()
+    (base / "vocab.txt").write_text("\n".join(dict.fromkeys(words)) + "\n")
+    tok = transformers.BertTokenizer(str(base / "vocab.txt"))
+    tok.save_pretrained(base)
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=4,
+                                  num_attention_heads=2, intermediate_size=32,
+                                  max_position_embeddings=64)
+    teacher = from_hf(transformers.BertModel(cfg, add_pooling_layer=False).eval()).eval()
+    hc = HealConfig(method="parallel", steps=(3,), budget=1e6, max_steps=2, batch_size=2,
+                    length=12, probe=4, warmup=1)
+    windows = torch.randint(0, len(tok), (8, 12), generator=torch.Generator().manual_seed(0))
+    result = heal(hc, teacher=teacher, windows=windows, out=None)
+    out = tmp_path / "c"
+    out.mkdir()
+    record = write_result(out, base=result.base, coarsenings=result.coarsenings, default=3,
+                          info={}, tokenizer_from=base)
+    assert record["hf"] is None and record["tokenizer"] == "tokenizer"
+    rc, text, err = cli(["theory", str(out), "--text", TEXT, "--out", str(tmp_path / "t"),
+                         "--json", "--check", "rank_collapse", *FAST], capsys)
+    assert rc == 0, err
+    data = json.loads(text.rstrip("\n").split("\n")[-1])
+    assert data["model"]["steps"] == 3 and "compression folder" in data["model"]["description"]
+    for f in (out / "tokenizer").iterdir():
+        f.unlink()
+    rc, text, err = cli(["theory", str(out), "--text", TEXT, "--out", str(tmp_path / "u")],
+                        capsys)
+    assert rc == 2 and "argument MODEL" in err and "keeps no tokenizer" in err
+    assert len(err.strip().splitlines()) == 1

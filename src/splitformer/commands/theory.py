@@ -255,7 +255,8 @@ def _theory(args, sub, inputs, lengths, record, checks, out: Path, progress) -> 
     progress("preparing the model")
     try:
         probe = Probe.from_model(sub.model, inputs, lengths=lengths,
-                                 max_tokens=record.get("available_tokens") if lengths else None)
+                                 max_tokens=record.get("available_tokens") if lengths else None,
+                                 trained=(sub.source or {}).get("kind") != "builtin")
     except ArgumentError as e:
         flag = "MODEL" if e.argument == "model" else ("--text" if sub.takes == "text"
                                                       else "--sample")

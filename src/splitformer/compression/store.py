@@ -9,6 +9,8 @@ folder").
                             with the base folder's tokenizer: ``transformers.AutoModel
                             .from_pretrained(DIR/hf)`` loads it (absent when the scheme cannot be
                             a layer list, e.g. with token merging)
+    DIR/tokenizer/          the base folder's tokenizer files (what ``analyze`` / ``theory``
+                            encode text with when MODEL is DIR; absent without one)
     DIR/heal/               the healing run (config, metrics.jsonl, checkpoints: resumable)
 
 ``load(DIR)`` rebuilds the base model from its source (random weights, nothing downloaded),
@@ -32,7 +34,7 @@ from ..files import atomic_folder, remove_path, write_atomic, write_synced
 from ..training.checkpoints import load_model as load_training_model
 from .coarsenings import Coarsening
 
-__all__ = ["FORMAT", "load", "load_compressed", "write_result"]
+__all__ = ["FORMAT", "load", "load_compressed", "tokenizer_folder", "write_result"]
 
 FORMAT = "splitformer-compression/1"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
@@ -67,7 +69,8 @@ def write_result(folder: str | os.PathLike, *, base, coarsenings: dict[int, Coar
     layer list."""
     from ..interop import to_hf
 
-    clash = sorted({"format", "base", "default_steps", "coarsenings", "hf", "hf_note"}
+    clash = sorted({"format", "base", "default_steps", "coarsenings", "hf", "hf_note",
+                    "tokenizer"}
                    & set(info))
     if clash:
         raise ValueError(f"write_result(info): the keys {clash} are the record's own")
@@ -104,11 +107,38 @@ def write_result(folder: str | os.PathLike, *, base, coarsenings: dict[int, Coar
                 logging.enable_progress_bar()
     else:
         remove_path(folder / "hf")
+    tokenizer = _write_tokenizer(folder / "tokenizer", tokenizer_from)
     record = {"format": FORMAT, "base": _base_record(base), "default_steps": default,
               "coarsenings": {str(n): c.to_dict() for n, c in coarsenings.items()},
-              "hf": "hf" if exported is not None else None, "hf_note": hf_note, **info}
+              "hf": "hf" if exported is not None else None, "hf_note": hf_note,
+              "tokenizer": tokenizer, **info}
     write_atomic(folder / "compress.json", json.dumps(record, indent=2) + "\n")
     return record
+
+
+def _write_tokenizer(target: Path, tokenizer_from: str | os.PathLike | None) -> str | None:
+    """The tokenizer files of ``tokenizer_from`` copied into ``target`` (whole or not at
+    all); its name relative to the result folder, or None (and no folder) without any."""
+    files = [] if tokenizer_from is None else [
+        Path(tokenizer_from) / name for name in TOKENIZER_FILES
+        if (Path(tokenizer_from) / name).is_file()]
+    if not files:
+        remove_path(target)
+        return None
+    with atomic_folder(target) as staging:
+        for src in files:
+            write_synced(staging / src.name, src.read_bytes())
+    return target.name
+
+
+def tokenizer_folder(folder: str | os.PathLike) -> Path | None:
+    """Where the tokenizer of a result folder is: DIR/tokenizer, else DIR/hf (folders written
+    before DIR/tokenizer existed), else None."""
+    for sub in ("tokenizer", "hf"):
+        path = Path(folder) / sub
+        if any((path / name).is_file() for name in TOKENIZER_FILES):
+            return path
+    return None
 
 
 def load_compressed(folder: str | os.PathLike, steps: int | None = None):

@@ -7,7 +7,9 @@ MODEL is one of
 * a ``splitformer train`` run folder (``config.json`` and a checkpoint: ``latest`` /
   ``ckpt-*``): its newest complete checkpoint, rebuilt from the recorded source;
 * a local Hugging Face folder (``config.json`` with ``model_type`` in ``HF_TYPES``, as
-  ``save_pretrained`` writes it): ``subjects.hf``; nothing is downloaded, ever.
+  ``save_pretrained`` writes it): ``subjects.hf``; nothing is downloaded, ever;
+* a ``splitformer compress`` result folder (``compress.json``): its default healed grid
+  (``compression.store.load_compressed``), text through the tokenizer it keeps.
 
 Anything else is an ``InputError`` naming MODEL and what the folder holds. The subject's
 ``source`` records what MODEL was (the data's ``"source"``): its kind, the name or the path as
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .hf import hf_subject, load_hf
+from .hf import hf_subject, hf_text_subject, load_hf
 from .subject import (
     CHARS,
     InputError,
@@ -105,6 +107,8 @@ def load_subject(spec: str) -> Subject:
         raise InputError(f"argument MODEL: {spec!r} is a file; expected a built-in model name "
                          "or a model folder")
     files = {p.name for p in folder.iterdir()}
+    if "compress.json" in files:
+        return _compressed_subject(spec, folder)
     config = read_json(folder / "config.json")
     checkpointed = "latest" in files or any(f.startswith("ckpt") for f in files)
     if "model.json" in files or (checkpointed and config is not None
@@ -151,6 +155,27 @@ def _saved_subject(spec: str, folder: Path, files: set[str]) -> Subject:
     sub = training_subject(model.eval(), _folder_name(folder), f"{kind} {str(folder)!r}")
     sub.label = f"{kind} {spec!r}"
     sub.source = {"kind": key, "path": str(folder), "description": sub.what}
+    return sub
+
+
+def _compressed_subject(spec: str, folder: Path) -> Subject:
+    """A ``splitformer compress`` result folder: its default healed grid, text encoded by the
+    tokenizer it keeps (DIR/tokenizer, or DIR/hf)."""
+    from ..compression.store import load_compressed, tokenizer_folder
+
+    try:
+        model = load_compressed(folder)
+    except (ValueError, OSError, KeyError, TypeError) as e:
+        raise InputError(f"argument MODEL: compression folder {spec!r} does not load: "
+                         f"{' '.join(str(e).split())[:240]}") from None
+    tokenizer = tokenizer_folder(folder)
+    if tokenizer is None:
+        raise InputError(f"argument MODEL: compression folder {spec!r} keeps no tokenizer "
+                         "(DIR/tokenizer or DIR/hf), which its text needs")
+    what = f"compression folder {str(folder)!r} ({model.evolution.num_steps} steps)"
+    sub = hf_text_subject(model, tokenizer, _folder_name(folder), what,
+                          f"compression folder {spec!r}", source_facts(model).config)
+    sub.source = {"kind": "compressed", "path": str(folder), "description": what}
     return sub
 
 

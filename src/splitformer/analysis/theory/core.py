@@ -107,7 +107,8 @@ class Probe:
     checks run (``evolution``: the first the model calls), its initial state ``u0`` (B, N, D)
     and ``context`` for the model's inputs, ``label`` (which evolution) and ``lengths``: a
     function n -> (u0, context) of the same text at n tokens (text models; None otherwise),
-    with ``max_tokens`` the most it can give."""
+    with ``max_tokens`` the most it can give; ``trained``: whether the weights were trained
+    (False for a random-weight model: a claim about training is then not applicable)."""
 
     model: nn.Module
     evolution: Evolution
@@ -117,11 +118,12 @@ class Probe:
     evolutions: int = 1
     lengths: Callable[[int], tuple[torch.Tensor, Context | None]] | None = None
     max_tokens: int | None = None
+    trained: bool = True
 
     @classmethod
     def from_model(cls, model: nn.Module, inputs: Any,
                    lengths: Callable[[int], Any] | None = None,
-                   max_tokens: int | None = None) -> Probe:
+                   max_tokens: int | None = None, trained: bool = True) -> Probe:
         """The probe of ``model`` at ``inputs`` (a tuple of positional or a dict of keyword
         inputs, as ``model(...)`` takes them); ``lengths(n)``, when given, returns the inputs
         of the same text at n tokens (converted to (u0, context) here)."""
@@ -142,7 +144,7 @@ class Probe:
             return found[0].u0, found[0].context
 
         return cls(m, first.evolution, first.u0, first.context, first.name, len(calls),
-                   at_length if lengths is not None else None, max_tokens)
+                   at_length if lengths is not None else None, max_tokens, bool(trained))
 
     @property
     def steps(self) -> int:

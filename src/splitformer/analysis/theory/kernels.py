@@ -280,7 +280,11 @@ def doubly_stochastic(probe: Probe, seed: int = 0) -> Check:
         assumption("full (not causal) support", not causal,
                    "a causal kernel is lower triangular: its column sums are not near 1 by "
                    "construction" if causal else "every query sees every key"),
-        assumption("softmax kernels (row-stochastic)", kinds == ["softmax"], f"kernels {kinds}")]
+        assumption("softmax kernels (row-stochastic)", kinds == ["softmax"], f"kernels {kinds}"),
+        assumption("trained weights", probe.trained,
+                   "the model's weights were trained" if probe.trained else
+                   "the model has random weights (a built-in model): there is no training "
+                   "to drift")]
     criterion = ("pass if the trained steps' column-sum deviation (mean over the steps) is below "
                  "that of the same evolution at its initialisation")
     if not all(a["holds"] for a in assumptions):
