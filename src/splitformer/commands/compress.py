@@ -126,7 +126,7 @@ def _model_folder(arg: str | None) -> Path:
     return folder
 
 
-_OURS = ("heal", "model.safetensors", "hf", ".lock")
+_OURS = ("heal", "model.safetensors", "hf", "tokenizer", ".lock")
 
 
 def _check_out(args: argparse.Namespace) -> Path:
