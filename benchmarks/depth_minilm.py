@@ -14,7 +14,9 @@ there are skipped (resumable; a healing run resumes from its checkpoints in
 * ``--heal SPEC``: SPEC = method:steps:objective[:key=value...], e.g. ``drop:3:distill``
   (the plain recipe: ShortGPT's drop, u(T) only), ``drop:3:shoot``, ``coarsen-linear:6,3,2:
   shoot`` (random-tau healing: one network for N_t = 6, 3 and 2), ``drop:3:shoot:merge=16``;
-  keys: seed, shooting, embedding, merge, lr, budget. Each healed N_t is one row;
+  keys: seed, shooting, embedding, relation, merge, lr, budget, length, batch_size,
+  max_steps, news (the fraction of healing windows from the Lee background news; default:
+  uniform over the stream). Each healed N_t is one row;
 * ``--merged SPEC``: the healed model of SPEC with training-free token merging (metric state,
   at the start of each step) at r = 16, 32, 40: x and t coarsening combined;
 * ``--exported SPEC``: the healed model of SPEC exported by ``to_hf`` and scored as the
@@ -77,8 +79,9 @@ def _say(text: str) -> None:
     print(f"[depth] {text}", file=sys.stderr, flush=True)
 
 
-def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig]:
-    """SPEC (module doc) -> (row id, HealConfig)."""
+def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig, float | None]:
+    """SPEC (module doc) -> (row id, HealConfig, news: the healing windows' news fraction,
+    ``depth_eval.healing_windows``; None: uniform over the stream)."""
     parts = spec.split(":")
     if len(parts) < 3:
         raise SystemExit(f"--heal {spec!r}: expected method:steps:objective[:key=value...]")
@@ -89,7 +92,8 @@ def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig]:
         raise SystemExit(f"--heal {spec!r}: objective must be distill or shoot")
     options: dict[str, Any] = {"seed": 0, "shooting": 1.0 if objective == "shoot" else 0.0,
                                "embedding": 0.0, "merge": 0, "lr": 1e-4, "budget": budget,
-                               "length": 128, "batch_size": 16, "max_steps": 0}
+                               "length": 128, "batch_size": 16, "max_steps": 0,
+                               "relation": 0.0, "news": -1.0}
     for kv in parts[3:]:
         key, _, value = kv.partition("=")
         if key not in options:
@@ -100,8 +104,8 @@ def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig]:
                      shooting=options["shooting"], embedding=options["embedding"],
                      merge=options["merge"], length=options["length"],
                      batch_size=options["batch_size"],
-                     max_steps=options["max_steps"] or None)
-    return spec, cfg
+                     max_steps=options["max_steps"] or None, relation=options["relation"])
+    return spec, cfg, (None if options["news"] < 0 else options["news"])
 
 
 class Study:
@@ -116,13 +120,13 @@ class Study:
         self.minilm = load_minilm()
         self.teacher = from_hf(self.minilm.model).eval()
         self.evaluation = depth_eval.Evaluation(self.minilm)
-        self._windows: torch.Tensor | None = None
+        self._windows: dict[tuple[int, float | None], torch.Tensor] = {}
 
-    def windows(self, length: int = 128) -> torch.Tensor:
-        if self._windows is None or self._windows.shape[1] != length:
-            self._windows = depth_eval.healing_windows(self.minilm.tokenizer, length,
-                                                       self.args.windows, 0)
-        return self._windows
+    def windows(self, length: int = 128, news: float | None = None) -> torch.Tensor:
+        if (length, news) not in self._windows:
+            self._windows[length, news] = depth_eval.healing_windows(
+                self.minilm.tokenizer, length, self.args.windows, 0, news)
+        return self._windows[length, news]
 
     def add(self, row: dict[str, Any]) -> None:
         append_line(self.rows_path, json.dumps(row))
@@ -167,14 +171,15 @@ class Study:
                               full=False)})
 
     def healed(self, spec: str) -> None:
-        rid, cfg = parse_spec(spec, self.args.budget)
+        rid, cfg, news = parse_spec(spec, self.args.budget)
         ids = [f"heal/{rid}/{n}" for n in cfg.steps]
         if all(i in self.done for i in ids):
             return
         folder = self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
         _say(f"healing {rid} ({cfg.budget:g} s, {self.args.threads} threads) in {folder}")
         t0 = time.perf_counter()
-        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length), out=folder)
+        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length, news),
+                      out=folder)
         for n, i in zip(cfg.steps, ids, strict=True):
             if i in self.done:
                 continue
@@ -187,12 +192,13 @@ class Study:
     def merged(self, spec: str) -> None:
         """The healed model of ``spec`` (healed already: its run folder is read back) with
         training-free merging at r = 16, 32, 40."""
-        rid, cfg = parse_spec(spec, self.args.budget)
+        rid, cfg, news = parse_spec(spec, self.args.budget)
         folder = self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
         todo = [r for r in (16, 32, 40) if f"merged/{rid}/r{r}" not in self.done]
         if not todo:
             return
-        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length), out=folder)
+        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length, news),
+                      out=folder)
         student = result.student(cfg.steps[0])
         for r in todo:
             m = student.with_token_merging(r, metric="state", where="step")
@@ -205,11 +211,12 @@ class Study:
         from splitformer's on the held-out Lee documents."""
         from splitformer.interop import to_hf
 
-        rid, cfg = parse_spec(spec, self.args.budget)
+        rid, cfg, news = parse_spec(spec, self.args.budget)
         if f"exported/{rid}" in self.done:
             return
         folder = self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
-        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length), out=folder)
+        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length, news),
+                      out=folder)
         student = result.student(cfg.steps[0])
         hf = to_hf(student).eval()
         diff = 0.0

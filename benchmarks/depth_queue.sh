@@ -38,4 +38,9 @@ P=$(steps "N6 shoot 16x128")
 $S --free
 $S --heal "parallel:3:shoot:embedding=4$L:max_steps=$P"
 $S --speed-parallel
+# towards the Lee-50 fidelity: the pair cosines of a batch matched (relation, weighted 30: the
+# term is 0.05 at the start against the embedding term's 0.33), and half the healing windows
+# from the Lee background news (news=0.5; the stream's own share is 7%)
+$S --heal "drop:3:shoot:embedding=4$L:relation=30:max_steps=$B" \
+   --heal "drop:3:shoot:embedding=4$L:news=0.5:max_steps=$B"
 $S --table > $R/table.md

@@ -315,3 +315,35 @@ def test_a_parallel_result_folder_loads_in_splitformer_and_says_why_no_hf(tmp_pa
     with torch.no_grad():
         assert torch.equal(splitformer.load(tmp_path)(ids).last_hidden_state,
                            result.student(3)(ids).last_hidden_state)
+
+
+def test_the_relation_term_is_the_pair_cosines_of_transformers_embeddings():
+    """w_r's part: mean over pairs b != b' of (cos(e_c,b, e_c,b') - cos(e_f,b, e_f,b'))^2,
+    e the mean of the last hidden state, computed here from transformers' own models (the
+    fine BertModel and the BertModel without the dropped layers); zero for the fine model
+    against itself; a batch of one and a config of batch_size 1 refused."""
+    hf = _hf().double()
+    model = splitformer.from_hf(hf).eval()
+    ids = _windows(5)
+    c = plan("drop", model, 3, {"input_ids": ids})
+    ref = _hf_reference(hf, "drop", 3, c).eval()
+    obj = Distillation(c.apply(model).eval(), model, c.fine_points, relation=2.0)
+    with torch.no_grad():
+        got = obj({"input_ids": ids})
+        ec = ref(ids).last_hidden_state.double().mean(1)
+        ef = hf(ids).last_hidden_state.double().mean(1)
+    cos = torch.nn.functional.cosine_similarity
+    want = sum((float(cos(ec[a], ec[b], dim=0)) - float(cos(ef[a], ef[b], dim=0))) ** 2
+               for a in range(5) for b in range(5) if a != b) / 20
+    assert float(got.parts["relation"]) == pytest.approx(want, rel=1e-6)
+    assert want > 1e-8  # float64: the pair cosines differ by about 4e-4 here
+    assert float(got.total) == pytest.approx(float(got.terminal) + 2 * want, rel=1e-6)
+    same = Distillation(model, model, list(range(7)), relation=1.0)
+    with torch.no_grad():
+        assert float(same({"input_ids": ids}).parts["relation"]) == 0.0
+        with pytest.raises(ValueError, match="at least two inputs"):
+            obj({"input_ids": ids[:1]})
+    with pytest.raises(ValueError, match="relation needs batch_size >= 2"):
+        _cfg(relation=1.0, batch_size=1)
+    with pytest.raises(ValueError, match="relation must be"):
+        _cfg(relation=-1.0)

@@ -114,6 +114,16 @@ def test_healing_windows(minilm, pools):
                                       (len(stream) + 3, 1, 0, "length must be at most")):
         with pytest.raises(ValueError, match=word):
             de.healing_windows(tok, length, count, seed)
+    # news=f: round(f * count) windows within the background news, the rest within the Bible
+    news_pool = np.sort(_grams(stream[-73180:], 30))
+    for f, want in ((0.0, 0), (0.5, 250), (1.0, 500)):
+        wf = de.healing_windows(tok, 32, 500, seed=3, news=f)
+        bodies = [b for b in wf[:, 1:-1].numpy()]
+        assert _shared(bodies, pools[30], 30) == 500
+        assert _shared(bodies, news_pool, 30) == want, f
+    for bad in (-0.1, 1.5, True, "0.5"):
+        with pytest.raises(ValueError, match="news must be"):
+            de.healing_windows(tok, 32, 5, news=bad)
 
 
 @needs_text

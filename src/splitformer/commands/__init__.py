@@ -119,6 +119,14 @@ def positive_float(text: str) -> float:
     return _finite(text, strict=True)
 
 
+def fraction(text: str) -> float:
+    """argparse type: a number in [0, 1]."""
+    value = _finite(text, strict=False)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
+    return value
+
+
 def duration(text: str) -> float:
     """argparse type: seconds >= 0, as '600', '600s', '10m' or '1.5h'."""
     import re

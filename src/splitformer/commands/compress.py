@@ -33,6 +33,7 @@ from . import (
     UsageError,
     bounded_int,
     duration,
+    fraction,
     int_list,
     nonnegative_float,
     nonnegative_int,
@@ -67,6 +68,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="weight of the shooting terms with --heal shoot (default 1)")
     p.add_argument("--embedding", type=nonnegative_float, default=None,
                    help="weight of 1 - cos of the sentence embeddings (default 0)")
+    p.add_argument("--relation", type=nonnegative_float, default=None,
+                   help="weight of the squared differences of the pair cosines of a batch's "
+                        "sentence embeddings (default 0)")
+    p.add_argument("--news", type=fraction, default=None,
+                   help="fraction of the healing windows drawn from gensim's Lee background "
+                        "news, the rest from the King James text (default: uniform over the "
+                        "text, where the news is 7%%)")
     p.add_argument("--budget", type=duration, default=None,
                    help="healing wall-clock budget: seconds or 90s, 10m, 1h (default 10m)")
     p.add_argument("--max-steps", type=nonnegative_int, default=_DEFAULTS["max_steps"],
@@ -98,9 +106,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # the flags that only the healing reads, and their defaults (refused with --heal none)
 _HEALING_FLAGS = (("--budget", "budget"), ("--max-steps", "max_steps"), ("--lr", "lr"),
                   ("--batch-size", "batch_size"), ("--embedding", "embedding"),
-                  ("--merge", "merge"))
+                  ("--relation", "relation"), ("--news", "news"), ("--merge", "merge"))
 _DEFAULTS = {"budget": 600.0, "max_steps": None, "lr": 1e-4, "batch_size": 16,
-             "embedding": 0.0, "merge": 0}  # max_steps: None is the default itself
+             "embedding": 0.0, "relation": 0.0, "news": None,
+             "merge": 0}  # max_steps and news: None is the default itself
 
 
 def _model_folder(arg: str | None) -> Path:
@@ -199,6 +208,9 @@ def _heal_config(args: argparse.Namespace):
     if args.batch_size > args.windows:
         raise UsageError(f"argument --batch-size: at most --windows ({args.windows}) windows a "
                          f"step, got {args.batch_size}")
+    if args.relation and args.batch_size < 2:
+        raise UsageError(f"argument --relation: compares the pairs of a batch, which needs "
+                         f"--batch-size >= 2, got {args.batch_size}")
     if args.heal != "shoot" and args.shooting != 1.0:
         raise UsageError(f"argument --shooting: weights the shooting terms of --heal shoot, "
                          f"but --heal is {args.heal}")
@@ -207,7 +219,7 @@ def _heal_config(args: argparse.Namespace):
                          max_steps=max_steps, lr=args.lr, batch_size=args.batch_size,
                          length=args.length, seed=args.seed, merge=args.merge,
                          shooting=args.shooting if args.heal == "shoot" else 0.0,
-                         embedding=args.embedding)
+                         embedding=args.embedding, relation=args.relation)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -264,7 +276,7 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
 
     try:
         windows = depth_eval.healing_windows(minilm.tokenizer, cfg.length, args.windows,
-                                             cfg.seed)
+                                             cfg.seed, news=args.news)
     except DatasetError as e:
         raise UsageError(f"the healing text is missing: {e}") from None
     except ValueError as e:
@@ -276,6 +288,8 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
             "masked means of u(T), normalised")
     report: dict = {"model": str(args.model) if args.model else "all-MiniLM-L6-v2",
                     "method": cfg.method, "steps": list(cfg.steps), "objective": args.heal,
+                    "windows": {"count": args.windows, "length": cfg.length,
+                                "news": args.news},
                     "metrics": result.metrics,
                     "grids": {str(n): str(c) for n, c in result.coarsenings.items()},
                     "notes": {str(n): dict(c.note or {})

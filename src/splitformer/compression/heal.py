@@ -57,8 +57,8 @@ class HealConfig:
     """How to coarsen and heal (module doc). ``steps``: the N_t the healed parameters serve
     (one: that depth alone; several: random-tau healing); ``budget``: seconds of healing (0:
     none, the training-free coarse model); ``max_steps``: optimiser steps at most (None: the
-    budget alone); ``shooting``/``embedding``: the weights of ``Distillation``; ``merge``: r
-    nodes merged per unit of time while healing (0: none)."""
+    budget alone); ``shooting``/``embedding``/``relation``: the weights of ``Distillation``;
+    ``merge``: r nodes merged per unit of time while healing (0: none)."""
 
     method: str = "drop"
     steps: tuple[int, ...] = (3,)
@@ -70,6 +70,7 @@ class HealConfig:
     length: int = 128
     shooting: float = 0.0
     embedding: float = 0.0
+    relation: float = 0.0
     warmup: int = 20
     seed: int = 0
     merge: int = 0
@@ -89,7 +90,7 @@ class HealConfig:
             raise ValueError(f"steps must be distinct ints >= 1 (the N_t healed), got "
                              f"{self.steps!r}")
         object.__setattr__(self, "steps", steps)
-        for name in ("budget", "lr", "shooting", "embedding", "weight_decay"):
+        for name in ("budget", "lr", "shooting", "embedding", "relation", "weight_decay"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
                     math.isfinite(v) and v >= 0):
@@ -105,6 +106,9 @@ class HealConfig:
         if self.max_steps is not None and (isinstance(self.max_steps, bool) or not isinstance(
                 self.max_steps, int) or self.max_steps < 0):
             raise ValueError(f"max_steps must be None or an int >= 0, got {self.max_steps!r}")
+        if self.relation and self.batch_size < 2:
+            raise ValueError(f"relation needs batch_size >= 2 (pairs within a batch), got "
+                             f"batch_size={self.batch_size}")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -276,7 +280,8 @@ def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str |
                 "windows": fingerprint(windows)}
     coarse = coarsenings_for(cfg, base, windows)
     problems = {n: Distillation(c.apply(base).eval(), teacher, c.fine_points,
-                                shooting=cfg.shooting, embedding=cfg.embedding)
+                                shooting=cfg.shooting, embedding=cfg.embedding,
+                                relation=cfg.relation)
                 for n, c in coarse.items()}
     optimizer = torch.optim.AdamW(parameter_groups(base, cfg.weight_decay), lr=cfg.lr)
     folder = None if out is None else Path(out)

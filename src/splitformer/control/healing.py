@@ -6,11 +6,14 @@ sharing or copying the teacher's controls) is steered towards it:
     min_theta  J = |u_c(T) - u_f(T)|^2 / |u_f(T)|^2                      (terminal cost)
                  + w_s sum_i |u_c(t_i) - u_f(s_i)|^2 / |u_f(s_i)|^2       (multiple shooting)
                  + w_e mean_b (1 - cos(e_c,b, e_f,b))                     (the sentence embedding)
+                 + w_r mean_{b != b'} (cos(e_c,b, e_c,b') - cos(e_f,b, e_f,b'))^2   (relations)
 
 where |.|^2 is the mean over the tokens counted by the attention mask (and the inputs) of the
 squared Euclidean norm, t_i the interior points of the coarse grid that approximate a fine grid
 point s_i (``Coarsening.fine_points``; points between fine ones are skipped), and
 e = sum_x m(x) u(x, T) / sum_x m(x) the masked mean of u(T) (sentence-transformers' pooling).
+The relation term asks the pair cosines between the embeddings of a batch to be the fine
+model's (what a similarity benchmark reads: the ranking of pair cosines, not each embedding).
 With w_s = w_e = 0 it is plain distillation of u(T) ("distil u(T) only"); w_s > 0 matches the
 states at the coarse grid's times as well (multiple shooting: each coarse step is asked to
 reproduce its stretch of the fine path, not only the end). The teacher runs in no_grad; the
@@ -48,6 +51,18 @@ def _pooled(u: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return (u * m).sum(1) / m.sum(1).clamp_min(1e-9)
 
 
+def _relation(ec: torch.Tensor, ef: torch.Tensor) -> torch.Tensor:
+    """mean over pairs b != b' of (cos(e_c,b, e_c,b') - cos(e_f,b, e_f,b'))^2."""
+    n = ec.shape[0]
+    if n < 2:
+        raise ValueError(f"Distillation: the relation term needs a batch of at least two "
+                         f"inputs, got {n}")
+    nc = torch.nn.functional.normalize(ec, dim=-1)
+    nf = torch.nn.functional.normalize(ef, dim=-1)
+    off = ~torch.eye(n, dtype=torch.bool, device=ec.device)
+    return ((nc @ nc.T - nf @ nf.T)[off]).pow(2).mean()
+
+
 @dataclass(frozen=True, eq=False)
 class FineSolution:
     """The target of healing: the fine (teacher) model's path u_f, computed without gradients.
@@ -75,18 +90,20 @@ class Distillation(nn.Module):
     student, teacher: splitformer models taking the same keyword inputs (``trajectory``);
     fine_points: for the student's grid points 0 .. N, the teacher's grid point each
     approximates, or None (``Coarsening.fine_points``); the last is the teacher's T.
-    shooting, embedding: the weights w_s, w_e (floats >= 0).
+    shooting, embedding, relation: the weights w_s, w_e, w_r (floats >= 0; the relation term
+    needs batches of at least two inputs).
 
-    forward(inputs) -> Objective with parts "terminal" and, where weighted, "shooting" and
-    "embedding"; ``inputs`` a mapping of keyword inputs, its "attention_mask" (if any) the
-    tokens that count.
+    forward(inputs) -> Objective with parts "terminal" and, where weighted, "shooting",
+    "embedding" and "relation"; ``inputs`` a mapping of keyword inputs, its "attention_mask"
+    (if any) the tokens that count.
     """
 
     def __init__(self, student: nn.Module, teacher: nn.Module,
                  fine_points: Sequence[int | None], *, shooting: float = 0.0,
-                 embedding: float = 0.0) -> None:
+                 embedding: float = 0.0, relation: float = 0.0) -> None:
         super().__init__()
-        for name, w in (("shooting", shooting), ("embedding", embedding)):
+        for name, w in (("shooting", shooting), ("embedding", embedding),
+                        ("relation", relation)):
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0:
                 raise ValueError(f"Distillation: {name} must be a number >= 0, got {w!r}")
         points = list(fine_points)
@@ -105,6 +122,7 @@ class Distillation(nn.Module):
         self.target = target
         self.fine_points = points
         self.shooting, self.embedding = float(shooting), float(embedding)
+        self.relation = float(relation)
 
     def interior(self) -> list[tuple[int, int]]:
         """(student point, teacher point) of the shooting targets."""
@@ -128,9 +146,13 @@ class Distillation(nn.Module):
             shoot = sum(_relative_mse(coarse[i], fine[p], mask) for i, p in pairs)
             parts["shooting"] = shoot
             total = total + self.shooting * shoot
+        if self.embedding or self.relation:
+            ec, ef = _pooled(final, mask), _pooled(fine[-1], mask)
         if self.embedding:
-            cos = torch.nn.functional.cosine_similarity(_pooled(final, mask),
-                                                        _pooled(fine[-1], mask), dim=-1)
+            cos = torch.nn.functional.cosine_similarity(ec, ef, dim=-1)
             parts["embedding"] = (1 - cos).mean()
             total = total + self.embedding * parts["embedding"]
+        if self.relation:
+            parts["relation"] = _relation(ec, ef)
+            total = total + self.relation * parts["relation"]
         return Objective(total=total, terminal=terminal, parts=parts, output=final)

@@ -144,11 +144,16 @@ def _token_ids(tokenizer, texts: Sequence[str], chunk: int = 1024) -> list[list[
 
 
 @functools.lru_cache(maxsize=2)
-def _stream(tokenizer) -> torch.Tensor:
+def _stream_parts(tokenizer) -> tuple[torch.Tensor, int]:
     healing, _ = kjv_split()
     ids = [i for piece in _token_ids(tokenizer, healing) for i in piece]
+    bible = len(ids)
     ids += [i for piece in _token_ids(tokenizer, tb.lee_background()) for i in piece]
-    return torch.tensor(ids, dtype=torch.long)
+    return torch.tensor(ids, dtype=torch.long), bible
+
+
+def _stream(tokenizer) -> torch.Tensor:
+    return _stream_parts(tokenizer)[0]
 
 
 def healing_stream(tokenizer) -> torch.Tensor:
@@ -163,20 +168,34 @@ def _positive_int(name: str, value, least: int = 1) -> int:
     return value
 
 
-def healing_windows(tokenizer, length: int, count: int, seed: int = 0) -> torch.Tensor:
+def healing_windows(tokenizer, length: int, count: int, seed: int = 0,
+                    news: float | None = None) -> torch.Tensor:
     """(count, length) ids: window k is [CLS], the length - 2 tokens of ``healing_stream``
-    from a start drawn uniformly (seeded with ``seed``), [SEP]."""
+    from a start drawn uniformly (seeded with ``seed``), [SEP]. ``news``: None (the default),
+    starts uniform over the whole stream (the background news is 7% of it); a fraction in
+    [0, 1], round(news * count) windows drawn within the Lee background documents' part of
+    the stream and the rest within the King James part (each uniform; then shuffled)."""
     _positive_int("length", length, 3)
     _positive_int("count", count)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an int, got {seed!r}")
-    stream = healing_stream(tokenizer)
+    if news is not None and (isinstance(news, bool) or not isinstance(news, (int, float))
+                             or not 0 <= news <= 1):
+        raise ValueError(f"news must be None or a fraction in [0, 1], got {news!r}")
+    stream, bible = _stream_parts(tokenizer)
     n = length - 2
-    if n > len(stream):
-        raise ValueError(f"length must be at most {len(stream) + 2} (the healing text's "
-                         f"tokens + 2), got {length}")
+    parts = [(0, len(stream))] if news is None else [(0, bible), (bible, len(stream))]
+    if n > min(b - a for a, b in parts):
+        raise ValueError(f"length must be at most {min(b - a for a, b in parts) + 2} (the "
+                         f"healing text's tokens + 2), got {length}")
     g = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, len(stream) - n + 1, (count,), generator=g)
+    if news is None:
+        starts = torch.randint(0, len(stream) - n + 1, (count,), generator=g)
+    else:
+        k = round(news * count)
+        starts = torch.cat([torch.randint(0, bible - n + 1, (count - k,), generator=g),
+                            torch.randint(bible, len(stream) - n + 1, (k,), generator=g)])
+        starts = starts[torch.randperm(count, generator=g)]
     body = stream[starts[:, None] + torch.arange(n)]
     cls = torch.full((count, 1), tokenizer.cls_token_id, dtype=torch.long)
     sep = torch.full((count, 1), tokenizer.sep_token_id, dtype=torch.long)
