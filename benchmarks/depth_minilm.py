@@ -17,13 +17,16 @@ there are skipped (resumable; a healing run resumes from its checkpoints in
   keys: seed, shooting, embedding, relation, merge, lr, budget, length, batch_size,
   max_steps, news (the fraction of healing windows from the Lee background news; default:
   uniform over the stream). Each healed N_t is one row;
+* ``--free-merged``: the 6-step model with training-free merging (metric state, at the start
+  of each step) at r = 16, 24, 32, 40;
 * ``--merged SPEC``: the healed model of SPEC with training-free token merging (metric state,
   at the start of each step) at r = 16, 32, 40: x and t coarsening combined;
 * ``--exported SPEC``: the healed model of SPEC exported by ``to_hf`` and scored as the
   transformers BertModel it is (and its largest difference from splitformer's model);
 * ``--speed``: forward throughput (no_grad, 8 held-out passages, interleaved medians) at 128
   and 256 tokens of the 6-step model, the drop grids at 4, 3, 2 steps, with merging, and L3;
-  ``--speed-parallel``: the same for the parallel grids at 4 and 3 steps beside drop's.
+  ``--speed-parallel``: the same for the parallel grids at 4 and 3 steps beside drop's;
+  ``--speed-merge``: for merging at r = 24, 32, 40 (6 steps) and 32, 40 (drop 3).
 
 The fidelity keys are ``depth_eval.Evaluation``'s (mean cosine to the 6-step embeddings on the
 130 held-out texts, Lee-50 pair-cosine Spearman against the 6-step model's, human Lee-50, the
@@ -61,6 +64,10 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="results/depth-minilm")
     p.add_argument("--free", action="store_true", help="the training-free rows")
     p.add_argument("--speed", action="store_true", help="the throughput rows")
+    p.add_argument("--speed-merge", action="store_true",
+                   help="merging's throughput at r = 24 .. 40 beside 6 steps")
+    p.add_argument("--free-merged", action="store_true",
+                   help="the 6-step model with training-free merging at r = 16 .. 40")
     p.add_argument("--speed-parallel", action="store_true",
                    help="the parallel grids' throughput beside 6 steps and drop")
     p.add_argument("--heal", action="append", default=[], metavar="SPEC")
@@ -205,6 +212,16 @@ class Study:
             self.add({"id": f"merged/{rid}/r{r}", "kind": "merged", "spec": rid,
                       "steps": cfg.steps[0], "merge": r, **self.score(m)})
 
+    def free_merged(self) -> None:
+        """The 6-step model with training-free merging (metric state, at the start of each
+        step: what ``--merge`` heals) at r = 16, 24, 32, 40."""
+        for r in (16, 24, 32, 40):
+            rid = f"free-merged/6/r{r}"
+            if rid not in self.done:
+                m = self.teacher.with_token_merging(r, metric="state", where="step")
+                self.add({"id": rid, "kind": "merged", "spec": "free", "steps": 6,
+                          "merge": r, **self.score(m)})
+
     def exported(self, spec: str) -> None:
         """The healed model of ``spec`` exported by ``to_hf`` and scored as a transformers
         BertModel (its own forward), with the largest difference of its last hidden state
@@ -263,6 +280,21 @@ class Study:
             fns[f"drop {n}"] = plan("drop", self.teacher, n, self.probe()).apply(self.teacher)
             fns[f"parallel {n}"] = plan("parallel", self.teacher, n).apply(self.teacher)
         self._throughput("speed/parallel", {name: _call(m.eval()) for name, m in fns.items()})
+
+    def speed_merge(self) -> None:
+        """Merging's throughput (metric state, at each step's start) at r = 24, 32, 40 on the
+        6-step model and at r = 32, 40 on drop's 3 steps, beside the 6-step model."""
+        if "speed/merge" in self.done:
+            return
+        drop3 = plan("drop", self.teacher, 3, self.probe()).apply(self.teacher)
+        fns: dict[str, Any] = {"6 steps": self.teacher}
+        for r in (24, 32, 40):
+            fns[f"6 steps, merge r={r}"] = self.teacher.with_token_merging(
+                r, metric="state", where="step")
+        for r in (32, 40):
+            fns[f"drop 3, merge r={r}"] = drop3.with_token_merging(r, metric="state",
+                                                                   where="step")
+        self._throughput("speed/merge", {name: _call(m.eval()) for name, m in fns.items()})
 
     def _throughput(self, row_id: str, calls: dict[str, Any]) -> None:
         result = depth_eval.throughput(calls, (128, 256), repeats=self.args.repeats,
@@ -325,10 +357,14 @@ def main(argv: list[str] | None = None) -> int:
         study.merged(spec)
     for spec in args.exported:
         study.exported(spec)
+    if args.free_merged:
+        study.free_merged()
     if args.speed:
         study.speed()
     if args.speed_parallel:
         study.speed_parallel()
+    if args.speed_merge:
+        study.speed_merge()
     print(table(study.rows))
     return 0
 

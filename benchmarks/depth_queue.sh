@@ -43,4 +43,9 @@ $S --speed-parallel
 # from the Lee background news (news=0.5; the stream's own share is 7%)
 $S --heal "drop:3:shoot:embedding=4$L:relation=30:max_steps=$B" \
    --heal "drop:3:shoot:embedding=4$L:news=0.5:max_steps=$B"
+# merging healed at r = 32 (the 6 steps; 8 x 256 tokens, the r = 40 row's budget), beside
+# training-free merging of the 6 steps and merging's throughput with 2 threads
+$S --free-merged
+$S --heal "drop:6:shoot:embedding=4$L:merge=32:length=256:batch_size=8:max_steps=$M6"
+$S --speed-merge
 $S --table > $R/table.md
