@@ -65,6 +65,9 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-size", type=int, default=12800, help="training examples used")
     p.add_argument("--test-size", type=int, default=10000, help="test examples evaluated")
     p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--random-epochs", type=int, default=None,
+                   help="the random-patch model's epochs (default --epochs; 3 x --epochs "
+                        "gives each patch size the steps its specialist had)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--depth", type=int, default=2)
@@ -100,8 +103,9 @@ def run_configs(args: argparse.Namespace) -> dict[str, TrainConfig]:
     for seed in _ints(args.seeds):
         for p in _ints(args.patches):
             out[f"fixed{p}-s{seed}"] = dataclasses.replace(base, seed=seed, patch=p)
-        out[f"random-s{seed}"] = dataclasses.replace(base, seed=seed, patch=args.base,
-                                                     patch_choices=tuple(_ints(args.patches)))
+        out[f"random-s{seed}"] = dataclasses.replace(
+            base, seed=seed, patch=args.base, patch_choices=tuple(_ints(args.patches)),
+            epochs=args.random_epochs or args.epochs)
     return out
 
 
