@@ -47,11 +47,11 @@ $S --heal "drop:3:shoot:embedding=4$L:relation=30:max_steps=$B" \
 # training-free merging of the 6 steps and merging's throughput with 2 threads
 $S --free-merged
 $S --heal "drop:6:shoot:embedding=4$L:merge=32:length=256:batch_size=8:max_steps=$M6"
-$S --speed-merge
 # random-tau healing on the dropped grids (each depth its own ShortGPT drop), beside drop at 2
 RD=$(steps "N6 shoot 16x128" "drop N3 shoot 16x128" "coarsen-linear N2 shoot 16x128")
 $S --heal "drop:6,3,2:shoot:embedding=4$L:max_steps=$RD" \
    --heal "drop:2:shoot:embedding=4$L:max_steps=$C2"
 # all the healing windows from the background news (news=0.5 raised the Lee fidelity 0.879 -> 0.894)
 $S --heal "drop:3:shoot:embedding=4$L:news=1:max_steps=$B"
+$S --speed-merge
 $S --table > $R/table.md
