@@ -41,6 +41,8 @@ from splitformer.cli import main
     (["--lr", "nan"], "--lr"),
     (["--news", "1.5"], "--news"),
     (["--news", "-0.1"], "--news"),
+    (["--news", "nan"], "--news"),
+    (["--method", "parallel", "--steps", "1"], "--method"),  # everything superposed
     (["--relation", "-1"], "--relation"),
     (["--relation", "5", "--batch-size", "1"], "--relation"),  # pairs need two windows
     (["--heal", "none", "--news", "0.5"], "--news"),
@@ -52,7 +54,8 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, flag, capsys, tmp_path):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and flag in err and "Traceback" not in err
-    assert "nan" not in argv or "> 0" in err  # the bound it states is the one it checks
+    # the bound it states is the one it checks
+    assert "nan" not in argv or "> 0" in err or "[0, 1]" in err
     assert not (tmp_path / "o").exists()
 
 

@@ -624,6 +624,7 @@ def test_doubly_stochastic_is_not_applicable_to_random_weights(tmp_path, capsys)
     assert rc == 0, err
     (check,) = json.loads(out.rstrip("\n").split("\n")[-1])["checks"]
     assert check["verdict"] == "not applicable" and "trained weights" in check["reason"]
+    assert "random weights" in check["reason"]  # the reason says what is wrong
     held = {a["name"]: a["holds"] for a in check["assumptions"]}
     assert held["trained weights"] is False
 
@@ -663,6 +664,8 @@ def test_a_compression_folder_is_a_model(tmp_path, capsys):
     assert rc == 0, err
     data = json.loads(text.rstrip("\n").split("\n")[-1])
     assert data["model"]["steps"] == 3 and "compression folder" in data["model"]["description"]
+    (check,) = data["checks"]  # pure attention is one attention map, not a sum of them
+    assert check["verdict"] == "not applicable" and "superpose" in check["reason"]
     for f in (out / "tokenizer").iterdir():
         f.unlink()
     rc, text, err = cli(["theory", str(out), "--text", TEXT, "--out", str(tmp_path / "u")],

@@ -121,8 +121,11 @@ def positive_float(text: str) -> float:
 
 def fraction(text: str) -> float:
     """argparse type: a number in [0, 1]."""
-    value = _finite(text, strict=False)
-    if value > 1:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
     return value
 

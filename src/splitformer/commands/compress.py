@@ -327,7 +327,9 @@ def _heal(args, cfg, teacher, windows, out: Path, say):
 
     header = (f"compress: {cfg.method} {teacher.evolution.num_steps} -> "
               f"{','.join(map(str, cfg.steps))} steps, heal {args.heal}"
-              + (f" for {cfg.budget:g} s" if cfg.budget else "") + f", out {out}")
+              + (f" for {cfg.budget:g} s" if cfg.budget else "")
+              + (f" or {cfg.max_steps} optimiser steps" if cfg.budget and cfg.max_steps
+                 else "") + f", out {out}")
     announced = False
 
     def announce() -> None:
@@ -358,7 +360,8 @@ def _print_result(report: dict, result, out: Path) -> None:
             print(f"  {key}: {', '.join(f'{v:.4f}' for v in values)}")
         for k, v in report.get("fidelity", {}).get(str(n), {}).items():
             print(f"  {k}: {v:.4f}")
-    print(f"healed {result.metrics['steps_taken']} steps in {result.metrics['seconds']:.0f} s; "
+    m = result.metrics
+    print(f"healed: {m['steps_taken']} optimiser steps in {m['seconds']:.0f} s; "
           f"wrote {out} (hf: {report['hf']})")
 
 

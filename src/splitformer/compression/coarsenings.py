@@ -208,6 +208,9 @@ def coarsen_linear(model, steps: int, probe: Probe) -> Coarsening:
 def parallel(model, steps: int, probe: Probe) -> Coarsening:
     L = model.evolution.num_steps
     m = L - steps + 1
+    if steps < 2:
+        raise ValueError(f"parallel: steps={steps} would superpose all {L} steps into one; "
+                         "the middle steps are superposed, so ask for at least 2")
     if m < 2:
         raise ValueError(f"parallel: steps={steps} leaves no two steps to superpose (at most "
                          f"{L - 1} of the network's {L})")

@@ -363,7 +363,7 @@ class Evolution(nn.Module):
                 if isinstance(op, Superposition):
                     raise ValueError(f"as_network: operator {name!r} of control set {i} is a "
                                      "superposition of fields (parallel_steps), which no "
-                                     "ordinary layer computes; it is not exported")
+                                     "ordinary layer computes")
         if self.is_network:  # the network's own function; its exporter checks the scheme
             return self
         scheme = self.scheme

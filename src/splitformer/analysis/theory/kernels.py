@@ -288,10 +288,10 @@ def doubly_stochastic(probe: Probe, seed: int = 0) -> Check:
     criterion = ("pass if the trained steps' column-sum deviation (mean over the steps) is below "
                  "that of the same evolution at its initialisation")
     if not all(a["holds"] for a in assumptions):
-        failed = [a["name"] for a in assumptions if not a["holds"]]
         return Check("doubly_stochastic", title, CLAIM_E, CITATION_E, "nothing was run",
-                     criterion, NOT_APPLICABLE, "; ".join(failed),
-                     assumptions)
+                     criterion, NOT_APPLICABLE,
+                     "; ".join(f"{a['name']} does not hold: {a['detail']}" for a in assumptions
+                               if not a["holds"]), assumptions)
     trained = _deviations(evo, u0, ctx)
     init = _deviations(_reset(seed)(evo), u0, ctx)
     matched = _deviations(_matched(seed)(evo), u0, ctx)

@@ -71,7 +71,15 @@ def rank_collapse(probe: Probe) -> Check:
     controls = evo.controls
     names = [attention_names(theta) for theta in controls]
     if not all(names):
-        return _na(probe, "a step has no attention operator", [])
+        from ...operators.superposition import Superposition
+
+        bad = [i for i, ns in enumerate(names) if not ns]
+        summed = [i for i in bad if any(isinstance(op, Superposition)
+                                        for op in controls[i].values())]
+        why = (f"steps {summed} superpose several fields (parallel_steps): a sum of attention "
+               "maps is no stochastic averaging, which the statement is about" if summed else
+               f"steps {bad} have no attention operator")
+        return _na(probe, why, [])
     pure = [_mean(relative_residual(u0))]
     with torch.no_grad():
         u = u0
