@@ -110,6 +110,13 @@ class HealConfig:
             raise ValueError(f"relation needs batch_size >= 2 (pairs within a batch), got "
                              f"batch_size={self.batch_size}")
 
+    def objective(self, coarsening, base: nn.Module, teacher: nn.Module) -> Distillation:
+        """The healing objective of ``coarsening`` of ``base`` against ``teacher``, with this
+        config's weights."""
+        return Distillation(coarsening.apply(base).eval(), teacher, coarsening.fine_points,
+                            shooting=self.shooting, embedding=self.embedding,
+                            relation=self.relation)
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["steps"] = list(self.steps)
@@ -273,16 +280,11 @@ def _optimiser_step(problem: Distillation, optimizer: torch.optim.Optimizer,
 
 def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str | Path | None,
           progress: Callable[[dict[str, Any]], None] | None) -> HealResult:
-    base = copy.deepcopy(teacher)
-    for p in base.parameters():
-        p.requires_grad_(True)
+    base = copy.deepcopy(teacher).requires_grad_(True)
     identity = {"teacher": fingerprint(*teacher.state_dict().values()),
                 "windows": fingerprint(windows)}
     coarse = coarsenings_for(cfg, base, windows)
-    problems = {n: Distillation(c.apply(base).eval(), teacher, c.fine_points,
-                                shooting=cfg.shooting, embedding=cfg.embedding,
-                                relation=cfg.relation)
-                for n, c in coarse.items()}
+    problems = {n: cfg.objective(c, base, teacher) for n, c in coarse.items()}
     optimizer = torch.optim.AdamW(parameter_groups(base, cfg.weight_decay), lr=cfg.lr)
     folder = None if out is None else Path(out)
     lock = None

@@ -152,14 +152,10 @@ def _stream_parts(tokenizer) -> tuple[torch.Tensor, int]:
     return torch.tensor(ids, dtype=torch.long), bible
 
 
-def _stream(tokenizer) -> torch.Tensor:
-    return _stream_parts(tokenizer)[0]
-
-
 def healing_stream(tokenizer) -> torch.Tensor:
     """The 1-D ids of the healing text: the King James lines before ``HELD_OUT_TITLE``, then
     the 300 Lee background documents, concatenated (cached per tokenizer)."""
-    return _stream(tokenizer)
+    return _stream_parts(tokenizer)[0]
 
 
 def _positive_int(name: str, value, least: int = 1) -> int:
@@ -184,10 +180,10 @@ def healing_windows(tokenizer, length: int, count: int, seed: int = 0,
         raise ValueError(f"news must be None or a fraction in [0, 1], got {news!r}")
     stream, bible = _stream_parts(tokenizer)
     n = length - 2
-    parts = [(0, len(stream))] if news is None else [(0, bible), (bible, len(stream))]
-    if n > min(b - a for a, b in parts):
-        raise ValueError(f"length must be at most {min(b - a for a, b in parts) + 2} (the "
-                         f"healing text's tokens + 2), got {length}")
+    room = len(stream) if news is None else min(bible, len(stream) - bible)
+    if n > room:
+        raise ValueError(f"length must be at most {room + 2} (the healing text's tokens + 2), "
+                         f"got {length}")
     g = torch.Generator().manual_seed(seed)
     if news is None:
         starts = torch.randint(0, len(stream) - n + 1, (count,), generator=g)

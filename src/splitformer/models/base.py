@@ -250,11 +250,7 @@ class EvolutionModel(nn.Module):
     def drop_steps(self, indices):
         """The same model (shared parameters) without the steps ``indices`` (ShortGPT's layer
         removal; ``Evolution.drop_steps``). Models with several evolutions are refused."""
-        owners = self.evolution_owners()
-        if len(owners) != 1 or owners[0] is not self:
-            raise ValueError(f"drop_steps: {type(self).__name__} runs {len(owners)} "
-                             "evolutions (stages, or an encoder and a decoder); say which "
-                             "evolution's steps to drop by calling it on that evolution")
+        self._one_evolution("drop_steps", "drop")
         return self._map_evolutions(lambda e, i: e.drop_steps(indices))
 
     def parallel_steps(self, groups):
@@ -262,12 +258,17 @@ class EvolutionModel(nn.Module):
         step of superposed fields ("Transformer layers as painters"' parallel layers;
         ``Evolution.parallel_steps``), e.g. ``parallel_steps([(1, 2, 3, 4)])`` of a 6-step
         network is a 3-step one. Models with several evolutions are refused."""
+        self._one_evolution("parallel_steps", "superpose")
+        return self._map_evolutions(lambda e, i: e.parallel_steps(groups))
+
+    def _one_evolution(self, what: str, verb: str) -> None:
+        """ValueError naming ``what`` unless this model runs one evolution of its own (step
+        indices name the steps of one evolution)."""
         owners = self.evolution_owners()
         if len(owners) != 1 or owners[0] is not self:
-            raise ValueError(f"parallel_steps: {type(self).__name__} runs {len(owners)} "
-                             "evolutions (stages, or an encoder and a decoder); say which "
-                             "evolution's steps to superpose by calling it on that evolution")
-        return self._map_evolutions(lambda e, i: e.parallel_steps(groups))
+            raise ValueError(f"{what}: {type(self).__name__} runs {len(owners)} evolutions "
+                             "(stages, or an encoder and a decoder); say which evolution's "
+                             f"steps to {verb} by calling it on that evolution")
 
     def as_network(self):
         """The same function as an ordinary network: every evolution at tau = 1 with one

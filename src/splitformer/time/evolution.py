@@ -340,8 +340,13 @@ class Evolution(nn.Module):
         """Whether each step is one layer of the controls: tau = 1, constant controls, and
         no superposed fields (``parallel_steps``: a sum of layers' fields is no layer)."""
         return self.tau == 1.0 and self.controls.interpolation == "constant" \
-            and not any(isinstance(op, Superposition) for theta in self.controls
-                        for op in theta.values())
+            and not self.superposed_steps
+
+    @property
+    def superposed_steps(self) -> list[int]:
+        """The control sets holding a superposition of fields (``parallel_steps``)."""
+        return [i for i, theta in enumerate(self.controls)
+                if any(isinstance(op, Superposition) for op in theta.values())]
 
     def as_network(self) -> Evolution:
         """The same discrete evolution as a network: tau = 1, one control set per step, the
@@ -358,26 +363,14 @@ class Evolution(nn.Module):
         LayerScale and stochastic depth are; a norm after the field is not, and the fold
         would change the function). Each distinct field module of a step is scaled once,
         however many stages name it."""
-        for i, theta in enumerate(self.controls):
-            for name, op in theta.items():
-                if isinstance(op, Superposition):
-                    raise ValueError(f"as_network: operator {name!r} of control set {i} is a "
-                                     "superposition of fields (parallel_steps), which no "
-                                     "ordinary layer computes")
+        if self.superposed_steps:
+            raise ValueError(f"as_network: control sets {self.superposed_steps} hold a "
+                             "superposition of fields (parallel_steps), which no ordinary "
+                             "layer computes")
         if self.is_network:  # the network's own function; its exporter checks the scheme
             return self
         scheme = self.scheme
-        if type(scheme) is not Scheme:
-            raise ValueError(f"as_network: the scheme {scheme.name!r} has a step of its own; "
-                             "only a stage list of fields, projections and maps is a layer")
-        for st in scheme.stages:
-            if st.kind in ("project", "map"):
-                continue
-            if st.kind != "field" or st.integrator != "euler" or st.fraction != 1.0 \
-                    or st.tangent is not None or st.then:
-                raise ValueError(f"as_network: stage {str(st)!r} of scheme {scheme.name!r} is "
-                                 "not one explicit Euler substep over the whole step; only "
-                                 "such steps (Lie, pre-norm) are ordinary layers")
+        _check_layer_scheme(scheme)
         tau = self.tau
         sets = []
         for i in range(self.grid.num_steps):
@@ -613,3 +606,19 @@ def _parallel_groups(groups, n: int) -> list[tuple[int, ...]]:
         seen |= set(idx)
         out.append(tuple(idx))
     return out
+
+
+def _check_layer_scheme(scheme: Scheme) -> None:
+    """ValueError naming the stage unless every step of ``scheme`` is an ordinary layer: a
+    stage list whose fields are each one explicit Euler substep over the whole step."""
+    if type(scheme) is not Scheme:
+        raise ValueError(f"as_network: the scheme {scheme.name!r} has a step of its own; "
+                         "only a stage list of fields, projections and maps is a layer")
+    for st in scheme.stages:
+        if st.kind in ("project", "map"):
+            continue
+        if st.kind != "field" or st.integrator != "euler" or st.fraction != 1.0 \
+                or st.tangent is not None or st.then:
+            raise ValueError(f"as_network: stage {str(st)!r} of scheme {scheme.name!r} is "
+                             "not one explicit Euler substep over the whole step; only "
+                             "such steps (Lie, pre-norm) are ordinary layers")

@@ -71,15 +71,7 @@ def rank_collapse(probe: Probe) -> Check:
     controls = evo.controls
     names = [attention_names(theta) for theta in controls]
     if not all(names):
-        from ...operators.superposition import Superposition
-
-        bad = [i for i, ns in enumerate(names) if not ns]
-        summed = [i for i in bad if any(isinstance(op, Superposition)
-                                        for op in controls[i].values())]
-        why = (f"steps {summed} superpose several fields (parallel_steps): a sum of attention "
-               "maps is no stochastic averaging, which the statement is about" if summed else
-               f"steps {bad} have no attention operator")
-        return _na(probe, why, [])
+        return _na(probe, _no_attention(evo, names), [])
     pure = [_mean(relative_residual(u0))]
     with torch.no_grad():
         u = u0
@@ -145,6 +137,14 @@ def _scheme_residuals(evo, scheme: str | None, u0, ctx) -> list[float]:
         other = evo.with_scheme(scheme)
     traj = other(u0, ctx, SaveAt(steps=True))
     return [_mean(relative_residual(s)) for s in traj.state_list]
+
+
+def _no_attention(evo, names: list[list[str]]) -> str:
+    """Why pure attention cannot be applied: steps superposing fields, or without one."""
+    if evo.superposed_steps:
+        return (f"steps {evo.superposed_steps} superpose several fields (parallel_steps): a "
+                "sum of attention maps is no stochastic averaging, which the statement is about")
+    return f"steps {[i for i, ns in enumerate(names) if not ns]} have no attention operator"
 
 
 def _na(probe: Probe, why: str, assumptions) -> Check:
