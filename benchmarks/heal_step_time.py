@@ -7,7 +7,8 @@ on an idle machine, so that rows measured later under other load get the same wo
 For each setting (method, N_t, objective, merge, window length x batch): the median of 8 timed
 optimiser steps after 2 untimed ones (``compression.heal`` machinery: Distillation + AdamW), in
 ``--rounds`` rounds over all settings; the fastest round's median is kept (the machine is
-shared: slower rounds are other load), every round recorded.
+shared: slower rounds are other load), every round recorded. ``--only S``: the settings whose
+name contains S, added to an existing ``--out`` (its rounds under "only").
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from pathlib import Path
 import torch
 
 from splitformer.compression.coarsenings import plan
+from splitformer.compression.heal import _optimiser_step
 from splitformer.control.healing import Distillation
 from splitformer.experiments import depth_eval
 from splitformer.experiments.text_benchmarks import load_minilm
 from splitformer.files import write_atomic
 from splitformer.interop import from_hf
 
-SETTINGS = {  # name: (method, steps, shooting, merge, length, batch)
+SETTINGS = {  # name: (method, steps, shooting, merge, length, batch[, precision])
     "drop N3 distill 16x128": ("drop", 3, 0.0, 0, 128, 16),
     "drop N3 shoot 16x128": ("drop", 3, 1.0, 0, 128, 16),
     "coarsen-linear N3 shoot 16x128": ("coarsen-linear", 3, 1.0, 0, 128, 16),
@@ -36,6 +38,8 @@ SETTINGS = {  # name: (method, steps, shooting, merge, length, batch)
     "N6 shoot 16x128": ("drop", 6, 1.0, 0, 128, 16),
     "N6 shoot merge40 8x256": ("drop", 6, 1.0, 40, 256, 8),
     "drop N3 shoot merge40 8x256": ("drop", 3, 1.0, 40, 256, 8),
+    "drop N3 distill 16x128 bf16": ("drop", 3, 0.0, 0, 128, 16, "bfloat16"),
+    "drop N3 shoot 16x128 bf16": ("drop", 3, 1.0, 0, 128, 16, "bfloat16"),
 }
 
 
@@ -51,9 +55,13 @@ def main() -> int:
     teacher = from_hf(mini.model).eval()
     path = Path(args.out)
     out = {"threads": args.threads, "rounds": [], "seconds_per_step": {}}
+    if args.only and path.exists():  # the other settings' measurements are kept
+        out = json.loads(path.read_text())
+        out.setdefault("only", {})[args.only] = []
     for _ in range(args.rounds):
-        out["rounds"].append(_round(args, mini, teacher))
-        for name, t in out["rounds"][-1].items():
+        times = _round(args, mini, teacher)
+        (out["only"][args.only] if "only" in out else out["rounds"]).append(times)
+        for name, t in times.items():
             out["seconds_per_step"][name] = min(t, out["seconds_per_step"].get(name, t))
         write_atomic(path, json.dumps(out, indent=1) + "\n")
     return 0
@@ -61,7 +69,7 @@ def main() -> int:
 
 def _round(args, mini, teacher) -> dict[str, float]:
     times_of = {}
-    for name, (method, n, shoot, merge, length, batch) in SETTINGS.items():
+    for name, (method, n, shoot, merge, length, batch, *precision) in SETTINGS.items():
         if args.only and args.only not in name:
             continue
         w = depth_eval.healing_windows(mini.tokenizer, length, 4 * batch, 0)
@@ -74,10 +82,8 @@ def _round(args, mini, teacher) -> dict[str, float]:
         times = []
         for i in range(10):
             t0 = time.perf_counter()
-            obj = d({"input_ids": w[(i % 4) * batch:(i % 4 + 1) * batch]})
-            opt.zero_grad()
-            obj.total.backward()
-            opt.step()
+            _optimiser_step(d, opt, w[(i % 4) * batch:(i % 4 + 1) * batch], 1e-5, i,
+                            *precision)
             if i >= 2:
                 times.append(time.perf_counter() - t0)
         times_of[name] = statistics.median(times)

@@ -213,6 +213,42 @@ def test_healing_lowers_the_terminal_cost():
     assert teacher.training and all(p.requires_grad for p in teacher.parameters())
 
 
+def test_mixed_precision_healing_computes_in_bfloat16_and_keeps_float32_parameters():
+    """precision="bfloat16": the objective runs under autocast (its first loss is not the
+    float32 one, but within bfloat16's rounding of it), the parameters stay float32, and the
+    terminal cost still falls."""
+    teacher = splitformer.from_hf(_hf()).eval()
+    full = heal(_cfg(max_steps=10), teacher=teacher, windows=_windows(), out=None)
+    mixed = heal(_cfg(max_steps=10, precision="bfloat16"), teacher=teacher,
+                 windows=_windows(), out=None)
+    a, b = full.history[0]["terminal"], mixed.history[0]["terminal"]
+    assert a != b and abs(a - b) < 0.05 * a
+    assert all(p.dtype == torch.float32 for p in mixed.base.parameters())
+    longer = heal(_cfg(precision="bfloat16"), teacher=teacher, windows=_windows(), out=None)
+    losses = [r["terminal"] for r in longer.history]
+    assert losses[-1] < 0.5 * losses[0]
+    with pytest.raises(ValueError, match="precision must be one of"):
+        _cfg(precision="float16")
+
+
+def test_a_run_from_before_a_config_key_resumes_with_its_default(tmp_path):
+    """A checkpoint whose config lacks a key added since (here ``precision``) is the run of
+    that key's default: it is accepted; another value is refused by name."""
+    from splitformer.compression.heal import _refuse_another_run
+
+    cfg = _cfg(max_steps=10)
+    old = cfg.to_dict()
+    old.pop("precision")
+    state = {"config": old, "teacher": "t", "windows": "w"}
+    identity = {"teacher": "t", "windows": "w"}
+    _refuse_another_run(tmp_path, state, cfg, identity)
+    with pytest.raises(ValueError, match=r"another config \(differs in \['precision'\]\)"):
+        _refuse_another_run(tmp_path, state, _cfg(max_steps=10, precision="bfloat16"),
+                            identity)
+    with pytest.raises(ValueError, match="another teacher"):
+        _refuse_another_run(tmp_path, {**state, "teacher": "u"}, cfg, identity)
+
+
 def test_a_killed_healing_run_resumes_to_the_uninterrupted_parameters(tmp_path):
     teacher = splitformer.from_hf(_hf()).eval()
     cfg = _cfg(shooting=1.0, method="coarsen-linear")

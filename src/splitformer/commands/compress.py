@@ -87,6 +87,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--windows", type=bounded_int(MAX_WINDOWS, "(healing windows)"),
                    default=4096, help=f"healing windows drawn from the text (4096; at most "
                                       f"{MAX_WINDOWS})")
+    p.add_argument("--precision", type=stripped, choices=("float32", "bfloat16"),
+                   default=None, help="the healing's arithmetic: float32 (default) or bfloat16 "
+                                      "(mixed precision under autocast, float32 parameters; "
+                                      "about 2x the steps on a CPU with AVX512-BF16)")
     p.add_argument("--merge", type=nonnegative_int, default=None,
                    help="heal with token merging on: nodes merged per unit of time (0: off)")
     p.add_argument("--seed", type=bounded_int(2**31 - 1, "(a seed)", minimum=0), default=0,
@@ -106,10 +110,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # the flags that only the healing reads, and their defaults (refused with --heal none)
 _HEALING_FLAGS = (("--budget", "budget"), ("--max-steps", "max_steps"), ("--lr", "lr"),
                   ("--batch-size", "batch_size"), ("--embedding", "embedding"),
-                  ("--relation", "relation"), ("--news", "news"), ("--merge", "merge"))
+                  ("--relation", "relation"), ("--news", "news"), ("--merge", "merge"),
+                  ("--precision", "precision"))
 _DEFAULTS = {"budget": 600.0, "max_steps": None, "lr": 1e-4, "batch_size": 16,
              "embedding": 0.0, "relation": 0.0, "news": None,
-             "merge": 0}  # max_steps and news: None is the default itself
+             "merge": 0, "precision": "float32"}  # max_steps and news: None is the default itself
 
 
 def _model_folder(arg: str | None) -> Path:
@@ -219,7 +224,8 @@ def _heal_config(args: argparse.Namespace):
                          max_steps=max_steps, lr=args.lr, batch_size=args.batch_size,
                          length=args.length, seed=args.seed, merge=args.merge,
                          shooting=args.shooting if args.heal == "shoot" else 0.0,
-                         embedding=args.embedding, relation=args.relation)
+                         embedding=args.embedding, relation=args.relation,
+                         precision=args.precision)
     except ValueError as e:
         raise UsageError(str(e)) from None
 

@@ -49,7 +49,10 @@ from ..training.checkpoints import latest_checkpoint, load_checkpoint, save_chec
 from ..training.loop import parameter_groups
 from .coarsenings import METHODS, Coarsening, plan
 
-__all__ = ["HealConfig", "HealResult", "heal", "student_of"]
+__all__ = ["PRECISIONS", "HealConfig", "HealResult", "heal", "student_of"]
+
+PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
+"""The arithmetic of a healing step: float32, or bfloat16 under autocast (mixed precision)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,10 @@ class HealConfig:
     (one: that depth alone; several: random-tau healing); ``budget``: seconds of healing (0:
     none, the training-free coarse model); ``max_steps``: optimiser steps at most (None: the
     budget alone); ``shooting``/``embedding``/``relation``: the weights of ``Distillation``;
-    ``merge``: r nodes merged per unit of time while healing (0: none)."""
+    ``merge``: r nodes merged per unit of time while healing (0: none); ``precision``:
+    "float32", or "bfloat16" (the objective, teacher and student, computed under
+    ``torch.autocast`` in bfloat16, the parameters and the optimiser kept in float32: mixed
+    precision; the healed model is evaluated and saved in float32)."""
 
     method: str = "drop"
     steps: tuple[int, ...] = (3,)
@@ -74,6 +80,7 @@ class HealConfig:
     warmup: int = 20
     seed: int = 0
     merge: int = 0
+    precision: str = "float32"
     checkpoint_every: int = 100
     log_every: int = 20
     probe: int = 32
@@ -106,6 +113,9 @@ class HealConfig:
         if self.max_steps is not None and (isinstance(self.max_steps, bool) or not isinstance(
                 self.max_steps, int) or self.max_steps < 0):
             raise ValueError(f"max_steps must be None or an int >= 0, got {self.max_steps!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {list(PRECISIONS)}, got "
+                             f"{self.precision!r}")
         if self.relation and self.batch_size < 2:
             raise ValueError(f"relation needs batch_size >= 2 (pairs within a batch), got "
                              f"batch_size={self.batch_size}")
@@ -229,9 +239,11 @@ def heal(cfg: HealConfig, *, teacher: nn.Module, windows: torch.Tensor,
 def _refuse_another_run(folder: Path, state: dict[str, Any], cfg: HealConfig,
                         identity: dict[str, str]) -> None:
     """ValueError when the checkpoint in ``folder`` is of another config, teacher or windows."""
-    if state.get("config") != cfg.to_dict():
-        changed = sorted(k for k, v in cfg.to_dict().items()
-                         if state.get("config", {}).get(k) != v)
+    saved = dict(state.get("config") or {})
+    # a key the run's version did not know has its default (a run from before the key)
+    saved = {**{k: v for k, v in HealConfig().to_dict().items() if k not in saved}, **saved}
+    if saved != cfg.to_dict():
+        changed = sorted(k for k, v in cfg.to_dict().items() if saved.get(k) != v)
         raise ValueError(f"out: {str(folder)!r} holds a healing run of another config "
                          f"(differs in {changed}); choose another folder")
     for key, what in (("teacher", "the teacher (MODEL)"),
@@ -263,12 +275,17 @@ def _resume(folder: Path, cfg: HealConfig, base: nn.Module, optimizer: torch.opt
 
 
 def _optimiser_step(problem: Distillation, optimizer: torch.optim.Optimizer,
-                    batch: torch.Tensor, lr: float, step: int) -> dict[str, float]:
-    """One AdamW step on the healing objective at rate ``lr``: its loss and parts. A loss
-    that is not finite is refused before the parameters change."""
+                    batch: torch.Tensor, lr: float, step: int, precision: str = "float32"
+                    ) -> dict[str, float]:
+    """One AdamW step on the healing objective at rate ``lr`` (``precision``: the
+    objective's arithmetic, ``PRECISIONS``): its loss and parts. A loss that is not finite is
+    refused before the parameters change."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    obj = problem({"input_ids": batch})
+    dtype = PRECISIONS[precision]
+    with torch.autocast(batch.device.type, dtype=dtype or torch.bfloat16,
+                        enabled=dtype is not None):
+        obj = problem({"input_ids": batch})
     loss = float(obj.total.detach())
     if not math.isfinite(loss):
         raise FloatingPointError(f"heal: the loss is {loss} at step {step}; lower lr")
@@ -315,7 +332,7 @@ def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str |
                 n = _draw(cfg, step)
                 lr = _progress_lr(cfg, step, seconds())
                 last = _optimiser_step(problems[n], optimizer, _batch(windows, cfg, step), lr,
-                                       step)
+                                       step, cfg.precision)
                 step += 1
                 if step % cfg.log_every == 0:
                     row = {"step": step, "seconds": round(seconds(), 3), "lr": lr, "steps": n,
