@@ -16,7 +16,8 @@ there are skipped (resumable; a healing run resumes from its checkpoints in
   shoot`` (random-tau healing: one network for N_t = 6, 3 and 2), ``drop:3:shoot:merge=16``;
   keys: seed, shooting, embedding, relation, merge, lr, budget, length, batch_size,
   max_steps, news (the fraction of healing windows from the Lee background news; default:
-  uniform over the stream), precision (float32 or bfloat16: ``HealConfig.precision``). Each healed N_t is one row;
+  uniform over the stream), precision (float32 or bfloat16: ``HealConfig.precision``). Each
+  healed N_t is one row;
 * ``--free-merged``: the 6-step model with training-free merging (metric state, at the start
   of each step) at r = 16, 24, 32, 40;
 * ``--merged SPEC``: the healed model of SPEC with training-free token merging (metric state,
