@@ -16,8 +16,9 @@ there are skipped (resumable; a healing run resumes from its checkpoints in
   shoot`` (random-tau healing: one network for N_t = 6, 3 and 2), ``drop:3:shoot:merge=16``;
   keys: seed, shooting, embedding, relation, merge, lr, budget, length, batch_size,
   max_steps, news (the fraction of healing windows from the Lee background news; default:
-  uniform over the stream), precision (float32 or bfloat16: ``HealConfig.precision``). Each
-  healed N_t is one row;
+  uniform over the stream), precision (float32 or bfloat16: ``HealConfig.precision``),
+  min_length (each step's windows cut to a length drawn in [min_length, length]). Each healed
+  N_t is one row;
 * ``--free-merged``: the 6-step model with training-free merging (metric state, at the start
   of each step) at r = 16, 24, 32, 40;
 * ``--merged SPEC``: the healed model of SPEC with training-free token merging (metric state,
@@ -101,7 +102,8 @@ def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig, float | None]
     options: dict[str, Any] = {"seed": 0, "shooting": 1.0 if objective == "shoot" else 0.0,
                                "embedding": 0.0, "merge": 0, "lr": 1e-4, "budget": budget,
                                "length": 128, "batch_size": 16, "max_steps": 0,
-                               "relation": 0.0, "news": -1.0, "precision": "float32"}
+                               "relation": 0.0, "news": -1.0, "precision": "float32",
+                               "min_length": 0}
     for kv in parts[3:]:
         key, _, value = kv.partition("=")
         if key not in options:
@@ -113,7 +115,8 @@ def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig, float | None]
                      merge=options["merge"], length=options["length"],
                      batch_size=options["batch_size"],
                      max_steps=options["max_steps"] or None, relation=options["relation"],
-                     precision=options["precision"])
+                     precision=options["precision"],
+                     min_length=options["min_length"] or None)
     return spec, cfg, (None if options["news"] < 0 else options["news"])
 
 

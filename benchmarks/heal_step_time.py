@@ -4,8 +4,10 @@ on an idle machine, so that rows measured later under other load get the same wo
 
     python benchmarks/heal_step_time.py [--threads 2] [--out results/depth-minilm/step_seconds.json]
 
-For each setting (method, N_t, objective, merge, window length x batch): the median of 8 timed
-optimiser steps after 2 untimed ones (``compression.heal`` machinery: Distillation + AdamW), in
+For each setting (method, N_t, objective, merge, window length x batch, precision, shortest
+cut): the median of 8 timed optimiser steps after 2 untimed ones (``compression.heal``
+machinery: Distillation + AdamW; with cut lengths the mean of 24, the lengths drawn as healing
+draws them), in
 ``--rounds`` rounds over all settings; the fastest round's median is kept (the machine is
 shared: slower rounds are other load), every round recorded. ``--only S``: the settings whose
 name contains S, added to an existing ``--out`` (its rounds under "only").
@@ -23,14 +25,14 @@ from pathlib import Path
 import torch
 
 from splitformer.compression.coarsenings import plan
-from splitformer.compression.heal import _optimiser_step
+from splitformer.compression.heal import HealConfig, _cut, _optimiser_step
 from splitformer.control.healing import Distillation
 from splitformer.experiments import depth_eval
 from splitformer.experiments.text_benchmarks import load_minilm
 from splitformer.files import write_atomic
 from splitformer.interop import from_hf
 
-SETTINGS = {  # name: (method, steps, shooting, merge, length, batch[, precision])
+SETTINGS = {  # name: (method, steps, shooting, merge, length, batch[, precision[, min_length]])
     "drop N3 distill 16x128": ("drop", 3, 0.0, 0, 128, 16),
     "drop N3 shoot 16x128": ("drop", 3, 1.0, 0, 128, 16),
     "coarsen-linear N3 shoot 16x128": ("coarsen-linear", 3, 1.0, 0, 128, 16),
@@ -40,6 +42,7 @@ SETTINGS = {  # name: (method, steps, shooting, merge, length, batch[, precision
     "drop N3 shoot merge40 8x256": ("drop", 3, 1.0, 40, 256, 8),
     "drop N3 distill 16x128 bf16": ("drop", 3, 0.0, 0, 128, 16, "bfloat16"),
     "drop N3 shoot 16x128 bf16": ("drop", 3, 1.0, 0, 128, 16, "bfloat16"),
+    "drop N3 shoot 16x48-128 bf16": ("drop", 3, 1.0, 0, 128, 16, "bfloat16", 48),
 }
 
 
@@ -69,7 +72,8 @@ def main() -> int:
 
 def _round(args, mini, teacher) -> dict[str, float]:
     times_of = {}
-    for name, (method, n, shoot, merge, length, batch, *precision) in SETTINGS.items():
+    for name, (method, n, shoot, merge, length, batch, *more) in SETTINGS.items():
+        precision, min_length = (*more, *("float32", None)[len(more):])
         if args.only and args.only not in name:
             continue
         w = depth_eval.healing_windows(mini.tokenizer, length, 4 * batch, 0)
@@ -79,14 +83,15 @@ def _round(args, mini, teacher) -> dict[str, float]:
         d = Distillation(c.apply(base).eval(), teacher, c.fine_points, shooting=shoot,
                          embedding=1.0)
         opt = torch.optim.AdamW(base.parameters(), lr=1e-5)
+        cfg = HealConfig(length=length, min_length=min_length)
         times = []
-        for i in range(10):
+        for i in range(10 if min_length is None else 26):  # cut lengths: the mean of 24
             t0 = time.perf_counter()
-            _optimiser_step(d, opt, w[(i % 4) * batch:(i % 4 + 1) * batch], 1e-5, i,
-                            *precision)
+            _optimiser_step(d, opt, _cut(w[(i % 4) * batch:(i % 4 + 1) * batch], cfg, i),
+                            1e-5, i, precision)
             if i >= 2:
                 times.append(time.perf_counter() - t0)
-        times_of[name] = statistics.median(times)
+        times_of[name] = (statistics.median if min_length is None else statistics.mean)(times)
         print(f"{name}: {times_of[name]:.3f} s/step", flush=True)
     return times_of
 

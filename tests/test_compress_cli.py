@@ -48,6 +48,9 @@ from splitformer.cli import main
     (["--heal", "none", "--news", "0.5"], "--news"),
     (["--heal", "none", "--relation", "1"], "--relation"),
     (["--precision", "float16"], "--precision"),
+    (["--min-length", "1"], "--min-length"),
+    (["--min-length", "200"], "--min-length"),  # longer than --length 128
+    (["--heal", "none", "--min-length", "64"], "--min-length"),
     (["--heal", "none", "--precision", "bfloat16"], "--precision"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(argv, flag, capsys, tmp_path):
@@ -95,14 +98,14 @@ def test_a_short_compression_loads_in_splitformer_and_transformers(capsys, tmp_p
     out = tmp_path / "c"
     argv = ["compress", "--steps", "3", "--method", "drop", "--heal", "shoot", "--max-steps",
             "2", "--windows", "16", "--batch-size", "2", "--length", "32", "--threads", "1",
-            "--relation", "10", "--news", "0.5", "--precision", "bfloat16", "--out", str(out),
-            "--json"]
+            "--relation", "10", "--news", "0.5", "--precision", "bfloat16", "--min-length", "8",
+            "--out", str(out), "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["metrics"]["steps_taken"] == 2 and report["hf"] == str(out / "hf")
     record = json.loads((out / "compress.json").read_text())
     assert record["heal"]["relation"] == 10.0 and report["windows"]["news"] == 0.5
-    assert record["heal"]["precision"] == "bfloat16"
+    assert record["heal"]["precision"] == "bfloat16" and record["heal"]["min_length"] == 8
     assert (out / "tokenizer" / "vocab.txt").is_file()
     assert 0.3 < report["fidelity"]["3"]["mean_cosine"] < 1.0
     model = splitformer.load(out)

@@ -231,6 +231,32 @@ def test_mixed_precision_healing_computes_in_bfloat16_and_keeps_float32_paramete
         _cfg(precision="float16")
 
 
+def test_cut_windows_keep_their_start_and_last_token_and_heal_short_inputs():
+    """min_length: each step's batch is cut to a length drawn in [min_length, length], the
+    first l - 1 tokens and the last kept; healing on cut windows lowers the terminal cost on
+    short inputs."""
+    from splitformer.compression.heal import _cut
+
+    cfg = _cfg(min_length=6)
+    w = _windows(4)
+    seen = set()
+    for step in range(40):
+        cut = _cut(w, cfg, step)
+        n = cut.shape[1]
+        seen.add(n)
+        assert torch.equal(cut[:, :n - 1], w[:, :n - 1]) and torch.equal(cut[:, -1], w[:, -1])
+        assert torch.equal(cut, _cut(w, cfg, step))  # the draw is the step's
+    assert min(seen) >= 6 and max(seen) <= 16 and len(seen) > 5
+    assert _cut(w, _cfg(), 3) is w
+    teacher = splitformer.from_hf(_hf()).eval()
+    result = heal(cfg, teacher=teacher, windows=_windows(), out=None)
+    losses = [r["terminal"] for r in result.history]
+    assert losses[-1] < 0.5 * losses[0]
+    for bad in (1, 17, True, 2.5):
+        with pytest.raises(ValueError, match="min_length must be"):
+            _cfg(min_length=bad)
+
+
 def test_a_run_from_before_a_config_key_resumes_with_its_default(tmp_path):
     """A checkpoint whose config lacks a key added since (here ``precision``) is the run of
     that key's default: it is accepted; another value is refused by name."""

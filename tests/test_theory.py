@@ -544,6 +544,10 @@ def test_the_summary_is_printed_without_json(tmp_path, capsys):
     (["bert-tiny", "--text", "  "], "argument --text"),
     (["vit-digits", "--text", "hello"], "argument --text"),
     (["bert-tiny", "--lengths", "2,x"], "argument --lengths"),
+    # more tokens than the text has: refused, not cut silently (the defaults are cut)
+    (["bert-tiny", "--text", "a short text", "--tokens", "40"], "argument --tokens: the text has"),
+    (["bert-tiny", "--text", "a short text", "--lengths", "4,40"],
+     "argument --lengths: the text has"),
     (["bert-tiny", "--reference-t-max", "-1"], "argument --reference-t-max"),
 ])
 def test_bad_inputs_are_one_line_usage_errors(argv, expected, tmp_path, capsys):

@@ -84,6 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="windows a step (16)")
     p.add_argument("--length", type=positive_int, default=128,
                    help="tokens a healing window (128)")
+    p.add_argument("--min-length", type=positive_int, default=None,
+                   help="cut each step's windows to a length drawn in [N, --length] (first "
+                        "tokens and [SEP] kept), so that short inputs are healed too (default: "
+                        "whole windows)")
     p.add_argument("--windows", type=bounded_int(MAX_WINDOWS, "(healing windows)"),
                    default=4096, help=f"healing windows drawn from the text (4096; at most "
                                       f"{MAX_WINDOWS})")
@@ -111,10 +115,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 _HEALING_FLAGS = (("--budget", "budget"), ("--max-steps", "max_steps"), ("--lr", "lr"),
                   ("--batch-size", "batch_size"), ("--embedding", "embedding"),
                   ("--relation", "relation"), ("--news", "news"), ("--merge", "merge"),
-                  ("--precision", "precision"))
+                  ("--precision", "precision"), ("--min-length", "min_length"))
 _DEFAULTS = {"budget": 600.0, "max_steps": None, "lr": 1e-4, "batch_size": 16,
              "embedding": 0.0, "relation": 0.0, "news": None,
-             "merge": 0, "precision": "float32"}  # max_steps and news: None is the default itself
+             "merge": 0, "precision": "float32",
+             "min_length": None}  # max_steps, news, min_length: None is the default itself
 
 
 def _model_folder(arg: str | None) -> Path:
@@ -213,6 +218,9 @@ def _heal_config(args: argparse.Namespace):
     if args.batch_size > args.windows:
         raise UsageError(f"argument --batch-size: at most --windows ({args.windows}) windows a "
                          f"step, got {args.batch_size}")
+    if args.min_length is not None and not 2 <= args.min_length <= args.length:
+        raise UsageError(f"argument --min-length: expected an int in [2, --length="
+                         f"{args.length}], got {args.min_length}")
     if args.relation and args.batch_size < 2:
         raise UsageError(f"argument --relation: compares the pairs of a batch, which needs "
                          f"--batch-size >= 2, got {args.batch_size}")
@@ -225,7 +233,7 @@ def _heal_config(args: argparse.Namespace):
                          length=args.length, seed=args.seed, merge=args.merge,
                          shooting=args.shooting if args.heal == "shoot" else 0.0,
                          embedding=args.embedding, relation=args.relation,
-                         precision=args.precision)
+                         precision=args.precision, min_length=args.min_length)
     except ValueError as e:
         raise UsageError(str(e)) from None
 

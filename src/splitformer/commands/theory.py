@@ -47,6 +47,8 @@ EPILOG = ("checks: a rank_collapse, b clustering, c metastability, d log_n_scali
 CHECK_NAMES = ("rank_collapse", "clustering", "metastability", "log_n_scaling",
                "doubly_stochastic")  # as analysis.theory.CHECKS (not imported: torch loads late)
 VERSES = 100  # King James verses joined into the default text
+_DEFAULT_TOKENS = 64  # --tokens
+_DEFAULT_LENGTHS = (32, 64, 128, 256, 512)  # --lengths (those the text and the model take)
 
 
 def _betas(text: str) -> tuple[float, ...]:
@@ -73,9 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="the first N test examples of the model's data set (or --data)")
     p.add_argument("--data", default=None, type=stripped, metavar="NAME",
                    help="data set of --sample (default: the model's)")
-    p.add_argument("--tokens", default=64, metavar="N", type=bounded_int(4096, "(tokens)"),
+    p.add_argument("--tokens", default=None, metavar="N", type=bounded_int(4096, "(tokens)"),
                    help="tokens of the default text for checks a, b, c, e (default 64)")
-    p.add_argument("--lengths", default=(32, 64, 128, 256, 512), metavar="N,N,...",
+    p.add_argument("--lengths", default=None, metavar="N,N,...",
                    type=int_list(4, 4096, "(tokens)"),
                    help="token counts of check d (default 32,64,128,256,512; those the model "
                         "takes)")
@@ -163,6 +165,8 @@ def _run(args: argparse.Namespace, checks: list[str], progress: Progress) -> int
     sub = load_subject(spec)
     out = check_out(args.out if args.out is not None else str(Path("theory") / sub.name))
     inputs, lengths, record = _inputs(args, sub, spec)
+    if args.lengths is None:
+        args.lengths = _DEFAULT_LENGTHS
     import torch
 
     threads = torch.get_num_threads()
@@ -201,7 +205,7 @@ def _inputs(args: argparse.Namespace, sub: Any, spec: str):
     try:
         if sub.takes == "text" and args.sample is None:
             text, what = (args.text, "--text") if args.text is not None else _corpus()
-            return _text_inputs(sub, text, what, args.tokens)
+            return _text_inputs(sub, text, what, args)
         if args.text is not None:
             raise UsageError(f"argument --text: {sub.label} takes {sub.takes}; use --sample N")
         inputs, record = model_inputs(sub, sample=args.sample or 1, data=args.data, model=spec,
@@ -211,13 +215,23 @@ def _inputs(args: argparse.Namespace, sub: Any, spec: str):
         raise UsageError(str(e)) from None
 
 
-def _text_inputs(sub: Any, text: str, what: str, tokens: int):
+def _text_inputs(sub: Any, text: str, what: str, args: argparse.Namespace):
+    """The text's inputs cut to --tokens, the cut, the record. A --tokens or --lengths
+    given that is more than the text's tokens (at most the model's length) is refused; the
+    defaults are cut to them."""
     import torch
 
     enc = sub.encode([text], "--text")
     full = enc.inputs
     ids = full["input_ids"] if isinstance(full, dict) else full[0]
     length = int(ids.shape[-1])
+    has = (f"the text has {length} tokens" + (f" (the model reads at most {sub.max_len})"
+                                              if length == sub.max_len else ""))
+    if args.tokens is not None and args.tokens > length:
+        raise UsageError(f"argument --tokens: {has}, got {args.tokens}")
+    if args.lengths is not None and max(args.lengths) > length:
+        raise UsageError(f"argument --lengths: {has}, got {max(args.lengths)}")
+    tokens = _DEFAULT_TOKENS if args.tokens is None else args.tokens
     # a shared last token of two one-word texts is a special suffix ([SEP]): kept at the end
     a = sub.encode(["a"], "--text").inputs
     b = sub.encode(["b"], "--text").inputs

@@ -61,7 +61,11 @@ class HealConfig:
     (one: that depth alone; several: random-tau healing); ``budget``: seconds of healing (0:
     none, the training-free coarse model); ``max_steps``: optimiser steps at most (None: the
     budget alone); ``shooting``/``embedding``/``relation``: the weights of ``Distillation``;
-    ``merge``: r nodes merged per unit of time while healing (0: none); ``precision``:
+    ``merge``: r nodes merged per unit of time while healing (0: none); ``min_length``: None
+    (every step's windows whole), or the shortest cut: step s cuts its batch to l tokens, l
+    drawn uniformly in [min_length, length] (seeded with (seed, s)), each window keeping its
+    first l - 1 tokens and its last (the [SEP] of ``depth_eval.healing_windows``), so that
+    short inputs are healed too; ``precision``:
     "float32", or "bfloat16" (the objective, teacher and student, computed under
     ``torch.autocast`` in bfloat16, the parameters and the optimiser kept in float32: mixed
     precision; the healed model is evaluated and saved in float32)."""
@@ -74,6 +78,7 @@ class HealConfig:
     weight_decay: float = 0.01
     batch_size: int = 16
     length: int = 128
+    min_length: int | None = None
     shooting: float = 0.0
     embedding: float = 0.0
     relation: float = 0.0
@@ -110,6 +115,10 @@ class HealConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        if self.min_length is not None and (isinstance(self.min_length, bool) or not isinstance(
+                self.min_length, int) or not 2 <= self.min_length <= self.length):
+            raise ValueError(f"min_length must be None or an int in [2, length={self.length}], "
+                             f"got {self.min_length!r}")
         if self.max_steps is not None and (isinstance(self.max_steps, bool) or not isinstance(
                 self.max_steps, int) or self.max_steps < 0):
             raise ValueError(f"max_steps must be None or an int >= 0, got {self.max_steps!r}")
@@ -186,6 +195,14 @@ def _batch(windows: torch.Tensor, cfg: HealConfig, step: int) -> torch.Tensor:
         take = min(cfg.batch_size - len(rows), m - offset)
         rows.extend(perm[offset:offset + take].tolist())
     return windows[rows]
+
+
+def _cut(batch: torch.Tensor, cfg: HealConfig, step: int) -> torch.Tensor:
+    """The batch of step ``step`` cut to its drawn length (``HealConfig.min_length``)."""
+    if cfg.min_length is None or cfg.min_length == batch.shape[1]:
+        return batch
+    n = random.Random(f"heal length {cfg.seed} {step}").randint(cfg.min_length, batch.shape[1])
+    return torch.cat([batch[:, :n - 1], batch[:, -1:]], dim=1)
 
 
 def _draw(cfg: HealConfig, step: int) -> int:
@@ -331,8 +348,8 @@ def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str |
                                                              or step < cfg.max_steps):
                 n = _draw(cfg, step)
                 lr = _progress_lr(cfg, step, seconds())
-                last = _optimiser_step(problems[n], optimizer, _batch(windows, cfg, step), lr,
-                                       step, cfg.precision)
+                batch = _cut(_batch(windows, cfg, step), cfg, step)
+                last = _optimiser_step(problems[n], optimizer, batch, lr, step, cfg.precision)
                 step += 1
                 if step % cfg.log_every == 0:
                     row = {"step": step, "seconds": round(seconds(), 3), "lr": lr, "steps": n,
