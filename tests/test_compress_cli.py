@@ -74,6 +74,13 @@ def _code(argv) -> int:
 def test_bad_model_and_out_are_named(capsys, tmp_path):
     assert _code(["compress", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
     assert "argument MODEL" in capsys.readouterr().err
+    done = tmp_path / "done"  # a compress result: its hf/ is the transformers folder
+    (done / "hf").mkdir(parents=True)
+    (done / "compress.json").write_text("{}")
+    (done / "hf" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert _code(["compress", str(done), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "is a compress result folder" in err and str(done / "hf") in err
     vit = tmp_path / "vit"
     vit.mkdir()
     (vit / "config.json").write_text(json.dumps({"model_type": "vit"}))

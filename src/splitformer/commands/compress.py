@@ -132,6 +132,11 @@ def _model_folder(arg: str | None) -> Path:
         except DatasetError as e:
             raise UsageError(f"argument MODEL: {e}") from None
     folder = Path(arg)
+    if (folder / "compress.json").is_file() and not (folder / "config.json").is_file():
+        hint = (f"; its network as a transformers folder is {str(folder / 'hf')!r}"
+                if (folder / "hf" / "config.json").is_file() else "")
+        raise UsageError(f"argument MODEL: {arg!r} is a compress result folder, not a Hugging "
+                         f"Face model folder{hint}")
     if not (folder / "config.json").is_file():
         raise UsageError(f"argument MODEL: {arg!r} is not a Hugging Face model folder (no "
                          "config.json)")

@@ -66,8 +66,8 @@ def _betas(text: str) -> tuple[float, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", nargs="?", default=None,
                    help="a built-in model, a folder saved by splitformer.save, a 'splitformer "
-                        "train' run folder or a local Hugging Face folder (default: the "
-                        "packaged all-MiniLM-L6-v2)")
+                        "train' run folder, a 'splitformer compress' result folder or a local "
+                        "Hugging Face folder (default: the packaged all-MiniLM-L6-v2)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, metavar="T",
                      help="a text input (default: the King James text, or gensim's Lee corpus)")
