@@ -17,8 +17,8 @@ there are skipped (resumable; a healing run resumes from its checkpoints in
   keys: seed, shooting, embedding, relation, merge, lr, budget, length, batch_size,
   max_steps, news (the fraction of healing windows from the Lee background news; default:
   uniform over the stream), precision (float32 or bfloat16: ``HealConfig.precision``),
-  min_length (each step's windows cut to a length drawn in [min_length, length]). Each healed
-  N_t is one row;
+  min_length (each step's windows cut to a length drawn in [min_length, length]), aligned (1:
+  the news windows start at a background document's start). Each healed N_t is one row;
 * ``--free-merged``: the 6-step model with training-free merging (metric state, at the start
   of each step) at r = 16, 24, 32, 40;
 * ``--merged SPEC``: the healed model of SPEC with training-free token merging (metric state,
@@ -88,8 +88,9 @@ def _say(text: str) -> None:
     print(f"[depth] {text}", file=sys.stderr, flush=True)
 
 
-def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig, float | None]:
-    """SPEC (module doc) -> (row id, HealConfig, news: the healing windows' news fraction,
+def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig, tuple[float | None, bool]]:
+    """SPEC (module doc) -> (row id, HealConfig, (news, aligned): the healing windows' news
+    fraction and whether its windows start at documents,
     ``depth_eval.healing_windows``; None: uniform over the stream)."""
     parts = spec.split(":")
     if len(parts) < 3:
@@ -103,7 +104,7 @@ def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig, float | None]
                                "embedding": 0.0, "merge": 0, "lr": 1e-4, "budget": budget,
                                "length": 128, "batch_size": 16, "max_steps": 0,
                                "relation": 0.0, "news": -1.0, "precision": "float32",
-                               "min_length": 0}
+                               "min_length": 0, "aligned": 0}
     for kv in parts[3:]:
         key, _, value = kv.partition("=")
         if key not in options:
@@ -117,7 +118,9 @@ def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig, float | None]
                      max_steps=options["max_steps"] or None, relation=options["relation"],
                      precision=options["precision"],
                      min_length=options["min_length"] or None)
-    return spec, cfg, (None if options["news"] < 0 else options["news"])
+    if options["aligned"] and options["news"] < 0:
+        raise SystemExit(f"--heal {spec!r}: aligned aligns the news windows; give news")
+    return spec, cfg, (None if options["news"] < 0 else options["news"], bool(options["aligned"]))
 
 
 class Study:
@@ -132,13 +135,14 @@ class Study:
         self.minilm = load_minilm()
         self.teacher = from_hf(self.minilm.model).eval()
         self.evaluation = depth_eval.Evaluation(self.minilm)
-        self._windows: dict[tuple[int, float | None], torch.Tensor] = {}
+        self._windows: dict[tuple[int, float | None, bool], torch.Tensor] = {}
 
-    def windows(self, length: int = 128, news: float | None = None) -> torch.Tensor:
-        if (length, news) not in self._windows:
-            self._windows[length, news] = depth_eval.healing_windows(
-                self.minilm.tokenizer, length, self.args.windows, 0, news)
-        return self._windows[length, news]
+    def windows(self, length: int = 128, news: float | None = None,
+                aligned: bool = False) -> torch.Tensor:
+        if (length, news, aligned) not in self._windows:
+            self._windows[length, news, aligned] = depth_eval.healing_windows(
+                self.minilm.tokenizer, length, self.args.windows, 0, news, aligned)
+        return self._windows[length, news, aligned]
 
     def add(self, row: dict[str, Any]) -> None:
         append_line(self.rows_path, json.dumps(row))
@@ -183,14 +187,14 @@ class Study:
                               full=False)})
 
     def healed(self, spec: str) -> None:
-        rid, cfg, news = parse_spec(spec, self.args.budget)
+        rid, cfg, text = parse_spec(spec, self.args.budget)
         ids = [f"heal/{rid}/{n}" for n in cfg.steps]
         if all(i in self.done for i in ids):
             return
         folder = self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
         _say(f"healing {rid} ({cfg.budget:g} s, {self.args.threads} threads) in {folder}")
         t0 = time.perf_counter()
-        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length, news),
+        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length, *text),
                       out=folder)
         for n, i in zip(cfg.steps, ids, strict=True):
             if i in self.done:
@@ -204,12 +208,12 @@ class Study:
     def merged(self, spec: str) -> None:
         """The healed model of ``spec`` (healed already: its run folder is read back) with
         training-free merging at r = 16, 32, 40."""
-        rid, cfg, news = parse_spec(spec, self.args.budget)
+        rid, cfg, text = parse_spec(spec, self.args.budget)
         folder = self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
         todo = [r for r in (16, 32, 40) if f"merged/{rid}/r{r}" not in self.done]
         if not todo:
             return
-        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length, news),
+        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length, *text),
                       out=folder)
         student = result.student(cfg.steps[0])
         for r in todo:
@@ -233,11 +237,11 @@ class Study:
         from splitformer's on the held-out Lee documents."""
         from splitformer.interop import to_hf
 
-        rid, cfg, news = parse_spec(spec, self.args.budget)
+        rid, cfg, text = parse_spec(spec, self.args.budget)
         if f"exported/{rid}" in self.done:
             return
         folder = self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
-        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length, news),
+        result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length, *text),
                       out=folder)
         student = result.student(cfg.steps[0])
         hf = to_hf(student).eval()

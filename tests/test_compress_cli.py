@@ -49,6 +49,7 @@ from splitformer.cli import main
     (["--heal", "none", "--relation", "1"], "--relation"),
     (["--precision", "float16"], "--precision"),
     (["--min-length", "1"], "--min-length"),
+    (["--aligned"], "--aligned"),  # aligns the news windows: needs --news
     (["--min-length", "200"], "--min-length"),  # longer than --length 128
     (["--heal", "none", "--min-length", "64"], "--min-length"),
     (["--heal", "none", "--precision", "bfloat16"], "--precision"),
@@ -105,13 +106,15 @@ def test_a_short_compression_loads_in_splitformer_and_transformers(capsys, tmp_p
     out = tmp_path / "c"
     argv = ["compress", "--steps", "3", "--method", "drop", "--heal", "shoot", "--max-steps",
             "2", "--windows", "16", "--batch-size", "2", "--length", "32", "--threads", "1",
-            "--relation", "10", "--news", "0.5", "--precision", "bfloat16", "--min-length", "8",
+            "--relation", "10", "--news", "0.5", "--aligned", "--precision", "bfloat16",
+            "--min-length", "8",
             "--out", str(out), "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["metrics"]["steps_taken"] == 2 and report["hf"] == str(out / "hf")
     record = json.loads((out / "compress.json").read_text())
     assert record["heal"]["relation"] == 10.0 and report["windows"]["news"] == 0.5
+    assert report["windows"]["aligned"] is True
     assert record["heal"]["precision"] == "bfloat16" and record["heal"]["min_length"] == 8
     assert (out / "tokenizer" / "vocab.txt").is_file()
     assert 0.3 < report["fidelity"]["3"]["mean_cosine"] < 1.0

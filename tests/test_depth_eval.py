@@ -124,6 +124,19 @@ def test_healing_windows(minilm, pools):
     for bad in (-0.1, 1.5, True, "0.5"):
         with pytest.raises(ValueError, match="news must be"):
             de.healing_windows(tok, 32, 5, news=bad)
+    # aligned: every news window starts at a background document's first tokens
+    from splitformer.experiments import text_benchmarks as tb
+
+    firsts = {tuple(tok(d, add_special_tokens=False)["input_ids"][:8])
+              for d in tb.lee_background()}
+    wa = de.healing_windows(tok, 32, 500, seed=3, news=0.5, aligned=True)
+    bodies = [b for b in wa[:, 1:-1].numpy()]
+    in_news = [b for b in bodies if _shared([b], news_pool, 30)]
+    assert len(in_news) == 250 and all(tuple(b[:8]) in firsts for b in in_news)
+    plain = [b for b in wf[:, 1:-1].numpy()]  # news=1.0, uniform starts: rarely a first token
+    assert sum(tuple(b[:8]) in firsts for b in plain) < 10
+    with pytest.raises(ValueError, match="aligned"):
+        de.healing_windows(tok, 32, 5, aligned=True)
 
 
 @needs_text

@@ -75,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fraction of the healing windows drawn from gensim's Lee background "
                         "news, the rest from the King James text (default: uniform over the "
                         "text, where the news is 7%%)")
+    p.add_argument("--aligned", action="store_true",
+                   help="with --news: the news windows start where a background document "
+                        "starts, as a document read whole does")
     p.add_argument("--budget", type=duration, default=None,
                    help="healing wall-clock budget: seconds or 90s, 10m, 1h (default 10m)")
     p.add_argument("--max-steps", type=nonnegative_int, default=_DEFAULTS["max_steps"],
@@ -223,6 +226,9 @@ def _heal_config(args: argparse.Namespace):
     if args.batch_size > args.windows:
         raise UsageError(f"argument --batch-size: at most --windows ({args.windows}) windows a "
                          f"step, got {args.batch_size}")
+    if args.aligned and args.news is None:
+        raise UsageError("argument --aligned: aligns the news windows, but --news is not "
+                         "given; add --news F")
     if args.min_length is not None and not 2 <= args.min_length <= args.length:
         raise UsageError(f"argument --min-length: expected an int in [2, --length="
                          f"{args.length}], got {args.min_length}")
@@ -295,7 +301,8 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
 
     try:
         windows = depth_eval.healing_windows(minilm.tokenizer, cfg.length, args.windows,
-                                             cfg.seed, news=args.news)
+                                             cfg.seed, news=args.news,
+                                             aligned=args.aligned)
     except DatasetError as e:
         raise UsageError(f"the healing text is missing: {e}") from None
     except ValueError as e:
@@ -308,7 +315,7 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
     report: dict = {"model": str(args.model) if args.model else "all-MiniLM-L6-v2",
                     "method": cfg.method, "steps": list(cfg.steps), "objective": args.heal,
                     "windows": {"count": args.windows, "length": cfg.length,
-                                "news": args.news},
+                                "news": args.news, "aligned": args.aligned},
                     "metrics": result.metrics,
                     "grids": {str(n): str(c) for n, c in result.coarsenings.items()},
                     "notes": {str(n): dict(c.note or {})

@@ -144,12 +144,16 @@ def _token_ids(tokenizer, texts: Sequence[str], chunk: int = 1024) -> list[list[
 
 
 @functools.lru_cache(maxsize=2)
-def _stream_parts(tokenizer) -> tuple[torch.Tensor, int]:
+def _stream_parts(tokenizer) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """(the stream's ids, where its news starts, where each background document starts)."""
     healing, _ = kjv_split()
     ids = [i for piece in _token_ids(tokenizer, healing) for i in piece]
     bible = len(ids)
-    ids += [i for piece in _token_ids(tokenizer, tb.lee_background()) for i in piece]
-    return torch.tensor(ids, dtype=torch.long), bible
+    starts = []
+    for piece in _token_ids(tokenizer, tb.lee_background()):
+        starts.append(len(ids))
+        ids += piece
+    return torch.tensor(ids, dtype=torch.long), bible, torch.tensor(starts, dtype=torch.long)
 
 
 def healing_stream(tokenizer) -> torch.Tensor:
@@ -165,12 +169,15 @@ def _positive_int(name: str, value, least: int = 1) -> int:
 
 
 def healing_windows(tokenizer, length: int, count: int, seed: int = 0,
-                    news: float | None = None) -> torch.Tensor:
+                    news: float | None = None, aligned: bool = False) -> torch.Tensor:
     """(count, length) ids: window k is [CLS], the length - 2 tokens of ``healing_stream``
     from a start drawn uniformly (seeded with ``seed``), [SEP]. ``news``: None (the default),
     starts uniform over the whole stream (the background news is 7% of it); a fraction in
     [0, 1], round(news * count) windows drawn within the Lee background documents' part of
-    the stream and the rest within the King James part (each uniform; then shuffled)."""
+    the stream and the rest within the King James part (each uniform; then shuffled).
+    ``aligned`` (with ``news``): the news windows start at a background document's first
+    token (the documents drawn uniformly), as a document read whole starts; a document shorter
+    than the window runs on into the next."""
     _positive_int("length", length, 3)
     _positive_int("count", count)
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -178,7 +185,11 @@ def healing_windows(tokenizer, length: int, count: int, seed: int = 0,
     if news is not None and (isinstance(news, bool) or not isinstance(news, (int, float))
                              or not 0 <= news <= 1):
         raise ValueError(f"news must be None or a fraction in [0, 1], got {news!r}")
-    stream, bible = _stream_parts(tokenizer)
+    if not isinstance(aligned, bool):
+        raise ValueError(f"aligned must be a bool, got {aligned!r}")
+    if aligned and news is None:
+        raise ValueError("aligned: aligns the news windows, but news is None; give news")
+    stream, bible, doc_starts = _stream_parts(tokenizer)
     n = length - 2
     room = len(stream) if news is None else min(bible, len(stream) - bible)
     if n > room:
@@ -189,8 +200,13 @@ def healing_windows(tokenizer, length: int, count: int, seed: int = 0,
         starts = torch.randint(0, len(stream) - n + 1, (count,), generator=g)
     else:
         k = round(news * count)
+        if aligned:
+            doc_starts = doc_starts[doc_starts <= len(stream) - n]
+            drawn = doc_starts[torch.randint(0, len(doc_starts), (k,), generator=g)]
+        else:
+            drawn = torch.randint(bible, len(stream) - n + 1, (k,), generator=g)
         starts = torch.cat([torch.randint(0, bible - n + 1, (count - k,), generator=g),
-                            torch.randint(bible, len(stream) - n + 1, (k,), generator=g)])
+                            drawn])
         starts = starts[torch.randperm(count, generator=g)]
     body = stream[starts[:, None] + torch.arange(n)]
     cls = torch.full((count, 1), tokenizer.cls_token_id, dtype=torch.long)
