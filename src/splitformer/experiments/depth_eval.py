@@ -200,13 +200,13 @@ def healing_windows(tokenizer, length: int, count: int, seed: int = 0,
         starts = torch.randint(0, len(stream) - n + 1, (count,), generator=g)
     else:
         k = round(news * count)
+        in_bible = torch.randint(0, bible - n + 1, (count - k,), generator=g)  # drawn first
         if aligned:
             doc_starts = doc_starts[doc_starts <= len(stream) - n]
             drawn = doc_starts[torch.randint(0, len(doc_starts), (k,), generator=g)]
         else:
             drawn = torch.randint(bible, len(stream) - n + 1, (k,), generator=g)
-        starts = torch.cat([torch.randint(0, bible - n + 1, (count - k,), generator=g),
-                            drawn])
+        starts = torch.cat([in_bible, drawn])
         starts = starts[torch.randperm(count, generator=g)]
     body = stream[starts[:, None] + torch.arange(n)]
     cls = torch.full((count, 1), tokenizer.cls_token_id, dtype=torch.long)
