@@ -18,7 +18,8 @@ there are skipped (resumable; a healing run resumes from its checkpoints in
   max_steps, news (the fraction of healing windows from the Lee background news; default:
   uniform over the stream), precision (float32 or bfloat16: ``HealConfig.precision``),
   min_length (each step's windows cut to a length drawn in [min_length, length]), aligned (1:
-  the news windows start at a background document's start). Each healed N_t is one row;
+  the news windows start at a background document's start), windows (how many healing windows:
+  default ``--windows``). Each healed N_t is one row;
 * ``--free-merged``: the 6-step model with training-free merging (metric state, at the start
   of each step) at r = 16, 24, 32, 40;
 * ``--merged SPEC``: the healed model of SPEC with training-free token merging (metric state,
@@ -88,9 +89,10 @@ def _say(text: str) -> None:
     print(f"[depth] {text}", file=sys.stderr, flush=True)
 
 
-def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig, tuple[float | None, bool]]:
-    """SPEC (module doc) -> (row id, HealConfig, (news, aligned): the healing windows' news
-    fraction and whether its windows start at documents,
+def parse_spec(spec: str, budget: float
+               ) -> tuple[str, HealConfig, tuple[float | None, bool, int | None]]:
+    """SPEC (module doc) -> (row id, HealConfig, (news, aligned, windows): the healing windows'
+    news fraction, whether its windows start at documents and their count (None: --windows),
     ``depth_eval.healing_windows``; None: uniform over the stream)."""
     parts = spec.split(":")
     if len(parts) < 3:
@@ -104,7 +106,7 @@ def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig, tuple[float |
                                "embedding": 0.0, "merge": 0, "lr": 1e-4, "budget": budget,
                                "length": 128, "batch_size": 16, "max_steps": 0,
                                "relation": 0.0, "news": -1.0, "precision": "float32",
-                               "min_length": 0, "aligned": 0}
+                               "min_length": 0, "aligned": 0, "windows": 0}
     for kv in parts[3:]:
         key, _, value = kv.partition("=")
         if key not in options:
@@ -120,7 +122,8 @@ def parse_spec(spec: str, budget: float) -> tuple[str, HealConfig, tuple[float |
                      min_length=options["min_length"] or None)
     if options["aligned"] and options["news"] < 0:
         raise SystemExit(f"--heal {spec!r}: aligned aligns the news windows; give news")
-    return spec, cfg, (None if options["news"] < 0 else options["news"], bool(options["aligned"]))
+    return spec, cfg, (None if options["news"] < 0 else options["news"], bool(options["aligned"]),
+                       options["windows"] or None)
 
 
 class Study:
@@ -135,14 +138,15 @@ class Study:
         self.minilm = load_minilm()
         self.teacher = from_hf(self.minilm.model).eval()
         self.evaluation = depth_eval.Evaluation(self.minilm)
-        self._windows: dict[tuple[int, float | None, bool], torch.Tensor] = {}
+        self._windows: dict[tuple[int, float | None, bool, int], torch.Tensor] = {}
 
     def windows(self, length: int = 128, news: float | None = None,
-                aligned: bool = False) -> torch.Tensor:
-        if (length, news, aligned) not in self._windows:
-            self._windows[length, news, aligned] = depth_eval.healing_windows(
-                self.minilm.tokenizer, length, self.args.windows, 0, news, aligned)
-        return self._windows[length, news, aligned]
+                aligned: bool = False, count: int | None = None) -> torch.Tensor:
+        key = (length, news, aligned, count or self.args.windows)
+        if key not in self._windows:
+            self._windows[key] = depth_eval.healing_windows(
+                self.minilm.tokenizer, length, key[3], 0, news, aligned)
+        return self._windows[key]
 
     def add(self, row: dict[str, Any]) -> None:
         append_line(self.rows_path, json.dumps(row))

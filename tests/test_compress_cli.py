@@ -50,6 +50,9 @@ from splitformer.cli import main
     (["--precision", "float16"], "--precision"),
     (["--min-length", "1"], "--min-length"),
     (["--aligned"], "--aligned"),  # aligns the news windows: needs --news
+    (["--aligned", "--news", "0"], "--aligned"),  # no news window to align
+    (["--heal", "none", "--aligned"], "--aligned"),
+    (["--min-length", "0"], ">= 2"),
     (["--min-length", "200"], "--min-length"),  # longer than --length 128
     (["--heal", "none", "--min-length", "64"], "--min-length"),
     (["--heal", "none", "--precision", "bfloat16"], "--precision"),
@@ -114,7 +117,7 @@ def test_a_short_compression_loads_in_splitformer_and_transformers(capsys, tmp_p
     assert report["metrics"]["steps_taken"] == 2 and report["hf"] == str(out / "hf")
     record = json.loads((out / "compress.json").read_text())
     assert record["heal"]["relation"] == 10.0 and report["windows"]["news"] == 0.5
-    assert report["windows"]["aligned"] is True
+    assert report["windows"]["aligned"] is True and report["heal"] == record["heal"]
     assert record["heal"]["precision"] == "bfloat16" and record["heal"]["min_length"] == 8
     assert (out / "tokenizer" / "vocab.txt").is_file()
     assert 0.3 < report["fidelity"]["3"]["mean_cosine"] < 1.0

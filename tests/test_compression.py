@@ -268,7 +268,8 @@ def test_a_run_from_before_a_config_key_resumes_with_its_default(tmp_path):
     state = {"config": old, "teacher": "t", "windows": "w"}
     identity = {"teacher": "t", "windows": "w"}
     _refuse_another_run(tmp_path, state, cfg, identity)
-    with pytest.raises(ValueError, match=r"another config \(differs in \['precision'\]\)"):
+    with pytest.raises(ValueError, match=r"another config \(differs in \['precision'\]; the "
+                                         r"run's: precision='float32'\)"):
         _refuse_another_run(tmp_path, state, _cfg(max_steps=10, precision="bfloat16"),
                             identity)
     with pytest.raises(ValueError, match="another teacher"):

@@ -87,7 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="windows a step (16)")
     p.add_argument("--length", type=positive_int, default=128,
                    help="tokens a healing window (128)")
-    p.add_argument("--min-length", type=positive_int, default=None,
+    p.add_argument("--min-length", type=bounded_int(2**31 - 1, "(tokens)", minimum=2),
+                   default=None,
                    help="cut each step's windows to a length drawn in [N, --length] (first "
                         "tokens and [SEP] kept), so that short inputs are healed too (default: "
                         "whole windows)")
@@ -97,7 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", type=stripped, choices=("float32", "bfloat16"),
                    default=None, help="the healing's arithmetic: float32 (default) or bfloat16 "
                                       "(mixed precision under autocast, float32 parameters; "
-                                      "about 2x the steps on a CPU with AVX512-BF16)")
+                                      "1.7x the steps on a CPU with AVX512-BF16, docs/depth.md)")
     p.add_argument("--merge", type=nonnegative_int, default=None,
                    help="heal with token merging on: nodes merged per unit of time (0: off)")
     p.add_argument("--seed", type=bounded_int(2**31 - 1, "(a seed)", minimum=0), default=0,
@@ -147,6 +148,9 @@ def _model_folder(arg: str | None) -> Path:
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"argument MODEL: {folder / 'config.json'}: {e}") from None
+    if model_type is None:
+        raise UsageError(f"argument MODEL: {folder / 'config.json'} has no model_type: not a "
+                         "transformers model folder")
     if model_type != "bert":
         raise UsageError(f"argument MODEL: compress heals BERT text encoders (model_type "
                          f"'bert'), got model_type {model_type!r}")
@@ -207,6 +211,8 @@ def _heal_config(args: argparse.Namespace):
     from ..compression.heal import HealConfig
 
     given = [flag for flag, key in _HEALING_FLAGS if getattr(args, key) is not None]
+    if args.aligned:  # a switch: given when set
+        given.append("--aligned")
     for _, key in _HEALING_FLAGS:  # None: not given (so that a default typed out is seen)
         if getattr(args, key) is None:
             setattr(args, key, _DEFAULTS[key])
@@ -226,9 +232,10 @@ def _heal_config(args: argparse.Namespace):
     if args.batch_size > args.windows:
         raise UsageError(f"argument --batch-size: at most --windows ({args.windows}) windows a "
                          f"step, got {args.batch_size}")
-    if args.aligned and args.news is None:
-        raise UsageError("argument --aligned: aligns the news windows, but --news is not "
-                         "given; add --news F")
+    if args.aligned and not args.news:
+        raise UsageError("argument --aligned: aligns the news windows, but --news is "
+                         + ("not given; add --news F" if args.news is None else
+                            "0 (no news window); give --news F > 0 or drop --aligned"))
     if args.min_length is not None and not 2 <= args.min_length <= args.length:
         raise UsageError(f"argument --min-length: expected an int in [2, --length="
                          f"{args.length}], got {args.min_length}")
@@ -316,6 +323,7 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
                     "method": cfg.method, "steps": list(cfg.steps), "objective": args.heal,
                     "windows": {"count": args.windows, "length": cfg.length,
                                 "news": args.news, "aligned": args.aligned},
+                    "heal": cfg.to_dict(),
                     "metrics": result.metrics,
                     "grids": {str(n): str(c) for n, c in result.coarsenings.items()},
                     "notes": {str(n): dict(c.note or {})
@@ -356,6 +364,11 @@ def _heal(args, cfg, teacher, windows, out: Path, say):
               + (f" for {cfg.budget:g} s" if cfg.budget else "")
               + (f" or {cfg.max_steps} optimiser steps" if cfg.budget and cfg.max_steps
                  else "") + f", out {out}")
+    from ..training.checkpoints import latest_checkpoint
+
+    last = latest_checkpoint(out / "heal") if (out / "heal").is_dir() else None
+    if last is not None:
+        header += f" (resuming the run in {out / 'heal'}, {last.name})"
     announced = False
 
     def announce() -> None:

@@ -76,7 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None, type=stripped, metavar="NAME",
                    help="data set of --sample (default: the model's)")
     p.add_argument("--tokens", default=None, metavar="N", type=bounded_int(4096, "(tokens)"),
-                   help="tokens of the default text for checks a, b, c, e (default 64)")
+                   help="tokens of the text (--text or the default) for checks a, b, c, e "
+                        "(default 64, or the text's tokens if fewer)")
     p.add_argument("--lengths", default=None, metavar="N,N,...",
                    type=int_list(4, 4096, "(tokens)"),
                    help="token counts of check d (default 32,64,128,256,512; those the model "

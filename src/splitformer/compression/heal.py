@@ -261,8 +261,10 @@ def _refuse_another_run(folder: Path, state: dict[str, Any], cfg: HealConfig,
     saved = {**{k: v for k, v in HealConfig().to_dict().items() if k not in saved}, **saved}
     if saved != cfg.to_dict():
         changed = sorted(k for k, v in cfg.to_dict().items() if saved.get(k) != v)
+        was = ", ".join(f"{k}={saved.get(k)!r}" for k in changed)
         raise ValueError(f"out: {str(folder)!r} holds a healing run of another config "
-                         f"(differs in {changed}); choose another folder")
+                         f"(differs in {changed}; the run's: {was}); choose another folder, "
+                         "or resume with the run's settings")
     for key, what in (("teacher", "the teacher (MODEL)"),
                       ("windows", "the healing windows (--windows, --length)")):
         if state.get(key) != identity[key]:
