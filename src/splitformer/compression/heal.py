@@ -65,10 +65,10 @@ class HealConfig:
     (every step's windows whole), or the shortest cut: step s cuts its batch to l tokens, l
     drawn uniformly in [min_length, length] (seeded with (seed, s)), each window keeping its
     first l - 1 tokens and its last (the [SEP] of ``depth_eval.healing_windows``), so that
-    short inputs are healed too; ``precision``:
-    "float32", or "bfloat16" (the objective, teacher and student, computed under
-    ``torch.autocast`` in bfloat16, the parameters and the optimiser kept in float32: mixed
-    precision; the healed model is evaluated and saved in float32)."""
+    short inputs are healed too; ``precision``: "float32", or "bfloat16" (the objective,
+    teacher and student, computed under ``torch.autocast`` in bfloat16, the parameters and the
+    optimiser kept in float32: mixed precision; the healed model is evaluated and saved in
+    float32)."""
 
     method: str = "drop"
     steps: tuple[int, ...] = (3,)
