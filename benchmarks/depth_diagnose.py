@@ -8,7 +8,8 @@ SPEC is a ``--heal`` spec of ``depth_minilm.py`` whose run is finished in ``--ou
 read back, not healed again). Prints the Lee documents' mean cosine, its Spearman correlation
 with the document's token count (``scipy.stats.spearmanr``) and its mean in length bins, then
 the mean pooled cosine on the first 256 healing windows and on 256 fresh windows (seed 7, the
-same news fraction, whole 128-token windows).
+same news fraction and alignment, whole windows of the row's length). ``--budget``: the
+``depth_minilm.py --budget`` the row was healed with (7200 in depth_queue.sh).
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ def main() -> int:
     p.add_argument("spec")
     p.add_argument("--out", default="results/depth-minilm")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--budget", type=float, default=7200.0)
     args = p.parse_args()
     study = dm.Study(dm.arguments(["--out", args.out, "--threads", str(args.threads)]))
-    rid, cfg, text = dm.parse_spec(args.spec, 7200)
+    rid, cfg, text = dm.parse_spec(args.spec, args.budget)
     folder = study.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
     if not (folder / "final.json").is_file():
         raise SystemExit(f"{args.spec!r}: no finished run in {folder}")
@@ -65,7 +67,7 @@ def main() -> int:
         m = (lengths >= lo) & (lengths < hi)
         print(f"  {lo}-{hi if hi < 10_000 else ''} tokens: {m.sum()} documents, mean cosine "
               f"{cos[m].mean():.4f}")
-    fresh = depth_eval.healing_windows(study.minilm.tokenizer, cfg.length, 256, 7, text[0])
+    fresh = depth_eval.healing_windows(study.minilm.tokenizer, cfg.length, 256, 7, *text[:2])
     for name, ids in (("its healing windows", windows[:256]), ("fresh windows", fresh)):
         c = torch.cat([_pooled_cosine(student, study.teacher, ids[i:i + 16])
                        for i in range(0, 256, 16)])

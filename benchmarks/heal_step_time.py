@@ -60,6 +60,9 @@ def main() -> int:
     out = {"threads": args.threads, "rounds": [], "seconds_per_step": {}}
     if args.only and path.exists():  # the other settings' measurements are kept
         out = json.loads(path.read_text())
+        if out.get("threads") != args.threads:
+            raise SystemExit(f"--only: {path} was measured with {out.get('threads')} threads, "
+                             f"not --threads {args.threads}")
         out.setdefault("only", {})[args.only] = []
     for _ in range(args.rounds):
         times = _round(args, mini, teacher)

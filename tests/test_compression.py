@@ -214,9 +214,9 @@ def test_healing_lowers_the_terminal_cost():
 
 
 def test_mixed_precision_healing_computes_in_bfloat16_and_keeps_float32_parameters():
-    """precision="bfloat16": the objective runs under autocast (its first loss is not the
-    float32 one, but within bfloat16's rounding of it), the parameters stay float32, and the
-    terminal cost still falls."""
+    """precision="bfloat16": the objective runs under autocast (its first logged loss is not
+    the float32 one, but within bfloat16's rounding of it), the parameters stay float32, and
+    the terminal cost still falls."""
     teacher = splitformer.from_hf(_hf()).eval()
     full = heal(_cfg(max_steps=10), teacher=teacher, windows=_windows(), out=None)
     mixed = heal(_cfg(max_steps=10, precision="bfloat16"), teacher=teacher,
@@ -229,6 +229,12 @@ def test_mixed_precision_healing_computes_in_bfloat16_and_keeps_float32_paramete
     assert losses[-1] < 0.5 * losses[0]
     with pytest.raises(ValueError, match="precision must be one of"):
         _cfg(precision="float16")
+    # the relation term's differences of cosines stay float32 under autocast
+    student = copy.deepcopy(teacher)
+    d = Distillation(student, teacher, list(range(7)), relation=1.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        obj = d({"input_ids": _windows(4)})
+    assert obj.parts["relation"].dtype == torch.float32
 
 
 def test_cut_windows_keep_their_start_and_last_token_and_heal_short_inputs():
@@ -249,7 +255,21 @@ def test_cut_windows_keep_their_start_and_last_token_and_heal_short_inputs():
     assert min(seen) >= 6 and max(seen) <= 16 and len(seen) > 5
     assert _cut(w, _cfg(), 3) is w
     teacher = splitformer.from_hf(_hf()).eval()
-    result = heal(cfg, teacher=teacher, windows=_windows(), out=None)
+    import splitformer.compression.heal as heal_module
+
+    lengths = []
+    step_fn = heal_module._optimiser_step
+
+    def recording(problem, optimizer, batch, *rest):
+        lengths.append(batch.shape[1])
+        return step_fn(problem, optimizer, batch, *rest)
+
+    heal_module._optimiser_step = recording
+    try:
+        result = heal(cfg, teacher=teacher, windows=_windows(), out=None)
+    finally:
+        heal_module._optimiser_step = step_fn
+    assert lengths == [_cut(w, cfg, s).shape[1] for s in range(30)]  # the steps see the cuts
     losses = [r["terminal"] for r in result.history]
     assert losses[-1] < 0.5 * losses[0]
     for bad in (1, 17, True, 2.5):

@@ -66,8 +66,9 @@ class HealConfig:
     drawn uniformly in [min_length, length] (seeded with (seed, s)), each window keeping its
     first l - 1 tokens and its last (the [SEP] of ``depth_eval.healing_windows``), so that
     short inputs are healed too; ``precision``: "float32", or "bfloat16" (the objective,
-    teacher and student, computed under ``torch.autocast`` in bfloat16, the parameters and the
-    optimiser kept in float32: mixed precision; the healed model is evaluated and saved in
+    teacher and student, computed under ``torch.autocast``: its matrix products in bfloat16,
+    the states, norms and losses in float32 as autocast keeps them, the parameters and the
+    optimiser float32: mixed precision; the healed model is evaluated and saved in
     float32)."""
 
     method: str = "drop"
@@ -253,20 +254,25 @@ def heal(cfg: HealConfig, *, teacher: nn.Module, windows: torch.Tensor,
         teacher.train(was_training)
 
 
+_ADDED = {"precision": "float32", "min_length": None}  # HealConfig keys added 2026-12-03
+
+
 def _refuse_another_run(folder: Path, state: dict[str, Any], cfg: HealConfig,
                         identity: dict[str, str]) -> None:
     """ValueError when the checkpoint in ``folder`` is of another config, teacher or windows."""
-    saved = dict(state.get("config") or {})
-    # a key the run's version did not know has its default (a run from before the key)
-    saved = {**{k: v for k, v in HealConfig().to_dict().items() if k not in saved}, **saved}
+    saved = dict(state.get("config") or {"config": None})
+    # a key added since a run was written has its default there (a run from before the key)
+    saved = {**{k: v for k, v in _ADDED.items() if k not in saved}, **saved}
     if saved != cfg.to_dict():
-        changed = sorted(k for k, v in cfg.to_dict().items() if saved.get(k) != v)
+        changed = sorted(k for k in set(cfg.to_dict()) | set(saved)
+                         if saved.get(k, "?") != cfg.to_dict().get(k, "?"))
         was = ", ".join(f"{k}={saved.get(k)!r}" for k in changed)
         raise ValueError(f"out: {str(folder)!r} holds a healing run of another config "
                          f"(differs in {changed}; the run's: {was}); choose another folder, "
                          "or resume with the run's settings")
     for key, what in (("teacher", "the teacher (MODEL)"),
-                      ("windows", "the healing windows (--windows, --length)")):
+                      ("windows", "the healing windows (--windows, --length, --news, "
+                                  "--aligned)")):
         if state.get(key) != identity[key]:
             raise ValueError(f"out: {str(folder)!r} holds a healing run of another {key}: "
                              f"{what} differs from the run's; choose another folder")

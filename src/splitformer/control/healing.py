@@ -57,10 +57,12 @@ def _relation(ec: torch.Tensor, ef: torch.Tensor) -> torch.Tensor:
     if n < 2:
         raise ValueError(f"Distillation: the relation term needs a batch of at least two "
                          f"inputs, got {n}")
-    nc = torch.nn.functional.normalize(ec, dim=-1)
-    nf = torch.nn.functional.normalize(ef, dim=-1)
-    off = ~torch.eye(n, dtype=torch.bool, device=ec.device)
-    return ((nc @ nc.T - nf @ nf.T)[off]).pow(2).mean()
+    dtype = torch.promote_types(ec.dtype, torch.float32)  # differences of cosines: >= float32
+    with torch.autocast(ec.device.type, enabled=False):
+        nc = torch.nn.functional.normalize(ec.to(dtype), dim=-1)
+        nf = torch.nn.functional.normalize(ef.to(dtype), dim=-1)
+        off = ~torch.eye(n, dtype=torch.bool, device=ec.device)
+        return ((nc @ nc.T - nf @ nf.T)[off]).pow(2).mean()
 
 
 @dataclass(frozen=True, eq=False)

@@ -176,8 +176,9 @@ def healing_windows(tokenizer, length: int, count: int, seed: int = 0,
     [0, 1], round(news * count) windows drawn within the Lee background documents' part of
     the stream and the rest within the King James part (each uniform; then shuffled).
     ``aligned`` (with ``news``): the news windows start at a background document's first
-    token (the documents drawn uniformly), as a document read whole starts; a document shorter
-    than the window runs on into the next."""
+    token (drawn uniformly among the documents that start at least length - 2 tokens before
+    the stream's end), as a document read whole starts; a document shorter than the window runs
+    on into the next."""
     _positive_int("length", length, 3)
     _positive_int("count", count)
     if isinstance(seed, bool) or not isinstance(seed, int):
