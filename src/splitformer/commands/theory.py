@@ -217,9 +217,9 @@ def _inputs(args: argparse.Namespace, sub: Any, spec: str):
 
 
 def _text_inputs(sub: Any, text: str, what: str, args: argparse.Namespace):
-    """The text's inputs cut to --tokens, the cut, the record. A --tokens or --lengths
-    given that is more than the text's tokens (at most the model's length) is refused; the
-    defaults are cut to them."""
+    """The text's inputs cut to --tokens, the cut, the record. A --tokens, or a --lengths
+    when check d runs, given that is more than the text's tokens (at most the model's length)
+    is refused; the defaults are cut to them."""
     import torch
 
     enc = sub.encode([text], "--text")
@@ -230,7 +230,8 @@ def _text_inputs(sub: Any, text: str, what: str, args: argparse.Namespace):
                                               if length == sub.max_len else ""))
     if args.tokens is not None and args.tokens > length:
         raise UsageError(f"argument --tokens: {has}, got {args.tokens}")
-    if args.lengths is not None and max(args.lengths) > length:
+    lengths_read = args.check is None or "log_n_scaling" in args.check  # check d's
+    if args.lengths is not None and lengths_read and max(args.lengths) > length:
         raise UsageError(f"argument --lengths: {has}, got {max(args.lengths)}")
     tokens = _DEFAULT_TOKENS if args.tokens is None else args.tokens
     # a shared last token of two one-word texts is a special suffix ([SEP]): kept at the end
