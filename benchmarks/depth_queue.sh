@@ -87,4 +87,6 @@ mark news75
 $S --heal "drop:3:shoot:embedding=4$L:news=0.75$H:min_length=48:windows=32768:max_steps=$B48"
 mark seed1
 $S --heal "drop:3:shoot:embedding=4$L:news=0.5$H:min_length=48:windows=32768:seed=1:max_steps=$B48"
+mark seed2
+$S --heal "drop:3:shoot:embedding=4$L:news=0.5$H:min_length=48:windows=32768:seed=2:max_steps=$B48"
 $PY benchmarks/depth_minilm.py --out $R --table > $R/table.md
