@@ -49,7 +49,7 @@ def main() -> int:
     args = p.parse_args()
     study = dm.Study(dm.arguments(["--out", args.out, "--threads", str(args.threads)]))
     rid, cfg, text = dm.parse_spec(args.spec, args.budget)
-    folder = study.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
+    folder = study.run_folder(rid)
     if not (folder / "final.json").is_file():
         raise SystemExit(f"{args.spec!r}: no finished run in {folder}")
     windows = study.windows(cfg.length, *text)

@@ -140,6 +140,10 @@ class Study:
         self.evaluation = depth_eval.Evaluation(self.minilm)
         self._windows: dict[tuple[int, float | None, bool, int], torch.Tensor] = {}
 
+    def run_folder(self, rid: str) -> Path:
+        """The healing folder of the row id ``rid``."""
+        return self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
+
     def windows(self, length: int = 128, news: float | None = None,
                 aligned: bool = False, count: int | None = None) -> torch.Tensor:
         key = (length, news, aligned, count or self.args.windows)
@@ -195,7 +199,7 @@ class Study:
         ids = [f"heal/{rid}/{n}" for n in cfg.steps]
         if all(i in self.done for i in ids):
             return
-        folder = self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
+        folder = self.run_folder(rid)
         _say(f"healing {rid} ({cfg.budget:g} s, {self.args.threads} threads) in {folder}")
         t0 = time.perf_counter()
         result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length, *text),
@@ -213,7 +217,7 @@ class Study:
         """The healed model of ``spec`` (healed already: its run folder is read back) with
         training-free merging at r = 16, 32, 40."""
         rid, cfg, text = parse_spec(spec, self.args.budget)
-        folder = self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
+        folder = self.run_folder(rid)
         todo = [r for r in (16, 32, 40) if f"merged/{rid}/r{r}" not in self.done]
         if not todo:
             return
@@ -244,7 +248,7 @@ class Study:
         rid, cfg, text = parse_spec(spec, self.args.budget)
         if f"exported/{rid}" in self.done:
             return
-        folder = self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
+        folder = self.run_folder(rid)
         result = heal(cfg, teacher=self.teacher, windows=self.windows(cfg.length, *text),
                       out=folder)
         student = result.student(cfg.steps[0])

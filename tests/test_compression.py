@@ -237,7 +237,7 @@ def test_mixed_precision_healing_computes_in_bfloat16_and_keeps_float32_paramete
     assert obj.parts["relation"].dtype == torch.float32
 
 
-def test_cut_windows_keep_their_start_and_last_token_and_heal_short_inputs():
+def test_cut_windows_keep_their_start_and_last_token_and_heal_short_inputs(monkeypatch):
     """min_length: each step's batch is cut to a length drawn in [min_length, length], the
     first l - 1 tokens and the last kept; healing on cut windows lowers the terminal cost on
     short inputs."""
@@ -264,11 +264,8 @@ def test_cut_windows_keep_their_start_and_last_token_and_heal_short_inputs():
         lengths.append(batch.shape[1])
         return step_fn(problem, optimizer, batch, *rest)
 
-    heal_module._optimiser_step = recording
-    try:
-        result = heal(cfg, teacher=teacher, windows=_windows(), out=None)
-    finally:
-        heal_module._optimiser_step = step_fn
+    monkeypatch.setattr(heal_module, "_optimiser_step", recording)
+    result = heal(cfg, teacher=teacher, windows=_windows(), out=None)
     assert lengths == [_cut(w, cfg, s).shape[1] for s in range(30)]  # the steps see the cuts
     losses = [r["terminal"] for r in result.history]
     assert losses[-1] < 0.5 * losses[0]

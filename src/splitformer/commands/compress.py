@@ -48,6 +48,27 @@ EPILOG = ("exit status: 0 done, 2 bad input (one line on stderr), 130 interrupte
           "checkpoints are kept: the same command resumes)")
 
 
+def _add_healing_text(p: argparse.ArgumentParser) -> None:
+    """The flags of the healing windows (``depth_eval.healing_windows``, the cut lengths)."""
+    p.add_argument("--news", type=fraction, default=None,
+                   help="fraction of the healing windows drawn from gensim's Lee background "
+                        "news, the rest from the King James text (default: uniform over the "
+                        "text, where the news is 7%%)")
+    p.add_argument("--aligned", action="store_true",
+                   help="with --news: the news windows start where a background document "
+                        "starts, as a document read whole does")
+    p.add_argument("--length", type=positive_int, default=128,
+                   help="tokens a healing window (128)")
+    p.add_argument("--min-length", type=bounded_int(2**31 - 1, "(tokens)", minimum=2),
+                   default=None,
+                   help="cut each step's windows to a length drawn in [N, --length] (first "
+                        "tokens and [SEP] kept), so that short inputs are healed too (default: "
+                        "whole windows)")
+    p.add_argument("--windows", type=bounded_int(MAX_WINDOWS, "(healing windows)"),
+                   default=4096, help=f"healing windows drawn from the text (4096; at most "
+                                      f"{MAX_WINDOWS})")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..compression import method_names
 
@@ -71,13 +92,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--relation", type=nonnegative_float, default=None,
                    help="weight of the squared differences of the pair cosines of a batch's "
                         "sentence embeddings (default 0)")
-    p.add_argument("--news", type=fraction, default=None,
-                   help="fraction of the healing windows drawn from gensim's Lee background "
-                        "news, the rest from the King James text (default: uniform over the "
-                        "text, where the news is 7%%)")
-    p.add_argument("--aligned", action="store_true",
-                   help="with --news: the news windows start where a background document "
-                        "starts, as a document read whole does")
     p.add_argument("--budget", type=duration, default=None,
                    help="healing wall-clock budget: seconds or 90s, 10m, 1h (default 10m)")
     p.add_argument("--max-steps", type=nonnegative_int, default=_DEFAULTS["max_steps"],
@@ -85,16 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=positive_float, default=None, help="AdamW rate (1e-4)")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="windows a step (16)")
-    p.add_argument("--length", type=positive_int, default=128,
-                   help="tokens a healing window (128)")
-    p.add_argument("--min-length", type=bounded_int(2**31 - 1, "(tokens)", minimum=2),
-                   default=None,
-                   help="cut each step's windows to a length drawn in [N, --length] (first "
-                        "tokens and [SEP] kept), so that short inputs are healed too (default: "
-                        "whole windows)")
-    p.add_argument("--windows", type=bounded_int(MAX_WINDOWS, "(healing windows)"),
-                   default=4096, help=f"healing windows drawn from the text (4096; at most "
-                                      f"{MAX_WINDOWS})")
+    _add_healing_text(p)
     p.add_argument("--precision", type=stripped, choices=("float32", "bfloat16"),
                    default=None, help="the healing's arithmetic: float32 (default) or bfloat16 "
                                       "(mixed precision under autocast, float32 parameters; "

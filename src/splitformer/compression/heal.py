@@ -260,9 +260,8 @@ _ADDED = {"precision": "float32", "min_length": None}  # HealConfig keys added 2
 def _refuse_another_run(folder: Path, state: dict[str, Any], cfg: HealConfig,
                         identity: dict[str, str]) -> None:
     """ValueError when the checkpoint in ``folder`` is of another config, teacher or windows."""
-    saved = dict(state.get("config") or {"config": None})
     # a key added since a run was written has its default there (a run from before the key)
-    saved = {**{k: v for k, v in _ADDED.items() if k not in saved}, **saved}
+    saved = {**_ADDED, **state["config"]} if isinstance(state.get("config"), dict) else {}
     if saved != cfg.to_dict():
         changed = sorted(k for k in set(cfg.to_dict()) | set(saved)
                          if saved.get(k, "?") != cfg.to_dict().get(k, "?"))
