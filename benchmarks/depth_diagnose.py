@@ -67,7 +67,8 @@ def main() -> int:
         m = (lengths >= lo) & (lengths < hi)
         print(f"  {lo}-{hi if hi < 10_000 else ''} tokens: {m.sum()} documents, mean cosine "
               f"{cos[m].mean():.4f}")
-    fresh = depth_eval.healing_windows(study.minilm.tokenizer, cfg.length, 256, 7, *text[:2])
+    fresh = depth_eval.healing_windows(study.minilm.tokenizer, cfg.length, 256, 7, *text[:2],
+                                       wiki=text[3])
     for name, ids in (("its healing windows", windows[:256]), ("fresh windows", fresh)):
         c = torch.cat([_pooled_cosine(student, study.teacher, ids[i:i + 16])
                        for i in range(0, 256, 16)])

@@ -19,7 +19,10 @@ there are skipped (resumable; a healing run resumes from its checkpoints in
   uniform over the stream), precision (float32 or bfloat16: ``HealConfig.precision``),
   min_length (each step's windows cut to a length drawn in [min_length, length]), aligned (1:
   the news windows start at a background document's start), windows (how many healing windows:
-  default ``--windows``). Each healed N_t is one row;
+  default ``--windows``), healed (all or controls: ``HealConfig.healed``), wiki (the fraction
+  of healing windows from gensim's shortened English Wikipedia, in place of King James ones),
+  probe (how many of the first windows the data-driven methods read: ``HealConfig.probe``,
+  default 32). Each healed N_t is one row;
 * ``--free-merged``: the 6-step model with training-free merging (metric state, at the start
   of each step) at r = 16, 24, 32, 40;
 * ``--merged SPEC``: the healed model of SPEC with training-free token merging (metric state,
@@ -90,10 +93,11 @@ def _say(text: str) -> None:
 
 
 def parse_spec(spec: str, budget: float
-               ) -> tuple[str, HealConfig, tuple[float | None, bool, int | None]]:
-    """SPEC (module doc) -> (row id, HealConfig, (news, aligned, windows): the healing windows'
-    news fraction, whether its windows start at documents and their count (None: --windows),
-    ``depth_eval.healing_windows``; None: uniform over the stream)."""
+               ) -> tuple[str, HealConfig, tuple[float | None, bool, int | None, float]]:
+    """SPEC (module doc) -> (row id, HealConfig, (news, aligned, windows, wiki): the healing
+    windows' news fraction (None: uniform over the stream), whether its windows start at
+    documents, their count (None: --windows) and their Wikipedia fraction,
+    ``depth_eval.healing_windows``)."""
     parts = spec.split(":")
     if len(parts) < 3:
         raise SystemExit(f"--heal {spec!r}: expected method:steps:objective[:key=value...]")
@@ -106,7 +110,8 @@ def parse_spec(spec: str, budget: float
                                "embedding": 0.0, "merge": 0, "lr": 1e-4, "budget": budget,
                                "length": 128, "batch_size": 16, "max_steps": 0,
                                "relation": 0.0, "news": -1.0, "precision": "float32",
-                               "min_length": 0, "aligned": 0, "windows": 0}
+                               "min_length": 0, "aligned": 0, "windows": 0, "healed": "all",
+                               "wiki": 0.0, "probe": 32}
     for kv in parts[3:]:
         key, _, value = kv.partition("=")
         if key not in options:
@@ -118,12 +123,13 @@ def parse_spec(spec: str, budget: float
                      merge=options["merge"], length=options["length"],
                      batch_size=options["batch_size"],
                      max_steps=options["max_steps"] or None, relation=options["relation"],
-                     precision=options["precision"],
+                     precision=options["precision"], healed=options["healed"],
+                     probe=options["probe"],
                      min_length=options["min_length"] or None)
     if options["aligned"] and options["news"] < 0:
         raise SystemExit(f"--heal {spec!r}: aligned aligns the news windows; give news")
     return spec, cfg, (None if options["news"] < 0 else options["news"], bool(options["aligned"]),
-                       options["windows"] or None)
+                       options["windows"] or None, options["wiki"])
 
 
 class Study:
@@ -138,18 +144,19 @@ class Study:
         self.minilm = load_minilm()
         self.teacher = from_hf(self.minilm.model).eval()
         self.evaluation = depth_eval.Evaluation(self.minilm)
-        self._windows: dict[tuple[int, float | None, bool, int], torch.Tensor] = {}
+        self._windows: dict[tuple[int, float | None, bool, int, float], torch.Tensor] = {}
 
     def run_folder(self, rid: str) -> Path:
         """The healing folder of the row id ``rid``."""
         return self.out / "runs" / rid.replace(":", "_").replace(",", "-") / "heal"
 
     def windows(self, length: int = 128, news: float | None = None,
-                aligned: bool = False, count: int | None = None) -> torch.Tensor:
-        key = (length, news, aligned, count or self.args.windows)
+                aligned: bool = False, count: int | None = None, wiki: float = 0.0
+                ) -> torch.Tensor:
+        key = (length, news, aligned, count or self.args.windows, wiki)
         if key not in self._windows:
             self._windows[key] = depth_eval.healing_windows(
-                self.minilm.tokenizer, length, key[3], 0, news, aligned)
+                self.minilm.tokenizer, length, key[3], 0, news, aligned, wiki)
         return self._windows[key]
 
     def add(self, row: dict[str, Any]) -> None:

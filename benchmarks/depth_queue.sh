@@ -89,4 +89,21 @@ mark seed1
 $S --heal "drop:3:shoot:embedding=4$L:news=0.5$H:min_length=48:windows=32768:seed=1:max_steps=$B48"
 mark seed2
 $S --heal "drop:3:shoot:embedding=4$L:news=0.5$H:min_length=48:windows=32768:seed=2:max_steps=$B48"
+# (three seeds: 0.912 / 0.909 / 0.914.) The controls theta(t) healed alone, the lift u(0) = E(ids)
+# the teacher's (HealConfig.healed): a step without the token table's AdamW update is faster
+mark controls
+BC=$(steps "drop N3 shoot 16x48-128 bf16 controls")
+$S --heal "drop:3:shoot:embedding=4$L:news=0.5$H:min_length=48:windows=32768:healed=controls:max_steps=$BC"
+# (controls alone: 0.932 / 0.914, as every parameter healed.) Modern English in place of the King
+# James windows: gensim's shortened English Wikipedia (106 articles, 0.6M tokens), a quarter
+mark wiki
+W=":news=0.5$H:min_length=48:windows=32768:healed=controls"
+$S --heal "drop:3:shoot:embedding=4$L$W:wiki=0.25:max_steps=$BC"
+# (wiki=0.25 read its probe, the first 32 windows, as dropping steps 0, 1, 2 (so did news=0.75):
+# the block influences of steps 0 and 3 differ by < 0.003, and 32 windows cannot tell them
+# apart. A probe of 512 windows drops 1, 2, 3 for every mixture here.)
+mark wiki512
+W="$W:probe=512"
+$S --heal "drop:3:shoot:embedding=4$L$W:wiki=0.5:max_steps=$BC"
+$S --heal "drop:3:shoot:embedding=4$L$W:wiki=0.25:max_steps=$BC"
 $PY benchmarks/depth_minilm.py --out $R --table > $R/table.md

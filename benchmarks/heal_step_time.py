@@ -5,9 +5,9 @@ on an idle machine, so that rows measured later under other load get the same wo
     python benchmarks/heal_step_time.py [--threads 2] [--out results/depth-minilm/step_seconds.json]
 
 For each setting (method, N_t, objective, merge, window length x batch, precision, shortest
-cut): the median of 8 timed optimiser steps after 2 untimed ones (``compression.heal``
-machinery: Distillation + AdamW; with cut lengths the mean of 24, the lengths drawn as healing
-draws them), in
+cut, what is healed): the median of 8 timed optimiser steps after 2 untimed ones
+(``compression.heal`` machinery: Distillation + AdamW; with cut lengths the mean of 24, the
+lengths drawn as healing draws them), in
 ``--rounds`` rounds over all settings; the fastest round's median is kept (the machine is
 shared: slower rounds are other load), every round recorded. ``--only S``: the settings whose
 name contains S, added to an existing ``--out`` (its rounds under "only").
@@ -32,7 +32,8 @@ from splitformer.experiments.text_benchmarks import load_minilm
 from splitformer.files import write_atomic
 from splitformer.interop import from_hf
 
-SETTINGS = {  # name: (method, steps, shooting, merge, length, batch[, precision[, min_length]])
+SETTINGS = {  # name: (method, steps, shooting, merge, length, batch[, precision[, min_length
+    #                                                                       [, healed]]])
     "drop N3 distill 16x128": ("drop", 3, 0.0, 0, 128, 16),
     "drop N3 shoot 16x128": ("drop", 3, 1.0, 0, 128, 16),
     "coarsen-linear N3 shoot 16x128": ("coarsen-linear", 3, 1.0, 0, 128, 16),
@@ -43,6 +44,8 @@ SETTINGS = {  # name: (method, steps, shooting, merge, length, batch[, precision
     "drop N3 distill 16x128 bf16": ("drop", 3, 0.0, 0, 128, 16, "bfloat16"),
     "drop N3 shoot 16x128 bf16": ("drop", 3, 1.0, 0, 128, 16, "bfloat16"),
     "drop N3 shoot 16x48-128 bf16": ("drop", 3, 1.0, 0, 128, 16, "bfloat16", 48),
+    "drop N3 shoot 16x48-128 bf16 controls": ("drop", 3, 1.0, 0, 128, 16, "bfloat16", 48,
+                                              "controls"),
 }
 
 
@@ -76,16 +79,17 @@ def main() -> int:
 def _round(args, mini, teacher) -> dict[str, float]:
     times_of = {}
     for name, (method, n, shoot, merge, length, batch, *more) in SETTINGS.items():
-        precision, min_length = (*more, *("float32", None)[len(more):])
+        precision, min_length, healed = (*more, *("float32", None, "all")[len(more):])
         if args.only and args.only not in name:
             continue
         w = depth_eval.healing_windows(mini.tokenizer, length, 4 * batch, 0)
-        base = copy.deepcopy(teacher)
+        base = copy.deepcopy(teacher).requires_grad_(healed == "all")
+        base.evolution.requires_grad_(True)
         c = plan(method, base, n, {"input_ids": w[:8]})
         c = c.with_merging(merge, metric="state", where="step")
         d = Distillation(c.apply(base).eval(), teacher, c.fine_points, shooting=shoot,
                          embedding=1.0)
-        opt = torch.optim.AdamW(base.parameters(), lr=1e-5)
+        opt = torch.optim.AdamW([q for q in base.parameters() if q.requires_grad], lr=1e-5)
         cfg = HealConfig(length=length, min_length=min_length)
         times = []
         for i in range(10 if min_length is None else 26):  # cut lengths: the mean of 24

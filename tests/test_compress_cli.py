@@ -56,6 +56,12 @@ from splitformer.cli import main
     (["--min-length", "200"], "--min-length"),  # longer than --length 128
     (["--heal", "none", "--min-length", "64"], "--min-length"),
     (["--heal", "none", "--precision", "bfloat16"], "--precision"),
+    (["--healed", "lift"], "--healed"),
+    (["--heal", "none", "--healed", "controls"], "--healed"),
+    (["--wiki", "1.5"], "--wiki"),
+    (["--wiki", "nan"], "--wiki"),
+    (["--news", "0.5", "--wiki", "0.6"], "--wiki"),  # more than all the windows
+    (["--heal", "none", "--wiki", "0.5"], "--wiki"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(argv, flag, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
@@ -102,7 +108,7 @@ def test_bad_model_and_out_are_named(capsys, tmp_path):
     assert (full / "notes.txt").read_text() == "mine"
 
 
-@needs("minilm", "text", "gensim")
+@needs("minilm", "text", "gensim", "wiki")
 def test_a_short_compression_loads_in_splitformer_and_transformers(capsys, tmp_path):
     import transformers
 
@@ -110,7 +116,7 @@ def test_a_short_compression_loads_in_splitformer_and_transformers(capsys, tmp_p
     argv = ["compress", "--steps", "3", "--method", "drop", "--heal", "shoot", "--max-steps",
             "2", "--windows", "16", "--batch-size", "2", "--length", "32", "--threads", "1",
             "--relation", "10", "--news", "0.5", "--aligned", "--precision", "bfloat16",
-            "--min-length", "8",
+            "--min-length", "8", "--wiki", "0.25", "--healed", "controls",
             "--out", str(out), "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -119,10 +125,15 @@ def test_a_short_compression_loads_in_splitformer_and_transformers(capsys, tmp_p
     assert record["heal"]["relation"] == 10.0 and report["windows"]["news"] == 0.5
     assert report["windows"]["aligned"] is True and report["heal"] == record["heal"]
     assert record["heal"]["precision"] == "bfloat16" and record["heal"]["min_length"] == 8
+    assert record["heal"]["healed"] == "controls" and report["windows"]["wiki"] == 0.25
     assert (out / "tokenizer" / "vocab.txt").is_file()
     assert 0.3 < report["fidelity"]["3"]["mean_cosine"] < 1.0
     model = splitformer.load(out)
     assert model.evolution.num_steps == 3
+    from splitformer.experiments.text_benchmarks import load_minilm
+
+    fine = splitformer.from_hf(load_minilm().model)  # --healed controls: the lift unchanged
+    assert torch.equal(model.embedding.word.weight, fine.embedding.word.weight)
     hf = transformers.AutoModel.from_pretrained(out / "hf", local_files_only=True).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out / "hf", local_files_only=True)
     enc = tok(["In the beginning was the Word."], return_tensors="pt")

@@ -237,6 +237,24 @@ def test_mixed_precision_healing_computes_in_bfloat16_and_keeps_float32_paramete
     assert obj.parts["relation"].dtype == torch.float32
 
 
+def test_healing_the_controls_alone_keeps_the_lift_and_heals_theta():
+    """healed="controls": the embeddings (the lift u(0) = E(ids)) end as the teacher's, bit
+    for bit, while the controls of the kept steps move and the terminal cost still falls."""
+    teacher = splitformer.from_hf(_hf()).eval()
+    result = heal(_cfg(healed="controls"), teacher=teacher, windows=_windows(), out=None)
+    losses = [r["terminal"] for r in result.history]
+    assert losses[-1] < 0.5 * losses[0]
+    fine = dict(teacher.named_parameters())
+    moved = {n for n, p in result.base.named_parameters() if not torch.equal(p, fine[n])}
+    assert moved and all(n.startswith("evolution.") for n in moved)
+    assert any(n.startswith("embedding.") for n in fine)
+    everything = heal(_cfg(), teacher=teacher, windows=_windows(), out=None)
+    assert any(not torch.equal(p, fine[n]) for n, p in everything.base.named_parameters()
+               if n.startswith("embedding."))
+    with pytest.raises(ValueError, match=r"healed must be one of \['all', 'controls'\]"):
+        _cfg(healed="embeddings")
+
+
 def test_cut_windows_keep_their_start_and_last_token_and_heal_short_inputs(monkeypatch):
     """min_length: each step's batch is cut to a length drawn in [min_length, length], the
     first l - 1 tokens and the last kept; healing on cut windows lowers the terminal cost on

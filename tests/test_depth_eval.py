@@ -140,6 +140,37 @@ def test_healing_windows(minilm, pools):
 
 
 @needs_text
+@needs("wiki")
+def test_wiki_windows_replace_others_and_hold_no_evaluation_text(minilm, texts, pools):
+    tok = minilm.tokenizer
+    wiki = de.wiki_stream(tok).numpy()
+    assert de.wiki_stream(tok) is de.wiki_stream(tok)  # cached
+    head = tok("Anarchism is a political philosophy", add_special_tokens=False)["input_ids"]
+    assert wiki[:len(head)].tolist() == head and len(wiki) > 500_000
+    # no evaluation text in the Wikipedia healing text (positive control: its own windows)
+    pool8, pool24 = np.sort(_grams(wiki, 8)), np.sort(_grams(wiki, 24))
+    assert _shared([d[1:-1].numpy() for d in texts.lee], pool8, 8) == 0
+    assert _shared([row[1:-1].numpy() for row in texts.kjv_list], pool24, 24) == 0
+    assert _shared([wiki[1000:1100]], pool24, 24) == 100 - 23
+    # wiki=0 draws what healing_windows drew before the option; wiki=f replaces round(f count)
+    wiki30 = np.sort(_grams(wiki, 30))
+    for news in (None, 0.5):
+        plain = de.healing_windows(tok, 32, 400, seed=3, news=news)
+        assert torch.equal(plain, de.healing_windows(tok, 32, 400, seed=3, news=news, wiki=0.0))
+        w = de.healing_windows(tok, 32, 400, seed=3, news=news, wiki=0.25)
+        bodies = [b for b in w[:, 1:-1].numpy()]
+        assert _shared(bodies, wiki30, 30) == 100
+        assert _shared(bodies, pools[30], 30) == 300  # the rest from the stream
+        if news is not None:
+            news_pool = np.sort(_grams(de.healing_stream(tok).numpy()[-73180:], 30))
+            assert _shared(bodies, news_pool, 30) == 200
+    for bad, word in ((-0.1, "wiki must be"), (1.5, "wiki must be"), (True, "wiki must be"),
+                      (0.6, "news \\+ wiki")):
+        with pytest.raises(ValueError, match=word):
+            de.healing_windows(tok, 32, 5, news=0.5, wiki=bad)
+
+
+@needs_text
 def test_held_out_texts(minilm, texts):
     assert list(texts.kjv) == [128, 256]
     assert texts.kjv[128].shape == (64, 128) and texts.kjv[256].shape == (16, 256)

@@ -50,6 +50,57 @@ def test_background_polarity_and_word_pairs():
         tb.word_pairs("men3000")
 
 
+@needs_gensim
+@needs("wiki")
+def test_wiki_articles_are_the_dumps_106_articles_as_plain_text():
+    articles = tb.wiki_articles()
+    assert len(articles) == 106
+    assert articles[0].startswith("Anarchism is a political philosophy that advocates "
+                                  "self-governed societies based on voluntary institutions.")
+    assert articles[3].startswith("A (named , plural As, A's, as, a's or aes) is the first "
+                                  "letter")
+    text = "\n".join(articles)
+    for markup in ("[[", "]]", "{{", "}}", "<ref", "</ref>", "'" * 3, "Category:", "thumb|"):
+        assert markup not in text, markup
+    assert all(len(line) >= 80 for a in articles for line in a.split("\n"))
+    assert 2_500_000 < len(text) < 3_200_000
+
+
+@needs_gensim
+@needs("wiki")
+def test_wiki_articles_are_cached_in_a_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    tb._wiki_articles.cache_clear()
+    monkeypatch.setattr(tb, "_parse_wiki", lambda path: ("parsed",) * 106)
+    try:
+        assert tb.wiki_articles() == ["parsed"] * 106  # parsed, and written
+        cache = tb._wiki_cache(str(tb.gensim_data_dir() / tb.WIKI_DUMP))
+        assert cache.parent == tmp_path / "splitformer" and cache.is_file()
+        cache.write_text("[" + ", ".join(['"cached"'] * 106) + "]")
+        tb._wiki_articles.cache_clear()
+        assert tb.wiki_articles() == ["cached"] * 106  # read back, not parsed
+        cache.write_text("[not json")  # a damaged cache is parsed again and rewritten
+        tb._wiki_articles.cache_clear()
+        assert tb.wiki_articles() == ["parsed"] * 106
+        assert cache.read_text().startswith('["parsed"')
+    finally:
+        tb._wiki_articles.cache_clear()
+
+
+def test_the_wiki_text_without_its_parser_names_make_data(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "mwparserfromhell" else real(name, *a))
+    tb._wiki_articles.cache_clear()
+    try:
+        with pytest.raises(DatasetError, match="mwparserfromhell.*make data"):
+            tb._wiki_articles("any.bz2")
+    finally:
+        tb._wiki_articles.cache_clear()
+
+
 def test_a_missing_file_names_the_file_and_make_data(tmp_path):
     for read, name in ((tb.lee_documents, "lee.cor"), (tb.lee_human, "similarities0-1.txt"),
                        (tb.polarity, "pang_lee_polarity.cor"),

@@ -8,9 +8,11 @@ parameters healed to serve each, drawn per step: random-tau healing), ``--heal``
 (``control.healing.Distillation``): "distill" matches u(T) only, "shoot" also the states at the
 coarse grid's times (multiple shooting, weight ``--shooting``), "none" writes the
 training-free coarse model. The healing text is King James windows outside the held-out books
-plus gensim's lee_background.cor (``experiments.depth_eval.healing_windows``); the evaluation
-documents never reach it. ``--merge R`` heals with token merging on (R nodes per unit of time,
-metric state, at the start of each step).
+plus gensim's lee_background.cor (``--news``) and its shortened English Wikipedia (``--wiki``;
+``experiments.depth_eval.healing_windows``); the evaluation documents never reach it.
+``--healed controls`` optimises theta(t) alone (the embeddings stay the teacher's).
+``--merge R`` heals with token merging on (R nodes per unit of time, metric state, at the
+start of each step).
 
 Writes DIR (``--out``): compress.json, model.safetensors, hf/ (the N_t-layer network that
 transformers loads, when the grid is a layer list) and heal/ (the healing run: rerunning the
@@ -54,6 +56,10 @@ def _add_healing_text(p: argparse.ArgumentParser) -> None:
                    help="fraction of the healing windows drawn from gensim's Lee background "
                         "news, the rest from the King James text (default: uniform over the "
                         "text, where the news is 7%%)")
+    p.add_argument("--wiki", type=fraction, default=None,
+                   help="fraction of the healing windows drawn from gensim's shortened English "
+                        "Wikipedia (106 articles), in place of King James ones (default 0; "
+                        "with --news, --news + --wiki <= 1)")
     p.add_argument("--aligned", action="store_true",
                    help="with --news: the news windows start where a background document "
                         "starts, as a document read whole does")
@@ -104,6 +110,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=None, help="the healing's arithmetic: float32 (default) or bfloat16 "
                                       "(mixed precision under autocast, float32 parameters; "
                                       "1.7x the steps on a CPU with AVX512-BF16, docs/depth.md)")
+    p.add_argument("--healed", type=stripped, choices=("all", "controls"), default=None,
+                   help="what the healing optimises: all (default) or controls (theta(t) "
+                        "only; the embeddings stay the teacher's, a faster step)")
     p.add_argument("--merge", type=nonnegative_int, default=None,
                    help="heal with token merging on: nodes merged per unit of time (0: off)")
     p.add_argument("--seed", type=bounded_int(2**31 - 1, "(a seed)", minimum=0), default=0,
@@ -124,10 +133,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 _HEALING_FLAGS = (("--budget", "budget"), ("--max-steps", "max_steps"), ("--lr", "lr"),
                   ("--batch-size", "batch_size"), ("--embedding", "embedding"),
                   ("--relation", "relation"), ("--news", "news"), ("--merge", "merge"),
-                  ("--precision", "precision"), ("--min-length", "min_length"))
+                  ("--precision", "precision"), ("--min-length", "min_length"),
+                  ("--healed", "healed"), ("--wiki", "wiki"))
 _DEFAULTS = {"budget": 600.0, "max_steps": None, "lr": 1e-4, "batch_size": 16,
              "embedding": 0.0, "relation": 0.0, "news": None,
-             "merge": 0, "precision": "float32",
+             "merge": 0, "precision": "float32", "healed": "all", "wiki": None,
              "min_length": None}  # max_steps, news, min_length: None is the default itself
 
 
@@ -241,6 +251,9 @@ def _heal_config(args: argparse.Namespace):
         raise UsageError("argument --aligned: aligns the news windows, but --news is "
                          + ("not given; add --news F" if args.news is None else
                             "0 (no news window); give --news F > 0 or drop --aligned"))
+    if args.news is not None and args.wiki and args.news + args.wiki > 1:
+        raise UsageError(f"argument --wiki: --news + --wiki must be at most 1 (fractions of "
+                         f"the windows), got {args.news:g} + {args.wiki:g}")
     if args.min_length is not None and not 2 <= args.min_length <= args.length:
         raise UsageError(f"argument --min-length: expected an int in [2, --length="
                          f"{args.length}], got {args.min_length}")
@@ -256,7 +269,8 @@ def _heal_config(args: argparse.Namespace):
                          length=args.length, seed=args.seed, merge=args.merge,
                          shooting=args.shooting if args.heal == "shoot" else 0.0,
                          embedding=args.embedding, relation=args.relation,
-                         precision=args.precision, min_length=args.min_length)
+                         precision=args.precision, min_length=args.min_length,
+                         healed=args.healed)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -314,7 +328,7 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
     try:
         windows = depth_eval.healing_windows(minilm.tokenizer, cfg.length, args.windows,
                                              cfg.seed, news=args.news,
-                                             aligned=args.aligned)
+                                             aligned=args.aligned, wiki=args.wiki or 0.0)
     except DatasetError as e:
         raise UsageError(f"the healing text is missing: {e}") from None
     except ValueError as e:
@@ -327,7 +341,8 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
     report: dict = {"model": str(args.model) if args.model else "all-MiniLM-L6-v2",
                     "method": cfg.method, "steps": list(cfg.steps), "objective": args.heal,
                     "windows": {"count": args.windows, "length": cfg.length,
-                                "news": args.news, "aligned": args.aligned},
+                                "news": args.news, "aligned": args.aligned,
+                                "wiki": args.wiki or 0.0},
                     "heal": cfg.to_dict(),
                     "metrics": result.metrics,
                     "grids": {str(n): str(c) for n, c in result.coarsenings.items()},

@@ -93,7 +93,7 @@ from . import text_benchmarks as tb
 __all__ = ["FULL_KEYS", "HELD_OUT_TITLE", "KEYS", "KJV_PASSAGES", "Evaluation", "HeldOut",
            "L3_FILE", "ParaphraseL3", "healing_stream", "healing_windows", "held_out",
            "kjv_split", "minilm_embed", "onnx_graph", "paraphrase_l3", "paraphrase_l3_bert",
-           "paraphrase_l3_path", "report", "throughput"]
+           "paraphrase_l3_path", "report", "throughput", "wiki_stream"]
 
 Embed = Callable[[Sequence[torch.Tensor]], torch.Tensor]
 HELD_OUT_TITLE = "THE EPISTLE OF PAUL THE APOSTLE TO THE HEBREWS"
@@ -168,8 +168,19 @@ def _positive_int(name: str, value, least: int = 1) -> int:
     return value
 
 
+@functools.lru_cache(maxsize=2)
+def wiki_stream(tokenizer) -> torch.Tensor:
+    """The 1-D ids of the Wikipedia healing text: the 106 articles of
+    ``text_benchmarks.wiki_articles``, each paragraph's WordPiece tokens, concatenated (cached
+    per tokenizer)."""
+    paragraphs = [p for article in tb.wiki_articles() for p in article.split("\n")]
+    return torch.tensor([i for piece in _token_ids(tokenizer, paragraphs) for i in piece],
+                        dtype=torch.long)
+
+
 def healing_windows(tokenizer, length: int, count: int, seed: int = 0,
-                    news: float | None = None, aligned: bool = False) -> torch.Tensor:
+                    news: float | None = None, aligned: bool = False, wiki: float = 0.0
+                    ) -> torch.Tensor:
     """(count, length) ids: window k is [CLS], the length - 2 tokens of ``healing_stream``
     from a start drawn uniformly (seeded with ``seed``), [SEP]. ``news``: None (the default),
     starts uniform over the whole stream (the background news is 7% of it); a fraction in
@@ -178,7 +189,10 @@ def healing_windows(tokenizer, length: int, count: int, seed: int = 0,
     ``aligned`` (with ``news``): the news windows start at a background document's first
     token (drawn uniformly among the documents that start at least length - 2 tokens before
     the stream's end), as a document read whole starts; a document shorter than the window runs
-    on into the next."""
+    on into the next. ``wiki``: a fraction in [0, 1] (with ``news``: news + wiki <= 1),
+    round(wiki * count) windows drawn uniformly within ``wiki_stream`` (the shortened English
+    Wikipedia of ``text_benchmarks.wiki_articles``) in place of as many of the others, drawn
+    after them (so wiki=0 draws what it drew before the option)."""
     _positive_int("length", length, 3)
     _positive_int("count", count)
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -190,26 +204,38 @@ def healing_windows(tokenizer, length: int, count: int, seed: int = 0,
         raise ValueError(f"aligned must be a bool, got {aligned!r}")
     if aligned and news is None:
         raise ValueError("aligned: aligns the news windows, but news is None; give news")
+    if isinstance(wiki, bool) or not isinstance(wiki, (int, float)) or not 0 <= wiki <= 1:
+        raise ValueError(f"wiki must be a fraction in [0, 1], got {wiki!r}")
+    if news is not None and news + wiki > 1:
+        raise ValueError(f"news + wiki must be at most 1 (fractions of the windows), got "
+                         f"{news!r} + {wiki!r}")
     stream, bible, doc_starts = _stream_parts(tokenizer)
+    wiki_ids = wiki_stream(tokenizer) if wiki else stream[:0]
     n = length - 2
     room = len(stream) if news is None else min(bible, len(stream) - bible)
+    room = min(room, len(wiki_ids)) if wiki else room
     if n > room:
         raise ValueError(f"length must be at most {room + 2} (the healing text's tokens + 2), "
                          f"got {length}")
     g = torch.Generator().manual_seed(seed)
+    kw = round(wiki * count)
     if news is None:
-        starts = torch.randint(0, len(stream) - n + 1, (count,), generator=g)
+        starts = torch.randint(0, len(stream) - n + 1, (count - kw,), generator=g)
     else:
         k = round(news * count)
-        in_bible = torch.randint(0, bible - n + 1, (count - k,), generator=g)  # drawn first
+        in_bible = torch.randint(0, bible - n + 1, (count - k - kw,), generator=g)  # first
         if aligned:
             doc_starts = doc_starts[doc_starts <= len(stream) - n]
             drawn = doc_starts[torch.randint(0, len(doc_starts), (k,), generator=g)]
         else:
             drawn = torch.randint(bible, len(stream) - n + 1, (k,), generator=g)
         starts = torch.cat([in_bible, drawn])
-        starts = starts[torch.randperm(count, generator=g)]
     body = stream[starts[:, None] + torch.arange(n)]
+    if kw:  # drawn last: without wiki, the draws are what they were
+        in_wiki = torch.randint(0, len(wiki_ids) - n + 1, (kw,), generator=g)
+        body = torch.cat([body, wiki_ids[in_wiki[:, None] + torch.arange(n)]])
+    if news is not None or kw:
+        body = body[torch.randperm(count, generator=g)]
     cls = torch.full((count, 1), tokenizer.cls_token_id, dtype=torch.long)
     sep = torch.full((count, 1), tokenizer.sep_token_id, dtype=torch.long)
     return torch.cat([cls, body, sep], dim=1)

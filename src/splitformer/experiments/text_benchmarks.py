@@ -11,6 +11,10 @@ installs it with --no-deps). gensim is never imported: its folder is found with
                     ratings of the pairs i < j in row-major order (row i, then j = i+1..49),
                     the order of ``pair_cosines``.
 ``lee_background``  ``lee_background.cor``: 300 unlabelled documents of the same source.
+``wiki_articles``   ``enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2``: the
+                    106 articles of a shortened English Wikipedia dump (2017), unlabelled, as
+                    plain text (the markup read by ``mwparserfromhell``, installed by ``make
+                    data``).
 ``polarity``        ``pang_lee_polarity.cor`` (cp1252): 200 movie-review sentences, one a line as
                     "__label__neg <text>" or "__label__pos <text>" (100 of each); labels 0/1.
 ``word_pairs``      ``wordsim353.tsv`` (353 pairs) and ``simlex999.txt`` (999): tab-separated
@@ -34,8 +38,14 @@ A missing file is a ``DatasetError`` naming the file and ``make data``.
 
 from __future__ import annotations
 
+import bz2
+import functools
+import hashlib
 import importlib.util
 import json
+import os
+import re
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,12 +53,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..files import write_atomic
 from ..training.data import DatasetError, load_dataset
 
 __all__ = ["LEE_DOCUMENTS", "LEE_PAIRS", "MiniLM", "WORD_PAIRS", "gensim_data_dir",
            "kjv_passages", "kjv_verses", "lee_background", "lee_documents", "lee_human",
            "load_minilm", "minilm_folder", "pair_cosines", "polarity", "probe_accuracy",
-           "spearman", "word_pairs", "word_similarity"]
+           "spearman", "wiki_articles", "word_pairs", "word_similarity"]
 
 LEE_DOCUMENTS = 50
 LEE_PAIRS = LEE_DOCUMENTS * (LEE_DOCUMENTS - 1) // 2  # 1,225
@@ -116,6 +127,102 @@ def lee_background(folder: str | Path | None = None) -> list[str]:
     """The 300 unlabelled Lee background documents (for healing a merged model)."""
     return _counted("documents", _lines("lee_background.cor", folder, "iso-8859-1"), 300,
                     _file("lee_background.cor", folder))
+
+
+WIKI_DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+WIKI_ARTICLES = 106
+_WIKI_PARSER = "the wiki markup parser mwparserfromhell (pip install mwparserfromhell==0.7.2)"
+
+
+def wiki_articles(folder: str | Path | None = None) -> list[str]:
+    """The 106 articles (namespace 0, not redirects, in dump order) of gensim's shortened
+    English Wikipedia dump as plain text (unlabelled healing text, docs/depth.md): the
+    markup parsed by ``mwparserfromhell``, its <ref> notes, tables, galleries, formulas,
+    templates, files and categories dropped, links read as their text (``strip_code``); the
+    paragraphs of at least 80 characters kept (none with markup the parser left as text),
+    whitespace collapsed, one paragraph a line. The parse takes a
+    minute: its result is kept in ``$XDG_CACHE_HOME/splitformer`` (default ~/.cache; written
+    atomically, named by the dump's SHA-256 and the parser's version; skipped where that
+    folder cannot be written)."""
+    return list(_wiki_articles(str(_file(WIKI_DUMP, folder))))
+
+
+_WIKI_EXTRACTION = 2  # raise when _parse_wiki changes what it returns
+
+
+@functools.lru_cache(maxsize=2)
+def _wiki_articles(path: str) -> tuple[str, ...]:
+    if importlib.util.find_spec("mwparserfromhell") is None:
+        raise DatasetError(f"the Wikipedia healing text needs {_WIKI_PARSER} (not installed): "
+                           "run `make data`")
+    cache = _wiki_cache(path)
+    if cache.is_file():
+        try:
+            articles = json.loads(cache.read_text(encoding="utf-8"))
+            if isinstance(articles, list) and len(articles) == WIKI_ARTICLES:
+                return tuple(articles)
+        except (OSError, ValueError):
+            pass  # a damaged cache is parsed again
+    articles = _parse_wiki(path)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cache, json.dumps(list(articles)))
+    except OSError:
+        pass  # an unwritable cache folder: parsed again next time
+    return articles
+
+
+def _wiki_cache(path: str) -> Path:
+    """The cache file of the dump at ``path`` (``wiki_articles``)."""
+    from importlib import metadata
+
+    key = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    version = metadata.version("mwparserfromhell")
+    return (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "splitformer"
+            / f"wiki-{key}-mwparserfromhell{version}-v{_WIKI_EXTRACTION}.json")
+
+
+_DROPPED_TAGS = {"ref", "table", "gallery", "math", "timeline", "imagemap"}
+_DROPPED_LINKS = {"file", "image", "category", "media"}
+# what the parser left as text (a note or link it could not close): such a line is dropped
+_MARKUP = re.compile(r"\[\[|\]\]|\{\{|\}\}|\{\||\|\}|</?ref|\|thumb|thumb\||'{3}")
+
+
+def _plain(code) -> str:
+    """The text of a parsed article: its notes, tables, galleries, formulas, files and
+    categories removed, then ``strip_code`` (templates dropped, links read as their text)."""
+    from mwparserfromhell.nodes import Tag, Wikilink
+
+    for node in code.filter(recursive=True, forcetype=(Tag, Wikilink)):
+        if isinstance(node, Tag):
+            drop = str(node.tag).strip().lower() in _DROPPED_TAGS
+        else:
+            drop = str(node.title).strip().lower().partition(":")[0] in _DROPPED_LINKS
+        if drop:
+            try:
+                code.remove(node)
+            except ValueError:  # inside a node removed already
+                pass
+    return code.strip_code(normalize=True, collapse=True)
+
+
+def _parse_wiki(path: str) -> tuple[str, ...]:
+    import mwparserfromhell
+
+    articles = []
+    with bz2.open(path) as f:
+        for _, element in ET.iterparse(f):
+            if not element.tag.endswith("}page"):
+                continue
+            ns, text = element.find("{*}ns"), element.find("{*}revision/{*}text")
+            if (ns is not None and ns.text == "0" and element.find("{*}redirect") is None
+                    and text is not None and text.text):
+                plain = _plain(mwparserfromhell.parse(text.text))
+                lines = [re.sub(r"\s+", " ", line).strip() for line in plain.split("\n")]
+                articles.append("\n".join(line for line in lines if len(line) >= 80
+                                          and not _MARKUP.search(line)))
+            element.clear()
+    return tuple(_counted("articles", articles, WIKI_ARTICLES, Path(path)))
 
 
 def polarity(folder: str | Path | None = None) -> tuple[list[str], np.ndarray]:
