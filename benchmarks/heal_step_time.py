@@ -46,6 +46,8 @@ SETTINGS = {  # name: (method, steps, shooting, merge, length, batch[, precision
     "drop N3 shoot 16x48-128 bf16": ("drop", 3, 1.0, 0, 128, 16, "bfloat16", 48),
     "drop N3 shoot 16x48-128 bf16 controls": ("drop", 3, 1.0, 0, 128, 16, "bfloat16", 48,
                                               "controls"),
+    "drop N3 shoot 8x48-128 bf16 controls": ("drop", 3, 1.0, 0, 128, 8, "bfloat16", 48,
+                                             "controls"),
 }
 
 

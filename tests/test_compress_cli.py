@@ -62,6 +62,8 @@ from splitformer.cli import main
     (["--wiki", "nan"], "--wiki"),
     (["--news", "0.5", "--wiki", "0.6"], "--wiki"),  # more than all the windows
     (["--heal", "none", "--wiki", "0.5"], "--wiki"),
+    (["--probe", "0"], "--probe"),
+    (["--probe", "64", "--windows", "32"], "--probe"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(argv, flag, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
@@ -116,7 +118,7 @@ def test_a_short_compression_loads_in_splitformer_and_transformers(capsys, tmp_p
     argv = ["compress", "--steps", "3", "--method", "drop", "--heal", "shoot", "--max-steps",
             "2", "--windows", "16", "--batch-size", "2", "--length", "32", "--threads", "1",
             "--relation", "10", "--news", "0.5", "--aligned", "--precision", "bfloat16",
-            "--min-length", "8", "--wiki", "0.25", "--healed", "controls",
+            "--min-length", "8", "--wiki", "0.25", "--healed", "controls", "--probe", "16",
             "--out", str(out), "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -126,6 +128,7 @@ def test_a_short_compression_loads_in_splitformer_and_transformers(capsys, tmp_p
     assert report["windows"]["aligned"] is True and report["heal"] == record["heal"]
     assert record["heal"]["precision"] == "bfloat16" and record["heal"]["min_length"] == 8
     assert record["heal"]["healed"] == "controls" and report["windows"]["wiki"] == 0.25
+    assert record["heal"]["probe"] == 16
     assert (out / "tokenizer" / "vocab.txt").is_file()
     assert 0.3 < report["fidelity"]["3"]["mean_cosine"] < 1.0
     model = splitformer.load(out)

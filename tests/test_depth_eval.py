@@ -146,7 +146,7 @@ def test_wiki_windows_replace_others_and_hold_no_evaluation_text(minilm, texts, 
     wiki = de.wiki_stream(tok).numpy()
     assert de.wiki_stream(tok) is de.wiki_stream(tok)  # cached
     head = tok("Anarchism is a political philosophy", add_special_tokens=False)["input_ids"]
-    assert wiki[:len(head)].tolist() == head and len(wiki) > 500_000
+    assert wiki[:len(head)].tolist() == head and len(wiki) == 566453  # docs/depth.md
     # no evaluation text in the Wikipedia healing text (positive control: its own windows)
     pool8, pool24 = np.sort(_grams(wiki, 8)), np.sort(_grams(wiki, 24))
     assert _shared([d[1:-1].numpy() for d in texts.lee], pool8, 8) == 0

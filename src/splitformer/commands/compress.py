@@ -87,6 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", type=stripped, choices=method_names(), default="drop",
                    help="how the coarse grid is chosen (default drop: ShortGPT's block "
                         "influence)")
+    p.add_argument("--probe", type=bounded_int(MAX_WINDOWS, "(probe windows)"), default=None,
+                   help="healing windows the fine model is run on to choose the grid of drop "
+                        "and angular (default 32, or --windows if fewer; at most --windows)")
     p.add_argument("--heal", type=stripped, choices=("distill", "shoot", "none"),
                    default="distill",
                    help="distill: match u(T); shoot: also the states at the coarse grid's "
@@ -251,6 +254,10 @@ def _heal_config(args: argparse.Namespace):
         raise UsageError("argument --aligned: aligns the news windows, but --news is "
                          + ("not given; add --news F" if args.news is None else
                             "0 (no news window); give --news F > 0 or drop --aligned"))
+    if args.probe is not None and args.probe > args.windows:
+        raise UsageError(f"argument --probe: at most --windows ({args.windows}) windows, got "
+                         f"{args.probe}")
+    probe = min(32, args.windows) if args.probe is None else args.probe
     if args.news is not None and args.wiki and args.news + args.wiki > 1:
         raise UsageError(f"argument --wiki: --news + --wiki must be at most 1 (fractions of "
                          f"the windows), got {args.news:g} + {args.wiki:g}")
@@ -270,7 +277,7 @@ def _heal_config(args: argparse.Namespace):
                          shooting=args.shooting if args.heal == "shoot" else 0.0,
                          embedding=args.embedding, relation=args.relation,
                          precision=args.precision, min_length=args.min_length,
-                         healed=args.healed)
+                         healed=args.healed, probe=probe)
     except ValueError as e:
         raise UsageError(str(e)) from None
 

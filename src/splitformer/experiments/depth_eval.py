@@ -15,6 +15,9 @@ the held-out lines (64 of 128 tokens, 16 of 256: ``text_benchmarks.kjv_passages`
 lines, so the 256-token passages share text with the 128-token ones, never with healing) and
 the 50 Lee documents (``lee.cor``, at their own lengths, 53 to 154 tokens). The Lee documents
 are not in the background file (no 8-token sequence in common, tests/test_depth_eval.py).
+``healing_windows(wiki=F)`` draws a fraction of the windows from ``wiki_stream`` instead (the
+106 articles of gensim's shortened English Wikipedia, 566,453 tokens; no 8-token sequence of
+a Lee document, no 24-token sequence of the held-out passages).
 Hebrews quotes the Old Testament: held-out and healing text share some 16-token sequences,
 none of 24 tokens.
 
