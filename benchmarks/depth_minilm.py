@@ -116,6 +116,8 @@ def parse_spec(spec: str, budget: float
         key, _, value = kv.partition("=")
         if key not in options:
             raise SystemExit(f"--heal {spec!r}: unknown key {key!r} ({sorted(options)})")
+        if any(k.partition("=")[0] == key for k in parts[3:parts.index(kv)]):
+            raise SystemExit(f"--heal {spec!r}: {key} given twice")
         options[key] = type(options[key])(value)
     cfg = HealConfig(method=method, steps=tuple(int(s) for s in steps.split(",")),
                      budget=options["budget"], lr=options["lr"], seed=options["seed"],

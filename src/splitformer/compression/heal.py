@@ -77,8 +77,8 @@ class HealConfig:
     optimiser float32: mixed precision; the healed model is evaluated and saved in
     float32); ``healed``: "all" (every parameter), or "controls" (``HEALED``: only theta(t) is
     optimised, so the coarse evolution starts from the fine one's initial state u(0) and the
-    healing is an optimal-control problem in theta alone; on MiniLM it also spares the
-    AdamW update of the 11.7M-entry token table, a step in 0.79 the time)."""
+    healing is an optimal-control problem in theta alone; on MiniLM it also spares AdamW the
+    11.7M-entry token table: a shorter step, ``benchmarks/heal_step_time.py``)."""
 
     method: str = "drop"
     steps: tuple[int, ...] = (3,)
