@@ -20,7 +20,7 @@ there are skipped (resumable; a healing run resumes from its checkpoints in
   min_length (each step's windows cut to a length drawn in [min_length, length]), aligned (1:
   the news windows start at a background document's start), windows (how many healing windows:
   default ``--windows``), healed (all or controls: ``HealConfig.healed``), wiki (the fraction
-  of healing windows from gensim's shortened English Wikipedia, in place of King James ones),
+  of healing windows from gensim's shortened English Wikipedia, in place of as many others),
   probe (how many of the first windows the data-driven methods read: ``HealConfig.probe``,
   default 32). Each healed N_t is one row;
 * ``--free-merged``: the 6-step model with training-free merging (metric state, at the start
@@ -112,12 +112,14 @@ def parse_spec(spec: str, budget: float
                                "relation": 0.0, "news": -1.0, "precision": "float32",
                                "min_length": 0, "aligned": 0, "windows": 0, "healed": "all",
                                "wiki": 0.0, "probe": 32}
+    seen: set[str] = set()
     for kv in parts[3:]:
         key, _, value = kv.partition("=")
         if key not in options:
             raise SystemExit(f"--heal {spec!r}: unknown key {key!r} ({sorted(options)})")
-        if any(k.partition("=")[0] == key for k in parts[3:parts.index(kv)]):
+        if key in seen:
             raise SystemExit(f"--heal {spec!r}: {key} given twice")
+        seen.add(key)
         options[key] = type(options[key])(value)
     cfg = HealConfig(method=method, steps=tuple(int(s) for s in steps.split(",")),
                      budget=options["budget"], lr=options["lr"], seed=options["seed"],

@@ -63,6 +63,8 @@ from splitformer.cli import main
     (["--news", "0.5", "--wiki", "0.6"], "--wiki"),  # more than all the windows
     (["--heal", "none", "--wiki", "0.5"], "--wiki"),
     (["--probe", "0"], "--probe"),
+    (["--probe", "16", "--method", "keep-first"], "--probe"),  # read by drop, angular only
+    (["--wiki", "1e-9"], "--wiki"),  # no window
     (["--probe", "64", "--windows", "32"], "--probe"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(argv, flag, capsys, tmp_path):

@@ -255,6 +255,17 @@ def test_healing_the_controls_alone_keeps_the_lift_and_heals_theta():
         _cfg(healed="embeddings")
 
 
+def test_a_run_of_the_other_healed_set_is_refused_by_name(tmp_path):
+    """A folder healed with every parameter is not resumed with the controls alone (its
+    optimiser state holds other tensors): the refusal names the key, before any tensor is
+    loaded."""
+    teacher = splitformer.from_hf(_hf()).eval()
+    heal(_cfg(max_steps=5), teacher=teacher, windows=_windows(), out=tmp_path)
+    with pytest.raises(ValueError, match=r"differs in \['healed'\]; the run's: healed='all'"):
+        heal(_cfg(max_steps=5, healed="controls"), teacher=teacher, windows=_windows(),
+             out=tmp_path)
+
+
 def test_cut_windows_keep_their_start_and_last_token_and_heal_short_inputs(monkeypatch):
     """min_length: each step's batch is cut to a length drawn in [min_length, length], the
     first l - 1 tokens and the last kept; healing on cut windows lowers the terminal cost on

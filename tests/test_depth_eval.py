@@ -152,7 +152,18 @@ def test_wiki_windows_replace_others_and_hold_no_evaluation_text(minilm, texts, 
     assert _shared([d[1:-1].numpy() for d in texts.lee], pool8, 8) == 0
     assert _shared([row[1:-1].numpy() for row in texts.kjv_list], pool24, 24) == 0
     assert _shared([wiki[1000:1100]], pool24, 24) == 100 - 23
-    # wiki=0 draws what healing_windows drew before the option; wiki=f replaces round(f count)
+    # wiki=0 draws what healing_windows drew before the option (SHA-256 of the windows that
+    # commit c7e8305, before it, drew); wiki=f replaces round(f count)
+    import hashlib
+
+    for news, digest in ((None, "b14077ed4beb2136"), (0.5, "3e46245385db9293")):
+        old = de.healing_windows(tok, 32, 400, seed=3, news=news)
+        assert hashlib.sha256(old.numpy().tobytes()).hexdigest()[:16] == digest
+    # the fractions rounded as one: 15 windows, half news and half Wikipedia, are 15
+    odd = de.healing_windows(tok, 32, 15, seed=3, news=0.5, wiki=0.5)
+    assert odd.shape == (15, 32)
+    with pytest.raises(ValueError, match="gives no window"):
+        de.healing_windows(tok, 32, 15, wiki=0.01)
     wiki30 = np.sort(_grams(wiki, 30))
     for news in (None, 0.5):
         plain = de.healing_windows(tok, 32, 400, seed=3, news=news)

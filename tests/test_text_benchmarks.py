@@ -6,6 +6,7 @@ and the metrics against hand-made cases."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -76,13 +77,23 @@ def test_wiki_articles_are_cached_in_a_file(tmp_path, monkeypatch):
         assert tb.wiki_articles() == ["parsed"] * 106  # parsed, and written
         cache = tb._wiki_cache(str(tb.gensim_data_dir() / tb.WIKI_DUMP))
         assert cache.parent == tmp_path / "splitformer" and cache.is_file()
-        cache.write_text("[" + ", ".join(['"cached"'] * 106) + "]")
+        cached = ["cached"] * 106
+        cache.write_text(json.dumps({"sha256": tb._digest(cached), "articles": cached}))
         tb._wiki_articles.cache_clear()
-        assert tb.wiki_articles() == ["cached"] * 106  # read back, not parsed
-        cache.write_text("[not json")  # a damaged cache is parsed again and rewritten
-        tb._wiki_articles.cache_clear()
-        assert tb.wiki_articles() == ["parsed"] * 106
-        assert cache.read_text().startswith('["parsed"')
+        assert tb.wiki_articles() == cached  # read back, not parsed
+        # a damaged cache is parsed again and rewritten: not JSON, the old format, entries
+        # that are not text, text that is not what its checksum says
+        for damaged in ("[not json", json.dumps(cached), json.dumps(
+                {"sha256": tb._digest(cached), "articles": [None] * 106}), json.dumps(
+                {"sha256": tb._digest(cached), "articles": ["short"] * 106})):
+            cache.write_text(damaged)
+            tb._wiki_articles.cache_clear()
+            assert tb.wiki_articles() == ["parsed"] * 106
+            assert json.loads(cache.read_text())["articles"] == ["parsed"] * 106
+        # a relative XDG_CACHE_HOME is ignored (the XDG rule): ~/.cache
+        monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+        dump = str(tb.gensim_data_dir() / tb.WIKI_DUMP)
+        assert tb._wiki_cache(dump).parent == tb.Path.home() / ".cache" / "splitformer"
     finally:
         tb._wiki_articles.cache_clear()
 

@@ -58,8 +58,8 @@ def _add_healing_text(p: argparse.ArgumentParser) -> None:
                         "text, where the news is 7%%)")
     p.add_argument("--wiki", type=fraction, default=None,
                    help="fraction of the healing windows drawn from gensim's shortened English "
-                        "Wikipedia (106 articles), in place of King James ones (default 0; "
-                        "with --news, --news + --wiki <= 1)")
+                        "Wikipedia (106 articles), in place of as many of the others (default "
+                        "0; with --news, --news + --wiki <= 1)")
     p.add_argument("--aligned", action="store_true",
                    help="with --news: the news windows start where a background document "
                         "starts, as a document read whole does")
@@ -89,7 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "influence)")
     p.add_argument("--probe", type=bounded_int(MAX_WINDOWS, "(probe windows)"), default=None,
                    help="healing windows the fine model is run on to choose the grid of drop "
-                        "and angular (default 32, or --windows if fewer; at most --windows)")
+                        "and angular (default 32, or all the windows if fewer; at most "
+                        "--windows)")
     p.add_argument("--heal", type=stripped, choices=("distill", "shoot", "none"),
                    default="distill",
                    help="distill: match u(T); shoot: also the states at the coarse grid's "
@@ -257,7 +258,13 @@ def _heal_config(args: argparse.Namespace):
     if args.probe is not None and args.probe > args.windows:
         raise UsageError(f"argument --probe: at most --windows ({args.windows}) windows, got "
                          f"{args.probe}")
-    probe = min(32, args.windows) if args.probe is None else args.probe
+    if args.probe is not None and args.method not in ("drop", "angular"):
+        raise UsageError(f"argument --probe: only drop and angular read a probe, but "
+                         f"--method is {args.method}")
+    if args.wiki and round(args.wiki * args.windows) == 0:
+        raise UsageError(f"argument --wiki: {args.wiki:g} of --windows {args.windows} is no "
+                         "window; give a larger fraction")
+    probe = 32 if args.probe is None else args.probe  # windows[:32]: fewer if fewer
     if args.news is not None and args.wiki and args.news + args.wiki > 1:
         raise UsageError(f"argument --wiki: --news + --wiki must be at most 1 (fractions of "
                          f"the windows), got {args.news:g} + {args.wiki:g}")

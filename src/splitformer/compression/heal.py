@@ -284,7 +284,7 @@ def _refuse_another_run(folder: Path, state: dict[str, Any], cfg: HealConfig,
                          "or resume with the run's settings")
     for key, what in (("teacher", "the teacher (MODEL)"),
                       ("windows", "the healing windows (--windows, --length, --news, "
-                                  "--aligned)")):
+                                  "--wiki, --aligned, --seed)")):
         if state.get(key) != identity[key]:
             raise ValueError(f"out: {str(folder)!r} holds a healing run of another {key}: "
                              f"{what} differs from the run's; choose another folder")
@@ -298,8 +298,9 @@ def _resume(folder: Path, cfg: HealConfig, base: nn.Module, optimizer: torch.opt
     config.json and empty metrics.jsonl are written."""
     step, before, history, final = 0, 0.0, [], None
     if latest_checkpoint(folder) is not None:
+        # the run's config first: another config's tensors may not fit the optimiser
+        _refuse_another_run(folder, load_checkpoint(folder, restore_rng=False), cfg, identity)
         state = load_checkpoint(folder, model=base, optimizer=optimizer, restore_rng=False)
-        _refuse_another_run(folder, state, cfg, identity)
         step, before = int(state["step"]), float(state["seconds"])
         if (folder / "metrics.jsonl").exists():
             history = [r for r in read_jsonl(folder / "metrics.jsonl", repair=True)

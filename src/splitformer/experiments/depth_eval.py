@@ -194,8 +194,10 @@ def healing_windows(tokenizer, length: int, count: int, seed: int = 0,
     the stream's end), as a document read whole starts; a document shorter than the window runs
     on into the next. ``wiki``: a fraction in [0, 1] (with ``news``: news + wiki <= 1),
     round(wiki * count) windows drawn uniformly within ``wiki_stream`` (the shortened English
-    Wikipedia of ``text_benchmarks.wiki_articles``) in place of as many of the others, drawn
-    after them (so wiki=0 draws what it drew before the option)."""
+    Wikipedia of ``text_benchmarks.wiki_articles``) in place of as many of the others (the
+    King James ones with ``news``; else the stream's), drawn after them (so wiki=0 draws what
+    it drew before the option); with ``news``, round((news + wiki) * count) - round(news *
+    count) of them. A nonzero fraction that gives no window is refused."""
     _positive_int("length", length, 3)
     _positive_int("count", count)
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -221,7 +223,12 @@ def healing_windows(tokenizer, length: int, count: int, seed: int = 0,
         raise ValueError(f"length must be at most {room + 2} (the healing text's tokens + 2), "
                          f"got {length}")
     g = torch.Generator().manual_seed(seed)
-    kw = round(wiki * count)
+    # the two fractions rounded as one, so that the parts never exceed count
+    kw = round(wiki * count) if news is None else round((news + wiki) * count) - round(
+        news * count)
+    if wiki and not kw:
+        raise ValueError(f"wiki={wiki!r} gives no window of {count} (round(wiki * count) = "
+                         "0); give a larger fraction or 0")
     if news is None:
         starts = torch.randint(0, len(stream) - n + 1, (count - kw,), generator=g)
     else:

@@ -141,9 +141,10 @@ def wiki_articles(folder: str | Path | None = None) -> list[str]:
     templates, files and categories dropped, links read as their text (``strip_code``); the
     paragraphs of at least 80 characters kept (none with markup the parser left as text),
     whitespace collapsed, one paragraph a line. The parse takes a
-    minute: its result is kept in ``$XDG_CACHE_HOME/splitformer`` (default ~/.cache; written
-    atomically, named by the dump's SHA-256 and the parser's version; skipped where that
-    folder cannot be written)."""
+    minute: its result is kept in ``$XDG_CACHE_HOME/splitformer`` (default, or when the
+    variable is not an absolute path, ~/.cache; written atomically with the SHA-256 of its
+    text, named by the dump's SHA-256, the parser's version and the extraction's; a cache
+    that does not check is parsed again; skipped where that folder cannot be written)."""
     return list(_wiki_articles(str(_file(WIKI_DUMP, folder))))
 
 
@@ -158,18 +159,26 @@ def _wiki_articles(path: str) -> tuple[str, ...]:
     cache = _wiki_cache(path)
     if cache.is_file():
         try:
-            articles = json.loads(cache.read_text(encoding="utf-8"))
-            if isinstance(articles, list) and len(articles) == WIKI_ARTICLES:
+            doc = json.loads(cache.read_text(encoding="utf-8"))
+            articles = doc["articles"]
+            if (isinstance(articles, list) and len(articles) == WIKI_ARTICLES
+                    and all(isinstance(a, str) and a for a in articles)
+                    and doc["sha256"] == _digest(articles)):
                 return tuple(articles)
-        except (OSError, ValueError):
+        except (OSError, ValueError, KeyError, TypeError):
             pass  # a damaged cache is parsed again
     articles = _parse_wiki(path)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cache, json.dumps(list(articles)))
+        write_atomic(cache, json.dumps({"sha256": _digest(articles),
+                                        "articles": list(articles)}))
     except OSError:
         pass  # an unwritable cache folder: parsed again next time
     return articles
+
+
+def _digest(articles) -> str:
+    return hashlib.sha256("\0".join(articles).encode("utf-8")).hexdigest()
 
 
 def _wiki_cache(path: str) -> Path:
@@ -178,7 +187,9 @@ def _wiki_cache(path: str) -> Path:
 
     key = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
     version = metadata.version("mwparserfromhell")
-    return (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "splitformer"
+    home = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(home) if os.path.isabs(home) else Path.home() / ".cache"  # XDG: absolute only
+    return (root / "splitformer"
             / f"wiki-{key}-mwparserfromhell{version}-v{_WIKI_EXTRACTION}.json")
 
 
