@@ -16,7 +16,6 @@ name contains S, added to an existing ``--out`` (its rounds under "only").
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 from splitformer.compression.coarsenings import plan
-from splitformer.compression.heal import HealConfig, _cut, _optimiser_step
+from splitformer.compression.heal import HealConfig, _cut, _optimiser_step, healed_copy
 from splitformer.control.healing import Distillation
 from splitformer.experiments import depth_eval
 from splitformer.experiments.text_benchmarks import load_minilm
@@ -85,8 +84,7 @@ def _round(args, mini, teacher) -> dict[str, float]:
         if args.only and args.only not in name:
             continue
         w = depth_eval.healing_windows(mini.tokenizer, length, 4 * batch, 0)
-        base = copy.deepcopy(teacher).requires_grad_(healed == "all")
-        base.evolution.requires_grad_(True)
+        base = healed_copy(teacher, healed)
         c = plan(method, base, n, {"input_ids": w[:8]})
         c = c.with_merging(merge, metric="state", where="step")
         d = Distillation(c.apply(base).eval(), teacher, c.fine_points, shooting=shoot,

@@ -223,6 +223,30 @@ def _check_grid(cfg, teacher, folder: Path) -> None:
                          f"learned positions; [CLS] and [SEP] included), got {cfg.length}")
 
 
+def _check_windows(args: argparse.Namespace) -> None:
+    """The flags of the healing windows (--batch-size, --aligned, --probe, --wiki, --news)
+    against each other and --windows: UsageError naming the flag."""
+    if args.batch_size > args.windows:
+        raise UsageError(f"argument --batch-size: at most --windows ({args.windows}) windows a "
+                         f"step, got {args.batch_size}")
+    if args.aligned and not args.news:
+        raise UsageError("argument --aligned: aligns the news windows, but --news is "
+                         + ("not given; add --news F" if args.news is None else
+                            "0 (no news window); give --news F > 0 or drop --aligned"))
+    if args.probe is not None and args.probe > args.windows:
+        raise UsageError(f"argument --probe: at most --windows ({args.windows}) windows, got "
+                         f"{args.probe}")
+    if args.probe is not None and args.method not in ("drop", "angular"):
+        raise UsageError(f"argument --probe: only drop and angular read a probe, but "
+                         f"--method is {args.method}")
+    if args.wiki and round(args.wiki * args.windows) == 0:
+        raise UsageError(f"argument --wiki: {args.wiki:g} of --windows {args.windows} is no "
+                         "window; give a larger fraction")
+    if args.news is not None and args.wiki and args.news + args.wiki > 1:
+        raise UsageError(f"argument --wiki: --news + --wiki must be at most 1 (fractions of "
+                         f"the windows), got {args.news:g} + {args.wiki:g}")
+
+
 def _heal_config(args: argparse.Namespace):
     """The HealConfig the flags ask for, checked before anything is loaded: the healing-only
     flags refused with --heal none (a flag left at None was not given), a budget or step
@@ -248,26 +272,8 @@ def _heal_config(args: argparse.Namespace):
         if max_steps == 0:
             raise UsageError("argument --max-steps: 0 heals nothing; use --heal none for the "
                              "training-free model, or give steps")
-    if args.batch_size > args.windows:
-        raise UsageError(f"argument --batch-size: at most --windows ({args.windows}) windows a "
-                         f"step, got {args.batch_size}")
-    if args.aligned and not args.news:
-        raise UsageError("argument --aligned: aligns the news windows, but --news is "
-                         + ("not given; add --news F" if args.news is None else
-                            "0 (no news window); give --news F > 0 or drop --aligned"))
-    if args.probe is not None and args.probe > args.windows:
-        raise UsageError(f"argument --probe: at most --windows ({args.windows}) windows, got "
-                         f"{args.probe}")
-    if args.probe is not None and args.method not in ("drop", "angular"):
-        raise UsageError(f"argument --probe: only drop and angular read a probe, but "
-                         f"--method is {args.method}")
-    if args.wiki and round(args.wiki * args.windows) == 0:
-        raise UsageError(f"argument --wiki: {args.wiki:g} of --windows {args.windows} is no "
-                         "window; give a larger fraction")
+    _check_windows(args)
     probe = 32 if args.probe is None else args.probe  # windows[:32]: fewer if fewer
-    if args.news is not None and args.wiki and args.news + args.wiki > 1:
-        raise UsageError(f"argument --wiki: --news + --wiki must be at most 1 (fractions of "
-                         f"the windows), got {args.news:g} + {args.wiki:g}")
     if args.min_length is not None and not 2 <= args.min_length <= args.length:
         raise UsageError(f"argument --min-length: expected an int in [2, --length="
                          f"{args.length}], got {args.min_length}")

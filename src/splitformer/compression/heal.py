@@ -49,7 +49,8 @@ from ..training.checkpoints import latest_checkpoint, load_checkpoint, save_chec
 from ..training.loop import parameter_groups
 from .coarsenings import METHODS, Coarsening, plan
 
-__all__ = ["HEALED", "PRECISIONS", "HealConfig", "HealResult", "heal", "student_of"]
+__all__ = ["HEALED", "PRECISIONS", "HealConfig", "HealResult", "heal", "healed_copy",
+           "student_of"]
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
 """The arithmetic of a healing step: float32, or bfloat16 under autocast (mixed precision)."""
@@ -182,6 +183,16 @@ class HealResult:
         if n not in self.coarsenings:
             raise ValueError(f"steps={n!r}: healed for {list(self.coarsenings)}")
         return self.coarsenings[n].apply(self.base).eval()
+
+
+def healed_copy(teacher: nn.Module, healed: str = "all") -> nn.Module:
+    """A copy of ``teacher`` whose parameters of ``healed`` (``HEALED``) require gradients and
+    the others not: what a healing run optimises."""
+    if healed not in HEALED:
+        raise ValueError(f"healed must be one of {list(HEALED)}, got {healed!r}")
+    base = copy.deepcopy(teacher).requires_grad_(healed == "all")
+    base.evolution.requires_grad_(True)
+    return base
 
 
 def student_of(base: nn.Module, coarsening: Coarsening) -> nn.Module:
@@ -335,9 +346,7 @@ def _optimiser_step(problem: Distillation, optimizer: torch.optim.Optimizer,
 
 def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str | Path | None,
           progress: Callable[[dict[str, Any]], None] | None) -> HealResult:
-    base = copy.deepcopy(teacher).requires_grad_(cfg.healed == "all")
-    if cfg.healed == "controls":
-        base.evolution.requires_grad_(True)
+    base = healed_copy(teacher, cfg.healed)
     identity = {"teacher": fingerprint(*teacher.state_dict().values()),
                 "windows": fingerprint(windows)}
     coarse = coarsenings_for(cfg, base, windows)

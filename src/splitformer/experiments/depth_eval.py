@@ -181,6 +181,23 @@ def wiki_stream(tokenizer) -> torch.Tensor:
                         dtype=torch.long)
 
 
+def _check_mixture(news, aligned, wiki) -> None:
+    """ValueError naming the argument unless (news, aligned, wiki) is a mixture of the
+    healing text (``healing_windows``)."""
+    if news is not None and (isinstance(news, bool) or not isinstance(news, (int, float))
+                             or not 0 <= news <= 1):
+        raise ValueError(f"news must be None or a fraction in [0, 1], got {news!r}")
+    if not isinstance(aligned, bool):
+        raise ValueError(f"aligned must be a bool, got {aligned!r}")
+    if aligned and news is None:
+        raise ValueError("aligned: aligns the news windows, but news is None; give news")
+    if isinstance(wiki, bool) or not isinstance(wiki, (int, float)) or not 0 <= wiki <= 1:
+        raise ValueError(f"wiki must be a fraction in [0, 1], got {wiki!r}")
+    if news is not None and news + wiki > 1:
+        raise ValueError(f"news + wiki must be at most 1 (fractions of the windows), got "
+                         f"{news!r} + {wiki!r}")
+
+
 def healing_windows(tokenizer, length: int, count: int, seed: int = 0,
                     news: float | None = None, aligned: bool = False, wiki: float = 0.0
                     ) -> torch.Tensor:
@@ -202,18 +219,7 @@ def healing_windows(tokenizer, length: int, count: int, seed: int = 0,
     _positive_int("count", count)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an int, got {seed!r}")
-    if news is not None and (isinstance(news, bool) or not isinstance(news, (int, float))
-                             or not 0 <= news <= 1):
-        raise ValueError(f"news must be None or a fraction in [0, 1], got {news!r}")
-    if not isinstance(aligned, bool):
-        raise ValueError(f"aligned must be a bool, got {aligned!r}")
-    if aligned and news is None:
-        raise ValueError("aligned: aligns the news windows, but news is None; give news")
-    if isinstance(wiki, bool) or not isinstance(wiki, (int, float)) or not 0 <= wiki <= 1:
-        raise ValueError(f"wiki must be a fraction in [0, 1], got {wiki!r}")
-    if news is not None and news + wiki > 1:
-        raise ValueError(f"news + wiki must be at most 1 (fractions of the windows), got "
-                         f"{news!r} + {wiki!r}")
+    _check_mixture(news, aligned, wiki)
     stream, bible, doc_starts = _stream_parts(tokenizer)
     wiki_ids = wiki_stream(tokenizer) if wiki else stream[:0]
     n = length - 2
