@@ -11,7 +11,8 @@ Rows go to --out (JSON lines) as they are measured; a rerun skips the rows alrea
 
     python benchmarks/merge_minilm.py [--out results/merge-minilm.jsonl] [--threads 2]
         [--rs 0,4,...,32] [--lengths 64,128,256,512] [--passages 32] [--batch 8]
-        [--repeats 10] [--warmup 2] [--families peer,splitformer,splitformer-state] [--lee-r-at 256]
+        [--repeats 10] [--warmup 2] [--lee-r-at 256]
+        [--families peer,splitformer,splitformer-state,splitformer-keys+state]
         [--option key=value ...]
 
 Needs `make data` (all-MiniLM-L6-v2, gensim's test data, the King James text).
@@ -56,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--passages must be at least --batch >= 1")
 
     families = tuple(f.strip() for f in args.families.split(",") if f.strip())
-    if not families or set(families) - {"peer", "splitformer", "splitformer-state"}:
-        ap.error(f"--families: expected some of peer, splitformer, splitformer-state, got "
+    known = ("peer", "splitformer", "splitformer-state", "splitformer-keys+state")
+    if not families or set(families) - set(known):
+        ap.error(f"--families: expected some of {', '.join(known)}, got "
                  f"{args.families!r}")
 
     import torch

@@ -26,6 +26,7 @@ from splitformer.models import build_vit, causal_decoder, network_encoder
 from splitformer.models.cvt import CvtStageSpec, build_cvt
 from splitformer.operators.base import Context
 from splitformer.operators.merging import (
+    METRICS,
     TokenMerging,
     attention_keys,
     bipartite_soft_matching,
@@ -71,7 +72,7 @@ def test_r0_is_bitwise_the_model():
 
 # -- the quadrature property ---------------------------------------------------------------------
 @settings(max_examples=8, deadline=None)
-@given(j=st.integers(0, N - 2), norm_first=st.booleans(), metric=st.sampled_from(["keys", "state"]),
+@given(j=st.integers(0, N - 2), norm_first=st.booleans(), metric=st.sampled_from(METRICS),
        where=st.sampled_from(["attention", "step"]), seed=st.integers(0, 3))
 def test_merging_two_equal_nodes_with_their_weights_changes_nothing(j, norm_first, metric, where,
                                                                    seed):
@@ -172,6 +173,47 @@ def test_the_matching_is_the_top_r_edges_of_highest_cosine(seed, n, r, protect, 
     for b in range(2):
         got = set(zip(src_[b].tolist(), dst_[b].tolist(), strict=True))
         assert got == _brute_force(metric[b], ok[b].tolist(), r)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), r=st.integers(1, 4))
+def test_keys_and_state_merge_the_pairs_of_highest_mean_cosine(seed, r):
+    """metric="keys+state" at the start of a step: the merged pairs are ToMe's top-r edges of
+    the similarity (2 cos(k_a, k_b) + cos(u_a, u_b)) / 3, k the head-averaged keys of the
+    attention operator (its own qkv), found by brute force."""
+    m = encoder(seed=seed % 7)
+    x = src(seed)
+    once = (r,) + (0,) * (L - 1)
+    trace = m.with_token_merging(once, metric="keys+state", where="step",
+                                 protect=0).merge_trace(x)
+    with torch.no_grad():
+        keys = m.evolution.controls[0]["attention"].qkv(x)[1].mean(1)
+    for b in range(B):
+        def sim(i, j, b=b):
+            ck = torch.nn.functional.cosine_similarity(keys[b, i], keys[b, j], dim=0)
+            cu = torch.nn.functional.cosine_similarity(x[b, i], x[b, j], dim=0)
+            return float(2 * ck + cu) / 3
+        a_set, b_set = list(range(0, N, 2)), list(range(1, N, 2))
+        best = sorted(((max(sim(a, k) for k in b_set), a, max(b_set, key=lambda k: sim(a, k)))
+                       for a in a_set), reverse=True)[:r]
+        idx = trace.index[0][b].tolist()
+        merged = {(a, k) for a in a_set for k in b_set if idx[a] == idx[k]}
+        assert merged == {(a, k) for _, a, k in best}
+
+
+def test_keys_and_state_is_neither_metric_alone():
+    """On some input the keys+state matching differs from both the keys' and the state's (so
+    the metric is a third rule, not a renamed one)."""
+    m = encoder()
+    differs = set()
+    for seed in range(20):
+        x = src(seed)
+        pairs = {metric: m.with_token_merging((3, 0, 0), metric=metric, where="step",
+                                              protect=0).merge_trace(x).index[0].tolist()
+                 for metric in METRICS}
+        differs |= {metric for metric in ("keys", "state")
+                    if pairs[metric] != pairs["keys+state"]}
+    assert differs == {"keys", "state"}
 
 
 def test_nodes_after_L_steps_are_N_minus_L_r_with_the_clip():
@@ -333,6 +375,8 @@ def test_refusals_name_what_cannot_merge():
     with pytest.raises(ValueError, match="no top-level stage with an attention field"):
         m.with_token_merging(1).with_scheme("parallel")
     m.with_token_merging(1, where="step", metric="state").with_scheme("parallel")(x)  # fine
+    with pytest.raises(ValueError, match="no top-level stage with an attention field"):
+        m.with_token_merging(1, where="step", metric="keys+state").with_scheme("parallel")
     cvt = build_cvt([CvtStageSpec(1, 16, 2, 1, cls_token=True)], num_labels=3)
     with pytest.raises(ValueError, match="evolution|convolutional"):
         cvt.with_token_merging(1)

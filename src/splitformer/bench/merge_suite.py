@@ -41,15 +41,19 @@ from ..interop import from_hf
 from .merge_peers import PlainToMeBert, merged_length, merged_schedule
 from .timing import Contender, measure
 
-__all__ = ["FAMILIES", "OURS", "LastHidden", "MergeWorkload", "Setting",
+__all__ = ["FAMILIES", "METRIC_OF", "OURS", "LastHidden", "MergeWorkload", "Setting",
            "embed", "embed_by_length", "encoder", "mean_cosine", "merge_rows", "ours_merged",
            "quality_embedding", "random_workload", "sentence_embeddings", "settings"]
 
-FAMILIES = ("transformers", "peer", "splitformer", "splitformer-state")
+FAMILIES = ("transformers", "peer", "splitformer", "splitformer-state",
+            "splitformer-keys+state")
 """The contenders: transformers' BertModel (the reference, r = 0), the plain ToMe peer,
-splitformer's merging on ToMe's metric (the keys) and on the state (``metric="state"``: merge
-nodes whose states are close, the quadrature view)."""
-OURS = ("splitformer", "splitformer-state")
+splitformer's merging on ToMe's metric (the keys), on the state (``metric="state"``: merge
+nodes whose states are close, the quadrature view) and on both (``metric="keys+state"``: the
+attention integrand's key and state agree)."""
+OURS = ("splitformer", "splitformer-state", "splitformer-keys+state")
+METRIC_OF = {"splitformer": "keys", "splitformer-state": "state",
+             "splitformer-keys+state": "keys+state"}  # the library's metric of each family
 Say = Callable[[str], None]
 Embed = Callable[[Sequence[torch.Tensor]], torch.Tensor]
 
@@ -84,7 +88,8 @@ class Setting:
         if self.family == "transformers":
             return "transformers BertModel"
         who = {"peer": "ToMe peer", "splitformer": "splitformer",
-               "splitformer-state": "splitformer state"}[self.family]
+               "splitformer-state": "splitformer state",
+               "splitformer-keys+state": "splitformer keys+state"}[self.family]
         return f"{who} r={self.r}" + (" prop" if self.proportional and self.r else "")
 
     @property
@@ -125,8 +130,8 @@ def encoder(setting: Setting, bert: nn.Module, ours: nn.Module | None = None,
         return PlainToMeBert(bert, setting.r, proportional=setting.proportional).eval()
     if ours is None:
         raise ValueError("the splitformer setting needs ours = splitformer.from_hf(bert)")
-    if setting.family == "splitformer-state":
-        options = {**options, "metric": "state"}
+    if setting.family != "splitformer":  # ToMe's metric unless the options name another
+        options = {**options, "metric": METRIC_OF[setting.family]}
     return LastHidden(ours_merged(ours, setting.r, proportional=setting.proportional,
                                   **options)).eval()
 

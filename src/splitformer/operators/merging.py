@@ -17,10 +17,19 @@ Which nodes merge: ToMe's bipartite soft matching. The mergeable nodes of a row 
 protected prefix, weight > 0, kept by the key-padding mask) are split alternately into sets A
 and B (in index order: the 1st, 3rd, ... mergeable node in A, the 2nd, 4th, ... in B); the
 similarity is the cosine of metric vectors m_j (``metric="keys"``: the attention's keys
-averaged over the heads, as ToMe; ``"state"``: the state u_j itself); every node of A points
-to its most similar node of B, and the r edges of highest similarity merge (A node into B
-node). r is clipped so that at least half of every row's mergeable nodes remain. The matching
+averaged over the heads, as ToMe; ``"state"``: the state u_j itself; ``"keys+state"``: both,
+the similarity (2 cos(k_a, k_b) + cos(u_a, u_b)) / 3, ``similarity_vectors``); every node of A
+points to its most similar node of B, and the r edges of highest similarity merge (A node into
+B node). r is clipped so that at least half of every row's mergeable nodes remain. The matching
 is an argmax: no gradient flows through it (as in ToMe); the means are differentiable.
+
+Why "keys+state": after the merge the next attention integrates sum_j w_j e^{q . k_j} V u_j,
+and the merged node stands in for the pair exactly when the integrand agrees at a and b: the
+kernel's key (k_a = k_b: every query scores them alike) and the state (u_a = u_b: the same
+value and the same pointwise FFN). The keys alone miss the second factor, the state alone the
+first (close states can still differ where W_K looks). The 2 : 1 share of the keys is
+measured, not derived: on all-MiniLM-L6-v2 it was the best of five shares (0.1 to 0.9) without
+the weights, where the keys matter more (docs/space.md).
 
 The grid keeps its order: after a merge the kept nodes stay in their input order (the
 protected prefix stays in front, padding stays where it was), and each merge is recorded in a
@@ -53,11 +62,12 @@ import torch.nn.functional as F
 from .attention import AttentionOperator, NonlocalAttention
 from .base import Context
 
-__all__ = ["METRICS", "PLACES", "TRACE_KEY", "MergeTrace", "TokenMerging", "attention_keys",
-           "bipartite_soft_matching", "merge_nodes", "merge_tokens", "mergeable_nodes",
-           "start_trace", "take_rows", "trace_of"]
+__all__ = ["KEYS_SHARE", "METRICS", "PLACES", "TRACE_KEY", "MergeTrace", "TokenMerging",
+           "attention_keys", "bipartite_soft_matching", "merge_nodes", "merge_tokens",
+           "mergeable_nodes", "similarity_vectors", "start_trace", "take_rows", "trace_of"]
 
-METRICS = ("keys", "state")
+METRICS = ("keys", "state", "keys+state")
+KEYS_SHARE = 2 / 3  # the keys' share of the "keys+state" similarity (module doc)
 PLACES = ("attention", "step")
 TRACE_KEY = "token_merging"  # where a forward pass keeps its MergeTrace: context.extra[...]
 
@@ -76,11 +86,12 @@ class TokenMerging:
     sequence of ints, one per unit interval [n, n + 1) of [0, T]. The merge of interval n runs
     in the first step of it (after ``refine(k)``, once every k steps), so the number of nodes
     at every integer time is the same whatever the time step (which nodes merge is not: the
-    states, and so the matching, differ with the step). ``metric``: "keys" or "state" (what the
-    cosine similarity is taken of). ``where``: "attention" (after the attention substep of the
-    step, on that step's keys: ToMe's placement) or "step" (at the start of the step: the whole
-    step runs on the coarse grid). ``proportional``: the merged node's weight is the sum of the
-    weights (ToMe's proportional attention) or stays 1 (its ablation). ``protect``: the number
+    states, and so the matching, differ with the step). ``metric``: "keys", "state" or
+    "keys+state" (what the cosine similarity is taken of; module doc). ``where``: "attention"
+    (after the attention substep of the step, on that step's keys: ToMe's placement) or "step"
+    (at the start of the step: the whole step runs on the coarse grid). ``proportional``: the
+    merged node's weight is the sum of the weights (ToMe's proportional attention) or stays 1
+    (its ablation). ``protect``: the number
     of prefix nodes never merged (class and register tokens). ``unmerge``: the model's
     read-out sees u(T) unmerged to the input's N (True) or the merged grid (False).
     """
@@ -113,6 +124,11 @@ class TokenMerging:
                 raise TypeError(f"TokenMerging.{name} must be a bool, got "
                                 f"{getattr(self, name)!r}")
         object.__setattr__(self, "protect", _count(self.protect, "TokenMerging.protect"))
+
+    @property
+    def reads_keys(self) -> bool:
+        """Whether the metric reads the attention's keys ("keys", "keys+state")."""
+        return self.metric in ("keys", "keys+state")
 
     @property
     def active(self) -> bool:
@@ -226,6 +242,24 @@ def merge_nodes(tensors: Sequence[torch.Tensor], mass: torch.Tensor, src: torch.
         out.append(kept)
     target = torch.arange(n, device=mass.device).expand(b, n).scatter(1, src, dst)
     return out, total.gather(1, keep), keep, position.gather(1, target)
+
+
+def similarity_vectors(metric: str, u: torch.Tensor, keys: torch.Tensor | None
+                       ) -> torch.Tensor:
+    """The vectors m_j whose cosine is the similarity of ``metric`` (module doc), (B, N, C):
+    the keys (B, N, d_h) for "keys", the state u (B, N, D) for "state", and for "keys+state"
+    [sqrt(2) k_j / |k_j|, u_j / |u_j|], whose cosine is (2 cos(k_a, k_b) + cos(u_a, u_b)) / 3.
+    ValueError when the metric needs keys and none are given."""
+    if metric == "state":
+        return u
+    if keys is None:
+        raise ValueError(f"token merging: metric {metric!r} needs the attention's keys")
+    if metric == "keys":
+        return keys
+    if metric != "keys+state":
+        raise ValueError(f"token merging: metric must be one of {METRICS}, got {metric!r}")
+    share = math.sqrt(KEYS_SHARE / (1 - KEYS_SHARE))
+    return torch.cat([F.normalize(keys, dim=-1) * share, F.normalize(u, dim=-1)], dim=-1)
 
 
 def attention_keys(op: AttentionOperator, v: torch.Tensor, context: Context | None
@@ -411,11 +445,12 @@ def _gather_mask(m: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor | N
     return rows.gather(1, keep.to(m.device)).view(b, 1, 1, -1)
 
 
-def merge_tokens(u: torch.Tensor, context: Context, r: int, metric: torch.Tensor | None,
+def merge_tokens(u: torch.Tensor, context: Context, r: int, keys: torch.Tensor | None,
                  step: int) -> torch.Tensor:
     """One merge of (at most) r nodes of u (B, N, D) in step ``step``: the context's grid
     (weights, coordinates, key-padding mask) becomes the merged one and the trace records it.
-    ``metric`` (B, N, C): the vectors compared (None: u itself)."""
+    ``keys`` (B, N, d_h): the attention's keys, for the metrics that read them (None for
+    "state"); what is compared is ``similarity_vectors`` of the trace's metric."""
     trace = trace_of(context)
     if trace is None:
         raise RuntimeError("merge_tokens: the context holds no MergeTrace (start_trace first)")
@@ -425,7 +460,9 @@ def merge_tokens(u: torch.Tensor, context: Context, r: int, metric: torch.Tensor
     merging = trace.merging
     mass = trace.mass
     ok = mergeable_nodes(mass, context.attn_mask, merging.protect)
-    src, dst = bipartite_soft_matching(u if metric is None else metric, r, ok)
+    with torch.no_grad():  # the matching is an argmax: no gradient through the metric
+        metric = similarity_vectors(merging.metric, u, keys)
+    src, dst = bipartite_soft_matching(metric, r, ok)
     coords = context.token_grid.coordinates(u.shape[1], mass.dtype, mass.device)
     coords = torch.broadcast_to(coords, mass.shape)[..., None]
     (u, coords), new_mass, keep, mapping = merge_nodes((u, coords), mass, src, dst)

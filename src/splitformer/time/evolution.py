@@ -544,7 +544,7 @@ def _check_merging(merging: TokenMerging, scheme: Scheme, controls: Controls, ad
                 raise ValueError(f"{what}: {name!r} ({type(op).__name__}) needs the regular "
                                  "token grid (convolutions in x, as CvT's Q/K/V); refused")
     at = attention_stage(scheme, controls[0])
-    if at is None and (merging.metric == "keys" or merging.where == "attention"):
+    if at is None and (merging.reads_keys or merging.where == "attention"):
         raise ValueError(f"{what} (where={merging.where!r}): scheme {scheme.name!r} "
                          f"[{scheme}] has no top-level stage with an attention field to read "
                          "the keys of or to merge after; use where='step', metric='state'")

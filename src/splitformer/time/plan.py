@@ -262,7 +262,7 @@ def merge_plan(plan: Plan, merging: TokenMerging, r: int, step: int,
     placement is checked when the evolution is built (``time.evolution``)."""
     stages, labels = list(plan.stages), list(plan.labels)
     at = attention_stage(plan.scheme, theta)
-    keys = _keys_of(plan.scheme.stages[at], theta) if merging.metric == "keys" else None
+    keys = _keys_of(plan.scheme.stages[at], theta) if merging.reads_keys else None
     if merging.where == "attention":
         run, save = stages[at]
         if keys is not None:
