@@ -1,7 +1,8 @@
 """The comparison of ``benchmarks/ab_encoder.sh``'s runs (issue 17's no-regression bar):
 for each group and path of `splitformer bench encoder`, splitformer's ratio to its peer (the
 first peer of the group) at the old commit and at this one, the median over the rounds, and
-new / old - 1. Prints a markdown table.
+new / old - 1. Prints a markdown table; with a ``steps.jsonl`` in OUT (``benchmarks/ab_step.sh``:
+one group timed with its peers interleaved in one process) a second one.
 
     python benchmarks/ab_encoder.py OUT
 """
@@ -41,7 +42,31 @@ def main() -> int:
         a, b = statistics.median(old), statistics.median(new)
         print(f"| {key[0]} | {key[1]} | {a:.3f} ({', '.join(f'{x:.3f}' for x in old)}) | "
               f"{b:.3f} ({', '.join(f'{x:.3f}' for x in new)}) | {b / a - 1:+.1%} |")
+    steps = folder / "steps.jsonl"
+    if steps.exists():
+        print(steps_table([json.loads(line) for line in steps.read_text().splitlines()
+                           if line.strip()]))
     return 0
+
+
+def steps_table(rows: list[dict]) -> str:
+    """``benchmarks/ab_step.sh``'s runs: per group and measure (splitformer's milliseconds, its
+    ratio to each peer) the old and new medians over the rounds and new / old - 1."""
+    cells: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        cells[(r["group"], "splitformer ms", r["side"])].append(r["ms"]["splitformer"])
+        for peer, v in r["ratios"].items():
+            cells[(r["group"], f"ratio to {peer}", r["side"])].append(v)
+    lines = ["", "| group (train) | measure | old (runs) | new (runs) | new / old - 1 |",
+             "|---|---|---|---|---|"]
+    for group, what in dict.fromkeys((g, w) for g, w, _ in cells):
+        old, new = cells[(group, what, "old")], cells[(group, what, "new")]
+        if not old or not new:
+            continue
+        a, b = statistics.median(old), statistics.median(new)
+        lines.append(f"| {group} | {what} | {a:.3f} ({', '.join(f'{x:.3f}' for x in old)}) | "
+                     f"{b:.3f} ({', '.join(f'{x:.3f}' for x in new)}) | {b / a - 1:+.1%} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
