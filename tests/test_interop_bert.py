@@ -175,7 +175,10 @@ def test_embedding_inputs(dtype):
     ref = make_bert(dtype)
     ours = from_hf_model(ref)
     x = inputs(ref.config)
-    pos = torch.randint(0, ref.config.max_position_embeddings, x["input_ids"].shape)
+    # consecutive positions from a random offset per row: transformers 5 reads position_ids
+    # without an attention mask as packed sequences (a new sequence wherever the step is not 1)
+    b, n = x["input_ids"].shape
+    pos = torch.randint(0, ref.config.max_position_embeddings - n + 1, (b, 1)) + torch.arange(n)
     embeds = ref.embeddings.word_embeddings(x["input_ids"]).detach()
     cases = [
         {"input_ids": x["input_ids"], "position_ids": pos, "token_type_ids": x["token_type_ids"]},
