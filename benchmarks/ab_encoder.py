@@ -64,8 +64,9 @@ def steps_table(rows: list[dict]) -> str:
         if not old or not new:
             continue
         a, b = statistics.median(old), statistics.median(new)
-        lines.append(f"| {group} | {what} | {a:.3f} ({', '.join(f'{x:.3f}' for x in old)}) | "
-                     f"{b:.3f} ({', '.join(f'{x:.3f}' for x in new)}) | {b / a - 1:+.1%} |")
+        f = "{:.1f}" if what.endswith("ms") else "{:.3f}"
+        lines.append(f"| {group} | {what} | {f.format(a)} ({', '.join(map(f.format, old))}) | "
+                     f"{f.format(b)} ({', '.join(map(f.format, new))}) | {b / a - 1:+.1%} |")
     return "\n".join(lines)
 
 

@@ -44,13 +44,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8, help="passages timed together")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--families", default="peer,splitformer,splitformer-state")
+    ap.add_argument("--families",
+                    default="peer,splitformer,splitformer-state,splitformer-keys+state")
     ap.add_argument("--lee-r-at", type=int, default=None, metavar="N",
                     help="quality with r scaled to each text's length as round(r N_text / N) "
                          "(default: the same r on every text)")
     ap.add_argument("--option", type=_option, action="append", default=[],
                     help="key=value passed to model.with_token_merging (e.g. metric=keys)")
+    ap.add_argument("--curve", type=int, default=None, metavar="N",
+                    help="measure nothing: print the fidelity-throughput curves of --out at N "
+                         "tokens against one r = 0 reference (experiments.merging.curve_table)")
     args = ap.parse_args(argv)
+    if args.curve is not None:
+        from splitformer.experiments.merging import curve_table
+        from splitformer.files import read_jsonl
+
+        if not args.out.exists():
+            ap.error(f"--curve: {args.out} does not exist")
+        try:
+            print(curve_table(read_jsonl(args.out), args.curve, args.lee_r_at))
+        except ValueError as e:
+            ap.error(f"--curve: {e}")
+        return 0
     if args.lee_r_at is not None and args.lee_r_at < 1:
         ap.error("--lee-r-at: expected a positive length")
     if args.batch < 1 or args.passages < args.batch:

@@ -29,7 +29,7 @@ from splitformer.bench.merge_suite import (
     settings,
 )
 from splitformer.cli import main
-from splitformer.experiments.merging import break_even
+from splitformer.experiments.merging import break_even, curve_table, curves
 
 transformers = pytest.importorskip("transformers")
 TINY = "dim=16,heads=2,layers=2,ff=32,batch=2,seq=12"
@@ -368,3 +368,26 @@ def test_bench_merge_table_keeps_its_width_when_piped(monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "70")
     bench.print_tables([row], "merge", {})
     assert max(map(len, capsys.readouterr().out.splitlines())) <= 70
+
+
+def test_curves_read_every_family_against_one_reference_and_interpolate():
+    """The r = 0 rows of two families run the same network at 1.0 s and 1.2 s: both curves
+    use their median (1.1 s), so equal times at r > 0 are equal throughputs; the table reads
+    ToMe's curve by linear interpolation and names the better splitformer rule."""
+    def speed(family, r, t, cos=1.0):
+        return {"kind": "speed", "seq": 8, "family": family, "r": r, "proportional": False,
+                "median_s": t, "mean_cosine": cos}
+
+    def quality(family, r, lee):
+        return {"kind": "quality", "lee_r_at": None, "family": family, "r": r,
+                "proportional": False, "lee_fidelity_spearman": lee}
+    rows = [speed("peer", 0, 1.0), speed("splitformer-state", 0, 1.2),
+            speed("peer", 2, 0.55, 0.9), quality("peer", 2, 0.8),
+            speed("splitformer-state", 2, 0.55, 0.95), quality("splitformer-state", 2, 0.85)]
+    c = curves(rows, 8)
+    assert c[("peer", False)] == c[("splitformer-state", False)][:1] + [(2.0, 0.9, 0.8)]
+    assert c[("splitformer-state", False)][1] == (2.0, 0.95, 0.85)
+    table = curve_table(rows, 8, at=(1.5,))
+    assert "| 1.50x | without | 0.900 / 0.950 | splitformer-state | 0.925 / 0.975 |" in table
+    with pytest.raises(ValueError, match="no r = 0"):
+        curves(rows, 16)

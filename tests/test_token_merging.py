@@ -201,6 +201,24 @@ def test_keys_and_state_merge_the_pairs_of_highest_mean_cosine(seed, r):
         assert merged == {(a, k) for _, a, k in best}
 
 
+def test_keys_and_state_in_float16_with_a_zero_row_is_an_ordinary_matching():
+    """A zero state and key (float16, where F.normalize's eps underflows to 0) gives no NaN
+    similarity: nodes pair as in float32, not all into the zero node."""
+    from splitformer.operators.merging import similarity_vectors
+
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(1, 8, 6, generator=g)
+    k = torch.randn(1, 8, 3, generator=g)
+    u[:, 1] = 0
+    k[:, 1] = 0
+    ok = torch.ones(1, 8, dtype=torch.bool)
+    m16 = similarity_vectors("keys+state", u.half(), k.half())
+    assert torch.isfinite(m16).all()
+    got = bipartite_soft_matching(m16, 3, ok)
+    want = bipartite_soft_matching(similarity_vectors("keys+state", u, k), 3, ok)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 def test_keys_and_state_is_neither_metric_alone():
     """On some input the keys+state matching differs from both the keys' and the state's (so
     the metric is a third rule, not a renamed one)."""

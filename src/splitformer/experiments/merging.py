@@ -52,8 +52,8 @@ from ..interop import from_hf
 from ..training.data import DatasetError
 from . import text_benchmarks as tb
 
-__all__ = ["LABEL", "break_even", "grid_table", "lee_quality", "minilm_workload", "quick_rows",
-           "run_grid"]
+__all__ = ["LABEL", "break_even", "curve_table", "curves", "grid_table", "lee_quality",
+           "minilm_workload", "quick_rows", "run_grid"]
 
 LABEL = "all-MiniLM-L6-v2"
 Say = Callable[[str], None]
@@ -238,3 +238,62 @@ def grid_table(rows: Sequence[dict], quality_length: int = 256, lee_r_at: int | 
 
 def _fmt(value, spec: str) -> str:
     return "" if value is None else spec.format(value)
+
+
+def curves(rows: Sequence[dict], seq: int, lee_r_at: int | None = None
+           ) -> dict[tuple[str, bool], list[tuple[float, float, float]]]:
+    """The fidelity-throughput curve of each family and weighting at length ``seq``: points
+    (throughput, mean cosine, Lee fidelity), sorted by throughput, (1, 1, 1) first (the
+    unmerged model). The throughput is against ONE reference for every family, the median of
+    the r = 0 medians (every r = 0 row runs the same network, so their spread is timing noise,
+    not a property of the family; a family's own r = 0 row would carry that noise into its
+    whole curve)."""
+    import statistics
+
+    speed = {(r["family"], r["r"], r["proportional"]): r for r in rows
+             if r.get("kind") == "speed" and r.get("seq") == seq}
+    quality = {(r["family"], r["r"], r["proportional"]): r for r in rows
+               if r.get("kind") == "quality" and r.get("lee_r_at") == lee_r_at}
+    base = [r["median_s"] for k, r in speed.items() if k[1] == 0]
+    if not base:
+        raise ValueError(f"curves: no r = 0 speed rows at {seq} tokens")
+    ref = statistics.median(base)
+    out: dict[tuple[str, bool], list[tuple[float, float, float]]] = {}
+    for (family, r, prop), row in speed.items():
+        q = quality.get((family, r, prop))
+        if r == 0 or q is None:
+            continue
+        out.setdefault((family, prop), [(1.0, 1.0, 1.0)]).append(
+            (ref / row["median_s"], row["mean_cosine"], q["lee_fidelity_spearman"]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _at(points: list[tuple[float, float, float]], x: float) -> tuple[float, float] | None:
+    """(cos, Lee fidelity) linearly interpolated at throughput x; None outside the points."""
+    for (x0, c0, l0), (x1, c1, l1) in zip(points, points[1:], strict=False):
+        if x0 <= x <= x1 and x1 > x0:
+            t = (x - x0) / (x1 - x0)
+            return c0 + t * (c1 - c0), l0 + t * (l1 - l0)
+    return None
+
+
+def curve_table(rows: Sequence[dict], seq: int = 256, lee_r_at: int | None = None,
+                at: Sequence[float] = (1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8)) -> str:
+    """Markdown: at each throughput in ``at``, ToMe's (the peer's) Lee fidelity / cosine
+    interpolated on its curve, with and without the weights, and the best splitformer family
+    there (by Lee fidelity, then cosine) with its numbers (``curves``)."""
+    c = curves(rows, seq, lee_r_at)
+    lines = ["| throughput | weights | ToMe: Lee fid. / cos | best splitformer rule | its Lee "
+             "fid. / cos |", "|---|---|---|---|---|"]
+    for prop in (False, True):
+        peer = c.get(("peer", prop))
+        for x in at:
+            tome = _at(peer, x) if peer else None
+            ours = [(v[1], v[0], family) for (family, p), pts in c.items()
+                    if p == prop and family in OURS and (v := _at(pts, x)) is not None]
+            if tome is None or not ours:
+                continue
+            lee, cos, family = max(ours)
+            lines.append(f"| {x:.2f}x | {'with' if prop else 'without'} | {tome[1]:.3f} / "
+                         f"{tome[0]:.3f} | {family} | {lee:.3f} / {cos:.3f} |")
+    return "\n".join(lines)

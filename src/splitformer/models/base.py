@@ -318,8 +318,9 @@ class EvolutionModel(nn.Module):
         ToMe's bipartite soft matching, r nodes merged per unit of time (an int, or one per
         layer), size-weighted means, the weights of merged nodes added (``proportional``;
         False: ToMe's ablation, weight 1 per node). ``metric``: "keys" (the attention's keys
-        averaged over heads) or "state"; ``where``: "attention" (after the attention substep,
-        ToMe) or "step" (at the start of each step); ``protect``: prefix nodes never merged
+        averaged over heads), "state" or "keys+state" (both: (2 cos k + cos u) / 3);
+        ``where``: "attention" (after the attention substep, ToMe) or "step" (at the start
+        of each step); ``protect``: prefix nodes never merged
         (default ``num_prefix_tokens``: class and register tokens); padding never merges.
         ``unmerge``: the read-out sees u(T) on the input grid (default) or the merged grid.
         r = 0 is the model itself; ``r=None`` removes merging. See ``operators.merging``.

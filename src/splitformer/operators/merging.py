@@ -28,8 +28,9 @@ and the merged node stands in for the pair exactly when the integrand agrees at 
 kernel's key (k_a = k_b: every query scores them alike) and the state (u_a = u_b: the same
 value and the same pointwise FFN). The keys alone miss the second factor, the state alone the
 first (close states can still differ where W_K looks). The 2 : 1 share of the keys is
-measured, not derived: on all-MiniLM-L6-v2 it was the best of five shares (0.1 to 0.9) without
-the weights, where the keys matter more (docs/space.md).
+measured, not derived: on all-MiniLM-L6-v2, of the shares 0.1, 0.31, 0.5, 0.69 and 0.9 the
+keys' 0.69 was the most faithful without the weights, where the keys matter more, and 2 : 1
+(0.67) is its round neighbour (docs/space.md).
 
 The grid keeps its order: after a merge the kept nodes stay in their input order (the
 protected prefix stays in front, padding stays where it was), and each merge is recorded in a
@@ -259,7 +260,9 @@ def similarity_vectors(metric: str, u: torch.Tensor, keys: torch.Tensor | None
     if metric != "keys+state":
         raise ValueError(f"token merging: metric must be one of {METRICS}, got {metric!r}")
     share = math.sqrt(KEYS_SHARE / (1 - KEYS_SHARE))
-    return torch.cat([F.normalize(keys, dim=-1) * share, F.normalize(u, dim=-1)], dim=-1)
+    dtype = torch.promote_types(u.dtype, torch.float32)  # F.normalize's eps is 0 in float16
+    k, v = keys.to(dtype), u.to(dtype)
+    return torch.cat([F.normalize(k, dim=-1) * share, F.normalize(v, dim=-1)], dim=-1)
 
 
 def attention_keys(op: AttentionOperator, v: torch.Tensor, context: Context | None

@@ -254,8 +254,9 @@ def merge_plan(plan: Plan, merging: TokenMerging, r: int, step: int,
                theta: Mapping[str, nn.Module]) -> Plan:
     """``plan`` with the merge of (at most) r nodes in step ``step`` inserted at its place:
 
-        where="attention":  ... attention-stage  merge  ...   (the metric "keys": the keys of
-                            the attention stage's input, read as it runs)
+        where="attention":  ... attention-stage  merge  ...   (the metrics that read keys,
+                            "keys" and "keys+state": the keys of the attention stage's
+                            input, read as it runs)
         where="step":       merge  stage_1 ... stage_m        (the keys of u at the start)
 
     The merge closure updates the context's grid (``operators.merging.merge_tokens``). The
