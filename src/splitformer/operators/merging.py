@@ -17,20 +17,23 @@ Which nodes merge: ToMe's bipartite soft matching. The mergeable nodes of a row 
 protected prefix, weight > 0, kept by the key-padding mask) are split alternately into sets A
 and B (in index order: the 1st, 3rd, ... mergeable node in A, the 2nd, 4th, ... in B); the
 similarity is the cosine of metric vectors m_j (``metric="keys"``: the attention's keys
-averaged over the heads, as ToMe; ``"state"``: the state u_j itself; ``"keys+state"``: both,
-the similarity (2 cos(k_a, k_b) + cos(u_a, u_b)) / 3, ``similarity_vectors``); every node of A
-points to its most similar node of B, and the r edges of highest similarity merge (A node into
-B node). r is clipped so that at least half of every row's mergeable nodes remain. The matching
-is an argmax: no gradient flows through it (as in ToMe); the means are differentiable.
+averaged over the heads, as ToMe; ``"state"``: the state u_j itself); every node of A points
+to its most similar node of B, and the r edges of highest similarity merge (A node into B
+node). ``"keys+state"``: the partners by the keys, as ToMe, and the r edges of highest
+(2 cos(k_a, k_b) + cos(u_a, u_b)) / 3 over those pairs (``matching_vectors``; the second
+cosine is taken for the N / 2 chosen pairs only, O(N D), so the matching costs ToMe's). r is
+clipped so that at least half of every row's mergeable nodes remain. The matching is an
+argmax: no gradient flows through it (as in ToMe); the means are differentiable.
 
 Why "keys+state": after the merge the next attention integrates sum_j w_j e^{q . k_j} V u_j,
 and the merged node stands in for the pair exactly when the integrand agrees at a and b: the
 kernel's key (k_a = k_b: every query scores them alike) and the state (u_a = u_b: the same
 value and the same pointwise FFN). The keys alone miss the second factor, the state alone the
-first (close states can still differ where W_K looks). The 2 : 1 share of the keys is
-measured, not derived: on all-MiniLM-L6-v2, of the shares 0.1, 0.31, 0.5, 0.69 and 0.9 the
-keys' 0.69 was the most faithful without the weights, where the keys matter more, and 2 : 1
-(0.67) is its round neighbour (docs/space.md).
+first (close states can still differ where W_K looks). The 2 : 1 share of the keys
+(``KEYS_SHARE``) is measured, not derived: on all-MiniLM-L6-v2, of the shares 0.1, 0.31, 0.5,
+0.69 and 0.9 (in the similarity of every pair) the keys' 0.69 was the most faithful without
+the weights, where the keys matter more, and 2 : 1 (0.67) is its round neighbour
+(docs/space.md).
 
 The grid keeps its order: after a merge the kept nodes stay in their input order (the
 protected prefix stays in front, padding stays where it was), and each merge is recorded in a
@@ -65,7 +68,7 @@ from .base import Context
 
 __all__ = ["KEYS_SHARE", "METRICS", "PLACES", "TRACE_KEY", "MergeTrace", "TokenMerging",
            "attention_keys", "bipartite_soft_matching", "merge_nodes", "merge_tokens",
-           "mergeable_nodes", "similarity_vectors", "start_trace", "take_rows", "trace_of"]
+           "matching_vectors", "mergeable_nodes", "start_trace", "take_rows", "trace_of"]
 
 METRICS = ("keys", "state", "keys+state")
 KEYS_SHARE = 2 / 3  # the keys' share of the "keys+state" similarity (module doc)
@@ -189,13 +192,16 @@ def mergeable_nodes(mass: torch.Tensor, attn_mask: torch.Tensor | None, protect:
 
 
 @torch.no_grad()
-def bipartite_soft_matching(metric: torch.Tensor, r: int, mergeable: torch.Tensor
+def bipartite_soft_matching(metric: torch.Tensor, r: int, mergeable: torch.Tensor,
+                            rank: torch.Tensor | None = None
                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """ToMe's bipartite soft matching on metric vectors (B, N, C): (src, dst), each (B, r),
     node src[b, k] (in A) merges into dst[b, k] (in B). A and B alternate over the mergeable
     nodes of each row in index order; each node of A points to the node of B of highest cosine
-    similarity, and the r edges of highest similarity are taken. Each row needs at least 2 r
-    mergeable nodes (the caller clips r). No gradient (an argmax)."""
+    similarity, and the r edges of highest similarity are taken. With ``rank`` (B, N, C'), the
+    edges are ranked by KEYS_SHARE cos(m_a, m_b) + (1 - KEYS_SHARE) cos(rank_a, rank_b) instead
+    (the partners are still chosen by ``metric``: O(N C') more work, not O(N^2 C')). Each row
+    needs at least 2 r mergeable nodes (the caller clips r). No gradient (an argmax)."""
     n = metric.shape[1]
     idx = torch.arange(n, device=metric.device)
     order = ((~mergeable).to(torch.int64) * n + idx).argsort(dim=1)  # mergeable first, in order
@@ -203,13 +209,22 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, mergeable: torch.Tenso
     a_idx, b_idx = order[:, 0::2], order[:, 1::2]
     a_ok = idx[0::2][None, : a_idx.shape[1]] < count
     b_ok = idx[1::2][None, : b_idx.shape[1]] < count
-    m = metric / metric.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(metric.dtype).tiny)
-    ma, mb = take_rows(m, a_idx), take_rows(m, b_idx)
+    ma, mb = take_rows(_unit(metric), a_idx), take_rows(_unit(metric), b_idx)
     scores = (ma @ mb.transpose(1, 2)).masked_fill(~b_ok[:, None, :], -math.inf)
     node_max, node_arg = scores.max(dim=-1)
+    if rank is not None:
+        partner = b_idx.gather(1, node_arg)
+        unit = _unit(rank)
+        second = (take_rows(unit, a_idx) * take_rows(unit, partner)).sum(-1)
+        node_max = KEYS_SHARE * node_max + (1 - KEYS_SHARE) * second.to(node_max.dtype)
     node_max = node_max.masked_fill(~a_ok, -math.inf)
     edges = node_max.argsort(dim=-1, descending=True)[:, :r]
     return a_idx.gather(1, edges), b_idx.gather(1, node_arg.gather(1, edges))
+
+
+def _unit(v: torch.Tensor) -> torch.Tensor:
+    """v / |v| along the last axis (a zero vector stays zero, in every dtype)."""
+    return v / v.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(v.dtype).tiny)
 
 
 def merge_nodes(tensors: Sequence[torch.Tensor], mass: torch.Tensor, src: torch.Tensor,
@@ -245,24 +260,21 @@ def merge_nodes(tensors: Sequence[torch.Tensor], mass: torch.Tensor, src: torch.
     return out, total.gather(1, keep), keep, position.gather(1, target)
 
 
-def similarity_vectors(metric: str, u: torch.Tensor, keys: torch.Tensor | None
-                       ) -> torch.Tensor:
-    """The vectors m_j whose cosine is the similarity of ``metric`` (module doc), (B, N, C):
-    the keys (B, N, d_h) for "keys", the state u (B, N, D) for "state", and for "keys+state"
-    [sqrt(2) k_j / |k_j|, u_j / |u_j|], whose cosine is (2 cos(k_a, k_b) + cos(u_a, u_b)) / 3.
-    ValueError when the metric needs keys and none are given."""
+def matching_vectors(metric: str, u: torch.Tensor, keys: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What ``bipartite_soft_matching`` compares for ``metric`` (module doc): (the vectors
+    that choose each node's partner, the vectors that also rank the edges or None): (keys,
+    None) for "keys", (u, None) for "state", (keys, u) for "keys+state". ValueError when the
+    metric needs keys and none are given."""
     if metric == "state":
-        return u
+        return u, None
     if keys is None:
         raise ValueError(f"token merging: metric {metric!r} needs the attention's keys")
     if metric == "keys":
-        return keys
+        return keys, None
     if metric != "keys+state":
         raise ValueError(f"token merging: metric must be one of {METRICS}, got {metric!r}")
-    share = math.sqrt(KEYS_SHARE / (1 - KEYS_SHARE))
-    dtype = torch.promote_types(u.dtype, torch.float32)  # F.normalize's eps is 0 in float16
-    k, v = keys.to(dtype), u.to(dtype)
-    return torch.cat([F.normalize(k, dim=-1) * share, F.normalize(v, dim=-1)], dim=-1)
+    return keys, u
 
 
 def attention_keys(op: AttentionOperator, v: torch.Tensor, context: Context | None
@@ -453,7 +465,7 @@ def merge_tokens(u: torch.Tensor, context: Context, r: int, keys: torch.Tensor |
     """One merge of (at most) r nodes of u (B, N, D) in step ``step``: the context's grid
     (weights, coordinates, key-padding mask) becomes the merged one and the trace records it.
     ``keys`` (B, N, d_h): the attention's keys, for the metrics that read them (None for
-    "state"); what is compared is ``similarity_vectors`` of the trace's metric."""
+    "state"); what is compared is ``matching_vectors`` of the trace's metric."""
     trace = trace_of(context)
     if trace is None:
         raise RuntimeError("merge_tokens: the context holds no MergeTrace (start_trace first)")
@@ -463,9 +475,8 @@ def merge_tokens(u: torch.Tensor, context: Context, r: int, keys: torch.Tensor |
     merging = trace.merging
     mass = trace.mass
     ok = mergeable_nodes(mass, context.attn_mask, merging.protect)
-    with torch.no_grad():  # the matching is an argmax: no gradient through the metric
-        metric = similarity_vectors(merging.metric, u, keys)
-    src, dst = bipartite_soft_matching(metric, r, ok)
+    partners, rank = matching_vectors(merging.metric, u, keys)
+    src, dst = bipartite_soft_matching(partners, r, ok, rank)
     coords = context.token_grid.coordinates(u.shape[1], mass.dtype, mass.device)
     coords = torch.broadcast_to(coords, mass.shape)[..., None]
     (u, coords), new_mass, keep, mapping = merge_nodes((u, coords), mass, src, dst)
