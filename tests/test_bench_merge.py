@@ -373,7 +373,7 @@ def test_bench_merge_table_keeps_its_width_when_piped(monkeypatch, capsys):
 def test_curves_read_every_family_against_one_reference_and_interpolate():
     """The r = 0 rows of two families run the same network at 1.0 s and 1.2 s: both curves
     use their median (1.1 s), so equal times at r > 0 are equal throughputs; the table reads
-    ToMe's curve by linear interpolation and names the better splitformer rule."""
+    ToMe's curve by linear interpolation and bolds a rule above it in both measures."""
     def speed(family, r, t, cos=1.0):
         return {"kind": "speed", "seq": 8, "family": family, "r": r, "proportional": False,
                 "median_s": t, "mean_cosine": cos}
@@ -388,6 +388,6 @@ def test_curves_read_every_family_against_one_reference_and_interpolate():
     assert c[("peer", False)] == c[("splitformer-state", False)][:1] + [(2.0, 0.9, 0.8)]
     assert c[("splitformer-state", False)][1] == (2.0, 0.95, 0.85)
     table = curve_table(rows, 8, at=(1.5,))
-    assert "| 1.50x | without | 0.900 / 0.950 | splitformer-state | 0.925 / 0.975 |" in table
+    assert "| 1.50x | without | 0.900 / 0.950 | **0.925 / 0.975** |" in table
     with pytest.raises(ValueError, match="no r = 0"):
         curves(rows, 16)

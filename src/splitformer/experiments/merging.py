@@ -278,22 +278,30 @@ def _at(points: list[tuple[float, float, float]], x: float) -> tuple[float, floa
 
 
 def curve_table(rows: Sequence[dict], seq: int = 256, lee_r_at: int | None = None,
-                at: Sequence[float] = (1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8)) -> str:
-    """Markdown: at each throughput in ``at``, ToMe's (the peer's) Lee fidelity / cosine
-    interpolated on its curve, with and without the weights, and the best splitformer family
-    there (by Lee fidelity, then cosine) with its numbers (``curves``)."""
+                at: Sequence[float] = (1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9)) -> str:
+    """Markdown: at each throughput in ``at``, with and without the weights, the Lee fidelity /
+    cosine of ToMe (the peer) and of every splitformer rule, interpolated on its curve
+    (``curves``; "-" beyond a curve's fastest point), a rule in bold where it is above ToMe in
+    both."""
     c = curves(rows, seq, lee_r_at)
-    lines = ["| throughput | weights | ToMe: Lee fid. / cos | best splitformer rule | its Lee "
-             "fid. / cos |", "|---|---|---|---|---|"]
+    ours = [f for f in OURS if any(k[0] == f for k in c)]
+    names = {"splitformer": "keys", "splitformer-state": "state",
+             "splitformer-keys+state": "keys+state"}
+    lines = ["| throughput | weights | ToMe: Lee fid. / cos | "
+             + " | ".join(names.get(f, f) for f in ours) + " |",
+             "|---|---|---|" + "---|" * len(ours)]
     for prop in (False, True):
         peer = c.get(("peer", prop))
         for x in at:
             tome = _at(peer, x) if peer else None
-            ours = [(v[1], v[0], family) for (family, p), pts in c.items()
-                    if p == prop and family in OURS and (v := _at(pts, x)) is not None]
-            if tome is None or not ours:
+            if tome is None:
                 continue
-            lee, cos, family = max(ours)
+            cells = []
+            for f in ours:
+                v = _at(c.get((f, prop), []), x)
+                text = "-" if v is None else f"{v[1]:.3f} / {v[0]:.3f}"
+                above = v is not None and v[0] > tome[0] and v[1] > tome[1]
+                cells.append(f"**{text}**" if above else text)
             lines.append(f"| {x:.2f}x | {'with' if prop else 'without'} | {tome[1]:.3f} / "
-                         f"{tome[0]:.3f} | {family} | {lee:.3f} / {cos:.3f} |")
+                         f"{tome[0]:.3f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
