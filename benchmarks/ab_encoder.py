@@ -26,7 +26,14 @@ def ratios(path: Path) -> dict[tuple[str, str], float]:
 
 
 def main() -> int:
+    if len(sys.argv) != 2:
+        print("usage: python benchmarks/ab_encoder.py OUT", file=sys.stderr)
+        return 2
     folder = Path(sys.argv[1])
+    if not (any(folder.glob("old-*.json")) and any(folder.glob("new-*.json"))):
+        print(f"ab_encoder: {folder} holds no old-*.json and new-*.json runs "
+              "(benchmarks/ab_encoder.sh writes them)", file=sys.stderr)
+        return 2
     sides: dict[str, dict[tuple[str, str], list[float]]] = {"old": defaultdict(list),
                                                               "new": defaultdict(list)}
     for side in sides:

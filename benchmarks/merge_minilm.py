@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure nothing: print the fidelity-throughput curves of --out at N "
                          "tokens against one r = 0 reference (experiments.merging.curve_table)")
     args = ap.parse_args(argv)
+    if args.lee_r_at is not None and args.lee_r_at < 1:
+        ap.error("--lee-r-at: expected a positive length")
     if args.curve is not None:
         from splitformer.experiments.merging import curve_table
         from splitformer.files import read_jsonl
@@ -66,8 +68,6 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             ap.error(f"--curve: {e}")
         return 0
-    if args.lee_r_at is not None and args.lee_r_at < 1:
-        ap.error("--lee-r-at: expected a positive length")
     if args.batch < 1 or args.passages < args.batch:
         ap.error("--passages must be at least --batch >= 1")
 

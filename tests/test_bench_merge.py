@@ -391,3 +391,5 @@ def test_curves_read_every_family_against_one_reference_and_interpolate():
     assert "| 1.50x | without | 0.900 / 0.950 | **0.925 / 0.975** |" in table
     with pytest.raises(ValueError, match="no r = 0"):
         curves(rows, 16)
+    with pytest.raises(ValueError, match="lee_r_at = 256 .the rows have None"):
+        curves(rows, 8, 256)

@@ -257,6 +257,10 @@ def curves(rows: Sequence[dict], seq: int, lee_r_at: int | None = None
     base = [r["median_s"] for k, r in speed.items() if k[1] == 0]
     if not base:
         raise ValueError(f"curves: no r = 0 speed rows at {seq} tokens")
+    if not quality:
+        have = sorted({str(r.get("lee_r_at")) for r in rows if r.get("kind") == "quality"})
+        raise ValueError(f"curves: no quality rows with lee_r_at = {lee_r_at} (the rows have "
+                         f"{', '.join(have) or 'none'}; pass --lee-r-at to match)")
     ref = statistics.median(base)
     out: dict[tuple[str, bool], list[tuple[float, float, float]]] = {}
     for (family, r, prop), row in speed.items():
