@@ -1,10 +1,11 @@
 """One group of `splitformer bench encoder` timed with every contender interleaved in one
-process (issue 17's no-regression bar, docs/space.md): the median step time of each contender
-over --repeats steps (the order reversed every other repeat, after 2 untimed steps each) and
-splitformer's ratio to each peer. Run it with PYTHONPATH at the old and the new checkout in
-turn (``benchmarks/ab_step.sh``): splitformer's own milliseconds and its ratio to the steadiest
-peer say whether the library got slower, where the ratio of a 3-run `bench encoder` moves
-with a noisy peer (Hugging Face's eager attention under training spreads by 30%).
+process (issue 17's no-regression bar, docs/space.md): `bench encoder`'s own measurement
+(``bench.timing.measure``: the repeats interleaved, medians) with more repeats and one group
+per process, and splitformer's ratio to each peer. Run it with PYTHONPATH at the old and the
+new checkout in turn (``benchmarks/ab_step.sh``): splitformer's own milliseconds and its ratio
+to the steadiest peer say whether the library got slower, where the ratio of a 3-run `bench
+encoder` moves with a noisy peer (Hugging Face's eager attention under training spreads by
+30%).
 
     python benchmarks/ab_step.py GROUP [--path train] [--repeats 15] [--threads 2] [--json]
 
@@ -17,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "_stubs"))
@@ -32,7 +31,7 @@ import torch  # noqa: E402
 
 from splitformer.bench import peers  # noqa: E402
 from splitformer.bench.sizes import SIZES  # noqa: E402
-from splitformer.bench.timing import PATHS, step_fn  # noqa: E402
+from splitformer.bench.timing import PATHS, measure  # noqa: E402
 
 GROUPS = {
     "timm": lambda size: peers.timm_vit(size),
@@ -40,21 +39,6 @@ GROUPS = {
     "post": lambda size: peers.torch_encoder(size),
     "pre": lambda size: peers.torch_encoder(size, norm_first=True),
 }
-
-
-def interleaved(fns, repeats: int) -> list[float]:
-    """Median seconds of each function, run in turn (reversed every other repeat)."""
-    for _ in range(2):
-        for f in fns:
-            f()
-    times: list[list[float]] = [[] for _ in fns]
-    for i in range(repeats):
-        order = range(len(fns)) if i % 2 == 0 else reversed(range(len(fns)))
-        for j in order:
-            t0 = time.perf_counter()
-            fns[j]()
-            times[j].append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in times]
 
 
 def main() -> int:
@@ -71,8 +55,8 @@ def main() -> int:
         ap.error("--repeats and --threads must be >= 1")
     torch.set_num_threads(args.threads)
     contenders = GROUPS[args.group](SIZES["d256"])
-    medians = interleaved([step_fn(c, args.path) for c in contenders], args.repeats)
-    ms = {c.name: m for c, m in zip(contenders, medians, strict=True)}
+    result = measure(contenders, args.path, repeats=args.repeats, warmup=2)
+    ms = {name: r["median_s"] for name, r in result.items()}
     ours = ms["splitformer"]
     row = {"group": args.group, "path": args.path,
            "ms": {k: round(m * 1e3, 2) for k, m in ms.items()},

@@ -71,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch < 1 or args.passages < args.batch:
         ap.error("--passages must be at least --batch >= 1")
 
+    from splitformer.bench.merge_suite import OURS
+
     families = tuple(f.strip() for f in args.families.split(",") if f.strip())
-    known = ("peer", "splitformer", "splitformer-state", "splitformer-keys+state")
+    known = ("peer", *OURS)
     if not families or set(families) - set(known):
         ap.error(f"--families: expected some of {', '.join(known)}, got "
                  f"{args.families!r}")

@@ -87,9 +87,9 @@ class Setting:
     def name(self) -> str:
         if self.family == "transformers":
             return "transformers BertModel"
-        who = {"peer": "ToMe peer", "splitformer": "splitformer",
-               "splitformer-state": "splitformer state",
-               "splitformer-keys+state": "splitformer keys+state"}[self.family]
+        metric = METRIC_OF.get(self.family)
+        who = ("ToMe peer" if metric is None else
+               "splitformer" if metric == "keys" else f"splitformer {metric}")
         return f"{who} r={self.r}" + (" prop" if self.proportional and self.r else "")
 
     @property

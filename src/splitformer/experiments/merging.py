@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..bench.merge_suite import (
     FAMILIES,
+    METRIC_OF,
     OURS,
     Embed,
     LastHidden,
@@ -248,8 +250,6 @@ def curves(rows: Sequence[dict], seq: int, lee_r_at: int | None = None
     the r = 0 medians (every r = 0 row runs the same network, so their spread is timing noise,
     not a property of the family; a family's own r = 0 row would carry that noise into its
     whole curve)."""
-    import statistics
-
     speed = {(r["family"], r["r"], r["proportional"]): r for r in rows
              if r.get("kind") == "speed" and r.get("seq") == seq}
     quality = {(r["family"], r["r"], r["proportional"]): r for r in rows
@@ -289,10 +289,8 @@ def curve_table(rows: Sequence[dict], seq: int = 256, lee_r_at: int | None = Non
     both."""
     c = curves(rows, seq, lee_r_at)
     ours = [f for f in OURS if any(k[0] == f for k in c)]
-    names = {"splitformer": "keys", "splitformer-state": "state",
-             "splitformer-keys+state": "keys+state"}
     lines = ["| throughput | weights | ToMe: Lee fid. / cos | "
-             + " | ".join(names.get(f, f) for f in ours) + " |",
+             + " | ".join(METRIC_OF[f] for f in ours) + " |",
              "|---|---|---|" + "---|" * len(ours)]
     for prop in (False, True):
         peer = c.get(("peer", prop))

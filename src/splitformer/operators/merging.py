@@ -209,7 +209,8 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, mergeable: torch.Tenso
     a_idx, b_idx = order[:, 0::2], order[:, 1::2]
     a_ok = idx[0::2][None, : a_idx.shape[1]] < count
     b_ok = idx[1::2][None, : b_idx.shape[1]] < count
-    ma, mb = take_rows(_unit(metric), a_idx), take_rows(_unit(metric), b_idx)
+    m = _unit(metric)
+    ma, mb = take_rows(m, a_idx), take_rows(m, b_idx)
     scores = (ma @ mb.transpose(1, 2)).masked_fill(~b_ok[:, None, :], -math.inf)
     node_max, node_arg = scores.max(dim=-1)
     if rank is not None:
@@ -265,16 +266,12 @@ def matching_vectors(metric: str, u: torch.Tensor, keys: torch.Tensor | None
     """What ``bipartite_soft_matching`` compares for ``metric`` (module doc): (the vectors
     that choose each node's partner, the vectors that also rank the edges or None): (keys,
     None) for "keys", (u, None) for "state", (keys, u) for "keys+state". ValueError when the
-    metric needs keys and none are given."""
+    metric needs keys and none are given (``TokenMerging`` has checked the name)."""
     if metric == "state":
         return u, None
     if keys is None:
         raise ValueError(f"token merging: metric {metric!r} needs the attention's keys")
-    if metric == "keys":
-        return keys, None
-    if metric != "keys+state":
-        raise ValueError(f"token merging: metric must be one of {METRICS}, got {metric!r}")
-    return keys, u
+    return keys, (u if metric == "keys+state" else None)
 
 
 def attention_keys(op: AttentionOperator, v: torch.Tensor, context: Context | None
