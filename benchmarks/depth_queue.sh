@@ -129,3 +129,16 @@ $S --heal "drop:3:shoot:embedding=4:lr=0.0006$W:wiki=0.25:seed=1:max_steps=$BC"
 mark cut32
 $S --heal "drop:3:shoot:embedding=4:lr=0.0006${W/min_length=48/min_length=32}:wiki=0.25:max_steps=$BC"
 $PY benchmarks/depth_minilm.py --out $R --table > $R/table.md
+# (cut32: 0.931 / 0.921, the same: null.) On 2026-12-06 the CPU backward of bfloat16 attention
+# was found to be 2-4x slower than float32's (benchmarks/sdpa_cpu.py); operators.kernels.sdpa
+# now differentiates attention in float32 on the CPU. A step of the best row's setting takes
+# 0.173 s (step_seconds_f32attn.json; 0.227 s before the change on the same idle machine,
+# against the 0.324 s measured under load that gave the rows above 1,850 steps): the best row
+# again with the steps 600 s now buy, and with twice the windows (none seen twice)
+mark f32attn
+steps2() { $PY -c "import json,sys; t=json.load(open('$R/step_seconds_f32attn.json'))['seconds_per_step']; \
+print(round(600 / t[sys.argv[1]]))" "$1"; }
+BF=$(steps2 "drop N3 shoot 16x48-128 bf16 controls")
+$S --heal "drop:3:shoot:embedding=4:lr=0.0006$W:wiki=0.25:max_steps=$BF"
+$S --heal "drop:3:shoot:embedding=4:lr=0.0006${W/windows=32768/windows=65536}:wiki=0.25:max_steps=$BF"
+$PY benchmarks/depth_minilm.py --out $R --table > $R/table.md

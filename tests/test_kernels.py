@@ -430,3 +430,33 @@ def test_causal_support_has_one_alignment_in_every_kernel(n_q, n_k):
         a = kern(q, k, v, is_causal=True)[..., keep, :]
         b = kern(q, k, v, attn_mask=support)[..., keep, :]
         assert (a - b).abs().max() < 1e-13, kern.name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_attention_is_differentiated_in_float32_on_the_cpu(dtype):
+    """operators.kernels.sdpa: a differentiated half-precision call on the CPU is torch's own
+    float32 call cast back (value and gradients bitwise), and everything else is torch's call
+    as it is (benchmarks/sdpa_cpu.py: the half-precision CPU backward is 2-4x slower)."""
+    from splitformer.operators.kernels import sdpa
+
+    q, k, v = (x.to(dtype) for x in _qkv(torch.float32, n=7, d=8))
+    mask = torch.randn(7, 7).to(dtype)
+    g = torch.randn(2, 3, 7, 8).to(dtype)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = SoftmaxKernel()(*leaves, attn_mask=mask)
+    out.backward(g)
+    ref_leaves = [x.float().requires_grad_() for x in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*ref_leaves, attn_mask=mask.float())
+    ref.backward(g.float())
+    assert out.dtype == dtype and torch.equal(out, ref.to(dtype))
+    for mine, theirs in zip(leaves, ref_leaves, strict=True):
+        assert mine.grad.dtype == dtype and torch.equal(mine.grad, theirs.grad.to(dtype))
+    with torch.no_grad():  # inference: torch's half-precision call itself
+        assert torch.equal(sdpa(*leaves, attn_mask=mask),
+                           F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    # autocast casts float32 inputs to its dtype: float32 inside, autocast's dtype out
+    leaves32 = [x.detach().float().requires_grad_() for x in leaves]
+    with torch.autocast("cpu", dtype=dtype):
+        out = sdpa(*leaves32)
+    assert out.dtype == dtype
+    assert torch.equal(out, F.scaled_dot_product_attention(*leaves32).to(dtype))

@@ -60,6 +60,7 @@ __all__ = [
     "KernelSite",
     "LinearKernel",
     "RotaryKernel",
+    "sdpa",
     "SinkhornKernel",
     "SoftmaxKernel",
     "alibi_slopes",
@@ -159,6 +160,36 @@ class Kernel(nn.Module):
         raise NotImplementedError
 
 
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options) -> torch.Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention(q, k, v, **options)``, the fused
+    path of every kernel here, with one choice of the substrate: on the CPU a bfloat16 or
+    float16 call that will be differentiated (grad enabled, an input requiring it) runs in
+    float32 and is cast back. torch's CPU backward of the half-precision call is 2-4x slower
+    than the float32 one at a transformer's shapes, while the half-precision forward is not
+    faster (``python benchmarks/sdpa_cpu.py``; docs/performance.md): under
+    ``torch.autocast("cpu", torch.bfloat16)`` training, attention was a third of a step. The
+    float32 call is the same integral in more precision, returned in the dtype torch's call
+    would return (under CPU autocast, autocast's: it casts sdpa's inputs); a floating additive
+    mask is cast with it. Inference, other devices and float32 / float64 arithmetic go
+    straight to torch."""
+    if q.device.type != "cpu" or not torch.is_grad_enabled() or not (
+            q.requires_grad or k.requires_grad or v.requires_grad):
+        return F.scaled_dot_product_attention(q, k, v, **options)
+    # the dtype torch would compute in: autocast casts sdpa's inputs to its dtype on the CPU
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else q.dtype
+    if dtype not in _HALF or not q.is_floating_point():
+        return F.scaled_dot_product_attention(q, k, v, **options)
+    mask = options.get("attn_mask")
+    if mask is not None and mask.is_floating_point():
+        options["attn_mask"] = mask.float()
+    with torch.autocast("cpu", enabled=False):
+        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **options)
+    return out.to(dtype)
+
+
 class SoftmaxKernel(Kernel):
     """g = softmax_x'(<Q(x),K(x')> * scale + m(x,x') + log w(x')); scale defaults to
     1/sqrt(d_h), w = 1 (the uniform grid) unless a ``grid`` gives the quadrature weights."""
@@ -176,7 +207,7 @@ class SoftmaxKernel(Kernel):
 
     def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0, grid=None):
         attn_mask, is_causal = _grid_sdpa_support(attn_mask, is_causal, q, k, grid)
-        return F.scaled_dot_product_attention(
+        return sdpa(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
             scale=self.scale,
         )
@@ -444,7 +475,7 @@ class GaussianKernel(Kernel):
         bias = (-0.5 * s) * k.pow(2).sum(-1).unsqueeze(-2)  # (B, H, 1, N_k)
         m = _grid_additive(attn_mask, is_causal, q, k, grid)
         bias = bias if m is None else bias + m
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
+        return sdpa(q, k, v, attn_mask=bias, dropout_p=dropout_p,
                                               scale=s)
 
 
@@ -578,7 +609,7 @@ class ALiBiKernel(Kernel):
             b = self.bias(q.shape[-2], k.shape[-2], q.dtype, q.device)
         m = _grid_additive(attn_mask, is_causal or self.causal, q, k, grid)
         b = b if m is None else b + m
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=b, dropout_p=dropout_p,
+        return sdpa(q, k, v, attn_mask=b, dropout_p=dropout_p,
                                               scale=self.scale)
 
 
@@ -650,7 +681,7 @@ class RotaryKernel(Kernel):
             q = self.rotate(q, cos[n - q.shape[-2]:], sin[n - q.shape[-2]:])
             k = self.rotate(k, cos[n - k.shape[-2]:], sin[n - k.shape[-2]:])
         attn_mask, is_causal = _grid_sdpa_support(attn_mask, is_causal, q, k, grid)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                               is_causal=is_causal, scale=self.scale)
 
 
