@@ -436,7 +436,7 @@ def test_causal_support_has_one_alignment_in_every_kernel(n_q, n_k):
 def test_half_precision_attention_is_differentiated_in_float32_on_the_cpu(dtype):
     """operators.kernels.sdpa: a differentiated half-precision call on the CPU is torch's own
     float32 call cast back (value and gradients bitwise), and everything else is torch's call
-    as it is (benchmarks/sdpa_cpu.py: the half-precision CPU backward is 2-4x slower)."""
+    as it is (benchmarks/sdpa_cpu.py: the half-precision CPU backward is 1.2-4x slower)."""
     from splitformer.operators.kernels import sdpa
 
     q, k, v = (x.to(dtype) for x in _qkv(torch.float32, n=7, d=8))
@@ -454,6 +454,18 @@ def test_half_precision_attention_is_differentiated_in_float32_on_the_cpu(dtype)
     with torch.no_grad():  # inference: torch's half-precision call itself
         assert torch.equal(sdpa(*leaves, attn_mask=mask),
                            F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    # grad enabled, nothing to differentiate: torch's call itself
+    assert torch.equal(sdpa(q, k, v, attn_mask=mask),
+                       F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    # autocast leaves float64 alone: so does sdpa (torch's float64 call, float64 out)
+    leaves64 = [x.detach().double().requires_grad_() for x in leaves]
+    with torch.autocast("cpu", dtype=dtype):
+        out = sdpa(*leaves64)
+    assert out.dtype == torch.float64
+    assert torch.equal(out, F.scaled_dot_product_attention(*leaves64))
+    # dtypes torch refuses are refused as torch refuses them
+    with pytest.raises(RuntimeError):
+        sdpa(leaves[0], leaves[1].detach().float(), leaves[2])
     # autocast casts float32 inputs to its dtype: float32 inside, autocast's dtype out
     leaves32 = [x.detach().float().requires_grad_() for x in leaves]
     with torch.autocast("cpu", dtype=dtype):

@@ -60,12 +60,12 @@ __all__ = [
     "KernelSite",
     "LinearKernel",
     "RotaryKernel",
-    "sdpa",
     "SinkhornKernel",
     "SoftmaxKernel",
     "alibi_slopes",
     "check_scale",
     "probe_causality",
+    "sdpa",
     "warn_about_instance",
 ]
 
@@ -166,23 +166,29 @@ _HALF = (torch.bfloat16, torch.float16)
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options) -> torch.Tensor:
     """``torch.nn.functional.scaled_dot_product_attention(q, k, v, **options)``, the fused
     path of every kernel here, with one choice of the substrate: on the CPU a bfloat16 or
-    float16 call that will be differentiated (grad enabled, an input requiring it) runs in
-    float32 and is cast back. torch's CPU backward of the half-precision call is 2-4x slower
-    than the float32 one at a transformer's shapes, while the half-precision forward is not
-    faster (``python benchmarks/sdpa_cpu.py``; docs/performance.md): under
+    float16 call that will be differentiated (grad enabled, an input or the mask requiring
+    it) runs in float32 and is cast back. torch's CPU backward of the half-precision call is
+    1.2-4x slower than the float32 one at a transformer's shapes, most at short sequences, and
+    forward + backward through float32 is the faster at every shape measured
+    (``python benchmarks/sdpa_cpu.py``; docs/performance.md): under
     ``torch.autocast("cpu", torch.bfloat16)`` training, attention was a third of a step. The
     float32 call is the same integral in more precision, returned in the dtype torch's call
-    would return (under CPU autocast, autocast's: it casts sdpa's inputs); a floating additive
-    mask is cast with it. Inference, other devices and float32 / float64 arithmetic go
-    straight to torch."""
-    if q.device.type != "cpu" or not torch.is_grad_enabled() or not (
-            q.requires_grad or k.requires_grad or v.requires_grad):
-        return F.scaled_dot_product_attention(q, k, v, **options)
-    # the dtype torch would compute in: autocast casts sdpa's inputs to its dtype on the CPU
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else q.dtype
-    if dtype not in _HALF or not q.is_floating_point():
-        return F.scaled_dot_product_attention(q, k, v, **options)
+    would return: the inputs' half dtype, or under CPU autocast autocast's (it casts float32
+    and half inputs of sdpa to its dtype and leaves float64 alone); a floating additive mask
+    is cast with them. Inference, other devices, float32 / float64 arithmetic and inputs of
+    mixed dtypes torch would refuse go straight to torch."""
     mask = options.get("attn_mask")
+    floating = [t for t in (q, k, v, mask) if t is not None and t.is_floating_point()]
+    if q.device.type != "cpu" or not torch.is_grad_enabled() or not any(
+            t.requires_grad for t in floating) or len(floating) < 3:
+        return F.scaled_dot_product_attention(q, k, v, **options)
+    dtypes = {t.dtype for t in floating}
+    if torch.is_autocast_enabled("cpu") and dtypes <= {torch.float32, *_HALF}:
+        dtype = torch.get_autocast_dtype("cpu")  # what autocast casts every input to
+    else:
+        dtype = q.dtype if len(dtypes) == 1 else None
+    if dtype not in _HALF:
+        return F.scaled_dot_product_attention(q, k, v, **options)
     if mask is not None and mask.is_floating_point():
         options["attn_mask"] = mask.float()
     with torch.autocast("cpu", enabled=False):
@@ -475,8 +481,7 @@ class GaussianKernel(Kernel):
         bias = (-0.5 * s) * k.pow(2).sum(-1).unsqueeze(-2)  # (B, H, 1, N_k)
         m = _grid_additive(attn_mask, is_causal, q, k, grid)
         bias = bias if m is None else bias + m
-        return sdpa(q, k, v, attn_mask=bias, dropout_p=dropout_p,
-                                              scale=s)
+        return sdpa(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=s)
 
 
 class LinearKernel(Kernel):
@@ -609,8 +614,7 @@ class ALiBiKernel(Kernel):
             b = self.bias(q.shape[-2], k.shape[-2], q.dtype, q.device)
         m = _grid_additive(attn_mask, is_causal or self.causal, q, k, grid)
         b = b if m is None else b + m
-        return sdpa(q, k, v, attn_mask=b, dropout_p=dropout_p,
-                                              scale=self.scale)
+        return sdpa(q, k, v, attn_mask=b, dropout_p=dropout_p, scale=self.scale)
 
 
 class RotaryKernel(Kernel):
@@ -681,8 +685,8 @@ class RotaryKernel(Kernel):
             q = self.rotate(q, cos[n - q.shape[-2]:], sin[n - q.shape[-2]:])
             k = self.rotate(k, cos[n - k.shape[-2]:], sin[n - k.shape[-2]:])
         attn_mask, is_causal = _grid_sdpa_support(attn_mask, is_causal, q, k, grid)
-        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                              is_causal=is_causal, scale=self.scale)
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                    scale=self.scale)
 
 
 KERNELS: dict[str, type[Kernel]] = {
