@@ -142,3 +142,19 @@ BF=$(steps2 "drop N3 shoot 16x48-128 bf16 controls")
 $S --heal "drop:3:shoot:embedding=4:lr=0.0006$W:wiki=0.25:max_steps=$BF"
 $S --heal "drop:3:shoot:embedding=4:lr=0.0006${W/windows=32768/windows=65536}:wiki=0.25:max_steps=$BF"
 $PY benchmarks/depth_minilm.py --out $R --table > $R/table.md
+# The plain recipe beside it with the budget as re-measured (drop by block influence, u(T)
+# only, every parameter, 16 x 128 tokens, bfloat16, lr 3e-4, as the bf16 plain row above)
+mark plainf32attn
+[ -n "$FROM" ] || $PY benchmarks/heal_step_time.py --only "drop N3 distill 16x128 bf16" --out $R/step_seconds_f32attn.json
+PF=$(steps2 "drop N3 distill 16x128 bf16")
+$S --heal "drop:3:distill:lr=0.0003$H:max_steps=$PF"
+$PY benchmarks/depth_minilm.py --out $R --table > $R/table.md
+# (windows=32768: 0.937 / 0.924; windows=65536: 0.936 / 0.926, the best.) Two more healing
+# seeds of the best row; then lr 1e-3 on it
+mark seeds65k
+W6="${W/windows=32768/windows=65536}:wiki=0.25"
+$S --heal "drop:3:shoot:embedding=4:lr=0.0006$W6:seed=1:max_steps=$BF"
+$S --heal "drop:3:shoot:embedding=4:lr=0.0006$W6:seed=2:max_steps=$BF"
+$PY benchmarks/depth_minilm.py --out $R --table > $R/table.md
+$S --heal "drop:3:shoot:embedding=4:lr=0.001$W6:max_steps=$BF"
+$PY benchmarks/depth_minilm.py --out $R --table > $R/table.md
