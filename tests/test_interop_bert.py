@@ -196,6 +196,32 @@ def test_embedding_inputs(dtype):
         ours(input_ids=x["input_ids"], attention_mask=torch.ones(3, 2))
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_position_ids_without_a_mask_are_packed_sequences(dtype, attn):
+    """transformers 5 reads position_ids that do not step by +1, given without an attention
+    mask, as several sequences packed on one grid (block-diagonal attention); so does
+    from_hf: each packed sequence's output is its own run alone."""
+    ref = make_bert(dtype, attn)
+    ours = from_hf_model(ref)
+    x = inputs(ref.config, pad=False)
+    ids = x["input_ids"]  # (3, 9)
+    packed = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4],
+                           [0, 1, 2, 3, 4, 5, 6, 7, 8],   # one sequence: nothing masked
+                           [5, 6, 0, 1, 2, 9, 10, 11, 0]])
+    with torch.no_grad():
+        for pos in (packed, packed[:1]):  # (B, N) and (1, N), as BertModel takes them
+            want = ref(input_ids=ids, position_ids=pos).last_hidden_state
+            got = ours(input_ids=ids, position_ids=pos).last_hidden_state
+            assert maxdiff(want, got) <= TOL[dtype]
+        alone = ours(input_ids=ids[:1, 4:], position_ids=packed[:1, 4:]).last_hidden_state
+        got = ours(input_ids=ids, position_ids=packed).last_hidden_state
+        assert maxdiff(got[:1, 4:], alone) <= TOL[dtype]
+        # an attention mask given: padding only, the positions are positions (as BertModel)
+        kw = {"input_ids": ids, "position_ids": packed, "attention_mask": torch.ones_like(ids)}
+        assert maxdiff(ref(**kw).last_hidden_state, ours(**kw).last_hidden_state) <= TOL[dtype]
+        assert maxdiff(ours(**kw).last_hidden_state, got) > 1e-3
+
+
 def test_hidden_states_are_the_trajectory(dtype):
     ref = make_bert(dtype, num_hidden_layers=3)
     ours = from_hf_model(ref)

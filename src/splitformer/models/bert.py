@@ -23,7 +23,9 @@ embedded field, on the attention kernel g(x, x') (``attention_probs_dropout_prob
 on G(u) (``hidden_dropout_prob``) and before the classifier. The padding mask removes padded
 tokens x' from the support of the kernel: m(x, x') = 0 on kept keys and the most negative finite
 number of the dtype (``torch.finfo(dtype).min``, as transformers' eager path builds it) or a
-boolean False (its sdpa path) on padded ones.
+boolean False (its sdpa path) on padded ones. Without an attention mask, ``position_ids`` that
+do not step by +1 mark packed sequences, as transformers 5 reads them: a sequence starts at
+each such token, and the support is each token's own sequence (``masks.packed_support``).
 
 On a token grid (docs/math.md 3.12; every forward takes ``token_weights`` w_j and
 ``token_coords`` x_j, (N,) or (B, N), None = uniform / the index 0..N-1): the kernel integrates
@@ -54,7 +56,7 @@ from ..time.schemes import lie
 from .base import EvolutionModel, keep_steps, path_states
 from .embeddings import TokenEmbedding
 from .encoder import encoder_controls
-from .masks import finfo_additive, padding_support, with_token_grid
+from .masks import finfo_additive, packed_support, padding_support, with_token_grid
 from .outputs import ModelOutput
 
 __all__ = [
@@ -168,10 +170,15 @@ class BertEncoderModel(EvolutionModel):
     # -- the kernel's support ---------------------------------------------------------------
     def attention_support(
         self, attention_mask: torch.Tensor | None, batch: int, seq: int, dtype: torch.dtype,
-        device: torch.device,
+        device: torch.device, position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
-        """The mask m(x, x') handed to the attention kernel, built as transformers 5 builds it."""
-        keep, prepared = padding_support(attention_mask, batch, seq, device)
+        """The mask m(x, x') handed to the attention kernel, built as transformers 5 builds it:
+        the padding of ``attention_mask``; without one, the packed sequences that
+        ``position_ids`` marks (``masks.packed_support``)."""
+        if attention_mask is None:
+            keep, prepared = packed_support(position_ids, batch, seq, device), False
+        else:
+            keep, prepared = padding_support(attention_mask, batch, seq, device)
         if keep is None or prepared or not self.additive_mask:
             return keep
         return finfo_additive(keep, dtype)
@@ -195,7 +202,8 @@ class BertEncoderModel(EvolutionModel):
         u0 = self.embedding(input_ids, token_type_ids, position_ids, inputs_embeds,
                             token_coords=token_coords)
         b, n, _ = u0.shape
-        mask = self.attention_support(attention_mask, b, n, u0.dtype, u0.device)
+        mask = self.attention_support(attention_mask, b, n, u0.dtype, u0.device,
+                                      position_ids)
         ctx = with_token_grid(Context(attn_mask=mask, extra={"labels": labels}), token_weights,
                               token_coords, batch=b, seq=n, owner=type(self).__name__,
                               dtype=u0.dtype)
