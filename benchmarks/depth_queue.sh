@@ -130,7 +130,7 @@ mark cut32
 $S --heal "drop:3:shoot:embedding=4:lr=0.0006${W/min_length=48/min_length=32}:wiki=0.25:max_steps=$BC"
 $PY benchmarks/depth_minilm.py --out $R --table > $R/table.md
 # (cut32: 0.931 / 0.921, the same: null.) On 2026-12-06 the CPU backward of bfloat16 attention
-# was found to be 2-4x slower than float32's (benchmarks/sdpa_cpu.py); operators.kernels.sdpa
+# was found to be 2-4x slower than float32's (benchmarks/sdpa_cpu.py); operators.sdpa.sdpa
 # now differentiates attention in float32 on the CPU. A step of the best row's setting takes
 # 0.173 s (step_seconds_f32attn.json; 0.227 s before the change on the same idle machine,
 # against the 0.324 s measured under load that gave the rows above 1,850 steps): the best row

@@ -1,12 +1,12 @@
 """torch's scaled_dot_product_attention on the CPU, forward and forward + backward, by dtype
-and backend: why ``operators.kernels.sdpa`` runs a differentiated half-precision call in
+and backend: why ``operators.sdpa.sdpa`` runs a differentiated half-precision call in
 float32 on the CPU (docs/performance.md, "Half precision on the CPU").
 
     python benchmarks/sdpa_cpu.py [--threads 2] [--repeats 15] [--json OUT]
 
 For each shape (batch, heads 12, tokens, head size 32) and dtype, the median milliseconds of
 ``--repeats`` calls after 3 untimed ones: torch's own choice (``default``), the math backend,
-and ``operators.kernels.sdpa`` (the library's call: float32 inside for a differentiated
+and ``operators.sdpa.sdpa`` (the library's call: float32 inside for a differentiated
 bfloat16 / float16 call on the CPU).
 """
 
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from splitformer.operators.kernels import sdpa
+from splitformer.operators.sdpa import sdpa
 
 SHAPES = ((16, 88), (16, 128), (8, 256))
 

@@ -434,10 +434,10 @@ def test_causal_support_has_one_alignment_in_every_kernel(n_q, n_k):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_attention_is_differentiated_in_float32_on_the_cpu(dtype):
-    """operators.kernels.sdpa: a differentiated half-precision call on the CPU is torch's own
+    """operators.sdpa.sdpa: a differentiated half-precision call on the CPU is torch's own
     float32 call cast back (value and gradients bitwise), and everything else is torch's call
     as it is (benchmarks/sdpa_cpu.py: the half-precision CPU backward is 1.2-4x slower)."""
-    from splitformer.operators.kernels import sdpa
+    from splitformer.operators.sdpa import sdpa
 
     q, k, v = (x.to(dtype) for x in _qkv(torch.float32, n=7, d=8))
     mask = torch.randn(7, 7).to(dtype)
