@@ -416,3 +416,26 @@ def test_verify_table_fits_100_columns(capsys, monkeypatch, verify_rows):
     for r in verify_rows:
         assert " ".join(r["name"].split()) in flat and " ".join(r["reference"].split()) in flat
         assert f"{r['errors']['float64']:.1e}" in flat
+
+
+def test_sigterm_is_read_as_ctrl_c(monkeypatch, capsys):
+    """SIGTERM (timeout, schedulers, docker stop) ends a command as Ctrl-C does: its one line,
+    exit 130, and what the command keeps on Ctrl-C kept; the handler is put back after."""
+    import os
+    import signal
+    import time
+
+    from splitformer import cli as cli_module
+    from splitformer.commands import compress
+
+    def terminated(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler raises before this returns
+        return 0
+
+    monkeypatch.setattr(compress, "run", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli_module.main(["compress", "--heal", "none"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["splitformer compress: interrupted before healing began (nothing to resume)"]
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -100,6 +100,15 @@ def test_bad_model_and_out_are_named(capsys, tmp_path):
     (vit / "config.json").write_text(json.dumps({"model_type": "vit"}))
     assert _code(["compress", str(vit), "--out", str(tmp_path / "o")]) == 2
     assert "model_type 'bert'" in capsys.readouterr().err
+    import transformers
+
+    notok = tmp_path / "notok"  # a BertModel saved without its tokenizer: refused, not [UNK]s
+    transformers.BertModel(transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        vocab_size=100)).save_pretrained(notok)
+    assert _code(["compress", str(notok), "--steps", "1", "--heal", "none", "--out",
+                  str(tmp_path / "o2")]) == 2
+    assert "no tokenizer files" in capsys.readouterr().err and not (tmp_path / "o2").exists()
     afile = tmp_path / "afile"
     afile.write_text("x")
     assert _code(["compress", "--out", str(afile)]) == 2

@@ -220,6 +220,10 @@ def test_position_ids_without_a_mask_are_packed_sequences(dtype, attn):
         kw = {"input_ids": ids, "position_ids": packed, "attention_mask": torch.ones_like(ids)}
         assert maxdiff(ref(**kw).last_hidden_state, ours(**kw).last_hidden_state) <= TOL[dtype]
         assert maxdiff(ours(**kw).last_hidden_state, got) > 1e-3
+    with pytest.raises(ValueError, match=r"position_ids must have shape \(batch, seq\)"):
+        ours(input_ids=ids, position_ids=packed[:, :8])
+    with pytest.raises(TypeError, match="position_ids must be a torch.Tensor"):
+        ours(input_ids=ids, position_ids=packed.tolist())
 
 
 def test_hidden_states_are_the_trajectory(dtype):

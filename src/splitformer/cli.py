@@ -7,7 +7,9 @@ one line on stderr, ``splitformer SUBCOMMAND: error: argument --flag: ...``, and
 so is a missing command (``splitformer: error: a command is required ...``). A subcommand may
 document exit status 1 for a run that fails after its inputs were accepted (``EPILOG``, shown
 under its ``--help``), also one line on stderr. Ctrl-C is one line too (``<prog>: interrupted``
-and what was kept, a subcommand's ``_interrupted`` default), exit status 130.
+and what was kept, a subcommand's ``_interrupted`` default), exit status 130; SIGTERM (what
+``timeout``, schedulers and ``docker stop`` send) is read as Ctrl-C, so a command keeps what
+Ctrl-C keeps.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from . import __version__
@@ -65,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.error(f"a command is required ({', '.join(COMMANDS)})")  # exits with status 2
         return 2
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         return int(args._run(args) or 0)
     except UsageError as e:
@@ -77,6 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum, frame) -> None:
+    """SIGTERM as Ctrl-C: the command's interrupt handling keeps what it keeps."""
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":  # pragma: no cover

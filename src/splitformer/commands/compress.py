@@ -46,8 +46,8 @@ from . import (
 
 MAX_WINDOWS = 100_000  # (count, length) int64 ids: 410 MB at 512 tokens
 HELP = "coarsen a pretrained encoder in depth (and tokens) and heal it within a budget"
-EPILOG = ("exit status: 0 done, 2 bad input (one line on stderr), 130 interrupted (the healing "
-          "checkpoints are kept: the same command resumes)")
+EPILOG = ("exit status: 0 done, 2 bad input (one line on stderr), 130 interrupted by Ctrl-C or "
+          "SIGTERM (the healing checkpoints are kept: the same command resumes)")
 
 
 def _add_healing_text(p: argparse.ArgumentParser) -> None:
@@ -83,7 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "all-MiniLM-L6-v2, `make data`)")
     p.add_argument("--steps", type=int_list(1, why="coarse N_t", repeats=False), default=(3,),
                    help="the coarse number of steps; several (6,3,2): one healed network "
-                        "serves each (default 3)")
+                        "serves each, the first is the one hf/ holds and load(DIR) builds "
+                        "(default 3)")
     p.add_argument("--method", type=stripped, choices=method_names(), default="drop",
                    help="how the coarse grid is chosen (default drop: ShortGPT's block "
                         "influence)")
@@ -113,7 +114,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", type=stripped, choices=("float32", "bfloat16"),
                    default=None, help="the healing's arithmetic: float32 (default) or bfloat16 "
                                       "(mixed precision under autocast, float32 parameters; "
-                                      "1.7x the steps on a CPU with AVX512-BF16, docs/depth.md)")
+                                      "more steps per second on a CPU with AVX512-BF16, "
+                                      "docs/depth.md)")
     p.add_argument("--healed", type=stripped, choices=("all", "controls"), default=None,
                    help="what the healing optimises: all (default) or controls (theta(t) "
                         "only; the embeddings stay the teacher's, a faster step)")
@@ -129,8 +131,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the fidelity check on held-out text")
     p.add_argument("--json", action="store_true",
                    help="one JSON object on the last line of stdout")
-    p.set_defaults(_interrupted=" (a checkpoint of the healing is written in the --out "
-                                "folder's heal/; the same command resumes)")
+    p.set_defaults(_interrupted=" before healing began (nothing to resume)")
 
 
 # the flags that only the healing reads, and their defaults (refused with --heal none)
@@ -402,7 +403,8 @@ def _heal(args, cfg, teacher, windows, out: Path, say):
     header = (f"compress: {cfg.method} {teacher.evolution.num_steps} -> "
               f"{','.join(map(str, cfg.steps))} steps, heal {args.heal}"
               + (f" for {cfg.budget:g} s" if cfg.budget else "")
-              + (f" or {cfg.max_steps} optimiser steps" if cfg.budget and cfg.max_steps
+              + (f" or {cfg.max_steps} optimiser step{'s' * (cfg.max_steps != 1)}"
+                 if cfg.budget and cfg.max_steps
                  else "") + f", out {out}")
     from ..training.checkpoints import latest_checkpoint
 
@@ -422,6 +424,8 @@ def _heal(args, cfg, teacher, windows, out: Path, say):
         say(f"  step {row['step']} ({row['seconds']:.0f} s) N_t={row['steps']} "
             f"loss {row['loss']:.4g}")
 
+    args._interrupted = (f" (a checkpoint of the healing is written in {out / 'heal'}; the "
+                         "same command resumes)")
     try:
         result = heal(cfg, teacher=teacher, windows=windows, out=out / "heal", progress=progress)
     except (CheckpointError, ValueError) as e:

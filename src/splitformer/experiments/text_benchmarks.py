@@ -345,6 +345,9 @@ class MiniLM:
         return [torch.tensor(ids, dtype=torch.long) for ids in enc["input_ids"]]
 
 
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # a BERT tokenizer's vocabulary, fast or slow
+
+
 def load_minilm(folder: str | Path | None = None) -> MiniLM:
     """all-MiniLM-L6-v2 from ``folder`` (default: the package's), offline; a plain
     transformers BERT folder (config.json, weights, tokenizer; no modules.json) loads too, with
@@ -361,6 +364,10 @@ def load_minilm(folder: str | Path | None = None) -> MiniLM:
     finally:
         if not quiet:
             logging.enable_progress_bar()
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        # transformers would build an empty tokenizer (every word [UNK]) and say nothing
+        raise ValueError(f"{str(folder)!r} has no tokenizer files (one of "
+                         f"{', '.join(TOKENIZER_FILES)}); save the tokenizer beside the model")
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     if length is None:
         return MiniLM(model, tokenizer, int(model.config.max_position_embeddings), folder,

@@ -165,6 +165,12 @@ class TokenEmbedding(nn.Module):
                                  "positions (max_position_embeddings / n_positions)")
             position_ids = torch.arange(n, device=e.device).unsqueeze(0)
         else:
+            if not isinstance(position_ids, torch.Tensor):
+                raise TypeError(f"position_ids must be a torch.Tensor, got "
+                                f"{type(position_ids).__name__}")
+            if tuple(position_ids.shape) not in ((b, n), (1, n), (n,)):
+                raise ValueError(f"position_ids must have shape (batch, seq) = ({b}, {n}), "
+                                 f"(1, {n}) or ({n},), got {tuple(position_ids.shape)}")
             self._check_ids(position_ids, "position_ids", self.max_positions)
         return self._sum(e, token_type_ids, self.position(position_ids), b, n)
 

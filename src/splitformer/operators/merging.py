@@ -424,7 +424,9 @@ def _check_support(context: Context, n: int) -> None:
         raise ValueError(f"token merging needs a key-padding mask (shape (B, 1, 1, N): one "
                          f"value per key node, N = {n}), got an attention mask of shape "
                          f"{tuple(m.shape)} (a general (B, H, N, N) support, e.g. a causal one "
-                         "with padding, has no node-wise reading under merging); refused")
+                         "with padding, or BERT's packed sequences read from position_ids "
+                         "given without an attention_mask, has no node-wise reading under "
+                         "merging); refused")
 
 
 def start_trace(u0: torch.Tensor, context: Context, merging: TokenMerging) -> MergeTrace:
