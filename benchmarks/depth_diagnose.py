@@ -14,7 +14,6 @@ same news fraction and alignment, whole windows of the row's length). ``--budget
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -27,7 +26,6 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 import depth_minilm as dm  # noqa: E402
 
-from splitformer.compression.heal import heal  # noqa: E402
 from splitformer.experiments import depth_eval  # noqa: E402
 
 BINS = ((0, 80), (80, 110), (110, 130), (130, 10_000))
@@ -41,19 +39,9 @@ def _pooled_cosine(student, teacher, ids: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("spec")
-    p.add_argument("--out", default="results/depth-minilm")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--budget", type=float, default=7200.0)
-    args = p.parse_args()
-    study = dm.Study(dm.arguments(["--out", args.out, "--threads", str(args.threads)]))
-    rid, cfg, text = dm.parse_spec(args.spec, args.budget)
-    folder = study.run_folder(rid)
-    if not (folder / "final.json").is_file():
-        raise SystemExit(f"{args.spec!r}: no finished run in {folder}")
-    windows = study.windows(cfg.length, *text)
-    student = heal(cfg, teacher=study.teacher, windows=windows, out=folder).student(cfg.steps[0])
+    args, study, cfg, windows, result = dm.finished_row(None, __doc__.split("\n\n")[0], 1)
+    student = result.student(cfg.steps[0])
+    text = dm.parse_spec(args.spec, args.budget)[2]
     ev = study.evaluation
     lee = depth_eval.minilm_embed(student)(ev.texts.lee)
     cos = torch.nn.functional.cosine_similarity(torch.as_tensor(lee),

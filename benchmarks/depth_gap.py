@@ -26,7 +26,6 @@ back, not healed again). Prints:
 
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import sys
@@ -39,7 +38,7 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 import depth_minilm as dm  # noqa: E402
 
-from splitformer.compression.heal import HealConfig, _cut, heal  # noqa: E402
+from splitformer.compression.heal import HealConfig, _cut  # noqa: E402
 from splitformer.control.healing import Distillation  # noqa: E402
 from splitformer.experiments import depth_eval  # noqa: E402
 from splitformer.experiments import text_benchmarks as tb  # noqa: E402
@@ -62,20 +61,8 @@ def _direction(e: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("spec")
-    p.add_argument("--out", default="results/depth-minilm")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--budget", type=float, default=7200.0)
-    p.add_argument("--continue-steps", type=int, default=0)
-    args = p.parse_args()
-    study = dm.Study(dm.arguments(["--out", args.out, "--threads", str(args.threads)]))
-    rid, cfg, text = dm.parse_spec(args.spec, args.budget)
-    folder = study.run_folder(rid)
-    if not (folder / "final.json").is_file():
-        raise SystemExit(f"{args.spec!r}: no finished run in {folder}")
-    windows = study.windows(cfg.length, *text)
-    result = heal(cfg, teacher=study.teacher, windows=windows, out=folder)
+    args, study, cfg, windows, result = dm.finished_row(
+        None, __doc__.split("\n\n")[0], 2, **{"--continue-steps": 0})
     n_t = cfg.steps[0]
     student, teacher, ev = result.student(n_t), study.teacher, study.evaluation
     tok = study.minilm.tokenizer

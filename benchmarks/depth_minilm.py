@@ -334,6 +334,29 @@ class Study:
                               for name, r in result.items()}})
 
 
+def finished_row(argv: list[str] | None, description: str, threads: int, **more: Any):
+    """The command line of a script that reads back a finished row (SPEC, --out, --threads,
+    --budget and ``more``: flag -> default) -> (args, Study, HealConfig, windows, HealResult):
+    the row's run in --out/runs read back, not healed again."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("spec")
+    p.add_argument("--out", default="results/depth-minilm")
+    p.add_argument("--threads", type=int, default=threads)
+    p.add_argument("--budget", type=float, default=7200.0,
+                   help="the depth_minilm.py --budget the row was healed with")
+    for flag, default in more.items():
+        p.add_argument(flag, type=type(default), default=default)
+    args = p.parse_args(argv)
+    study = Study(arguments(["--out", args.out, "--threads", str(args.threads)]))
+    rid, cfg, text = parse_spec(args.spec, args.budget)
+    folder = study.run_folder(rid)
+    if not (folder / "final.json").is_file():
+        raise SystemExit(f"{args.spec!r}: no finished run in {folder}")
+    windows = study.windows(cfg.length, *text)
+    return args, study, cfg, windows, heal(cfg, teacher=study.teacher, windows=windows,
+                                           out=folder)
+
+
 def _call(model):
     return lambda ids, mask: model(input_ids=ids, attention_mask=mask)
 
