@@ -31,6 +31,9 @@ def _option(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    if key.strip() == "metric":
+        raise argparse.ArgumentTypeError("the metric is the family's: choose it with "
+                                         "--families (splitformer, splitformer-state, ...)")
     return key.strip(), value.strip()
 
 

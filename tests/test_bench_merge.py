@@ -393,3 +393,21 @@ def test_curves_read_every_family_against_one_reference_and_interpolate():
         curves(rows, 16)
     with pytest.raises(ValueError, match="lee_r_at = 256 .the rows have None"):
         curves(rows, 8, 256)
+
+
+def test_each_family_runs_its_own_metric_and_a_metric_option_is_refused():
+    """The family is the metric (METRIC_OF): every splitformer family's network merges with
+    the library's metric of that name, and a metric passed as an option is refused (it would
+    run one rule under another family's label)."""
+    from splitformer.bench.merge_suite import METRIC_OF, OURS, encoder
+
+    bert = tiny_bert()
+    ours = from_hf(bert)
+    x = ids()
+    for family in OURS:
+        net = encoder(Setting(family, 4, True), bert, ours)
+        want = ours.with_token_merging(4, metric=METRIC_OF[family])
+        with torch.no_grad():
+            assert torch.equal(net(x, torch.ones_like(x)), want(input_ids=x).last_hidden_state)
+        with pytest.raises(ValueError, match="the metric is the family's"):
+            encoder(Setting(family, 4, True), bert, ours, metric="state")

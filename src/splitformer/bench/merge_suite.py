@@ -123,15 +123,18 @@ class LastHidden(nn.Module):
 def encoder(setting: Setting, bert: nn.Module, ours: nn.Module | None = None,
             **options) -> nn.Module:
     """The network of ``setting`` over the transformers ``bert`` (``ours``: its
-    ``splitformer.from_hf``; ``options`` go to the library call)."""
+    ``splitformer.from_hf``; ``options`` go to the library call, except the metric, which is
+    the family's: ``METRIC_OF``)."""
     if setting.family == "transformers":
         return LastHidden(bert).eval()
     if setting.family == "peer":
         return PlainToMeBert(bert, setting.r, proportional=setting.proportional).eval()
     if ours is None:
         raise ValueError("the splitformer setting needs ours = splitformer.from_hf(bert)")
-    if setting.family != "splitformer":  # ToMe's metric unless the options name another
-        options = {**options, "metric": METRIC_OF[setting.family]}
+    if "metric" in options:  # a family is a metric: a second name for it would mislabel rows
+        raise ValueError(f"options: the metric is the family's ({METRIC_OF}); choose the "
+                         f"family, not metric={options['metric']!r}")
+    options = {**options, "metric": METRIC_OF[setting.family]}
     return LastHidden(ours_merged(ours, setting.r, proportional=setting.proportional,
                                   **options)).eval()
 

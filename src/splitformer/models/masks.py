@@ -214,21 +214,15 @@ def padding_support(attention_mask, batch: int, seq: int, device: torch.device
 
 def packed_support(position_ids, batch: int, seq: int, device: torch.device
                    ) -> torch.Tensor | None:
-    """Several sequences packed on one token grid, read from ``position_ids`` (B, N) or (N,)
-    as transformers 5 reads them when no attention mask is given: a new sequence starts
-    wherever the position does not step by +1, and the kernel's support is each token's own
-    sequence, m(x, x') = [s(x) = s(x')] (block-diagonal). Returns that support, (B, 1, N, N)
-    bool, or None when every row is one sequence (nothing to mask)."""
+    """Several sequences packed on one token grid, read from ``position_ids`` (B, N), (1, N)
+    or (N,) integer ids, as the embedding has checked them (``TokenEmbedding``), the way
+    transformers 5 reads them when no attention mask is given: a new sequence starts wherever
+    the position does not step by +1, and the kernel's support is each token's own sequence,
+    m(x, x') = [s(x) = s(x')] (block-diagonal). Returns that support, (B, 1, N, N) bool, or
+    None when every row is one sequence (nothing to mask)."""
     if position_ids is None:
         return None
-    if not isinstance(position_ids, torch.Tensor) or position_ids.is_floating_point():
-        raise TypeError(f"position_ids must be an integer torch.Tensor, got "
-                        f"{getattr(position_ids, 'dtype', type(position_ids).__name__)}")
-    p = position_ids.to(device)
-    p = p.reshape(1, -1) if p.dim() == 1 else p
-    if p.dim() != 2 or p.shape[-1] != seq or p.shape[0] not in (1, batch):
-        raise ValueError(f"position_ids must have shape (batch, seq) = ({batch}, {seq}) or "
-                         f"(seq,), got {tuple(position_ids.shape)}")
+    p = position_ids.to(device).reshape(-1, seq)
     step = torch.diff(p, prepend=p[:, :1] - 1, dim=-1)
     segment = (step != 1).cumsum(-1).expand(batch, seq)
     if not bool(segment[:, -1].any()):  # one sync; every row one sequence

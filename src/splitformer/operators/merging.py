@@ -213,14 +213,14 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, mergeable: torch.Tenso
     ma, mb = take_rows(m, a_idx), take_rows(m, b_idx)
     scores = (ma @ mb.transpose(1, 2)).masked_fill(~b_ok[:, None, :], -math.inf)
     node_max, node_arg = scores.max(dim=-1)
+    partner = b_idx.gather(1, node_arg)
     if rank is not None:
-        partner = b_idx.gather(1, node_arg)
         unit = _unit(rank)
         second = (take_rows(unit, a_idx) * take_rows(unit, partner)).sum(-1)
         node_max = KEYS_SHARE * node_max + (1 - KEYS_SHARE) * second.to(node_max.dtype)
     node_max = node_max.masked_fill(~a_ok, -math.inf)
     edges = node_max.argsort(dim=-1, descending=True)[:, :r]
-    return a_idx.gather(1, edges), b_idx.gather(1, node_arg.gather(1, edges))
+    return a_idx.gather(1, edges), partner.gather(1, edges)
 
 
 def _unit(v: torch.Tensor) -> torch.Tensor:
