@@ -439,3 +439,17 @@ def test_sigterm_is_read_as_ctrl_c(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["splitformer compress: interrupted before healing began (nothing to resume)"]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_main_runs_outside_the_main_thread(monkeypatch):
+    """cli.main from another thread (where Python refuses signal handlers) runs the command."""
+    import threading
+
+    from splitformer.commands import compress
+
+    monkeypatch.setattr(compress, "run", lambda args: 7)
+    codes = []
+    t = threading.Thread(target=lambda: codes.append(main(["compress", "--heal", "none"])))
+    t.start()
+    t.join()
+    assert codes == [7]

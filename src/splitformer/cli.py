@@ -19,6 +19,7 @@ import importlib
 import os
 import signal
 import sys
+import threading
 
 from . import __version__
 from .commands import UsageError
@@ -68,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.error(f"a command is required ({', '.join(COMMANDS)})")  # exits with status 2
         return 2
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    # Python installs signal handlers from the main thread only (cli.main called elsewhere
+    # keeps the process's SIGTERM as it is)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         return int(args._run(args) or 0)
     except UsageError as e:
@@ -82,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _terminated(signum, frame) -> None:
