@@ -165,8 +165,22 @@ class EvolutionModel(nn.Module):
 
     def _solve_in(self, inputs: tuple, kwargs: dict, saveat: SaveAt | None
                   ) -> tuple[Any, Trajectory | None, Context]:
-        """``_solve``, with the context of the run (where its MergeTrace is)."""
+        """``_solve``, with the context of the run (where its MergeTrace is). A KV tape in the
+        context (``Context.tape``) is committed when the run ends and left as it was when it
+        fails."""
         u0, ctx = self.initial_condition(*inputs, **kwargs)
+        if ctx.tape is None:
+            return self._run_in(u0, ctx, saveat)
+        try:
+            out = self._run_in(u0, ctx, saveat)
+        except BaseException:
+            ctx.tape.abort()
+            raise
+        ctx.tape.commit()
+        return out
+
+    def _run_in(self, u0: torch.Tensor, ctx: Context, saveat: SaveAt | None
+                ) -> tuple[Any, Trajectory | None, Context]:
         asked = ctx.extra.get("saveat")
         if asked is None and saveat is None:
             u = self.evolution(u0, ctx)
@@ -217,8 +231,17 @@ class EvolutionModel(nn.Module):
         ``forward``."""
         u0, ctx = self.initial_condition(*inputs, **kwargs)
         ctx.extra.pop("saveat", None)
-        return self._unmerged(
-            self.evolution(u0, ctx, saveat if saveat is not None else SaveAt(steps=True)), ctx)
+        try:
+            path = self._unmerged(
+                self.evolution(u0, ctx, saveat if saveat is not None else SaveAt(steps=True)),
+                ctx)
+        except BaseException:
+            if ctx.tape is not None:
+                ctx.tape.abort()
+            raise
+        if ctx.tape is not None:
+            ctx.tape.commit()
+        return path
 
     # -- copies sharing parameters -------------------------------------------------------------
     def evolution_owners(self) -> list[EvolutionModel]:

@@ -42,12 +42,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..operators import Context, LayerNormProjection
+from ..operators.tape import KVTape
 from ..time import Evolution, TimeGrid
 from ..time.schemes import prenorm
 from .base import EvolutionModel, keep_steps, path_states
 from .embeddings import TokenEmbedding
 from .encoder import encoder_controls
-from .masks import causal_support, finfo_additive, on_token_grid, padding_support, with_token_grid
+from .generation import GenerationOutput, generate
+from .masks import (
+    causal_support,
+    check_token_grid,
+    finfo_additive,
+    on_token_grid,
+    padding_support,
+    with_token_grid,
+)
 from .outputs import ModelOutput
 
 __all__ = [
@@ -56,6 +65,7 @@ __all__ = [
     "CausalLM",
     "causal_context",
     "causal_decoder",
+    "tape_context",
 ]
 
 @dataclass
@@ -143,6 +153,42 @@ def causal_context(
     return Context(attn_mask=support, is_causal=False)
 
 
+def tape_context(tape: KVTape, attention_mask: torch.Tensor | None,
+                 token_weights: torch.Tensor | None, token_coords: torch.Tensor | None, *,
+                 batch: int, seq: int, dtype: torch.dtype, device: torch.device,
+                 additive: bool, owner: str) -> Context:
+    """The context of a forward over ``seq`` new nodes on a KV tape: the causal support alone
+    (is_causal; the tape builds the support of the new queries over past and new keys, with
+    the padding it records) and the new nodes' token grid, which the tape records too.
+
+    ``attention_mask``: (B, seq) for the new nodes, or (B, past + seq) as transformers passes
+    it (its past columns must be the padding the tape recorded); 1 = token, 0 = padding. A
+    prepared 4-D mask is refused (the tape builds the support)."""
+    keep = None
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor):
+            raise TypeError(f"attention_mask must be a torch.Tensor, got "
+                            f"{type(attention_mask).__name__}")
+        total = tape.length + seq
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or \
+                attention_mask.shape[1] not in (seq, total):
+            raise ValueError(f"attention_mask on a KV tape must have shape (batch, new) = "
+                             f"({batch}, {seq}) or (batch, past + new) = ({batch}, {total}), "
+                             f"got {tuple(attention_mask.shape)} (a 4-D mask is refused: the "
+                             "tape builds the support)")
+        if attention_mask.is_floating_point() and not bool(
+                ((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise ValueError("attention_mask must hold 1 (token) and 0 (padding) only")
+        if attention_mask.shape[1] == total and tape.length:
+            tape.check_past(attention_mask)
+        keep = attention_mask[:, -seq:].to(device=device, dtype=torch.bool)
+    weights, coords = check_token_grid(token_weights, token_coords, batch=batch, seq=seq,
+                                       owner=owner, dtype=dtype)
+    tape.begin(seq, batch, keep=keep, weights=weights, coords=coords, additive=additive,
+               dtype=dtype, device=device)
+    return Context(is_causal=True, tape=tape, token_weights=weights, token_coords=coords)
+
+
 class CausalDecoderModel(EvolutionModel):
     """A decoder-only (causal) evolution: u(0) = f (``embedding``), u(T), read-out ``final_norm``.
 
@@ -192,13 +238,24 @@ class CausalDecoderModel(EvolutionModel):
         logits_to_keep: int | torch.Tensor = 0,
         token_weights: torch.Tensor | None = None,
         token_coords: torch.Tensor | None = None,
+        tape: KVTape | None = None,
     ) -> tuple[torch.Tensor, Context]:
         """u(0) = f (positions p(x_j) with ``token_coords``) and the causal context (the
         support of the Volterra kernel, the token grid checked against N); for the read-out,
-        the labels, the logits to keep and whether to keep the hidden states."""
+        the labels, the logits to keep and whether to keep the hidden states. With a ``tape``
+        the inputs are the new nodes only (``tape_context``)."""
+        if tape is not None:
+            position_ids = self._tape_positions(tape, input_ids, inputs_embeds, position_ids,
+                                                token_coords)
         u0 = self.embedding(input_ids, token_type_ids, position_ids, inputs_embeds,
                             token_coords=token_coords)
         b, n, _ = u0.shape
+        if tape is not None:
+            ctx = tape_context(tape, attention_mask, token_weights, token_coords, batch=b,
+                               seq=n, dtype=u0.dtype, device=u0.device,
+                               additive=self.additive_mask, owner=type(self).__name__)
+            ctx.extra.update(labels=labels, logits_to_keep=logits_to_keep)
+            return u0, keep_steps(ctx, output_hidden_states)
         cache = self.use_cache if use_cache is None else bool(use_cache)
         ctx = causal_context(attention_mask, position_ids, batch=b, seq=n, dtype=u0.dtype,
                              device=u0.device, additive=self.additive_mask, packed=not cache,
@@ -207,6 +264,24 @@ class CausalDecoderModel(EvolutionModel):
                               owner=type(self).__name__, dtype=u0.dtype)
         ctx.extra.update(labels=labels, logits_to_keep=logits_to_keep)
         return u0, keep_steps(ctx, output_hidden_states)
+
+    @staticmethod
+    def _tape_positions(tape: KVTape, input_ids, inputs_embeds, position_ids, token_coords):
+        """The new nodes' position ids on a tape: as given, else (with no coordinates) the
+        committed length onwards, length .. length + n - 1 (transformers' cache_position)."""
+        if not isinstance(tape, KVTape):
+            raise TypeError(f"tape must be a splitformer KVTape, got {type(tape).__name__}")
+        if position_ids is not None or token_coords is not None:
+            return position_ids
+        x = input_ids if input_ids is not None else inputs_embeds
+        if not isinstance(x, torch.Tensor) or x.dim() < 2:
+            return None  # the embedding names the bad input
+        return torch.arange(tape.length, tape.length + x.shape[1], device=x.device)[None]
+
+    @property
+    def max_positions(self) -> int | None:
+        """The number of learned positions (the longest grid of index coordinates)."""
+        return self.embedding.max_positions
 
     def read_out(self, u: torch.Tensor, context: Context) -> CausalDecoderOutput:
         """last_hidden_state = P_f(u(T)) (the final norm; identity when None) and, when kept,
@@ -228,10 +303,11 @@ class CausalDecoderModel(EvolutionModel):
         output_hidden_states: bool = False,
         token_weights: torch.Tensor | None = None,
         token_coords: torch.Tensor | None = None,
+        tape: KVTape | None = None,
     ) -> CausalDecoderOutput:
         return self.solve(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                           use_cache, output_hidden_states=output_hidden_states,
-                          token_weights=token_weights, token_coords=token_coords)
+                          token_weights=token_weights, token_coords=token_coords, tape=tape)
 
 
 class CausalLM(CausalDecoderModel):
@@ -267,6 +343,14 @@ class CausalLM(CausalDecoderModel):
     def tied(self) -> bool:
         return self.lm_head.weight is self.embedding.word.weight
 
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 20, **options: Any
+                 ) -> torch.Tensor | GenerationOutput:
+        """The prompt and up to ``max_new_tokens`` new ids, greedy or sampled, decoded on a KV
+        tape (``models.generation.generate``: options do_sample, temperature, top_k, top_p,
+        eos_token_id, pad_token_id, attention_mask, generator / seed, use_cache,
+        return_logits, streamer)."""
+        return generate(self, input_ids, max_new_tokens, **options)
+
     @staticmethod
     def lm_loss(logits: torch.Tensor, labels: torch.Tensor,
                 ignore_index: int = -100) -> torch.Tensor:
@@ -291,11 +375,12 @@ class CausalLM(CausalDecoderModel):
         output_hidden_states: bool = False,
         token_weights: torch.Tensor | None = None,
         token_coords: torch.Tensor | None = None,
+        tape: KVTape | None = None,
     ) -> CausalDecoderOutput:
         return self.solve(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                           use_cache, labels, output_hidden_states=output_hidden_states,
                           logits_to_keep=logits_to_keep, token_weights=token_weights,
-                          token_coords=token_coords)
+                          token_coords=token_coords, tape=tape)
 
     def read_out(self, u: torch.Tensor, context: Context) -> CausalDecoderOutput:
         """logits(x, v) = <P_f u(x, ., T), W(v, .)> on the kept positions, and the next-token

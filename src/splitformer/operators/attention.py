@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +57,9 @@ class AttentionOperator(Operator):
     """
 
     kind = "field"
+    # a self-attention reads and extends the context's KV tape (queries and keys on one
+    # growing grid); cross-attention's keys are the memory's, never the tape's
+    reads_tape: ClassVar[bool] = True
 
     def __init__(self, dim: int, num_heads: int, *, kernel: Kernel | None,
                  attn_dropout: float) -> None:
@@ -187,6 +190,8 @@ class AttentionOperator(Operator):
         q, k, v = self.qkv(u, context)
         mask, causal = self.support(context)
         p = self.attn_dropout if self.training else 0.0
+        if self.reads_tape and context is not None and context.tape is not None:
+            return self._on_tape(context, q, k, v, mask, causal, p)
         grid = self.kernel_grid(context, q.shape[-2], k.shape[-2], q.shape[0])
         if grid is None:
             return self.kernel(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p)
@@ -197,6 +202,19 @@ class AttentionOperator(Operator):
                 "and its forward takes no grid), and the context has token_weights or "
                 "token_coords: refused rather than silently ignored")
         return self.kernel(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p, grid=grid)
+
+    def _on_tape(self, context: Context, q, k, v, mask, causal: bool, p: float
+                 ) -> torch.Tensor:
+        """The new nodes' queries over the past (from the KV tape) and the new keys: the
+        Volterra structure of the causal support (``operators.tape``)."""
+        if mask is not None or not causal:
+            raise ValueError(f"{type(self).__name__}: a KV tape needs the causal support "
+                             "x' <= x alone in the context (is_causal=True, no attn_mask; the "
+                             "tape holds the padding): without it the past is not final")
+        if p > 0.0:
+            raise ValueError(f"{type(self).__name__}: a KV tape with attention dropout "
+                             f"({p}): call model.eval() before decoding on a tape")
+        return context.tape.attend(self.kernel, q, k, v)
 
     returns_new = True  # W_O (.) + b_O, a new tensor (operators.base.returns_new)
 
@@ -285,6 +303,8 @@ class CrossAttention(NonlocalAttention):
     of the two grids has coordinates, the other's are its own index 0 .. N-1.
     Weights are packed like NonlocalAttention (rows W_Q, W_K, W_V).
     """
+
+    reads_tape = False
 
     def kernel_grid(self, context: Context | None, n_q: int, n_k: int, batch: int
                     ) -> KernelGrid | None:

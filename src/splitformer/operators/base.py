@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _m
 
+from .tape import KVTape
 from .token_grid import TokenGrid, check_grid_tensor
 
 __all__ = ["OPERATOR_KINDS", "Context", "Operator", "apply_dropout", "has_hooks",
@@ -60,6 +61,9 @@ class Context:
         Relative-position kernels and causal supports read them.
     extra: a dict of free-form values for user-written operators (e.g. a memory field; the
         memory's grid is ``extra["memory_weights"]`` / ``extra["memory_coords"]``).
+    tape: the KV tape of a causal evolution (``operators.tape.KVTape``), or None: the past
+        nodes' keys and values per attention evaluation; the self-attention operators read
+        and extend it, and the field holds only the new nodes (docs/math.md 3.19).
     """
 
     attn_mask: torch.Tensor | None = None
@@ -67,6 +71,7 @@ class Context:
     extra: dict[str, Any] = field(default_factory=dict)
     token_weights: torch.Tensor | None = None
     token_coords: torch.Tensor | None = None
+    tape: KVTape | None = None
 
     def __post_init__(self) -> None:
         if self.attn_mask is not None and not isinstance(self.attn_mask, torch.Tensor):
@@ -76,6 +81,9 @@ class Context:
         if not isinstance(self.is_causal, bool):
             raise TypeError(f"Context.is_causal must be a bool (True: the kernel is supported on "
                             f"x' <= x), got {type(self.is_causal).__name__} {self.is_causal!r}")
+        if self.tape is not None and not isinstance(self.tape, KVTape):
+            raise TypeError(f"Context.tape must be None or a KVTape, got "
+                            f"{type(self.tape).__name__}")
         if not isinstance(self.extra, dict):
             raise TypeError(f"Context.extra must be a dict, got {type(self.extra).__name__}")
         # checked; an integer grid (torch.arange(N)) is kept cast to a floating dtype

@@ -132,6 +132,22 @@ class Kernel(nn.Module):
         return False
     scale: float | None = None
 
+    # what a KV tape stores for a past node at one attention evaluation (operators.tape):
+    # "keys_values" (K and V; the tape calls forward with the past and new keys), "running_sums"
+    # (the recurrent form: the tape calls ``recurrent``), None (not cacheable exactly: refused,
+    # with ``cache_refusal`` as the reason). A user kernel declares nothing and is refused.
+    caches: str | None = None
+    cache_refusal: str = ("it declares no cache (Kernel.caches): set caches = 'keys_values' if "
+                          "its output at x depends on the past keys and values only")
+
+    def recurrent(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  sums: tuple[torch.Tensor, torch.Tensor] | None, *,
+                  keep: torch.Tensor | None = None, weights: torch.Tensor | None = None,
+                  coords: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The recurrent form of a ``caches = "running_sums"`` kernel (see LinearKernel)."""
+        raise NotImplementedError(f"{type(self).__name__} has no recurrent form")
+
     @classmethod
     def for_operator(cls, op: KernelSite, **options: Any) -> Kernel:
         """A kernel of this class for the attention operator ``op`` (heads, head size);
@@ -167,6 +183,7 @@ class SoftmaxKernel(Kernel):
     name = "softmax"
     takes_scale = True
     grid_aware = True
+    caches = "keys_values"
 
     def __init__(self, scale: float | None = None) -> None:
         super().__init__()
@@ -353,6 +370,16 @@ class SinkhornKernel(Kernel):
     def extra_repr(self) -> str:
         return f"iterations={self.iterations}, scale={self.scale}"
 
+    @property
+    def caches(self) -> str | None:  # type: ignore[override]
+        """One iteration is the softmax kernel (keys and values); more are not cacheable."""
+        return "keys_values" if self.iterations == 1 else None
+
+    cache_refusal = ("causal Sinkhorn's column sums run over the past queries, so the kernel "
+                     "row of a past node changes when a node is appended (not a Volterra "
+                     "operator with final past keys); use iterations=1 (softmax) or "
+                     "generate without the cache (use_cache=False)")
+
     # elements of one batch of prefix plans (B H x prefixes x N_q x N_k), to bound the memory
     _PREFIX_BATCH = 1 << 22
 
@@ -432,6 +459,7 @@ class GaussianKernel(Kernel):
     name = "gaussian"
     takes_scale = True
     grid_aware = True
+    caches = "keys_values"
 
     def __init__(self, scale: float | None = None) -> None:
         super().__init__()
@@ -465,6 +493,7 @@ class LinearKernel(Kernel):
 
     name = "linear"
     grid_aware = True
+    caches = "running_sums"
 
     def __init__(self, eps: float = 1e-12) -> None:
         super().__init__()
@@ -504,154 +533,52 @@ class LinearKernel(Kernel):
         w = w / w.sum(-1, keepdim=True).clamp_min(self.eps)
         return torch.matmul(_dropout(w, dropout_p), v)
 
+    def recurrent(self, q, k, v, sums, *, keep=None, weights=None, coords=None):
+        """The causal kernel over past and new nodes from the running sums of the past,
 
-def alibi_slopes(num_heads: int) -> torch.Tensor:
-    """ALiBi's head slopes m_h: the geometric sequence 2^(-8 h / H) (Press et al. 2022), with the
-    interleaving rule for head counts that are not powers of two."""
+            S = sum_{j past} w_j phi(K_j) V_j^T,   z = sum_{j past} w_j phi(K_j),
+            out_i = (phi(Q_i) S + sum_{j new, x_j <= x_i} w_j phi(Q_i).phi(K_j) V_j)
+                    / (phi(Q_i).z + sum_{j new, x_j <= x_i} w_j phi(Q_i).phi(K_j)),
 
-    def pow2(n: int) -> list[float]:
-        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
-        return [start * start**i for i in range(n)]
-
-    if math.log2(num_heads).is_integer():
-        return torch.tensor(pow2(num_heads))
-    closest = 2 ** math.floor(math.log2(num_heads))
-    extra = pow2(2 * closest)[0::2][: num_heads - closest]
-    return torch.tensor(pow2(closest) + extra)
-
-
-class ALiBiKernel(Kernel):
-    """Relative-position kernel k(x - x'): softmax of a(x,x') - m_h |x - x'| (ALiBi).
-
-    The bias depends on x - x' only (a convolution-type kernel in x). With ``causal=True`` the
-    support is x' <= x and the bias is -m_h (x - x'). Slopes m_h from ``alibi_slopes``; all
-    slopes 0 give the softmax kernel. Runs through scaled_dot_product_attention. On a token
-    grid (``grid``) |x - x'| is the distance of the coordinates and the scores gain log w(x').
-    """
-
-    name = "alibi"
-    takes_scale = True
-    relative = True
-    grid_aware = True
-
-    def __init__(self, num_heads: int, causal: bool = False, scale: float | None = None,
-                 slopes: torch.Tensor | None = None) -> None:
-        super().__init__()
-        if not isinstance(causal, bool):
-            raise TypeError(f"ALiBiKernel: causal must be a bool, got {type(causal).__name__}")
-        self.causal = causal
-        self.scale = check_scale(scale, "ALiBiKernel")
-        self.register_buffer("slopes", alibi_slopes(num_heads) if slopes is None
-                             else torch.as_tensor(slopes, dtype=torch.float32), persistent=False)
-        if self.slopes.shape != (num_heads,):
-            raise ValueError(f"slopes must have one entry per head ({num_heads}), got shape "
-                             f"{tuple(self.slopes.shape)}")
-
-    @classmethod
-    def for_operator(cls, op: KernelSite, **options: Any) -> ALiBiKernel:
-        return cls(op.num_heads, **options)
-
-    def check_operator(self, op: KernelSite) -> None:
-        super().check_operator(op)
-        if self.slopes.numel() != op.num_heads:
-            raise ValueError(f"the alibi kernel has {self.slopes.numel()} slopes (heads) but "
-                             f"{type(op).__name__} has {op.num_heads} heads")
-
-    def extra_repr(self) -> str:
-        return f"heads={self.slopes.numel()}, causal={self.causal}, scale={self.scale}"
-
-    @property
-    def causal_support(self) -> bool:
-        return self.causal
-
-    def bias(self, n_q: int, n_k: int, dtype, device) -> torch.Tensor:
-        x = torch.arange(n_q, device=device, dtype=dtype).unsqueeze(-1) + (n_k - n_q)
-        xp = torch.arange(n_k, device=device, dtype=dtype)
-        dist = (x - xp).abs()
-        return -self.slopes.to(dtype=dtype, device=device).view(-1, 1, 1) * dist  # (H, Nq, Nk)
-
-    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0, grid=None):
-        if grid is not None and grid.has_coords:
-            dist = grid.offsets(q.shape[-2], k.shape[-2], q.dtype, q.device).abs()
-            b = -self.slopes.to(dtype=q.dtype, device=q.device).view(-1, 1, 1) * dist
+        returning (out, (S', z')) with the new nodes added: constant memory per token (the
+        recurrent form of linear attention). ``keep`` (B, n) bool and ``weights`` (B, n) are
+        the new nodes' padding flags and weights; ``coords`` (B, past + n) the coordinates of
+        every node (None: the index; the past must then lie before the new nodes, x_j <= x_i,
+        which is checked)."""
+        fq, fk = self.feature_map(q), self.feature_map(k)
+        n = q.shape[-2]
+        w = None
+        if weights is not None:
+            w = weights.to(fk.dtype)
+        if keep is not None:
+            kw = keep.to(fk.dtype)
+            w = kw if w is None else w * kw
+        if w is not None:
+            fk = fk * w[:, None, :, None]
+        a = torch.matmul(fq, fk.transpose(-2, -1))  # (B, H, n, n)
+        if coords is not None:
+            new = coords[:, -n:]
+            if sums is not None and coords.shape[1] > n and bool(
+                    (coords[:, :-n].amax(-1, keepdim=True) > new.amin(-1, keepdim=True)).any()):
+                raise ValueError("LinearKernel.recurrent: a past node lies after a new one "
+                                 "(x_j > x_i): the running sums hold the whole past")
+            a = a * (new[:, None, :] <= new[:, :, None]).unsqueeze(1)
         else:
-            b = self.bias(q.shape[-2], k.shape[-2], q.dtype, q.device)
-        m = _grid_additive(attn_mask, is_causal or self.causal, q, k, grid)
-        b = b if m is None else b + m
-        return sdpa(q, k, v, attn_mask=b, dropout_p=dropout_p, scale=self.scale)
+            a = a.tril()
+        num = torch.matmul(a, v)
+        den = a.sum(-1, keepdim=True)
+        kv = torch.matmul(fk.transpose(-2, -1), v)  # (B, H, d, d_v)
+        ks = fk.sum(-2, keepdim=True)  # (B, H, 1, d)
+        if sums is not None:
+            s, z = sums
+            num = num + torch.matmul(fq, s)
+            den = den + torch.matmul(fq, z.transpose(-2, -1))
+            kv, ks = kv + s, ks + z
+        return num / den.clamp_min(self.eps), (kv, ks)
 
 
-class RotaryKernel(Kernel):
-    """Rotary position kernel (RoPE): rotate Q(x) and K(x') by position-dependent angles, then
-    the softmax kernel. <R_x q, R_x' k> = <q, R_(x'-x) k>: the score depends on x - x' only.
-
-    Pairs (i, i + d/2) of a head's features rotate by angle x * base^(-2i/d) (the "rotate half"
-    layout of GPT-NeoX / LLaMA). On a token grid (``grid``) the angles are x_j base^(-2i/d) at
-    the coordinates x_j (any real x_j), and the scores gain log w(x').
-    """
-
-    name = "rotary"
-    takes_scale = True
-    relative = True
-    grid_aware = True
-
-    def __init__(self, head_dim: int, base: float = 10000.0, scale: float | None = None) -> None:
-        super().__init__()
-        if head_dim % 2:
-            raise ValueError(f"head_dim must be even for rotary positions, got {head_dim}")
-        self.head_dim = head_dim
-        self.base = base
-        self.scale = check_scale(scale, "RotaryKernel")
-
-    @classmethod
-    def for_operator(cls, op: KernelSite, **options: Any) -> RotaryKernel:
-        return cls(op.head_dim, **options)
-
-    def check_operator(self, op: KernelSite) -> None:
-        super().check_operator(op)
-        if self.head_dim != op.head_dim:
-            raise ValueError(f"the rotary kernel has head_dim={self.head_dim} but "
-                             f"{type(op).__name__} has head_dim={op.head_dim}")
-
-    def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, base={self.base}, scale={self.scale}"
-
-    def angles(self, n: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-        inv = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64,
-                                                 device=device) / self.head_dim))
-        t = torch.arange(n, dtype=torch.float64, device=device)
-        freqs = torch.outer(t, inv)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-    @staticmethod
-    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x.shape[-1] // 2
-        rot = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
-        return x * cos + rot * sin
-
-    def angles_at(self, x: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of the angles at the coordinates x (B|1, N): (B|1, 1, N, head_dim)."""
-        inv = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64,
-                                                 device=x.device) / self.head_dim))
-        freqs = x.to(torch.float64)[..., None] * inv
-        emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0, grid=None):
-        if grid is not None and grid.has_coords:
-            xq, xk = grid.positions(q.shape[-2], k.shape[-2], torch.float64, q.device)
-            q = self.rotate(q, *self.angles_at(xq, q.dtype))
-            k = self.rotate(k, *self.angles_at(xk, k.dtype))
-        else:
-            n = max(q.shape[-2], k.shape[-2])
-            cos, sin = self.angles(n, q.dtype, q.device)
-            q = self.rotate(q, cos[n - q.shape[-2]:], sin[n - q.shape[-2]:])
-            k = self.rotate(k, cos[n - k.shape[-2]:], sin[n - k.shape[-2]:])
-        attn_mask, is_causal = _grid_sdpa_support(attn_mask, is_causal, q, k, grid)
-        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                    scale=self.scale)
-
+# the kernels on coordinates live in their own module (it imports this one for Kernel)
+from .positional import ALiBiKernel, RotaryKernel, alibi_slopes  # noqa: E402
 
 KERNELS: dict[str, type[Kernel]] = {
     cls.name: cls

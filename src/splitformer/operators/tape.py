@@ -1,0 +1,371 @@
+"""The KV tape: the past of a causal evolution, kept per attention evaluation in time.
+
+With the causal support x' <= x the attention is a Volterra operator in x (docs/math.md 3.19):
+u(x', ., t) of a past node never changes when nodes are appended to the token grid, at any t.
+So at every evaluation of an attention field, the keys and values of the past nodes are final,
+
+    K_e(x_j) = W_K^e v_e(x_j),   V_e(x_j) = W_V^e v_e(x_j),     x_j < x_new,
+
+where e numbers the attention evaluations of one forward in time order (step n, stage j of the
+scheme, evaluation r of the integrator: a Strang step evaluates attention twice, Heun twice per
+substep, RK4 four times, ``refine(k)`` k times per layer's controls) and v_e is the state the
+field is evaluated at. A forward over new nodes only (generation appends one node at a time)
+reads the past from the tape and integrates over past and new nodes:
+
+    A_e[u](x_new) = sum_h W_O,h sum_{x_j <= x_new} w_j g_h(x_new, x_j) V_e,h(x_j).
+
+The tape is indexed by e, never by layer, and is exact for every scheme, grid and integrator
+whose sequence of attention evaluations is the same at every forward (it is: a scheme is data
+and runs the same stages each time). It is a declared field of the ``Context``
+(``Context.tape``) that the model's initial condition opens (``begin``) and the model's spine
+closes (``commit``, or ``abort`` when the forward fails: nothing half-written is kept).
+
+What one evaluation stores is the kernel's declaration (``Kernel.caches``):
+
+* ``"keys_values"``: K and V of every past node (softmax, Gaussian, ALiBi, rotary, Sinkhorn with
+  one iteration). Rotary keeps the *unrotated* K with the node coordinates and rotates at each
+  evaluation: the coordinates are data a cache policy moves (a merged entry sits at its
+  mass-weighted coordinate, context extension rescales them), and an unrotated key can be put
+  at any coordinate while a rotated one would have to be un-rotated first. The cost is one
+  rotation of the cached keys per evaluation, the same order as the attention itself.
+* ``"running_sums"``: the linear kernel's recurrent form, S = sum_j w_j phi(K_j) V_j^T and
+  z = sum_j w_j phi(K_j): constant memory per token (``LinearKernel.recurrent``).
+* None: refused by name (causal Sinkhorn: its column sums run over the past queries, so a past
+  row changes when a node is appended; a user kernel that declares nothing).
+
+The token grid stays data: the tape holds the quadrature weights w_j, the coordinates x_j and
+the padding flags of the cached nodes (a padding node is a node outside every support), so
+that a later policy can drop (weight 0) or merge entries. Buffers are preallocated
+(``capacity``) and grow by doubling, as litgpt's KV cache; a forward writes past the committed
+length and only ``commit`` makes it part of the past.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .token_grid import KernelGrid
+
+__all__ = ["CACHE_KINDS", "KVTape", "TapeError"]
+
+CACHE_KINDS = ("keys_values", "running_sums")
+
+
+class TapeError(ValueError):
+    """A forward that does not fit the tape (another scheme, batch, dtype or kernel)."""
+
+
+@dataclass
+class _Support:
+    """The kernel support of the forward in progress (new queries x all keys), built once per
+    forward: an sdpa-convention mask or None, the causal flag, the token grid or None."""
+
+    mask: torch.Tensor | None
+    is_causal: bool
+    grid: KernelGrid | None
+
+
+def _grow(buf: torch.Tensor | None, need: int, cap: int, axis: int) -> torch.Tensor | None:
+    """``buf`` with at least ``need`` slots along ``axis`` (new capacity ``cap``), the old
+    contents copied; as it is when it is large enough."""
+    if buf is None or buf.shape[axis] >= need:
+        return buf
+    shape = list(buf.shape)
+    shape[axis] = cap
+    new = buf.new_zeros(shape)
+    new.narrow(axis, 0, buf.shape[axis]).copy_(buf)
+    return new
+
+
+class _KeysValues:
+    """One evaluation's K and V, (B, H, capacity, d), written at [length, length + n)."""
+
+    kind = "keys_values"
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor, start: int, cap: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        end = start + k.shape[-2]
+        if self.k is None:
+            b, h, _, d = k.shape
+            self.k = k.new_empty(b, h, cap, d)
+            self.v = v.new_empty(b, h, cap, v.shape[-1])
+        elif self.k.shape[:2] != k.shape[:2] or self.k.dtype != k.dtype \
+                or self.k.device != k.device:
+            raise TapeError(f"the tape holds keys of shape (B, H) = {tuple(self.k.shape[:2])}, "
+                            f"{self.k.dtype} on {self.k.device}; this forward gives "
+                            f"{tuple(k.shape[:2])}, {k.dtype} on {k.device}")
+        self.k = _grow(self.k, end, cap, 2)
+        self.v = _grow(self.v, end, cap, 2)
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def nbytes(self, length: int) -> int:
+        if self.k is None:
+            return 0
+        return (self.k[:, :, :length].numel() * self.k.element_size()
+                + self.v[:, :, :length].numel() * self.v.element_size())
+
+    def commit(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+class _RunningSums:
+    """One evaluation's running sums (S, z) of the linear kernel; the forward's new sums are
+    pending until ``commit``."""
+
+    kind = "running_sums"
+
+    def __init__(self) -> None:
+        self.sums: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def nbytes(self, length: int) -> int:
+        if self.sums is None:
+            return 0
+        return sum(t.numel() * t.element_size() for t in self.sums)
+
+    def commit(self) -> None:
+        if self.pending is not None:
+            self.sums, self.pending = self.pending, None
+
+    def abort(self) -> None:
+        self.pending = None
+
+
+class KVTape:
+    """The keys and values (or running sums) of the past nodes, one entry per attention
+    evaluation of a forward in time order (module docstring), and the token grid of those
+    nodes (weights, coordinates, padding flags).
+
+    ``capacity``: nodes to preallocate (it grows by doubling when a forward needs more).
+    Build an empty one and pass it to a causal model's forward (``tape=``) again and again:
+    each forward appends its nodes. ``length`` is the number of committed nodes,
+    ``num_evaluations`` the number of attention evaluations per forward (0 before the first).
+    """
+
+    def __init__(self, capacity: int = 0) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+            raise ValueError(f"KVTape: capacity must be an int >= 0 (nodes to preallocate), "
+                             f"got {capacity!r}")
+        self.capacity = capacity
+        self.length = 0
+        self.batch: int | None = None
+        self.entries: list[_KeysValues | _RunningSums] = []
+        self._keep: torch.Tensor | None = None  # (B, cap) bool; None: no padding so far
+        self._weights: torch.Tensor | None = None  # (B, cap); None: uniform so far
+        self._coords: torch.Tensor | None = None  # (B, cap); None: the index so far
+        self._new = 0  # nodes of the forward in progress (0: none)
+        self._cursor = 0
+        self._recording = False  # the first forward: entries are made as it evaluates
+        self._support: _Support | None = None
+
+    # -- what is on the tape ---------------------------------------------------------------
+    @property
+    def num_evaluations(self) -> int:
+        return len(self.entries)
+
+    @property
+    def keep(self) -> torch.Tensor | None:
+        """The committed nodes' padding flags (B, length), True = a token; None = no padding."""
+        return None if self._keep is None else self._keep[:, :self.length]
+
+    @property
+    def weights(self) -> torch.Tensor | None:
+        """The committed nodes' quadrature weights (B, length); None = uniform."""
+        return None if self._weights is None else self._weights[:, :self.length]
+
+    @property
+    def coords(self) -> torch.Tensor | None:
+        """The committed nodes' coordinates (B, length); None = the index 0 .. length-1."""
+        return None if self._coords is None else self._coords[:, :self.length]
+
+    def nbytes(self) -> int:
+        """Bytes of the stored keys and values (or running sums) of the committed nodes."""
+        return sum(e.nbytes(self.length) for e in self.entries)
+
+    def __repr__(self) -> str:
+        kinds = sorted({e.kind for e in self.entries})
+        return (f"KVTape(length={self.length}, batch={self.batch}, "
+                f"evaluations={self.num_evaluations}, caches={kinds}, "
+                f"bytes={self.nbytes()})")
+
+    def reset(self) -> None:
+        """Forget everything (the next forward records anew)."""
+        self.__init__(self.capacity)  # type: ignore[misc]
+
+    # -- one forward -------------------------------------------------------------------------
+    def begin(self, n: int, batch: int, *, keep: torch.Tensor | None = None,
+              weights: torch.Tensor | None = None, coords: torch.Tensor | None = None,
+              additive: bool = False, dtype: torch.dtype, device: torch.device) -> None:
+        """Open a forward over ``n`` new nodes of a batch of ``batch`` rows: their padding flags
+        ``keep`` (B, n) bool (None: all tokens), quadrature weights and coordinates ((n,) or
+        (B, n), checked by the caller; None: uniform / the index continued). Builds the support
+        of the new queries over all keys once (``additive``: transformers' eager masks,
+        finfo.min off the support)."""
+        if self._new:
+            self.abort()
+        if self.batch is not None and batch != self.batch:
+            raise TapeError(f"the tape holds a batch of {self.batch} rows; this forward has "
+                            f"{batch} (start a new KVTape for another batch)")
+        if n < 1:
+            raise TapeError("a forward on the tape needs at least one new node")
+        self.batch = batch
+        self._recording = self.length == 0
+        start, end = self.length, self.length + n
+        if end > self.capacity:
+            self.capacity = max(end, 2 * self.capacity)
+        self._keep = self._append(self._keep, keep, start, end, batch, torch.bool, device,
+                                  lambda m: torch.ones(batch, m, dtype=torch.bool,
+                                                       device=device))
+        self._weights = self._append(self._weights, weights, start, end, batch, dtype, device,
+                                     lambda m: torch.ones(batch, m, dtype=dtype, device=device))
+        self._coords = self._append(self._coords, coords, start, end, batch, dtype, device,
+                                    lambda m: torch.arange(m, dtype=dtype, device=device
+                                                           ).expand(batch, m).clone())
+        self._new, self._cursor = n, 0
+        self._support = self._build_support(n, end, additive, dtype, device)
+
+    def _append(self, buf, new, start, end, batch, dtype, device, default):
+        """The grid buffer with the new nodes' values at [start, end): materialised from
+        ``default`` for the past when the first non-default value arrives; None while every
+        node has the default value."""
+        if new is None and buf is None:
+            return None
+        if buf is None:
+            buf = default(self.capacity)
+        elif buf.shape[1] < end:
+            buf = _grow(buf, end, self.capacity, 1)
+        if new is None:
+            buf[:, start:end] = default(end)[:, start:end]
+        else:
+            new = new.to(device=device)
+            buf[:, start:end] = new if new.dim() == 2 else new.unsqueeze(0)
+        return buf
+
+    def _build_support(self, n_q: int, n_k: int, additive: bool, dtype, device) -> _Support:
+        keep = None if self._keep is None else self._keep[:, :n_k]
+        if keep is not None and bool(keep.all()):
+            keep = None
+        weights = None if self._weights is None else self._weights[:, :n_k]
+        if self._coords is not None:
+            # the causal support on the coordinates (x_k <= x_q), read by the kernel
+            coords = self._coords[:, :n_k]
+            grid = KernelGrid(key_weights=weights,
+                              query_weights=None if weights is None else weights[:, -n_q:],
+                              query_coords=coords[:, -n_q:], key_coords=coords)
+            mask = None if keep is None else keep[:, None, None, :]
+            if mask is not None and additive:
+                mask = _finfo(mask, dtype)
+            return _Support(mask, True, grid)
+        grid = None if weights is None else KernelGrid(key_weights=weights,
+                                                       query_weights=weights[:, -n_q:])
+        if keep is None:
+            # a single new query sees every key: the causal support is the whole past
+            return _Support(None, n_q > 1, grid)
+        causal = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
+        mask = causal & keep[:, None, None, :]
+        return _Support(_finfo(mask, dtype) if additive else mask, False, grid)
+
+    def attend(self, kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+               ) -> torch.Tensor:
+        """The kernel at this evaluation: the new queries ``q`` over the past and new keys and
+        values (``k``, ``v`` of the new nodes are written to the tape), (B, H, n, d_v)."""
+        if not self._new:
+            raise TapeError("the tape has no forward open (a causal model's forward opens it; "
+                            "pass the tape as its tape= argument)")
+        kind = kernel.caches
+        if kind not in CACHE_KINDS:
+            raise TapeError(f"the {type(kernel).__name__} kernel cannot be cached exactly: "
+                            f"{kernel.cache_refusal}")
+        entry = self._entry(kind, type(kernel).__name__)
+        self._cursor += 1
+        s = self._support
+        start = self.length
+        if isinstance(entry, _KeysValues):
+            k_all, v_all = entry.extend(k, v, start, self.capacity)
+            if s.grid is None:
+                return kernel(q, k_all, v_all, attn_mask=s.mask, is_causal=s.is_causal)
+            return kernel(q, k_all, v_all, attn_mask=s.mask, is_causal=s.is_causal,
+                          grid=s.grid)
+        end = start + self._new
+        keep = None if self._keep is None else self._keep[:, start:end]
+        weights = None if self._weights is None else self._weights[:, start:end]
+        coords = None if self._coords is None else self._coords[:, :end]
+        out, entry.pending = kernel.recurrent(q, k, v, entry.sums, keep=keep, weights=weights,
+                                              coords=coords)
+        return out
+
+    def _entry(self, kind: str, name: str):
+        i = self._cursor
+        if i < len(self.entries):
+            entry = self.entries[i]
+            if entry.kind != kind:
+                raise TapeError(f"attention evaluation {i} of this forward is a {name} kernel "
+                                f"caching {kind}, but the tape recorded {entry.kind} there: "
+                                "the kernels changed since the tape was recorded")
+            return entry
+        if not self._recording:
+            raise TapeError(f"this forward evaluates attention more than the "
+                            f"{len(self.entries)} times the tape recorded: the scheme, the "
+                            "time grid or the integrator changed since the tape was recorded "
+                            "(start a new KVTape)")
+        entry = _KeysValues() if kind == "keys_values" else _RunningSums()
+        self.entries.append(entry)
+        return entry
+
+    def commit(self) -> None:
+        """Close the forward: its nodes become part of the past."""
+        if not self._new:
+            return
+        if self._cursor != len(self.entries):
+            n = self._cursor
+            self.abort()
+            raise TapeError(f"this forward evaluated attention {n} times but the tape "
+                            f"recorded {len(self.entries)}: the scheme, the time grid or the "
+                            "integrator changed since the tape was recorded (start a new "
+                            "KVTape)")
+        for e in self.entries:
+            e.commit()
+        self.length += self._new
+        self._new, self._support, self._recording = 0, None, False
+
+    def abort(self) -> None:
+        """Drop the forward in progress: the tape is as it was before ``begin``."""
+        for e in self.entries:
+            e.abort()
+        if self._recording:
+            self.entries.clear()
+            if self.length == 0:
+                self.batch = None
+        self._new, self._support, self._recording = 0, None, False
+
+    @property
+    def open(self) -> bool:
+        """Whether a forward is in progress on the tape."""
+        return bool(self._new)
+
+    def check_past(self, attention_mask: torch.Tensor, name: str = "attention_mask") -> None:
+        """ValueError unless the first ``length`` columns of a (B, length + n) mask are the
+        tape's padding flags (the past a transformers-style mask repeats)."""
+        past = attention_mask[:, :self.length].to(torch.bool)
+        keep = self.keep
+        ok = bool(past.all()) if keep is None else bool((past == keep.to(past.device)).all())
+        if not ok:
+            raise ValueError(f"{name}: its first {self.length} columns (the past nodes) differ "
+                             "from the padding the tape recorded for them")
+
+
+def _finfo(support: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.where(support, torch.zeros((), device=support.device, dtype=dtype),
+                       torch.finfo(dtype).min)
