@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "bench": "splitformer.commands.bench",
     "compress": "splitformer.commands.compress",
     "theory": "splitformer.commands.theory",
+    "generate": "splitformer.commands.generate",
 }
 
 

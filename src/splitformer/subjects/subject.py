@@ -100,6 +100,10 @@ class Subject:
     max_len: int | None = None
     label: str = ""  # for messages (default: what)
     source: dict[str, Any] | None = None  # what MODEL was, for the data (``"source"``)
+    # ids -> text (text models: the tokenizer's decode, or the characters of the vocabulary)
+    decode: Callable[[list[int]], str] | None = None
+    # the ids that end a text (the tokenizer's eos), for generation
+    eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.label = self.label or self.what
@@ -156,6 +160,14 @@ def char_encoder(vocab: list[str], max_len: int, wrap: Callable[[Any], dict]
     return encode
 
 
+def char_decoder(vocab: list[str]) -> Callable[[list[int]], str]:
+    """ids -> the characters of ``vocab`` they index."""
+    def decode(ids: list[int]) -> str:
+        return "".join(vocab[i] if 0 <= i < len(vocab) else unknown_mark() for i in ids)
+
+    return decode
+
+
 def training_subject(model: Any, name: str, what: str) -> Subject:
     """A model built by training.families.build_model: its source says family and data."""
     from ..training.families import FAMILIES
@@ -169,6 +181,7 @@ def training_subject(model: Any, name: str, what: str) -> Subject:
         base.takes = "text"
         base.max_len = int(cfg.get("seq_len") or 64)
         base.encode = char_encoder(list(sig["vocab"]), base.max_len, fam.inputs)
+        base.decode = char_decoder(list(sig["vocab"]))
     elif len(shape) == 3:
         base.takes = "image"
         base.image = ImageSpec(*shape)

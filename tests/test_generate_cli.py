@@ -1,0 +1,132 @@
+"""`splitformer generate`: the text of transformers' greedy generate, streamed; refusals as one
+line and exit 2; Ctrl-C keeps what was made."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from _cli import cli
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory) -> Path:
+    """A tiny GPT-2 with a byte-level tokenizer (256 bytes + <|endoftext|>), saved offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    folder = tmp_path_factory.mktemp("gpt2")
+    chars = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(chars)}
+    vocab["<|endoftext|>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                                bos_token="<|endoftext|>")
+    fast.save_pretrained(folder)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(vocab),
+                                  n_positions=4096, bos_token_id=256, eos_token_id=256)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(folder)
+    return folder
+
+
+def _reference(folder: Path, prompt: str, new: int) -> str:
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(folder)).eval()
+    ids = tok(prompt, return_tensors="pt")["input_ids"]
+    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                      do_sample=False, pad_token_id=256)
+    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_generate_prints_the_text_of_transformers_greedy_generate(gpt2_folder, capsys):
+    rc, out, err = cli(["generate", str(gpt2_folder), "--prompt", "Hello there",
+                        "--max-new-tokens", "24"], capsys)
+    assert rc == 0, err
+    assert out == "Hello there" + _reference(gpt2_folder, "Hello there", 24) + "\n"
+    assert "24 new tokens" in err
+
+
+def test_generate_json_is_one_object_on_the_last_line(gpt2_folder, capsys):
+    rc, out, err = cli(["generate", str(gpt2_folder), "--prompt", "Hi", "--max-new-tokens",
+                        "10", "--json"], capsys)
+    assert rc == 0, err
+    data = json.loads(out.strip().splitlines()[-1])
+    assert data["new_tokens"] == len(data["ids"]) == 10 and data["cache"] is True
+    assert data["text"] == _reference(gpt2_folder, "Hi", 10)
+    assert data["stopped"] in ("max_new_tokens", "eos") and data["prompt_tokens"] == 2
+    rc, out2, _ = cli(["generate", str(gpt2_folder), "--prompt", "Hi", "--max-new-tokens",
+                       "10", "--json", "--no-cache"], capsys)
+    assert json.loads(out2.strip())["ids"] == data["ids"]
+
+
+def test_generate_sampling_is_reproducible_by_seed(gpt2_folder, capsys):
+    argv = ["generate", str(gpt2_folder), "--prompt", "Hi", "--max-new-tokens", "16", "--json",
+            "--sample", "--top-k", "40", "--top-p", "0.95", "--temperature", "1.3"]
+    runs = [json.loads(cli(argv + ["--seed", s], capsys)[1].strip())["ids"]
+            for s in ("3", "3", "4")]
+    assert runs[0] == runs[1] != runs[2]
+
+
+def test_generate_on_a_built_in_character_model(capsys):
+    rc, out, err = cli(["generate", "gpt2-tiny", "--prompt", "In the", "--max-new-tokens",
+                        "12"], capsys)
+    assert rc == 0 and out.startswith("In the") and len(out) == len("In the") + 12 + 1
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--max-new-tokens", "-1"], "argument --max-new-tokens"),
+    (["--max-new-tokens", "5000"], "argument --max-new-tokens: max_new_tokens=5000"),
+    (["--top-p", "0"], "argument --top-p: expected a number in (0, 1]"),
+    (["--top-p", "1.5"], "argument --top-p"),
+    (["--temperature", "0"], "argument --temperature"),
+    (["--seed", "-1"], "argument --seed"),
+    (["--top-k", "x"], "argument --top-k"),
+])
+def test_bad_flags_are_one_line_and_exit_2(gpt2_folder, capsys, argv, needle):
+    rc, out, err = cli(["generate", str(gpt2_folder), "--prompt", "Hi", *argv], capsys)
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bad_models_and_prompts_are_named(gpt2_folder, tmp_path, capsys):
+    for argv, needle in (
+        (["generate", str(tmp_path / "none"), "--prompt", "x"], "argument MODEL"),
+        (["generate", "bert-tiny", "--prompt", "x"], "not a causal language model"),
+        (["generate", "vit-digits", "--prompt", "x"], "not a causal language model"),
+        (["generate", str(gpt2_folder), "--prompt", ""], "argument --prompt"),
+        (["generate", "gpt2-tiny", "--prompt", "x" * 70], "argument --prompt: 70 tokens"),
+        (["generate", str(gpt2_folder)], "--prompt"),
+    ):
+        rc, out, err = cli(argv, capsys)
+        assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_the_text(gpt2_folder):
+    """SIGINT while decoding: the line is finished, one line on stderr, exit 130."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "splitformer.cli", "generate", str(gpt2_folder), "--prompt",
+         "Hi", "--max-new-tokens", "4000", "--no-cache"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # wait for the first streamed characters, then interrupt
+    deadline = time.monotonic() + 120
+    first = ""
+    while time.monotonic() < deadline and not first:
+        first = proc.stdout.read(3)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert first.startswith("Hi") and (first + out).endswith("\n")
+    assert err.strip().splitlines()[-1].startswith("splitformer generate: interrupted after")
+    assert "Traceback" not in err
