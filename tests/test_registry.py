@@ -1,7 +1,8 @@
 """Registry-driven tests: every family x every named scheme, integrator and substep form, and
 every kernel, through the same skeleton (docs/architecture.md). A new family goes into
-FAMILIES, a new scheme into time.schemes.SCHEMES, a new kernel into operators.kernels.KERNELS:
-these tests pick them up without being edited."""
+FAMILIES (a model family registered in splitformer.interop.families without a builder here
+gets one from its record's example), a new scheme into time.schemes.SCHEMES, a new kernel into
+operators.kernels.KERNELS: these tests pick them up without being edited."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 import splitformer
+from splitformer.interop.families import families
 from splitformer.models import EvolutionModel, build_vit, causal_decoder, encoder_decoder
 from splitformer.models.bert import bert_model
 from splitformer.models.cvt import CvtStageSpec, build_cvt
@@ -74,6 +76,22 @@ FAMILIES = {
     "gpt2": _gpt2,
     "transformer": _pair,
 }
+
+
+def _record_builder(record):
+    """A model family only its record names (``interop.families``): the transformers model of
+    its example config read by ``from_hf`` (needs transformers), and the record's inputs."""
+
+    def build():
+        model = splitformer.from_hf(record.reference(dtype=D))
+        return model, tuple(record.example_inputs().values())
+
+    return build
+
+
+# every model family of the registry has a builder: its own above, else its record's
+FAMILIES.update({f.name: _record_builder(f) for f in families("transformers")
+                 if f.name not in FAMILIES})
 
 
 def _tensor(out) -> torch.Tensor:

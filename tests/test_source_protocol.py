@@ -15,6 +15,7 @@ from torch import nn
 
 import splitformer
 from splitformer.interop import torch_nn
+from splitformer.interop.families import families
 from splitformer.interop.hf import HFSource
 from splitformer.interop.timm_vit import TimmViTConfig
 from splitformer.interop.torch_transformer import TorchTransformerConfig
@@ -33,6 +34,9 @@ pytestmark = [pytest.mark.filterwarnings("ignore:.*nested.*:UserWarning")]
 # builders' dicts (kind "decoder" and "transformer"), nothing ("") for the rest
 REGISTRY_KINDS = {"encoder_post_ln": "encoder", "encoder_pre_ln": "encoder", "bert": "",
                   "vit": "", "timm_vit": "", "cvt": "", "gpt2": "", "transformer": "transformer"}
+# a family that only its record builds (tests/test_registry._record_builder) is from_hf's
+REGISTRY_KINDS.update({f.name: "hf" for f in families("transformers")
+                       if f.name not in REGISTRY_KINDS})
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

@@ -148,6 +148,7 @@ _DEFAULTS = {"budget": 600.0, "max_steps": None, "lr": 1e-4, "batch_size": 16,
 
 def _model_folder(arg: str | None) -> Path:
     from ..experiments.text_benchmarks import minilm_folder
+    from ..interop.families import compressible
     from ..training.data import DatasetError
 
     if arg is None:
@@ -171,9 +172,12 @@ def _model_folder(arg: str | None) -> Path:
     if model_type is None:
         raise UsageError(f"argument MODEL: {folder / 'config.json'} has no model_type: not a "
                          "transformers model folder")
-    if model_type != "bert":
-        raise UsageError(f"argument MODEL: compress heals BERT text encoders (model_type "
-                         f"'bert'), got model_type {model_type!r}")
+    healed = compressible()  # the family records (interop.families) say which it heals
+    if not any(model_type in f.model_types for f in healed):
+        labels = " or ".join(f.label for f in healed)
+        types = ", ".join(repr(t) for f in healed for t in f.model_types)
+        raise UsageError(f"argument MODEL: compress heals {labels} text encoders (model_type "
+                         f"{types}), got model_type {model_type!r}")
     return folder
 
 

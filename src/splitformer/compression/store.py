@@ -21,7 +21,6 @@ compress.json is written last: a folder without it is not a finished compression
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import numbers
 import os
@@ -42,21 +41,27 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
 
 
 def _base_record(model) -> dict[str, Any]:
-    from ..interop.hf_bert import HFBertConfig
+    """The base model's source as compress.json keeps it: the ``store`` kind of its family
+    and its typed config (``interop.families``: the record says how a family is stored)."""
+    from ..interop.families import stored
 
     source = model.source
-    if not isinstance(source, HFBertConfig):
-        raise ValueError(f"the compressed model must come from a transformers BERT "
-                         f"(from_hf), got a model whose source is {type(source).__name__}")
-    return {"kind": "hf-bert", "source": dataclasses.asdict(source)}
+    for record in stored():
+        if isinstance(source, record.source_type()):
+            return record.stored(source)
+    names = " or ".join(f"a {r.library} {r.label}" for r in stored())
+    raise ValueError(f"the compressed model must come from {names} (from_hf), got a model "
+                     f"whose source is {type(source).__name__}")
 
 
 def _rebuild(record: dict[str, Any]):
-    from ..interop.hf_bert import HFBertConfig, build
+    from ..interop.families import family_of_store, stored
 
-    if record.get("kind") != "hf-bert":
-        raise ValueError(f"unknown base kind {record.get('kind')!r} (expected 'hf-bert')")
-    return build(HFBertConfig(**record["source"]))
+    family = family_of_store(record.get("kind"))
+    if family is None:
+        kinds = " or ".join(repr(r.store) for r in stored())
+        raise ValueError(f"unknown base kind {record.get('kind')!r} (expected {kinds})")
+    return family.rebuild(record)
 
 
 def write_result(folder: str | os.PathLike, *, base, coarsenings: dict[int, Coarsening],

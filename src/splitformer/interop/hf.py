@@ -3,7 +3,9 @@
 ``from_hf(model_or_local_dir)`` accepts a loaded ``transformers`` model or a local folder written
 by ``save_pretrained`` (loaded with ``local_files_only=True``: no network). The family maps live in
 ``hf_bert``, ``hf_vit``, ``hf_cvt`` and ``hf_gpt2``; ``HF_CLASSES`` maps each transformers class
-name to the module that handles it (``FAMILIES``, its old name, is kept as an alias). Every
+name to the module that handles it, a view of the family records (``interop.families``:
+one record per family, read by every registry; ``FAMILIES``, the old name of ``HF_CLASSES``,
+is kept as an alias). Every
 family's ``from_hf_model`` is check -> config -> build -> copy: it reads a typed config (a
 subclass of ``HFSource``, a ``Source`` of kind "hf") from the model, builds the splitformer model
 from it, copies the weight table, and the model keeps the config as its ``source``; ``to_hf``
@@ -14,25 +16,19 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..models.base import EvolutionModel, Source
+from .families import families, family_of_class, hf_classes
 from .weights import check_no_hooks
 
 __all__ = ["HF_CLASSES", "HFSource", "attn_implementation", "from_hf", "hf_config", "to_hf"]
 
-# transformers class name -> module (relative to this package) with from_hf_model / to_hf_model
-HF_CLASSES: dict[str, str] = {
-    "BertModel": "hf_bert",
-    "BertForSequenceClassification": "hf_bert",
-    "ViTModel": "hf_vit",
-    "ViTForImageClassification": "hf_vit",
-    "CvtModel": "hf_cvt",
-    "CvtForImageClassification": "hf_cvt",
-    "GPT2Model": "hf_gpt2",
-    "GPT2LMHeadModel": "hf_gpt2",
-}
+# transformers class name -> module (relative to this package) with from_hf_model / to_hf_model:
+# a live view of the family records (interop.families), not a list of its own
+HF_CLASSES: Mapping[str, str] = hf_classes()
 FAMILIES = HF_CLASSES  # the old name (deprecated): "family" is the model family
 
 
@@ -85,9 +81,11 @@ def to_hf(model):
     """The transformers model with the same weights (the inverse map). TypeError when
     ``model`` is not a splitformer model, ValueError when it was not made by ``from_hf``."""
     if not isinstance(model, EvolutionModel):
-        raise TypeError(f"to_hf(model) expects a splitformer model made by from_hf (BERT, ViT, "
-                        f"CvT or GPT-2: BertEncoderModel, ViT, ConvolutionalVisionTransformer, "
-                        f"CausalDecoderModel), got {type(model).__name__}")
+        known = families("transformers")
+        labels = [f.label for f in known]
+        made = ", ".join(dict.fromkeys(f.model for f in known))
+        raise TypeError(f"to_hf(model) expects a splitformer model made by from_hf "
+                        f"({_either(labels)}: {made}), got {type(model).__name__}")
     model.refuse_merging_export("to_hf(model)")
     model = model.as_network()  # a coarsened or smooth-in-t model: its steps as layers
     cls = model.source.field("hf_class")
@@ -95,6 +93,11 @@ def to_hf(model):
         raise ValueError("to_hf(model) needs a model made by from_hf (its source has "
                          f"hf_class={cls!r})")
     return _map_module(HF_CLASSES[cls]).to_hf_model(model)
+
+
+def _either(names: list[str]) -> str:
+    """"a, b or c" ("a" alone)."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def hf_source(model: EvolutionModel, classes: tuple[str, ...], expected: type) -> HFSource:
@@ -120,11 +123,15 @@ def attn_implementation(config: Any) -> str:
     return getattr(config, "_attn_implementation", None) or "eager"
 
 
-def hf_config(config_class: str, source: HFSource) -> Any:
-    """The transformers config recorded in ``source`` (class name, e.g. "BertConfig"), with the
-    attention implementation the source model used ("sdpa" when it recorded none)."""
+def hf_config(source: HFSource) -> Any:
+    """The transformers config recorded in ``source``, of the class its family's record
+    declares (``ModelFamily.config``, e.g. "BertConfig"), with the attention implementation
+    the source model used ("sdpa" when it recorded none)."""
     import transformers
 
-    config = getattr(transformers, config_class).from_dict(dict(source.config))
+    record = family_of_class(source.hf_class)
+    if record is None or record.config is None:
+        raise ValueError(f"to_hf: no model family reads hf_class={source.hf_class!r}")
+    config = getattr(transformers, record.config).from_dict(dict(source.config))
     config._attn_implementation = source.attn_implementation or "sdpa"
     return config

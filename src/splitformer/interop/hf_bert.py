@@ -39,13 +39,14 @@ from torch import nn
 from ..models.bert import BertEncoderModel, BertSequenceClassifier, bert_model
 from ..time.schemes import lie
 from .activations import BERT_ACTIVATIONS
+from .families import classes_of
 from .hf import HFSource, attn_implementation, hf_config, hf_source, no_options
 from .weights import Row, check_covered, check_softmax, copy_table, network_scheme, prefixed
 
 __all__ = ["BERT_WEIGHT_MAP", "HFBertConfig", "bert_config", "build", "check_config",
            "from_hf_model", "to_hf_model", "weight_map"]
 
-HF_CLASSES = ("BertModel", "BertForSequenceClassification")
+HF_CLASSES = classes_of("hf_bert")  # the classes of its family record(s): a live view
 
 # one layer: transformers name <-> the name in theta^n
 _LAYER_ROWS: tuple[Row, ...] = (
@@ -282,7 +283,7 @@ def to_hf_model(model: BertEncoderModel) -> nn.Module:
     if source.classifier != isinstance(model, BertSequenceClassifier):
         raise ValueError(f"model.source.hf_class={source.hf_class!r} does not match "
                          f"{type(model).__name__}")
-    config = hf_config("BertConfig", source)
+    config = hf_config(source)
     config.num_hidden_layers = len(evo.controls)  # one layer per step (coarsened: fewer)
     add_pooling = model.pooler is not None
     if source.classifier:

@@ -39,13 +39,14 @@ from typing import Any
 from torch import nn
 
 from ..models.cvt import ConvolutionalVisionTransformer, CvtStageSpec, build_cvt, cvt_scheme
+from .families import classes_of
 from .hf import HFSource, hf_source
 from .weights import Row, check_covered, copy_table, lookup, network_scheme
 
 __all__ = ["HFCvtConfig", "build", "check_config", "cvt_config", "from_hf_model", "to_hf_model",
            "weight_table"]
 
-_CLASSES = ("CvtModel", "CvtForImageClassification")
+_CLASSES = classes_of("hf_cvt")  # the classes of its family record(s): a live view
 _PER_STAGE = (
     "patch_sizes", "patch_stride", "patch_padding", "embed_dim", "num_heads", "depth",
     "mlp_ratio", "attention_drop_rate", "drop_rate", "drop_path_rate", "qkv_bias", "cls_token",

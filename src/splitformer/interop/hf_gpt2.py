@@ -46,13 +46,14 @@ from torch import nn
 from ..models.causal import CausalDecoderModel, CausalLM, causal_decoder
 from ..time.schemes import prenorm
 from .activations import GPT2_ACTIVATIONS
+from .families import classes_of
 from .hf import HFSource, attn_implementation, hf_config, hf_source, no_options
 from .weights import Row, check_covered, check_softmax, copy_table, network_scheme, prefixed
 
 __all__ = ["GPT2_WEIGHT_MAP", "HFGPT2Config", "attention_scales", "build", "check_config",
            "from_hf_model", "gpt2_config", "to_hf_model", "weight_map"]
 
-HF_CLASSES = ("GPT2Model", "GPT2LMHeadModel")
+HF_CLASSES = classes_of("hf_gpt2")  # the classes of its family record(s): a live view
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 
 _LAYER_ROWS: tuple[Row, ...] = (
@@ -261,7 +262,7 @@ def to_hf_model(model: CausalDecoderModel) -> nn.Module:
                          f"{type(model).__name__}")
     evo = model.evolution
     network_scheme(evo, {"prenorm": prenorm()}, "to_hf")
-    config = hf_config("GPT2Config", source)
+    config = hf_config(source)
     config.n_layer = len(evo.controls)  # one layer per step (coarsened: fewer)
     config.tie_word_embeddings = source.tie_word_embeddings
     if source.lm_head and model.tied != config.tie_word_embeddings:

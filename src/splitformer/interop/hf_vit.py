@@ -44,12 +44,13 @@ from torch import nn
 
 from ..models.vit import ViT, build_vit, vit_scheme
 from .activations import VIT_ACTIVATIONS
+from .families import classes_of
 from .hf import HFSource, hf_config, hf_source, no_options
 from .weights import Row, check_covered, check_softmax, copy_table, network_scheme, prefixed
 
 __all__ = ["HFViTConfig", "build", "from_hf_model", "to_hf_model", "vit_config", "weight_map"]
 
-HF_CLASSES = ("ViTModel", "ViTForImageClassification")
+HF_CLASSES = classes_of("hf_vit")  # the classes of its family record(s): a live view
 
 _EMBEDDING_ROWS: tuple[Row, ...] = (
     Row("embeddings.patch_embeddings.projection.weight", "embedding.patch.weight"),
@@ -257,7 +258,7 @@ def to_hf_model(model: ViT):
     evo = model.evolution
     network_scheme(evo, {"prenorm": vit_scheme(False)}, "to_hf")
     check_softmax(evo, "to_hf")
-    config = hf_config("ViTConfig", source)
+    config = hf_config(source)
     config.num_hidden_layers = len(evo.controls)  # one layer per step (coarsened: fewer)
     if source.hf_class == "ViTModel":
         hf = transformers.ViTModel(config, add_pooling_layer=source.add_pooling_layer)

@@ -1,12 +1,13 @@
 """A local Hugging Face folder as a ``Subject`` (``subjects.subject``): the model through
 ``splitformer.from_hf`` (nothing is downloaded, ever) and how inputs reach it.
 
-A text model (BERT, GPT-2) encodes with the folder's own tokenizer (``hf_text_subject``); an
-image model (ViT, CvT) is fed as the folder's ``preprocessor_config.json`` says
+Its family's record (``interop.families``: ``modality``) says which it is. A text model (BERT,
+GPT-2) encodes with the folder's own tokenizer (``hf_text_subject``); an image model (ViT, CvT)
+is fed as the folder's ``preprocessor_config.json`` says
 (``hf_image_spec``: ``size`` or ``crop_size``, ``resample``, ``crop_pct``, ``do_rescale`` with
 ``rescale_factor``, ``do_normalize`` with ``image_mean`` and ``image_std``), each setting it
-does not give taken from the defaults of the processor of its class (ViTImageProcessor,
-ConvNextImageProcessor for CvT) and said in a note.
+does not give taken from the defaults of the processor of its class (the record's
+``processor``: ViTImageProcessor, ConvNextImageProcessor for CvT) and said in a note.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model",
 
 
 def hf_subject(model: Any, folder: Path, name: str, what: str, label: str) -> Subject:
-    """The subject of a model ``from_hf`` made of ``folder``: text for BERT and GPT-2, images
-    for the others."""
+    """The subject of a model ``from_hf`` made of ``folder``: text or images, as its family's
+    record says (``ModelFamily.modality``)."""
     facts = source_facts(model)
-    if facts.hf_class.startswith(("Bert", "GPT2")):
+    if _family(facts.hf_class).modality == "text":
         return hf_text_subject(model, folder, name, what, label, facts.config)
     spec = hf_image_spec(folder, facts.config, facts.hf_class)
     return Subject(model, name, what, "image", image=spec, label=label)
@@ -107,8 +108,12 @@ def hf_image_spec(folder: Path, config: dict[str, Any], cls: str) -> ImageSpec:
     read = read_json(pre_path)
     pre = read or {}
     size, h, w, shortest = _image_size(pre, config)
-    # the defaults of ConvNextImageProcessor (CvT's) and ViTImageProcessor for a missing key
-    resample_d, crop_d = (3, 224 / 256) if cls.startswith("Cvt") else (2, None)
+    # the defaults of the family's image processor for a missing key (ViTImageProcessor,
+    # ConvNextImageProcessor for CvT: its record's ``processor``)
+    defaults_of = _family(cls).processor
+    if defaults_of is None:
+        raise InputError(f"argument MODEL: splitformer reads no image processor for {cls}")
+    resample_d, crop_d = defaults_of.resample, defaults_of.crop_pct
     mean_d = std_d = (0.5,) * 3
     normalize = pre.get("do_normalize", True)
     mean = tuple(pre.get("image_mean", mean_d)) if normalize else None
@@ -127,7 +132,7 @@ def hf_image_spec(folder: Path, config: dict[str, Any], cls: str) -> ImageSpec:
     if shortest is not None and shortest < 384 and "crop_pct" not in pre:
         defaults["crop_pct"] = crop_d
     factor = _checked_processor(pre, folder, resample)
-    processor = "ConvNextImageProcessor" if cls.startswith("Cvt") else "ViTImageProcessor"
+    processor = defaults_of.name
     return ImageSpec(int(config.get("num_channels") or 3), h, w, mean, std,
                      shortest_edge=shortest,
                      crop_pct=pre.get("crop_pct", crop_d) if shortest else None,
@@ -214,9 +219,29 @@ def load_hf(folder: Path, config: dict[str, Any]) -> Any:
     except ImportError:
         raise InputError("argument MODEL: a Hugging Face folder needs transformers (pip install "
                          "'splitformer[hf]')") from None
-    base = {"bert": "BertModel", "vit": "ViTModel", "cvt": "CvtModel", "gpt2": "GPT2Model"}
     archs = [a for a in (config.get("architectures") or []) if a in HF_CLASSES]
-    cls_name = archs[0] if archs else base[config["model_type"]]
+def _family(cls: str) -> Any:
+    """The family record (``interop.families``) of the transformers class ``cls``."""
+    from ..interop.families import family_of_class
+
+    record = family_of_class(cls)
+    if record is None:
+        raise InputError(f"argument MODEL: splitformer reads no model of class {cls!r}")
+    return record
+
+
+def _family_of_type(model_type: str) -> Any:
+    from ..interop.families import family_of_type
+
+    record = family_of_type(model_type)
+    if record is None:
+        raise InputError(f"argument MODEL: splitformer reads no model of model_type "
+                         f"{model_type!r}")
+    return record
+
+
+    # else the base model of its model_type: the first class of the family's record
+    cls_name = archs[0] if archs else _family_of_type(config["model_type"]).classes[0]
     verbosity = transformers.logging.get_verbosity()
     bars = transformers.utils.logging.is_progress_bar_enabled()
     transformers.logging.set_verbosity_error()

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..interop.families import model_types
 from .hf import hf_subject, hf_text_subject, load_hf
 from .subject import (
     CHARS,
@@ -36,7 +37,8 @@ from .subject import (
 
 __all__ = ["BUILTINS", "HF_TYPES", "load_subject"]
 
-HF_TYPES = ("bert", "vit", "cvt", "gpt2")
+# the model_types of a Hugging Face folder MODEL may be: a live view of the family records
+HF_TYPES = model_types()
 
 
 def _train_family(family: str, data: dict[str, Any], **sizes: Any):

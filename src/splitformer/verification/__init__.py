@@ -3,7 +3,8 @@
 A check is a function ``fn(dtype) -> float`` that builds random-weight reference modules, runs
 the splitformer counterpart and returns the max abs difference. ``register`` adds one to the
 registry under a group: the checks measured against one reference (core: the paper's claims
-against torch.nn; bert, vit, cvt, gpt2: transformers; timm; transformer: nn.Transformer).
+against torch.nn; bert, vit, cvt, gpt2: transformers; timm; transformer: nn.Transformer; a
+model family's group is declared by its record, ``interop.families``).
 ``run_checks`` measures them in float64 and float32 against the tolerances (1e-10 and 1e-5). A
 check whose reference library is missing raises ``SkipCheck``. Group modules (``GROUPS``) are
 imported lazily so that the core has no optional dependency.
@@ -17,26 +18,26 @@ next to ``"group"``.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
+
+from ..interop.families import LiveTable, verification_groups
 
 __all__ = ["GROUPS", "Check", "SkipCheck", "TOLERANCES", "families", "group_names", "register",
            "run_checks"]
 
 TOLERANCES = {torch.float64: 1e-10, torch.float32: 1e-5}
 
-# group name -> module that registers its checks on import
-GROUPS: dict[str, str] = {
+# group name -> module that registers its checks on import: "core" (the paper's claims against
+# torch.nn), each model family's group as its record declares it (interop.families, in registry
+# order), "transformer" (nn.Transformer); a live view: a family registered later is here
+GROUPS: Mapping[str, str] = LiveTable(lambda: {
     "core": "splitformer.verification.core",
-    "bert": "splitformer.verification.hf_bert",
-    "vit": "splitformer.verification.hf_vit",
-    "cvt": "splitformer.verification.hf_cvt",
-    "timm": "splitformer.verification.timm_vit",
-    "gpt2": "splitformer.verification.hf_gpt2",
+    **verification_groups(),
     "transformer": "splitformer.verification.torch_transformer",
-}
+})
 FAMILY_MODULES = GROUPS  # the old name (deprecated)
 
 
