@@ -209,17 +209,6 @@ def _tokenizer(folder: Path, flag: str) -> Any:
                          f"({type(e).__name__}: {' '.join(str(e).split())[:160]})") from None
 
 
-def load_hf(folder: Path, config: dict[str, Any]) -> Any:
-    """The model of a local Hugging Face folder through ``from_hf`` (the first architecture
-    of its config that splitformer reads, else the base model of its model_type), quietly."""
-    from ..interop.hf import HF_CLASSES, from_hf
-
-    try:
-        import transformers
-    except ImportError:
-        raise InputError("argument MODEL: a Hugging Face folder needs transformers (pip install "
-                         "'splitformer[hf]')") from None
-    archs = [a for a in (config.get("architectures") or []) if a in HF_CLASSES]
 def _family(cls: str) -> Any:
     """The family record (``interop.families``) of the transformers class ``cls``."""
     from ..interop.families import family_of_class
@@ -240,6 +229,17 @@ def _family_of_type(model_type: str) -> Any:
     return record
 
 
+def load_hf(folder: Path, config: dict[str, Any]) -> Any:
+    """The model of a local Hugging Face folder through ``from_hf`` (the first architecture
+    of its config that splitformer reads, else the base model of its model_type), quietly."""
+    from ..interop.hf import HF_CLASSES, from_hf
+
+    try:
+        import transformers
+    except ImportError:
+        raise InputError("argument MODEL: a Hugging Face folder needs transformers (pip install "
+                         "'splitformer[hf]')") from None
+    archs = [a for a in (config.get("architectures") or []) if a in HF_CLASSES]
     # else the base model of its model_type: the first class of the family's record
     cls_name = archs[0] if archs else _family_of_type(config["model_type"]).classes[0]
     verbosity = transformers.logging.get_verbosity()
