@@ -15,16 +15,17 @@ transformers nor any weight map.
 ``FAMILIES`` is the registry (name -> record, in table order); the readers are views of it,
 live (a family registered later appears in each, one unregistered leaves each):
 
-    interop.hf.HF_CLASSES           transformers class -> map module        hf_classes()
-    interop.hf_bert.HF_CLASSES      the classes one map reads (each map's)  classes_of(map)
-    interop.hf.hf_config            the config class of a source            family_of_class()
-    verification.GROUPS             the families' verification groups       verification_groups()
-    subjects.resolve.HF_TYPES       the model_types a folder may have       model_types()
-    subjects.hf                     text or image, the base class of a model_type, an image
-                                    processor's defaults         family_of_class(), _of_type()
-    compression.store               the base kind in compress.json, its typed config, build
-                                                                       family_of_store(), stored()
-    commands.compress               the model_types it heals                compressible()
+    interop.hf.HF_CLASSES        transformers class -> its map module      hf_classes()
+    interop.hf_bert.HF_CLASSES   the classes one map reads (each map's)    classes_of(map)
+    interop.hf.hf_config         the config class of a source              family_of_class()
+    verification.GROUPS          the families' verification groups         verification_groups()
+    subjects.resolve.HF_TYPES    the model_types a folder may have         model_types()
+    subjects.hf                  text or image; a model_type's base class; family_of_class(),
+                                 an image processor's defaults             family_of_type()
+    compression.store            compress.json's base kind, its rebuild    stored(),
+                                                                           family_of_store()
+    commands.compress            the model_types it heals                  compressible()
+    tests/test_registry.FAMILIES a builder from the example config         reference()
 
 Adding a family is one ``register(ModelFamily(...))`` here (plus its map and verification
 modules); a family that differs from a registered one by a few settings is derived from it
@@ -38,12 +39,14 @@ modules); a family that differs from a registered one by a few settings is deriv
         traits={"qkv_bias": False, "qk_norm": False}))
     register(LLAMA.derive(
         name="qwen2", label="Qwen2", classes=("Qwen2Model", "Qwen2ForCausalLM"),
-        model_types=("qwen2",), config="Qwen2Config", verification=None,
-        traits={"qkv_bias": True}))
+        model_types=("qwen2",), config="Qwen2Config", traits={"qkv_bias": True}))
 
 The derived record keeps the map (``hf_llama``, whose ``HF_CLASSES`` is then every class of
 both) and merges ``traits`` and ``example`` key by key; the map reads the deltas of the model
-it converts as ``family_of_class(type(model).__name__).traits``.
+it converts as ``family_of_class(type(model).__name__).traits``. It keeps the verification
+module too, so group "qwen2" runs that module's checks registered under "qwen2" (a shared
+module registers its rows once per family of its map: ``for f in families() if f.map ==
+"hf_llama"``, each building ``f.reference(...)``).
 """
 
 from __future__ import annotations
