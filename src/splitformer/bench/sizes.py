@@ -75,6 +75,8 @@ SIZES: dict[str, Size] = {
     "tiny": Size(64, 2, 2, 256, 8, 64, "tiny"),
     "d256": Size(256, 8, 6, 1024, 32, 128, "d256"),
     "d768": Size(768, 12, 12, 3072, 4, 512, "d768"),
+    # GPT-2 small's shape, one prompt of 128 tokens: the generate suite's default
+    "gpt2": Size(768, 12, 12, 3072, 1, 128, "gpt2"),
 }
 
 

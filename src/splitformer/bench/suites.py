@@ -17,6 +17,8 @@ Every suite measures its contenders in one process with the repeats interleaved
               (backprop, checkpoint, reversible on the reversible scheme)
     flops     the forward pass's achieved FLOP/s as a fraction of the machine's float32 matmul
               peak (a 2048 x 2048 ``torch.mm`` measured in the same run), and the training step's
+    generate  ``generate`` on the KV tape against transformers' ``generate`` with its cache
+              (``bench.generation``): prefill and decode tokens/s, cache memory per token
     compile   ``torch.compile(fullgraph=True)`` of torch.nn and splitformer: compiled against
               eager and compiled against compiled
     merge     token merging at r = ``Options.rs`` per step: the plain ToMe peer over
@@ -71,6 +73,8 @@ class Options:
     backend: str = "inductor"
     rs: tuple[int, ...] = (0, 16, 32)
     tokens: tuple[int, ...] = (256,)
+    new_tokens: int = 128
+    prefixes: tuple[int, ...] = (256, 1024, 4096)
 
 
 @dataclass(frozen=True)
@@ -368,6 +372,20 @@ def merge(size: Size, opts: Options, say: Say) -> list[dict]:
                                   say=say)
 
 
+def generate(size: Size, opts: Options, say: Say) -> list[dict]:
+    """Generation on the KV tape against transformers' generate (``bench.generation``):
+    prefill and decode tokens/s, float32 and bfloat16, the cache's bytes per token, and the
+    linear kernel's decode time against the prefix length."""
+    from .generation import generate_rows
+
+    try:
+        import transformers  # noqa: F401
+    except ImportError as e:
+        return [_skipped("generate", size, "generate",
+                         f"transformers does not import here: {peers.reason(e)}")]
+    return generate_rows(size, opts, say)
+
+
 _NOT_EVAL = ("train", "no_grad", "inference")  # eval with autograd adds nothing to these
 
 SUITES: dict[str, Suite] = {s.name: s for s in (
@@ -389,6 +407,9 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("merge", "token merging (ToMe) against r: the plain ToMe peer and splitformer, "
           "throughput and fidelity to the unmerged model (no --size: all-MiniLM-L6-v2)",
           merge, ("no_grad",)),
+    Suite("generate", "generation on the KV tape against transformers' generate: prefill and "
+          "decode tokens/s, cache bytes per token, linear-kernel decode against the prefix "
+          "(no --size: GPT-2 small, prompt 128)", generate, ("no_grad",)),
 )}
 
 

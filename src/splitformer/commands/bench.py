@@ -48,6 +48,10 @@ def _pretrained_rows(name: str):
     if name == "merge":
         from ..experiments.merging import quick_rows
         return quick_rows
+    if name == "generate":  # GPT-2 small's shape, batch 1, a prompt of 128 tokens
+        from ..bench.sizes import SIZES
+        from ..bench.suites import generate
+        return lambda opts, say: generate(SIZES["gpt2"], opts, say)
     return None
 
 
@@ -152,6 +156,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=_tokens_arg, default=None, metavar="N,...",
                    help="merge suite on all-MiniLM-L6-v2 (no --size): King James passages of "
                         "N tokens (default 256)")
+    p.add_argument("--new-tokens", type=_capped(positive_int, MAX_SEQ, "tokens"), default=128,
+                   metavar="N", help="generate suite: new tokens per call (default 128; >= 2)")
+    p.add_argument("--prefixes", type=_capped(_ints_arg, MAX_SEQ, "tokens"),
+                   default=(256, 1024, 4096), metavar="N,...",
+                   help="generate suite: prefix lengths of the linear-kernel decode rows "
+                        "(default 256,1024,4096)")
     p.add_argument("--backend", default="inductor", type=stripped,
                    choices=["inductor", "aot_eager", "eager"],
                    help="torch.compile backend of the compile suite (default inductor)")
@@ -238,7 +248,25 @@ def _extra(row: dict) -> str:
         parts.append(f"batch {row['batch']} x seq {row['seq']}")
     if row.get("suite") == "merge":
         parts.append(_merge_extra(row))
+    if row.get("suite") == "generate":
+        parts.append(_generate_extra(row))
     return "; ".join(parts)
+
+
+def _generate_extra(row: dict) -> str:
+    """A generate row: prefill and decode tokens/s (and splitformer / transformers), the
+    cache's bytes per token; a linear-decode row: the prefix and the tape's bytes."""
+    if "prefix" in row:
+        return (f"after {row['prefix']} tokens: {row['decode_tokens_per_s']:,.1f} tokens/s, "
+                f"tape {row['cache_bytes'] / 2**20:,.2f} MiB")
+    parts = [f"prefill {row['prefill_tokens_per_s']:,.0f} tok/s",
+             f"decode {row['decode_tokens_per_s']:,.1f} tok/s"]
+    if row.get("splitformer"):
+        parts.append(f"{row['prefill_ratio']:.2f}x / {row['decode_ratio']:.2f}x transformers")
+    parts.append(f"cache {row['cache_bytes_per_token'] / 1024:,.1f} KiB/token")
+    if row.get("splitformer"):
+        parts.append("same ids" if row["same_ids"] else "ids differ")
+    return ", ".join(parts)
 
 
 _MERGE_MEASURES = (("mean_cosine", "cosine"), ("lee_fidelity_spearman", "Lee fidelity rho"),
@@ -330,6 +358,9 @@ def _command(names: list[str], sizes: list, args: argparse.Namespace) -> str:
             parts += ["--tokens", ",".join(map(str, args.tokens))]
     if "compile" in names:
         parts += ["--backend", args.backend]
+    if "generate" in names:
+        parts += ["--new-tokens", str(args.new_tokens),
+                  "--prefixes", ",".join(map(str, args.prefixes))]
     if args.threads:
         parts += ["--threads", str(args.threads)]
     if args.seed:
@@ -356,9 +387,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.new_tokens < 2:
+        raise UsageError(f"argument --new-tokens: expected at least 2 (the decode rate is "
+                         f"timed from the second token on), got {args.new_tokens}")
     opts = Options(repeats=args.repeats, warmup=args.warmup, paths=args.paths, seed=args.seed,
                    ks=args.ks, seqs=args.seqs, backend=args.backend, rs=args.rs,
-                   tokens=args.tokens)
+                   tokens=args.tokens, new_tokens=args.new_tokens, prefixes=args.prefixes)
     sized = args.size or any(_pretrained_rows(n) is None for n in names)
     data = {"command": _command(names, sizes if sized else [], args), "machine": machine(),
             "options": {**vars(opts)},
