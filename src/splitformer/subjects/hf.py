@@ -59,6 +59,18 @@ def hf_text_subject(model: Any, folder: Path, name: str, what: str, label: str,
         return Encoded(out, full, unknown, "tokens", str(tok.unk_token))
 
     sub.encode = encode
+
+    loaded: list[Any] = []  # the tokenizer, loaded once (decode runs once per new token)
+
+    def decode(ids: list[int]) -> str:
+        if not loaded:
+            loaded.append(_tokenizer(folder, "MODEL"))
+        return loaded[0].decode(ids, skip_special_tokens=True)
+
+    sub.decode = decode
+    eos = config.get("eos_token_id")
+    sub.eos_token_ids = tuple(eos) if isinstance(eos, list) else (eos,) if isinstance(
+        eos, int) else ()
     return sub
 
 
