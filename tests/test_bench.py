@@ -19,7 +19,8 @@ from splitformer.bench.suites import SUITES, Options, run_suite
 from splitformer.cli import main
 
 MICRO = Size(16, 2, 1, 32, 2, 8, "micro")
-OPTS = Options(repeats=1, warmup=0, ks=(1, 2), seqs=(4, 8), backend="eager")
+OPTS = Options(repeats=1, warmup=0, ks=(1, 2), seqs=(4, 8), backend="eager", new_tokens=3,
+               prefixes=(8, 16))
 
 
 @pytest.mark.parametrize("name", sorted(SUITES))
@@ -172,3 +173,25 @@ def test_list_json_and_suites_as_a_comma_list(capsys, tmp_path):
     assert main(["bench", "refine,memory", "--size", "dim=16,heads=2,layers=1,ff=32,batch=2,"
                  "seq=8", "--repeats", "1", "--warmup", "0", "--ks", "1", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["suites"] == ["refine", "memory"]
+
+
+def test_generate_suite_same_ids_same_cache_bytes_and_a_flat_linear_tape():
+    """The generate suite's deterministic parts: both libraries generate the same ids (float32)
+    with the same bytes of keys and values per token; the linear kernel's tape does not grow
+    with the prefix while the softmax kernel's grows linearly."""
+    rows = run_suite("generate", MICRO, OPTS)
+    pairs = [r for r in rows if r["group"].startswith("generate ")]
+    assert {(r["dtype"], r["name"]) for r in pairs} == {
+        (d, n) for d in ("float32", "bfloat16") for n in ("splitformer", "transformers")}
+    f32 = {r["name"]: r for r in pairs if r["dtype"] == "float32"}
+    assert f32["splitformer"]["same_ids"]
+    for d in ("float32", "bfloat16"):
+        by = {r["name"]: r for r in pairs if r["dtype"] == d}
+        assert by["splitformer"]["cache_bytes_per_token"] == \
+            by["transformers"]["cache_bytes_per_token"] > 0
+        assert by["splitformer"]["decode_ratio"] == pytest.approx(
+            by["splitformer"]["decode_tokens_per_s"] / by["transformers"]["decode_tokens_per_s"])
+    lin = {(r["kernel"], r["prefix"]): r["cache_bytes"] for r in rows
+           if r["group"] == "linear decode"}
+    assert lin[("linear", 8)] == lin[("linear", 16)]
+    assert lin[("softmax", 16)] == 2 * lin[("softmax", 8)]

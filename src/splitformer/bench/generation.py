@@ -135,9 +135,9 @@ def _pair_rows(size: Size, opts, say, ids: torch.Tensor, dname: str, dtype: torc
     return rows
 
 
-def _decode_step_s(model, prefix: int, steps: int, seed: int) -> float:
+def _decode_step_s(model, prefix: int, steps: int, seed: int) -> tuple[float, int]:
     """The median time of one decode step after ``prefix`` tokens on a tape (prefilled in
-    chunks of 256)."""
+    chunks of 256), and the tape's bytes after the prefix."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, GPT2_VOCAB, (1, prefix + steps), generator=g)
     tape = KVTape(capacity=prefix + steps)
@@ -145,11 +145,12 @@ def _decode_step_s(model, prefix: int, steps: int, seed: int) -> float:
     with torch.no_grad():
         for a in range(0, prefix, 256):
             model(ids[:, a:min(prefix, a + 256)], tape=tape, logits_to_keep=1)
+        nbytes = tape.nbytes()
         for i in range(prefix, prefix + steps):
             t0 = time.perf_counter()
             model(ids[:, i:i + 1], tape=tape, logits_to_keep=1)
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times), nbytes
 
 
 def linear_rows(size: Size, opts, say) -> list[dict]:
@@ -163,16 +164,12 @@ def linear_rows(size: Size, opts, say) -> list[dict]:
     for prefix in opts.prefixes:
         for kname, model in kernels.items():
             say(f"generate {size.label}: {kname} kernel, decode after {prefix} tokens")
-            step = _decode_step_s(model, prefix, 16, opts.seed)
-            tape = KVTape()
-            with torch.no_grad():
-                model(torch.zeros(1, 1, dtype=torch.long), tape=tape, logits_to_keep=1)
-            per_token = tape.nbytes()
+            step, nbytes = _decode_step_s(model, prefix, 16, opts.seed)
             rows.append({
                 "suite": "generate", "size": size.label, "group": "linear decode",
                 "path": "no_grad", "name": f"splitformer {kname}", "splitformer": True,
                 "kernel": kname, "prefix": prefix, "median_s": step,
                 "decode_tokens_per_s": 1.0 / step, "ratios": {},
-                "cache_bytes": per_token * (1 if kname == "linear" else prefix),
+                "cache_bytes": nbytes,
                 "note": "batch 1, float32, median of 16 decode steps"})
     return rows
