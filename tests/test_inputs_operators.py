@@ -181,3 +181,14 @@ def test_kernel_names_are_stripped(model):
     set_kernel(model, " softmax")
     with pytest.raises(ValueError, match="kernel must be"):
         model.with_kernel("soft max")
+
+
+def test_context_keys_that_became_fields_are_read_from_extra_with_a_warning():
+    """memory, memory_mask, memory_weights, memory_coords, grid_shape and the merge trace are
+    declared fields of Context; the old extra keys still arrive there, with a warning."""
+    m = torch.randn(1, 3, 4)
+    with pytest.warns(DeprecationWarning, match="Context.memory"):
+        ctx = Context(extra={"memory": m, "grid_shape": [2, 3], "mine": 1})
+    assert ctx.memory is m and ctx.grid_shape == (2, 3) and ctx.extra == {"mine": 1}
+    with pytest.raises(TypeError, match="Context.tape must be None or a KVTape"):
+        Context(tape=object())

@@ -374,7 +374,7 @@ def test_class_token_bypasses_the_convolution():
     proj = ConvolutionalProjection(6, stride=2, num_prefix_tokens=1, dtype=torch.float64)
     proj.eval()
     u = torch.randn(2, 1 + 4 * 5, 6, dtype=torch.float64)
-    ctx = Context(extra={"grid_shape": (4, 5)})
+    ctx = Context(grid_shape=(4, 5))
     out = proj(u, ctx)
     assert out.shape == (2, 1 + 2 * 3, 6)  # the stride-2 (coarse) grid
     expected = u[:, :1] @ proj.weight.T + proj.bias
@@ -389,10 +389,10 @@ def test_attention_grid_from_context():
     u = torch.randn(1, 6, 8, dtype=torch.float64)
     with pytest.raises(ValueError, match="grid_shape"):
         att(u)
-    assert att(u, Context(extra={"grid_shape": (2, 3)})).shape == u.shape
+    assert att(u, Context(grid_shape=(2, 3))).shape == u.shape
     assert token_grid(torch.zeros(1, 10, 3), None, 1) == (3, 3)
     with pytest.raises(ValueError, match="grid_shape"):
-        token_grid(u, Context(extra={"grid_shape": (2, 2)}), 0)
+        token_grid(u, Context(grid_shape=(2, 2)), 0)
     assert att.scale == 8 ** -0.5  # CvT scales by dim**-1/2, not head_dim**-1/2
 
 

@@ -134,7 +134,7 @@ def test_cross_attention_equals_multihead_attention(dtype):
     kpm[1, 5:] = True
     with torch.no_grad():
         ref = mha(x, m, m, key_padding_mask=kpm, need_weights=False)[0]
-        ctx = Context(extra={"memory": m, "memory_mask": (~kpm).view(2, 1, 1, 7)})
+        ctx = Context(memory=m, memory_mask=(~kpm).view(2, 1, 1, 7))
         assert (a(x, ctx) - ref).abs().max() <= TOL[dtype]
     with pytest.raises(ValueError, match="memory"):
         a(x)

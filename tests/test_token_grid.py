@@ -194,9 +194,8 @@ def _memory_context(m, wm, cm, w, c, causal):
         xq = (c if c is not None else torch.arange(w.shape[-1], dtype=D)).expand(B, -1)
         xk = (cm if cm is not None else torch.arange(wm.shape[-1], dtype=D)).expand(B, -1)
         mask = (xk[:, None, :] <= xq[:, :, None]).unsqueeze(1)
-    return Context(token_weights=w, token_coords=c,
-                   extra={"memory": m, "memory_mask": mask, "memory_weights": wm,
-                          "memory_coords": cm})
+    return Context(token_weights=w, token_coords=c, memory=m, memory_mask=mask,
+                   memory_weights=wm, memory_coords=cm)
 
 
 @pytest.mark.parametrize("kernel", RELATIVE)
@@ -223,7 +222,7 @@ def test_cross_attention_on_two_grids(kernel, causal, case, memory):
     with torch.no_grad():
         y = op(u, _memory_context(m, wm, cm, w, c, causal))
         if not causal:
-            plain = op(u, Context(extra={"memory": m}))
+            plain = op(u, Context(memory=m))
             const = op(u, _memory_context(m, torch.full_like(wm, 0.3 + seed % 5), None,
                                           torch.full_like(w, 2.0), None, False))
             assert (const - plain).abs().max() <= TOL
@@ -256,8 +255,7 @@ def test_cross_attention_query_index_does_not_move_when_the_memory_is_refined():
 
     def run(m, wm, cm):
         mask = (cm[None, :] <= torch.arange(4, dtype=D)[:, None])  # x_s <= x on the grids
-        return op(u, Context(extra={"memory": m, "memory_mask": mask, "memory_weights": wm,
-                                    "memory_coords": cm}))
+        return op(u, Context(memory=m, memory_mask=mask, memory_weights=wm, memory_coords=cm))
 
     with torch.no_grad():
         y = run(m, wm, cm)

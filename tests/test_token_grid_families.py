@@ -163,7 +163,8 @@ def skeleton(model, inputs):
 
 
 def on_grid(ctx: Context, w, c) -> Context:
-    return dataclasses.replace(ctx, extra=dict(ctx.extra), token_weights=w, token_coords=c)
+    return dataclasses.replace(ctx, extra=dict(ctx.extra), readout=dict(ctx.readout),
+                               token_weights=w, token_coords=c)
 
 
 def split_context(u0, ctx: Context, w, c, j: int, halve: bool = True):
@@ -173,12 +174,12 @@ def split_context(u0, ctx: Context, w, c, j: int, halve: bool = True):
     u2, w2, c2, m2 = split_node(u0, w, c, j, ctx.attn_mask)
     if not halve:
         w2 = duplicate(torch.broadcast_to(w, (u0.shape[0], n)), j, 1)
-    extra = dict(ctx.extra)
-    mm = extra.get("memory_mask")
+    mm = ctx.memory_mask
     if isinstance(mm, torch.Tensor) and mm.dim() >= 2 and mm.shape[-2] == n:
-        extra["memory_mask"] = duplicate(mm, j, mm.dim() - 2)
-    return u2, dataclasses.replace(ctx, attn_mask=m2, extra=extra, token_weights=w2,
-                                   token_coords=c2)
+        mm = duplicate(mm, j, mm.dim() - 2)
+    return u2, dataclasses.replace(ctx, attn_mask=m2, extra=dict(ctx.extra),
+                                   readout=dict(ctx.readout), memory_mask=mm,
+                                   token_weights=w2, token_coords=c2)
 
 
 def solve_on(model, u0, ctx) -> dict[str, torch.Tensor]:

@@ -105,7 +105,7 @@ def test_the_weights_after_merging_sum_to_the_input_weights():
         ctx = Context(token_weights=w.clone())
         u = evo(x, ctx)
         assert u.shape == (B, N - 2 * L, D)
-        trace = ctx.extra["token_merging"]
+        trace = ctx.merge_trace
         torch.testing.assert_close(trace.mass.sum(1), w.sum(1), rtol=1e-14, atol=0)
         if proportional:  # the kernels integrate against the merged weights
             assert torch.equal(ctx.token_weights, trace.mass)
@@ -125,7 +125,7 @@ def test_merged_state_is_the_size_weighted_mean_and_others_are_untouched():
     ctx = Context(token_weights=w, token_coords=x)
     start_trace(u, ctx, TokenMerging(1, metric="state"))
     out = merge_tokens(u, ctx, 1, None, step=0)
-    idx = ctx.extra["token_merging"].index[0][0].tolist()
+    idx = ctx.merge_trace.index[0][0].tolist()
     a = next(i for i in range(6) if idx.count(idx[i]) == 2)
     b = next(i for i in range(6) if idx.count(idx[i]) == 2 and i != a)
     node = idx[a]
@@ -287,7 +287,7 @@ def test_protected_and_padding_nodes_never_merge():
     w = (~kpm).to(torch.float64)
     ctx = Context(token_weights=w)
     merged.evolution(x, ctx)
-    rows = ctx.extra["token_merging"].index[-1][0].tolist()
+    rows = ctx.merge_trace.index[-1][0].tolist()
     assert all(rows.count(rows[i]) == 1 for i in (0, 1, 7, 8, 9))
     # an additive (float) key-padding mask gives the same
     fmask = torch.zeros(B, N, dtype=torch.float64).masked_fill(kpm, float("-inf"))

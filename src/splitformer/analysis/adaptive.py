@@ -176,7 +176,7 @@ def _run(model: EvolutionModel, inputs: tuple, logits, label: str
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """u(T) and the (batch, classes) read-out of ``model`` (a refined copy, in eval mode)."""
     u0, ctx = model.initial_condition(*inputs)
-    ctx.extra.pop("saveat", None)  # only u(T) is needed
+    ctx.saveat = None  # only u(T) is needed
     u = model.evolution(u0, ctx)
     bad = ~torch.isfinite(u.flatten(1)).all(dim=1)
     if bad.any():

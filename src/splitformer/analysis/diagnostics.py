@@ -622,7 +622,7 @@ def _evolution_record(walk: _Walk, traj: Trajectory, steps_out: list[dict[str, A
 def _token_grid(ctx) -> tuple[int, int] | None:
     """The token grid (rows, columns) a family reports in its context (CvT), or None."""
     if isinstance(ctx, Context):
-        gs = ctx.extra.get("grid_shape")
+        gs = ctx.grid_shape
         if isinstance(gs, (tuple, list)) and len(gs) == 2:
             return int(gs[0]), int(gs[1])
     return None

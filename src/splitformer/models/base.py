@@ -140,9 +140,9 @@ class EvolutionModel(nn.Module):
     def solve(self, *inputs: Any, **kwargs: Any) -> Any:
         """read_out(evolution(initial_condition(inputs))).
 
-        When the initial condition asks for states along the path (``context.extra["saveat"]``,
+        When the initial condition asks for states along the path (``context.saveat``,
         a ``SaveAt``: e.g. ``output_hidden_states``), the evolution keeps them and the read-out
-        finds the ``Trajectory`` in ``context.extra["trajectory"]``.
+        finds the ``Trajectory`` in ``context.trajectory``.
         """
         return self._solve(inputs, kwargs, None)[0]
 
@@ -159,7 +159,7 @@ class EvolutionModel(nn.Module):
     def _solve(self, inputs: tuple, kwargs: dict, saveat: SaveAt | None
                ) -> tuple[Any, Trajectory | None]:
         """The spine: one run of the evolution keeping what the read-out asks for
-        (``context.extra["saveat"]``) and what ``saveat`` asks for; each gets its part."""
+        (``context.saveat``) and what ``saveat`` asks for; each gets its part."""
         out, path, _ = self._solve_in(inputs, kwargs, saveat)
         return out, path
 
@@ -181,7 +181,7 @@ class EvolutionModel(nn.Module):
 
     def _run_in(self, u0: torch.Tensor, ctx: Context, saveat: SaveAt | None
                 ) -> tuple[Any, Trajectory | None, Context]:
-        asked = ctx.extra.get("saveat")
+        asked = ctx.saveat
         if asked is None and saveat is None:
             u = self.evolution(u0, ctx)
             return self.read_out(self._unmerged(u, ctx), ctx), None, ctx
@@ -189,7 +189,7 @@ class EvolutionModel(nn.Module):
         traj = self._unmerged(self.evolution(u0, ctx, both), ctx)
         grid = self.evolution.grid
         if asked is not None:
-            ctx.extra["trajectory"] = traj if both is asked else asked.select(traj, both, grid)
+            ctx.trajectory = traj if both is asked else asked.select(traj, both, grid)
         path = None if saveat is None else traj if both is saveat else \
             saveat.select(traj, both, grid)
         return self.read_out(traj.final, ctx), path, ctx
@@ -230,7 +230,7 @@ class EvolutionModel(nn.Module):
         (default ``SaveAt(steps=True)``: u(t_i) at every grid point); the inputs are those of
         ``forward``."""
         u0, ctx = self.initial_condition(*inputs, **kwargs)
-        ctx.extra.pop("saveat", None)
+        ctx.saveat = None
         try:
             path = self._unmerged(
                 self.evolution(u0, ctx, saveat if saveat is not None else SaveAt(steps=True)),
@@ -387,7 +387,7 @@ class EvolutionModel(nn.Module):
 class TorchLayoutReadOut:
     """The read-out of the torch.nn families (encoder, decoder): the final norm (identity when
     ``final_norm`` is None), then the output in the layout the input came in (``batch_first``;
-    ``context.extra["unbatched"]``, set by ``initial_condition``)."""
+    ``context.readout["unbatched"]``, set by ``initial_condition``)."""
 
     final_norm: nn.Module | None
     batch_first: bool
@@ -395,20 +395,20 @@ class TorchLayoutReadOut:
     def read_out(self, u: torch.Tensor, context: Context) -> torch.Tensor:
         if self.final_norm is not None:
             u = self.final_norm(u)
-        if context.extra.get("unbatched"):
+        if context.readout.get("unbatched"):
             return u.squeeze(0)
         return u if self.batch_first else u.transpose(0, 1)
 
 
 def path_states(context: Context) -> tuple[torch.Tensor, ...] | None:
     """The states the evolution kept for the read-out (``solve`` with a ``saveat``), or None."""
-    traj = context.extra.get("trajectory")
+    traj = context.trajectory
     return traj.state_list if traj is not None else None
 
 
 def keep_steps(context: Context, on: bool) -> Context:
     """Ask ``solve`` to keep u(t_i) at every grid point (hidden states) when ``on``."""
     if on:
-        context.extra["saveat"] = SaveAt(steps=True)
+        context.saveat = SaveAt(steps=True)
     return context
 

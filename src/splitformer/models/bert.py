@@ -204,7 +204,7 @@ class BertEncoderModel(EvolutionModel):
         b, n, _ = u0.shape
         mask = self.attention_support(attention_mask, b, n, u0.dtype, u0.device,
                                       position_ids)
-        ctx = with_token_grid(Context(attn_mask=mask, extra={"labels": labels}), token_weights,
+        ctx = with_token_grid(Context(attn_mask=mask, readout={"labels": labels}), token_weights,
                               token_coords, batch=b, seq=n, owner=type(self).__name__,
                               dtype=u0.dtype)
         return u0, keep_steps(ctx, output_hidden_states)
@@ -304,7 +304,7 @@ class BertSequenceClassifier(BertEncoderModel):
         """logits = W_C R(u(T)) + b_C, and the loss when labels were given."""
         enc = super().read_out(u, context)
         logits = self.classifier(enc.pooler_output)
-        labels = context.extra.get("labels")
+        labels = context.readout.get("labels")
         loss = self.loss(logits, labels) if labels is not None else None
         return BertClassifierOutput(
             loss=loss, logits=logits, hidden_states=enc.hidden_states,

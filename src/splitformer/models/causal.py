@@ -254,7 +254,7 @@ class CausalDecoderModel(EvolutionModel):
             ctx = tape_context(tape, attention_mask, token_weights, token_coords, batch=b,
                                seq=n, dtype=u0.dtype, device=u0.device,
                                additive=self.additive_mask, owner=type(self).__name__)
-            ctx.extra.update(labels=labels, logits_to_keep=logits_to_keep)
+            ctx.readout.update(labels=labels, logits_to_keep=logits_to_keep)
             return u0, keep_steps(ctx, output_hidden_states)
         cache = self.use_cache if use_cache is None else bool(use_cache)
         ctx = causal_context(attention_mask, position_ids, batch=b, seq=n, dtype=u0.dtype,
@@ -262,7 +262,7 @@ class CausalDecoderModel(EvolutionModel):
                              on_grid=on_token_grid(token_weights, token_coords))
         ctx = with_token_grid(ctx, token_weights, token_coords, batch=b, seq=n,
                               owner=type(self).__name__, dtype=u0.dtype)
-        ctx.extra.update(labels=labels, logits_to_keep=logits_to_keep)
+        ctx.readout.update(labels=labels, logits_to_keep=logits_to_keep)
         return u0, keep_steps(ctx, output_hidden_states)
 
     @staticmethod
@@ -386,10 +386,10 @@ class CausalLM(CausalDecoderModel):
         """logits(x, v) = <P_f u(x, ., T), W(v, .)> on the kept positions, and the next-token
         loss when labels were given."""
         out = super().read_out(u, context)
-        keep = context.extra.get("logits_to_keep", 0)
+        keep = context.readout.get("logits_to_keep", 0)
         keep = slice(-keep, None) if isinstance(keep, int) else keep
         out.logits = self.lm_head(out.last_hidden_state[:, keep, :])
-        labels = context.extra.get("labels")
+        labels = context.readout.get("labels")
         if labels is not None and (context.token_weights is not None
                                    or context.token_coords is not None):
             raise ValueError("labels with token_weights / token_coords: the next-token loss is "

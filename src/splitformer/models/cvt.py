@@ -252,12 +252,12 @@ class CvtStage(EvolutionModel):
         u0 = f.flatten(2).transpose(1, 2)
         if self.cls_token is not None:
             u0 = torch.cat((self.cls_token.expand(b, -1, -1), u0), dim=1)
-        return u0, Context(extra={"grid_shape": (h, w)})
+        return u0, Context(grid_shape=(h, w))
 
     def read_out(self, u: torch.Tensor, context: Context
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Tokens -> (grid (B, C, H', W'), class token or None)."""
-        h, w = context.extra["grid_shape"]
+        h, w = context.grid_shape
         p = self.num_prefix_tokens
         cls = u[:, :p] if p else None
         tokens = u[:, p:]
@@ -413,7 +413,7 @@ class ConvolutionalVisionTransformer(EvolutionModel):
                                      + (", its class token first" if
                                         self.stages[-1].cls_token is not None else "")
                                      + "; the earlier stages take none)")
-        ctx.extra.update(hidden=hidden if output_hidden_states else None)
+        ctx.readout.update(hidden=hidden if output_hidden_states else None)
         return u0, ctx
 
     def read_out(self, u: torch.Tensor, context: Context) -> CvtOutput:
@@ -421,7 +421,7 @@ class ConvolutionalVisionTransformer(EvolutionModel):
         output grid when asked for."""
         grid, cls = self.stages[-1].read_out(u, context)
         logits = self.classify(grid, cls) if self.with_head else None
-        hidden = context.extra.get("hidden")
+        hidden = context.readout.get("hidden")
         return CvtOutput(logits=logits, last_hidden_state=grid, cls_token_value=cls,
                          hidden_states=(*hidden, grid) if hidden is not None else None)
 

@@ -150,7 +150,7 @@ class Encoder(TorchLayoutReadOut, EvolutionModel):
         token_coords: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Context]:
         """u(0) = src (batch first), the kernel's support and the token grid (checked against
-        N); ``context.extra["unbatched"]`` remembers the layout of src for the read-out."""
+        N); ``context.readout["unbatched"]`` remembers the layout of src for the read-out."""
         if src_mask is not None:
             if mask is not None:
                 raise ValueError("pass the attention mask as mask or as src_mask, not both")
@@ -168,7 +168,7 @@ class Encoder(TorchLayoutReadOut, EvolutionModel):
             device=p.device, token_weights=token_weights, token_coords=token_coords,
             owner=type(self).__name__,
         )
-        ctx.extra["unbatched"] = unbatched
+        ctx.readout["unbatched"] = unbatched
         return u0, ctx
 
     def forward(

@@ -112,8 +112,8 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
     target field's ``tgt_token_weights`` / ``tgt_token_coords`` (self-attention integrates
     against them, its causal support is x_k <= x_q on the coordinates, not folded into a mask)
     and the memory's ``memory_token_weights`` / ``memory_token_coords`` (cross-attention
-    integrates over the memory against them; ``context.extra["memory_weights"]`` /
-    ``["memory_coords"]``). With coordinates, ``memory_is_causal`` compares x_s <= x on them.
+    integrates over the memory against them; ``context.memory_weights`` /
+    ``context.memory_coords``). With coordinates, ``memory_is_causal`` compares x_s <= x on them.
     """
 
     def __init__(
@@ -182,8 +182,8 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
     ) -> tuple[torch.Tensor, Context]:
         """u(0) = tgt (batch first) and the context: the supports, the memory field M, the
         two token grids (u's: ``token_weights`` / ``token_coords``; M's:
-        ``extra["memory_weights"]`` / ``["memory_coords"]``, checked against N) and
-        ``extra["unbatched"]`` for the read-out."""
+        ``memory_weights`` / ``memory_coords``, checked against N) and, for the read-out,
+        ``readout["unbatched"]``."""
         for name, flag in (("tgt_is_causal", tgt_is_causal), ("memory_is_causal",
                                                                 memory_is_causal)):
             if flag is not None and not isinstance(flag, bool):
@@ -209,10 +209,9 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
                                                   any(t is not None for t in grids[:2]))
         cross = self._cross_support(memory_mask, batched(memory_key_padding_mask),
                                     memory_is_causal, u0.shape, m.shape[1], grids)
-        extra = {"memory": m, "memory_mask": cross, "unbatched": unbatched}
-        if memory_token_weights is not None or memory_token_coords is not None:
-            extra.update(memory_weights=memory_token_weights, memory_coords=memory_token_coords)
-        ctx = Context(attn_mask=self_support, is_causal=causal, extra=extra,
+        ctx = Context(attn_mask=self_support, is_causal=causal, memory=m, memory_mask=cross,
+                      memory_weights=memory_token_weights, memory_coords=memory_token_coords,
+                      readout={"unbatched": unbatched},
                       token_weights=tgt_token_weights, token_coords=tgt_token_coords)
         return u0, ctx
 

@@ -296,11 +296,11 @@ class CrossAttention(NonlocalAttention):
         g_h(x,x') = softmax_x'(<Q_u(x,.,h), K_m(x',.,h)> / sqrt(d_h) + m_cross(x,x'))
 
     Q is a feature integral of u, K and V of the memory m (the encoder's u(T) in an
-    encoder-decoder pair). The memory is read from ``context.extra["memory"]`` and its kernel
-    support from ``context.extra.get("memory_mask")`` (scaled_dot_product_attention convention).
-    The integral over x' runs on the memory's grid: ``context.extra["memory_weights"]`` /
-    ``["memory_coords"]`` (None = uniform, the index); the queries sit on u's grid. Where one
-    of the two grids has coordinates, the other's are its own index 0 .. N-1.
+    encoder-decoder pair). The memory is read from ``context.memory`` and its kernel support
+    from ``context.memory_mask`` (scaled_dot_product_attention convention). The integral over
+    x' runs on the memory's grid: ``context.memory_weights`` / ``context.memory_coords``
+    (None = uniform, the index); the queries sit on u's grid. Where one of the two grids has
+    coordinates, the other's are its own index 0 .. N-1.
     Weights are packed like NonlocalAttention (rows W_Q, W_K, W_V).
     """
 
@@ -310,7 +310,7 @@ class CrossAttention(NonlocalAttention):
                     ) -> KernelGrid | None:
         """The memory's grid for the keys, u's for the queries; None when both are uniform."""
         ctx = context if context is not None else _EMPTY
-        mem = TokenGrid(ctx.extra.get("memory_weights"), ctx.extra.get("memory_coords"))
+        mem = TokenGrid(ctx.memory_weights, ctx.memory_coords)
         own = ctx.token_grid
         if mem.is_default and own.is_default:
             return None
@@ -329,9 +329,9 @@ class CrossAttention(NonlocalAttention):
 
     def qkv(self, u: torch.Tensor, context: Context | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if context is None or "memory" not in context.extra:
-            raise ValueError("CrossAttention needs context.extra['memory'] (the second field)")
-        m = context.extra["memory"]
+        if context is None or context.memory is None:
+            raise ValueError("CrossAttention needs context.memory (the second field)")
+        m = context.memory
         d, w, bias = self.dim, self.qkv_weight, self.qkv_bias
         q = F.linear(u, w[:d], None if bias is None else bias[:d])
         kv = F.linear(m, w[d:], None if bias is None else bias[d:])
@@ -340,7 +340,7 @@ class CrossAttention(NonlocalAttention):
         return self.split_heads(q), k, v
 
     def support(self, context: Context | None) -> tuple[torch.Tensor | None, bool]:
-        return context.extra.get("memory_mask"), False
+        return context.memory_mask, False
 
     @property
     def relative_positions(self) -> bool:

@@ -31,6 +31,7 @@ is built):
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -47,6 +48,12 @@ __all__ = ["OPERATOR_KINDS", "Context", "Operator", "apply_dropout", "has_hooks"
 OPERATOR_KINDS = ("field", "projection", "map")
 
 
+# keys of Context.extra that are declared fields now (extra key -> field)
+_DECLARED = {"memory": "memory", "memory_mask": "memory_mask",
+             "memory_weights": "memory_weights", "memory_coords": "memory_coords",
+             "grid_shape": "grid_shape", "token_merging": "merge_trace"}
+
+
 @dataclass
 class Context:
     """Data an operator may read besides the state u.
@@ -59,11 +66,23 @@ class Context:
         shape (N,) or (B, N); None = uniform (the network). 0 = a padding node.
     token_coords: the node coordinates x_j, shape (N,) or (B, N); None = the index 0 .. N-1.
         Relative-position kernels and causal supports read them.
-    extra: a dict of free-form values for user-written operators (e.g. a memory field; the
-        memory's grid is ``extra["memory_weights"]`` / ``extra["memory_coords"]``).
     tape: the KV tape of a causal evolution (``operators.tape.KVTape``), or None: the past
         nodes' keys and values per attention evaluation; the self-attention operators read
         and extend it, and the field holds only the new nodes (docs/math.md 3.19).
+    memory: the second field m(x', y) of a cross-attention (the encoder's u(T) in an
+        encoder-decoder pair), (B, N_m, N_y), or None; ``memory_mask`` its kernel support
+        (sdpa's convention), ``memory_weights`` / ``memory_coords`` its token grid ((N_m,) or
+        (B, N_m); None = uniform / the index).
+    grid_shape: (H, W) of a 2-D token grid read by convolutions in x (CvT); None = square.
+    saveat: what the evolution keeps along the path for the read-out (a ``time.SaveAt``;
+        set by a family's initial condition, e.g. for ``output_hidden_states``), and
+        ``trajectory`` what it kept (a ``time.Trajectory``), for the read-out.
+    merge_trace: the ``operators.merging.MergeTrace`` of this forward (token merging).
+    readout: a family's own values for its read-out (labels, logits to keep, the layout of
+        the input, ...): written by its ``initial_condition``, read by its ``read_out``; no
+        operator reads them.
+    extra: a dict of free-form values for user-written operators (nothing of splitformer's
+        own is kept there).
     """
 
     attn_mask: torch.Tensor | None = None
@@ -72,6 +91,15 @@ class Context:
     token_weights: torch.Tensor | None = None
     token_coords: torch.Tensor | None = None
     tape: KVTape | None = None
+    memory: torch.Tensor | None = None
+    memory_mask: torch.Tensor | None = None
+    memory_weights: torch.Tensor | None = None
+    memory_coords: torch.Tensor | None = None
+    grid_shape: tuple[int, int] | None = None
+    saveat: Any = None
+    trajectory: Any = None
+    merge_trace: Any = None
+    readout: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.attn_mask is not None and not isinstance(self.attn_mask, torch.Tensor):
@@ -86,6 +114,15 @@ class Context:
                             f"{type(self.tape).__name__}")
         if not isinstance(self.extra, dict):
             raise TypeError(f"Context.extra must be a dict, got {type(self.extra).__name__}")
+        moved = [k for k in _DECLARED if k in self.extra]
+        if moved:  # values that were kept in extra before they became declared fields
+            warnings.warn(f"Context.extra[{moved[0]!r}] is now the declared field "
+                          f"Context.{_DECLARED[moved[0]]} (read from extra this time)",
+                          DeprecationWarning, stacklevel=3)
+            for key in moved:
+                setattr(self, _DECLARED[key], self.extra.pop(key))
+        if self.grid_shape is not None:
+            self.grid_shape = tuple(self.grid_shape)  # type: ignore[assignment]
         # checked; an integer grid (torch.arange(N)) is kept cast to a floating dtype
         self.token_weights = check_grid_tensor(self.token_weights, "Context.token_weights",
                                                weights=True)

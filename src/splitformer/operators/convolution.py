@@ -30,7 +30,7 @@ smoothing (1) acts as the restriction of a multigrid method (a weighted local av
 softmax normalisation absorbs the quadrature weights. CvT's scale is dim**-1/2 (the whole
 feature domain, |Omega_y|^(-1/2) in the paper's notation), not head_dim**-1/2.
 
-The token grid (H, W) is read from ``context.extra["grid_shape"]``; without it the grid is taken
+The token grid (H, W) is read from ``context.grid_shape``; without it the grid is taken
 square (N_x = H W with H = W) and anything else is an error.
 """
 
@@ -80,15 +80,15 @@ def token_grid(
 ) -> tuple[int, int]:
     """(H, W) of the token grid of u (B, P + H W, C), P prefix (class) tokens.
 
-    Read from ``context.extra["grid_shape"]``; without it the grid must be square.
+    Read from ``context.grid_shape``; without it the grid must be square.
     """
     n = u.shape[1] - num_prefix_tokens
-    shape = None if context is None else context.extra.get("grid_shape")
+    shape = None if context is None else context.grid_shape
     if shape is not None:
         h, w = (int(a) for a in shape)
         if h * w != n:
             raise ValueError(
-                f"context.extra['grid_shape']={tuple(shape)} has {h * w} points but u has "
+                f"context.grid_shape={tuple(shape)} has {h * w} points but u has "
                 f"{n} grid tokens (+{num_prefix_tokens} prefix tokens)"
             )
         return h, w
@@ -96,7 +96,7 @@ def token_grid(
     if side * side != n or n == 0:
         raise ValueError(
             f"u has {n} grid tokens, not a square grid: pass "
-            "Context(extra={'grid_shape': (H, W)})"
+            "Context(grid_shape=(H, W))"
         )
     return side, side
 

@@ -66,14 +66,13 @@ import torch.nn.functional as F
 from .attention import AttentionOperator, NonlocalAttention
 from .base import Context
 
-__all__ = ["KEYS_SHARE", "METRICS", "PLACES", "TRACE_KEY", "MergeTrace", "TokenMerging",
+__all__ = ["KEYS_SHARE", "METRICS", "PLACES", "MergeTrace", "TokenMerging",
            "attention_keys", "bipartite_soft_matching", "merge_nodes", "merge_tokens",
            "matching_vectors", "mergeable_nodes", "start_trace", "take_rows", "trace_of"]
 
 METRICS = ("keys", "state", "keys+state")
 KEYS_SHARE = 2 / 3  # the keys' share of the "keys+state" similarity (module doc)
 PLACES = ("attention", "step")
-TRACE_KEY = "token_merging"  # where a forward pass keeps its MergeTrace: context.extra[...]
 
 
 def _count(value, what: str) -> int:
@@ -290,7 +289,7 @@ def attention_keys(op: AttentionOperator, v: torch.Tensor, context: Context | No
 
 # -- a forward pass's record --------------------------------------------------------------------
 class MergeTrace:
-    """What one forward pass merged (kept in ``context.extra[TRACE_KEY]``).
+    """What one forward pass merged (kept in ``context.merge_trace``).
 
     ``input_weights``, ``input_coords``, ``input_mask``: the grid the evolution started on (as
     the context held it). ``mass`` (B, N_now): the sum of the input weights in each node now
@@ -404,7 +403,7 @@ def trace_of(context: Context | None) -> MergeTrace | None:
     """The MergeTrace a forward pass left in ``context`` (None without merging)."""
     if context is None:
         return None
-    trace = context.extra.get(TRACE_KEY)
+    trace = context.merge_trace
     return trace if isinstance(trace, MergeTrace) else None
 
 
@@ -413,7 +412,7 @@ def _check_support(context: Context, n: int) -> None:
         raise ValueError("token merging: the kernel's support is causal (x' <= x): a merged "
                          "node would carry a later token's state into an earlier one; refused "
                          "(GPT-2 and decoders cannot merge tokens)")
-    mm = context.extra.get("memory_mask")
+    mm = context.memory_mask
     if isinstance(mm, torch.Tensor) and mm.dim() >= 2 and mm.shape[-2] != 1:
         raise ValueError(f"token merging: memory_mask of shape {tuple(mm.shape)} has one row "
                          "per query node, which has no reading on the merged grid; refused "
@@ -438,7 +437,7 @@ def start_trace(u0: torch.Tensor, context: Context, merging: TokenMerging) -> Me
     _check_support(context, u0.shape[1])
     context.token_grid.check(u0.shape[1], u0.shape[0], "token merging")
     trace = MergeTrace(u0, context, merging)
-    context.extra[TRACE_KEY] = trace
+    context.merge_trace = trace
     return trace
 
 

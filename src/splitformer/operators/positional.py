@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .kernels import Kernel, KernelSite, _grid_additive, _grid_sdpa_support, check_scale
+from .kernel import Kernel, KernelSite, _grid_additive, _grid_sdpa_support, check_scale
 from .sdpa import sdpa
 
 __all__ = ["ALiBiKernel", "RotaryKernel", "alibi_slopes"]

@@ -208,7 +208,9 @@ def _context_tensors(context: Context | None) -> list[torch.Tensor]:
     """Tensors of the context that need a gradient (e.g. a cross-attention memory)."""
     if context is None:
         return []
-    values = [context.attn_mask, *context.extra.values()]
+    values = [context.attn_mask, context.memory, context.memory_mask, context.memory_weights,
+              context.memory_coords, context.token_weights, context.token_coords,
+              *context.extra.values()]
     return [t for t in values if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
