@@ -302,3 +302,32 @@ def test_tape_arguments_are_checked():
             model(_ids(2, 1), attention_mask=torch.tensor([[0, 1, 1, 1, 1]] * 2), tape=tape)
         out = model(_ids(2, 1), attention_mask=torch.ones(2, 5), tape=tape)
     assert out.logits.shape == (2, 1, VOCAB) and tape.length == 5
+
+
+def test_nn_transformer_decoder_on_a_tape_equals_torch_with_a_causal_mask():
+    """from_torch(nn.TransformerDecoder): the target nodes fed a few at a time on a tape (the
+    memory read by cross-attention at each forward) equal torch's decoder with its causal
+    mask and key padding."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    layer = nn.TransformerDecoderLayer(16, 4, 32, dropout=0.0, batch_first=True,
+                                       dtype=torch.float64)
+    dec = nn.TransformerDecoder(layer, 2).eval()
+    model = splitformer.from_torch(dec).eval()
+    tgt = torch.randn(2, 7, 16, dtype=torch.float64)
+    mem = torch.randn(2, 5, 16, dtype=torch.float64)
+    kpm = torch.zeros(2, 7, dtype=torch.bool)
+    kpm[1, 1] = True  # a padding node inside row 1's prefix
+    causal = nn.Transformer.generate_square_subsequent_mask(7, dtype=torch.float64)
+    with torch.no_grad():
+        ref = dec(tgt, mem, tgt_mask=causal, tgt_key_padding_mask=kpm, tgt_is_causal=True)
+        tape = KVTape()
+        parts = [model(tgt[:, a:b], mem, tgt_key_padding_mask=kpm[:, a:b], tgt_is_causal=True,
+                       tape=tape) for a, b in ((0, 3), (3, 4), (4, 5), (5, 7))]
+        with pytest.raises(ValueError, match="pass tgt_is_causal=True and no tgt_mask"):
+            model(tgt[:, :1], mem, tgt_mask=causal[:1, :1], tape=KVTape())
+        with pytest.raises(ValueError, match="memory_is_causal with a KV tape"):
+            model(tgt[:, :1], mem, tgt_is_causal=True, memory_is_causal=True, tape=KVTape())
+    out = torch.cat(parts, 1)
+    assert float((out - ref)[~kpm].abs().max()) <= 1e-10 and tape.length == 7

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from ..operators import Context, CrossAttention, FeedForward, LayerNormProjection, NonlocalAttention
+from ..operators.tape import KVTape
 from ..time import Controls, Evolution, Scheme, TimeGrid, Trajectory
 from ..time.schemes import SCHEMES
 from ..time.schemes.families import DECODER_POST_LN, DECODER_PRE_LN, decoder_lie, decoder_prenorm
@@ -179,11 +180,14 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
         tgt_token_coords: torch.Tensor | None = None,
         memory_token_weights: torch.Tensor | None = None,
         memory_token_coords: torch.Tensor | None = None,
+        tape: KVTape | None = None,
     ) -> tuple[torch.Tensor, Context]:
         """u(0) = tgt (batch first) and the context: the supports, the memory field M, the
         two token grids (u's: ``token_weights`` / ``token_coords``; M's:
         ``memory_weights`` / ``memory_coords``, checked against N) and, for the read-out,
-        ``readout["unbatched"]``."""
+        ``readout["unbatched"]``. With a KV ``tape`` tgt holds the new target nodes only: the
+        self-attention is the causal Volterra operator on the tape (docs/generation.md),
+        its padding ``tgt_key_padding_mask`` of the new nodes; the cross-attention reads M."""
         for name, flag in (("tgt_is_causal", tgt_is_causal), ("memory_is_causal",
                                                                 memory_is_causal)):
             if flag is not None and not isinstance(flag, bool):
@@ -204,16 +208,44 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
                 return kpm.unsqueeze(0)
             return kpm
 
-        self_support, causal = self._self_support(tgt_mask, batched(tgt_key_padding_mask),
-                                                  tgt_is_causal, u0.shape,
-                                                  any(t is not None for t in grids[:2]))
         cross = self._cross_support(memory_mask, batched(memory_key_padding_mask),
                                     memory_is_causal, u0.shape, m.shape[1], grids)
+        if tape is not None:
+            self._check_tape(tape, tgt_mask, tgt_is_causal, memory_is_causal)
+            kpm = batched(tgt_key_padding_mask)
+            keep = None if kpm is None else attention_support(
+                None, kpm, q_len=u0.shape[1], k_len=u0.shape[1],
+                kpm_name="tgt_key_padding_mask", **self._masks(u0.shape[0]))
+            if keep is not None and keep.dtype != torch.bool:
+                raise TypeError("tgt_key_padding_mask on a KV tape must be a bool tensor (True = "
+                                "padding)")
+            tape.begin(u0.shape[1], u0.shape[0], keep=None if keep is None else keep[:, 0, 0],
+                       weights=tgt_token_weights, coords=tgt_token_coords, dtype=u0.dtype,
+                       device=u0.device)
+            self_support, causal = None, True
+        else:
+            self_support, causal = self._self_support(tgt_mask, batched(tgt_key_padding_mask),
+                                                      tgt_is_causal, u0.shape,
+                                                      any(t is not None for t in grids[:2]))
         ctx = Context(attn_mask=self_support, is_causal=causal, memory=m, memory_mask=cross,
                       memory_weights=memory_token_weights, memory_coords=memory_token_coords,
-                      readout={"unbatched": unbatched},
+                      readout={"unbatched": unbatched}, tape=tape,
                       token_weights=tgt_token_weights, token_coords=tgt_token_coords)
         return u0, ctx
+
+    @staticmethod
+    def _check_tape(tape: Any, tgt_mask, tgt_is_causal, memory_is_causal) -> None:
+        """A tape needs the causal self-attention (tgt_is_causal, no tgt_mask: the tape builds
+        the support) and a memory support that does not move with the target's index."""
+        if not isinstance(tape, KVTape):
+            raise TypeError(f"tape must be a splitformer KVTape, got {type(tape).__name__}")
+        if tgt_mask is not None or tgt_is_causal is False:
+            raise ValueError("a KV tape needs the causal self-attention: pass tgt_is_causal=True "
+                             "and no tgt_mask (the tape builds the support of the new nodes)")
+        if memory_is_causal:
+            raise ValueError("memory_is_causal with a KV tape: the causal memory support reads "
+                             "the target's index, which restarts at each forward on the tape; "
+                             "pass a memory_mask for the new nodes instead")
 
     _GRID_NAMES = ("tgt_token_weights", "tgt_token_coords", "memory_token_weights",
                    "memory_token_coords")
@@ -286,13 +318,14 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
         tgt_token_coords: torch.Tensor | None = None,
         memory_token_weights: torch.Tensor | None = None,
         memory_token_coords: torch.Tensor | None = None,
+        tape: KVTape | None = None,
     ) -> torch.Tensor:
         return self.solve(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask,
                           memory_key_padding_mask, tgt_is_causal, memory_is_causal,
                           tgt_token_weights=tgt_token_weights,
                           tgt_token_coords=tgt_token_coords,
                           memory_token_weights=memory_token_weights,
-                          memory_token_coords=memory_token_coords)
+                          memory_token_coords=memory_token_coords, tape=tape)
 
 
 class EncoderDecoderModel(EvolutionModel):
