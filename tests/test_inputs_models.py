@@ -60,3 +60,30 @@ def test_token_ids_outside_the_dictionary_are_refused(family):
         model(ok.float())
     with pytest.raises(ValueError, match="position_ids must lie"):
         model(ok, position_ids=torch.arange(20, 25).unsqueeze(0))
+
+
+def test_an_integer_4d_attention_mask_is_read_as_a_support_and_bad_values_refused():
+    """A 0/1 integer mask in 4-D shape (mask[:, None, None, :]) is the support it says (1 =
+    in it), as the 2-D mask (which is checked against transformers' BertModel elsewhere);
+    with merging it merges (it warned 'nothing can merge'); other integers are refused."""
+    import warnings
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=32)
+    model = splitformer.from_hf(transformers.BertModel(cfg).eval()).eval()
+    ids = torch.randint(0, 50, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    with torch.no_grad():
+        two = model(ids, attention_mask=mask).last_hidden_state
+        four = model(ids, attention_mask=mask[:, None, None, :]).last_hidden_state
+        assert torch.equal(two, four)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _, trace = model.with_token_merging(2).solve_traced(
+                ids, attention_mask=mask[:, None, None, :])
+        assert trace is not None and len(trace) > 0
+        with pytest.raises(ValueError, match="attention_mask: a 4-D mask must be bool"):
+            model(ids, attention_mask=2 * mask[:, None, None, :])

@@ -192,7 +192,8 @@ def padding_support(attention_mask, batch: int, seq: int, device: torch.device
     """A transformers-style attention_mask (B, N), 1 = keep, 0 = pad, as a kernel support.
 
     Returns (support, prepared): (None, False) when nothing is padded, ((B, 1, 1, N) bool,
-    False) for a padding mask, and (the mask as given, True) for a prepared 4-D mask. Any
+    False) for a padding mask, and (the mask as given, True) for a prepared 4-D mask (bool or
+    float; an integer 0 / 1 one is read as bool, 1 = in the support, other values refused). Any
     other shape is refused, naming the expected one: a mask with B * N entries in another
     shape (transposed, flattened) is not reshaped (transformers' BertModel fails on it).
     """
@@ -202,7 +203,15 @@ def padding_support(attention_mask, batch: int, seq: int, device: torch.device
         raise TypeError(f"attention_mask must be a torch.Tensor, got "
                         f"{type(attention_mask).__name__}")
     if attention_mask.dim() == 4:
-        return attention_mask.to(device), True
+        if attention_mask.dtype == torch.bool or attention_mask.is_floating_point():
+            return attention_mask.to(device), True
+        # an integer 4-D mask: 1 = keep, 0 = off the support (the 2-D mask's convention)
+        if attention_mask.is_complex() or not bool(
+                ((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise ValueError(f"attention_mask: a 4-D mask must be bool (True = in the support), "
+                             f"float (added to the scores) or integer 0 / 1 (1 = in the "
+                             f"support), got {attention_mask.dtype} with other values")
+        return attention_mask.to(device=device, dtype=torch.bool), True
     if tuple(attention_mask.shape) != (batch, seq):
         raise ValueError(f"attention_mask must have shape (batch, seq) = ({batch}, {seq}) or "
                          f"be a prepared 4-D mask, got {tuple(attention_mask.shape)}")
