@@ -655,3 +655,25 @@ def test_train_merge_on_a_scheme_without_an_attention_stage_says_what_train_can_
     build_model(cfg.replace(scheme="strang"), digits)  # the advice holds
     with pytest.raises(ConfigError, match="runs a step of its own"):
         build_model(cfg.replace(scheme="reversible"), digits)
+
+
+def test_a_batch_whose_shortest_row_cuts_r_warns_that_rows_depend_on_their_batch():
+    """One r serves every row: a short row (padding) cuts it for the long ones, so a row's
+    output depends on its batch; that is warned about (it was silent), once per forward."""
+    import splitformer
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=32)
+    model = splitformer.from_hf(transformers.BertModel(cfg).eval()).eval().with_token_merging(8)
+    ids = torch.randint(0, 50, (2, 33))
+    mask = torch.ones(2, 33, dtype=torch.long)
+    mask[1, 4:] = 0  # a 4-token sentence beside a 33-token one
+    with pytest.warns(UserWarning, match="r = 8 cut to 1 by the row with the fewest") as got:
+        model(ids, attention_mask=mask)
+    assert sum("cut to" in str(w.message) for w in got) == 1
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(ids[:1])  # one row alone: nothing to warn about

@@ -313,9 +313,11 @@ class MergeTrace:
         self.index: list[torch.Tensor] = []
         self.nodes: list[int] = []
         if w is None and context.attn_mask is None:  # every unprotected node mergeable
-            self.free = max(0, n - merging.protect)
+            self.free = self.most_free = max(0, n - merging.protect)
         else:  # the fewest mergeable nodes of a row (one sync, here only)
-            self.free = _fewest_mergeable(w, context.attn_mask, b, n, merging.protect, dtype)
+            self.free, self.most_free = _fewest_mergeable(w, context.attn_mask, b, n,
+                                                          merging.protect, dtype)
+        self._warned = False
         if merging.active and self.free < 2:
             warnings.warn(f"token merging {merging}: nothing can merge on this input: N = {n} "
                           f"nodes with protect = {merging.protect} (a prefix never merged), and "
@@ -331,8 +333,19 @@ class MergeTrace:
         return self.mass.shape[1] if not self.index else self.index[0].shape[1]
 
     def clip(self, r: int) -> int:
-        """r clipped so that at least half of every row's mergeable nodes remain (ToMe)."""
-        return max(0, min(r, self.free // 2))
+        """r clipped so that at least half of every row's mergeable nodes remain (ToMe). One
+        r serves every row (the grid stays rectangular): when the row with the fewest
+        mergeable nodes cuts r below what another row could merge, each row's result depends
+        on its batch, which is warned about once per forward."""
+        cut = max(0, min(r, self.free // 2))
+        if cut < r and cut < self.most_free // 2 and not self._warned:
+            self._warned = True
+            warnings.warn(f"token merging {self.merging}: r = {r} cut to {cut} by the row with "
+                          f"the fewest mergeable nodes ({self.free}; another row has "
+                          f"{self.most_free}): every row merges {cut}, so a row's output depends "
+                          "on the other rows of its batch; run rows of very different lengths "
+                          "in separate batches to get each row's own result", stacklevel=3)
+        return cut
 
     def record(self, step: int, mapping: torch.Tensor, mass: torch.Tensor, r: int) -> None:
         """A merge of ``r`` nodes in step ``step``: ``mapping`` (B, N_before) -> N_after."""
@@ -342,6 +355,7 @@ class MergeTrace:
         self.nodes.append(mass.shape[1])
         self.mass = mass
         self.free -= r
+        self.most_free -= r
 
     def index_at(self, point: int | None = None) -> torch.Tensor | None:
         """(B, N_input): where every input node lies at grid point t_point (after the merges of
@@ -377,12 +391,12 @@ class MergeTrace:
 
 
 def _fewest_mergeable(w: torch.Tensor | None, mask: torch.Tensor | None, b: int, n: int,
-                      protect: int, dtype: torch.dtype) -> int:
-    """The fewest mergeable nodes of a row (``mergeable_nodes``), counted on the device where
-    the weights (else the mask) hold their values, the state's device being free to be the
-    meta device (a shape-only pass). ValueError naming them when they are on the meta device
-    themselves: which nodes may merge depends on their values, so the merged grid has no
-    shape."""
+                      protect: int, dtype: torch.dtype) -> tuple[int, int]:
+    """The fewest and the most mergeable nodes of a row (``mergeable_nodes``), counted on
+    the device where the weights (else the mask) hold their values, the state's device being
+    free to be the meta device (a shape-only pass). ValueError naming them when they are on
+    the meta device themselves: which nodes may merge depends on their values, so the merged
+    grid has no shape."""
     meta = [name for name, t in (("token_weights", w), ("the key-padding mask (attention_mask, "
                                                        "src_key_padding_mask)", mask))
             if t is not None and t.is_meta]
@@ -396,7 +410,8 @@ def _fewest_mergeable(w: torch.Tensor | None, mask: torch.Tensor | None, b: int,
     device = (w if w is not None else mask).device
     mass = torch.ones(b, n, dtype=dtype, device=device) if w is None else \
         torch.broadcast_to(w.to(dtype=dtype), (b, n))
-    return int(mergeable_nodes(mass, mask, protect).sum(1).min())
+    counts = mergeable_nodes(mass, mask, protect).sum(1)
+    return int(counts.min()), int(counts.max())
 
 
 def trace_of(context: Context | None) -> MergeTrace | None:
