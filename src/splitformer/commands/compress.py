@@ -278,6 +278,10 @@ def _heal_config(args: argparse.Namespace):
             raise UsageError("argument --max-steps: 0 heals nothing; use --heal none for the "
                              "training-free model, or give steps")
     _check_windows(args)
+    if args.method == "parallel" and min(args.steps) < 2:  # whatever the model: no data read
+        raise UsageError(f"argument --method: parallel superposes the middle steps into one, so "
+                         f"--steps {min(args.steps)} would superpose all of them; ask for at "
+                         "least 2")
     probe = 32 if args.probe is None else args.probe  # windows[:32]: fewer if fewer
     if args.min_length is not None and not 2 <= args.min_length <= args.length:
         raise UsageError(f"argument --min-length: expected an int in [2, --length="
@@ -302,8 +306,8 @@ def _heal_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     cfg = _heal_config(args)
+    out = _check_out(args)  # before MODEL: neither needs the other (nor the packaged MiniLM)
     folder = _model_folder(args.model)
-    out = _check_out(args)
     import torch
 
     from ..experiments.text_benchmarks import load_minilm
