@@ -180,7 +180,8 @@ def test_an_unregistered_family_leaves_every_reader(tmp_path):
     with pytest.raises(UsageError, match=r"compress heals BERT text encoders \(model_type "
                                          r"'bert'\), got model_type 'toybert'"):
         _model_folder(str(tmp_path))
-    with pytest.raises(ValueError, match=r"unknown base kind 'hf-toybert' \(expected 'hf-bert'\)"):
+    with pytest.raises(ValueError, match=r"unknown base kind 'hf-toybert' \(expected 'hf-bert' or "
+                                         r"'hf-vit' or 'hf-cvt' or 'hf-gpt2'\)"):
         _rebuild({"kind": "hf-toybert", "source": {}})
     with pytest.raises(TypeError, match="from_hf supports"):
         splitformer.from_hf(type("ToyBertModel", (transformers.BertModel,), {})(

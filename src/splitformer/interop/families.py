@@ -6,8 +6,10 @@ its classes (the base model first) with their ``model_type`` values, the modalit
 folder's inputs reach it), the library's config class, the interop module that maps its
 weights (``build``, ``from_hf_model`` / ``to_hf_model``) and the typed config that module
 keeps as the model's ``source``, the verification group that measures it, how its image
-processor prepares images, how a compression folder stores it and whether ``splitformer
-compress`` heals it, a small example config, and the per-family deltas a shared map reads.
+processor prepares images, how it is stored (``store``: the kind under which
+``splitformer.save`` and a compression folder record its source, ``stored()`` /
+``rebuild()``; a family without one is not saved) and whether ``splitformer compress`` heals
+it, a small example config, and the per-family deltas a shared map reads.
 Nothing is probed: a reader takes what the record declares, and the modules it names are
 imported only when asked for (``map_module``), so reading the registry imports neither
 transformers nor any weight map.
@@ -23,7 +25,8 @@ live (a family registered later appears in each, one unregistered leaves each):
     subjects.hf                  text or image; a model_type's base class; family_of_class(),
                                  an image processor's defaults             family_of_type()
     compression.store            compress.json's base kind, its rebuild    stored(),
-                                                                           family_of_store()
+    training.model_record        splitformer.save's source of a from_hf    family_of_store()
+                                 model, its rebuild
     commands.compress            the model_types it heals                  compressible()
     tests/test_registry.FAMILIES a builder from the example config         reference()
 
@@ -95,7 +98,7 @@ class ModelFamily:
     config: str | None = None  # the library's config class ("BertConfig")
     verification: str | None = None  # the module registering the group ``name``
     processor: ImageProcessor | None = None  # image families read from a folder
-    store: str | None = None  # the base kind a compression folder records ("hf-bert")
+    store: str | None = None  # the source kind a saved or compressed model records ("hf-bert")
     compress: bool = False  # ``splitformer compress`` heals it (a text encoder)
     example: Mapping[str, Any] = field(default_factory=dict)  # a small config (kwargs of config)
     traits: Mapping[str, Any] = field(default_factory=dict)  # per-family deltas a shared map reads
@@ -174,7 +177,8 @@ class ModelFamily:
                                             dtype=torch.float64)}
 
     def stored(self, source: Any) -> dict[str, Any]:
-        """The record of a model's ``source`` a compression folder keeps (``store`` kind)."""
+        """The record of a model's ``source`` that ``splitformer.save`` and a compression
+        folder keep (``store`` kind)."""
         if self.store is None:
             raise ValueError(f"family {self.name!r} declares no store kind")
         return {"kind": self.store, "source": dataclasses.asdict(source)}
@@ -318,7 +322,8 @@ def compressible() -> list[ModelFamily]:
 
 
 def stored() -> list[ModelFamily]:
-    """The families a compression folder can record (a ``store`` kind)."""
+    """The families whose models ``splitformer.save`` and a compression folder can record (a
+    ``store`` kind)."""
     return [f for f in FAMILIES.values() if f.store is not None]
 
 
@@ -336,7 +341,7 @@ VIT = register(ModelFamily(
     name="vit", label="ViT", classes=("ViTModel", "ViTForImageClassification"),
     model_types=("vit",), modality="image", config="ViTConfig", map="hf_vit",
     source="HFViTConfig", model="ViT", verification="splitformer.verification.hf_vit",
-    processor=ImageProcessor("ViTImageProcessor", resample=2),
+    processor=ImageProcessor("ViTImageProcessor", resample=2), store="hf-vit",
     example={"image_size": 8, "patch_size": 4, "num_channels": 3, "hidden_size": 16,
              "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 24,
              "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
@@ -344,7 +349,7 @@ CVT = register(ModelFamily(
     name="cvt", label="CvT", classes=("CvtModel", "CvtForImageClassification"),
     model_types=("cvt",), modality="image", config="CvtConfig", map="hf_cvt",
     source="HFCvtConfig", model="ConvolutionalVisionTransformer",
-    verification="splitformer.verification.hf_cvt",
+    verification="splitformer.verification.hf_cvt", store="hf-cvt",
     processor=ImageProcessor("ConvNextImageProcessor", resample=3, crop_pct=224 / 256),
     example={"num_channels": 3, "patch_sizes": [3, 3], "patch_stride": [2, 2],
              "patch_padding": [1, 1], "embed_dim": [8, 16], "num_heads": [1, 2],
@@ -359,7 +364,7 @@ GPT2 = register(ModelFamily(
     name="gpt2", label="GPT-2", classes=("GPT2Model", "GPT2LMHeadModel"),
     model_types=("gpt2",), modality="text", config="GPT2Config", map="hf_gpt2",
     source="HFGPT2Config", model="CausalDecoderModel",
-    verification="splitformer.verification.hf_gpt2",
+    verification="splitformer.verification.hf_gpt2", store="hf-gpt2",
     example={"vocab_size": 31, "n_positions": 12, "n_embd": 16, "n_layer": 2, "n_head": 2,
              "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 0,
              "eos_token_id": 0}))

@@ -86,13 +86,21 @@ def to_hf(model):
         made = ", ".join(dict.fromkeys(f.model for f in known))
         raise TypeError(f"to_hf(model) expects a splitformer model made by from_hf "
                         f"({_either(labels)}: {made}), got {type(model).__name__}")
-    model.refuse_merging_export("to_hf(model)")
-    model = model.as_network()  # a coarsened or smooth-in-t model: its steps as layers
     cls = model.source.field("hf_class")
     if cls not in HF_CLASSES:
         raise ValueError("to_hf(model) needs a model made by from_hf (its source has "
                          f"hf_class={cls!r})")
-    return _map_module(HF_CLASSES[cls]).to_hf_model(model)
+    try:
+        model.refuse_merging_export("to_hf(model)")
+        model = model.as_network()  # a coarsened or smooth-in-t model: its steps as layers
+        return _map_module(HF_CLASSES[cls]).to_hf_model(model)
+    except ValueError as e:
+        family = family_of_class(cls)
+        if family is None or family.store is None:
+            raise
+        raise ValueError(f"{e}. splitformer.save(model, DIR) saves such a model as it is "
+                         "(scheme, grid, kernels and token merging recorded; "
+                         "splitformer.load(DIR) reads it back)") from e
 
 
 def _either(names: list[str]) -> str:

@@ -33,6 +33,7 @@ map they define, in train mode it uses batch statistics and updates them, as Hug
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,11 @@ class HFCvtConfig(HFSource):
     stages: tuple[CvtStageSpec, ...]
     num_labels: int | None = None
     head_norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        # a record read back from JSON (``ModelFamily.rebuild``) gives each stage as a dict
+        object.__setattr__(self, "stages", tuple(
+            CvtStageSpec(**s) if isinstance(s, Mapping) else s for s in self.stages))
 
 
 def check_config(config: Any) -> None:

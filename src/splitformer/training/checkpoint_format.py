@@ -274,7 +274,10 @@ def _state_of(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]
     return tensors, aliases
 
 
-def _model_files(model: nn.Module, source: Any, note: str | None) -> tuple[bytes, bytes]:
+def _model_files(model: nn.Module, source: Any, note: str | None,
+                 extra: dict[str, Any] | None = None) -> tuple[bytes, bytes]:
+    """model.safetensors and model.json (sealed; ``extra``: more keys of model.json, e.g. the
+    evolutions and kernels of a model read from transformers, ``training.model_record``)."""
     tensors, aliases = _state_of(model)
     stored: dict[str, torch.Tensor] = {}
     storages: set[tuple] = set()
@@ -293,7 +296,10 @@ def _model_files(model: nn.Module, source: Any, note: str | None) -> tuple[bytes
     doc = {"format": MODEL_FORMAT, "version": VERSION, "class": _qualname(model),
            "source": source, "source_note": note, "aliases": aliases,
            "files": {"model.safetensors": _file_entry(weights)}}
-    return weights, _sealed(doc)
+    clash = sorted(set(extra or {}) & set(doc))
+    if clash:
+        raise ValueError(f"model.json: the keys {clash} are the format's own")
+    return weights, _sealed({**doc, **(extra or {})})
 
 
 def _read_model(folder: Path, raw: dict[str, bytes] | None = None

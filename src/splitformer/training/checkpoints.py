@@ -38,9 +38,15 @@ nothing is loaded half: if applying one part still fails, the parts already appl
 back.
 
 ``save_model`` writes ``model.safetensors`` and ``model.json`` (the same two files as in a
-checkpoint) for a model built by ``training.families.build_model``: its ``model.source``
-(family, config, data) is what ``load_model`` rebuilds it from. Models from elsewhere are
-refused for now (their source does not say how to rebuild them).
+checkpoint) for a model built by ``training.families.build_model``, whose ``model.source``
+(family, config, data) is what ``load_model`` rebuilds it from, and for a model made by
+``from_hf`` (a family with a store record: BERT, ViT, CvT, GPT-2), changed or not by
+``with_scheme``, ``refine``, ``coarsen``, ``drop_steps``, ``with_controls_in_time``,
+``with_kernel`` or ``with_token_merging``: model.json then records its family's source, each
+evolution's scheme, grid, controls and merging, and the kernels (``training.model_record``),
+which ``load_model`` applies to the base model rebuilt from the source before loading the
+parameters. What such a record cannot hold exactly is refused by name. Other models are
+refused (their source does not say how to rebuild them).
 """
 
 from __future__ import annotations
@@ -479,19 +485,34 @@ _MODEL_FILES = {"model.json", "model.safetensors"}
 
 
 def save_model(model: nn.Module, directory: str | os.PathLike) -> Path:
-    """Save a model built by ``training.build_model`` (or ``splitformer train``) into
-    ``directory``: ``model.safetensors`` and ``model.json`` (its source: family, config, data).
+    """Save a model built by ``training.build_model`` (or ``splitformer train``) or made by
+    ``from_hf`` (and changed by its copies: module doc) into ``directory``:
+    ``model.safetensors`` and ``model.json`` (its source: family, config, data; or the
+    family's source and the model's evolutions and kernels, ``training.model_record``).
     ``directory`` must not exist, be empty, or hold an earlier ``save``; it is written into a
-    temporary sibling and renamed into place. ``load`` rebuilds the model."""
+    temporary sibling and renamed into place. ``load`` rebuilds the model. ValueError naming
+    what cannot be recorded (nothing is written)."""
     model = _unwrap(model)
     folder = Path(os.path.abspath(_path(directory)))
     source, note = _training_source(model)
+    extra = None
     if source is None:
-        raise ValueError(f"splitformer.save saves models built by splitformer.training "
-                         f"(build_model, splitformer train), whose model.source records the "
-                         f"family, config and data that load rebuilds them from; this "
-                         f"{type(model).__name__} cannot be saved: {note}. Other models are not "
-                         f"supported yet (use to_torch / to_hf and their own save).")
+        from .model_record import family_of, record_of, stored_labels
+
+        if family_of(model) is None:
+            raise ValueError(f"splitformer.save saves models built by splitformer.training "
+                             f"(build_model, splitformer train), whose model.source records "
+                             f"the family, config and data that load rebuilds them from, and "
+                             f"models made by splitformer.from_hf ({stored_labels()}); this "
+                             f"{type(model).__name__} cannot be saved: {note}. Other models "
+                             f"are not supported yet (use to_torch / to_hf and their own "
+                             f"save).")
+        try:
+            extra = record_of(model)
+        except ValueError as e:
+            raise ValueError(f"splitformer.save: this {type(model).__name__} cannot be "
+                             f"saved: {e}") from None
+        source = extra.pop("source")
     if folder.exists():
         if not folder.is_dir():
             raise ValueError(f"directory {str(folder)!r} exists and is not a directory")
@@ -500,7 +521,7 @@ def save_model(model: nn.Module, directory: str | os.PathLike) -> Path:
             raise ValueError(f"directory {str(folder)!r} holds other files "
                              f"({_listing(present - _MODEL_FILES or present)}); save writes "
                              f"into a new or empty folder or over an earlier save")
-    weights, meta = _model_files(model, source, None)
+    weights, meta = _model_files(model, source, None, extra)
     folder.parent.mkdir(parents=True, exist_ok=True)
     with atomic_folder(folder) as tmp:  # over an empty folder or an earlier save: swapped
         write_synced(tmp / "model.safetensors", weights)
@@ -528,6 +549,8 @@ def load_model(directory: str | os.PathLike) -> nn.Module:
         meta, tensors, weights_path = _read_model(ckpt, raw)
     meta_path = weights_path.parent / "model.json"
     source = meta["source"]
+    if "evolutions" in meta:  # a model made by from_hf: its family's source and its changes
+        return _load_recorded(meta, tensors, weights_path, meta_path)
     if source is None:
         raise CheckpointError(f"{meta_path}: the model has no training source, so it cannot "
                               f"be rebuilt ({meta['source_note'] or 'not recorded'}); load its "
@@ -546,4 +569,24 @@ def load_model(directory: str | os.PathLike) -> nn.Module:
         model = model.to(floating.pop())
     _check_fits_model(model, tensors, weights_path)
     model.load_state_dict(tensors, strict=True)
+    return model.eval()
+
+
+def _load_recorded(meta: dict[str, Any], tensors: dict[str, torch.Tensor], weights_path: Path,
+                   meta_path: Path) -> nn.Module:
+    """The model of a model.json that records a family's source, evolutions and kernels
+    (``training.model_record``): rebuilt, checked against the file, loaded, eval mode."""
+    from .model_record import check, rebuild
+
+    _field(meta_path, meta, "evolutions", list, "a list (one record per evolution)")
+    _field(meta_path, meta, "kernels", list, "a list (the attention kernels)")
+    _field(meta_path, meta, "source", dict, "an object (the family's store record)")
+    floating = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    model = rebuild(meta, meta_path, floating.pop() if len(floating) == 1 else None)
+    if _qualname(model) != meta.get("class"):
+        raise CheckpointError(f"{meta_path}: records a {meta.get('class')}, its source "
+                              f"rebuilds a {_qualname(model)}")
+    _check_fits_model(model, tensors, weights_path)
+    model.load_state_dict(tensors, strict=True)
+    check(model, meta, meta_path)
     return model.eval()
