@@ -57,7 +57,8 @@ from torch import nn
 __all__ = ["check", "family_of", "rebuild", "record_of"]
 
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"training"}
-_CACHES = frozenset({"_plans"})  # Evolution's compiled steps: rebuilt on demand
+# not the model's own: Evolution's compiled steps (rebuilt on demand), torch.compile's marks
+_CACHES = frozenset({"_plans", "_is_torch_compile", "_compiled_call_impl"})
 
 
 # -- which models ------------------------------------------------------------------------------
@@ -107,6 +108,8 @@ def record_of(model: nn.Module) -> dict[str, Any]:
     if _has_meta_values(rebuilt):  # a buffer that is not saved: its values must be compared
         rebuilt = _applied(_build(family, base_record, "cpu", dtype), evolutions, kernels)
     differences = _differences(model, rebuilt)
+    if not differences and not _runs(rebuilt, evolutions, kernels):
+        differences = ["its evolutions or kernels do not rebuild as recorded"]
     if differences:
         raise ValueError(f"it differs from what its record rebuilds: "
                          f"{'; '.join(differences[:4])}"
@@ -146,13 +149,20 @@ def check(model: nn.Module, doc: Mapping[str, Any], path: Path) -> None:
     schemes, grids, controls, merging and kernels ``doc`` records."""
     from .checkpoint_format import CheckpointError
 
-    theirs = [{k: v for k, v in e.items() if k != "drop_steps"} for e in doc["evolutions"]]
-    ours = [{k: v for k, v in e.items() if k != "drop_steps"}
-            for e in _describe_evolutions(model, None)]
-    if ours != theirs or _describe_kernels(model) != doc["kernels"]:
+    if not _runs(model, doc["evolutions"], doc["kernels"]):
         raise CheckpointError(f"{path}: the model rebuilt from it does not run what it records "
                               "(its evolutions or kernels differ: written by another version "
                               "of splitformer, or edited)")
+
+
+def _runs(model: nn.Module, evolutions: list[dict], kernels: list[dict]) -> bool:
+    """Whether ``model`` runs the recorded evolutions and kernels (``drop_steps`` aside: it
+    says how the model was rebuilt, not what it runs)."""
+    def plain(records):
+        return [{k: v for k, v in e.items() if k != "drop_steps"} for e in records]
+
+    return plain(_describe_evolutions(model, None)) == plain(evolutions) and \
+        _describe_kernels(model) == kernels
 
 
 # -- building --------------------------------------------------------------------------------
@@ -246,16 +256,16 @@ def _describe_evolutions(model: nn.Module, base: nn.Module | None) -> list[dict[
         label = f"the evolution of {where!r}" if where else "the evolution"
         if evo.superposed_steps:
             raise ValueError(f"{label} superposes steps {evo.superposed_steps} "
-                             "(parallel_steps), which splitformer.save does not record; save "
-                             "the model before parallel_steps, or compress it (a compression "
-                             "folder records it)")
+                             "(parallel_steps), which splitformer.save does not record (a "
+                             "compression folder of `splitformer compress --method parallel` "
+                             "does); refused")
         rec: dict[str, Any] = {"owner": where}
         rec["scheme"] = _describe_scheme(evo.scheme, evo.layout, label)
         rec["grid"] = {"T": evo.grid.T, "num_steps": evo.grid.num_steps, "tau": evo.tau}
         rec["controls"] = {"interpolation": evo.controls.interpolation,
                            "sets": len(evo.controls)}
         if base_owner is not None:
-            rec["drop_steps"] = _dropped(evo, base_owner.evolution, label)
+            rec["drop_steps"] = _dropped(evo, base_owner.evolution, label, where)
         adjoint = evo.adjoint
         if type(adjoint) is not ADJOINTS.get(adjoint.name) or \
                 ADJOINTS[adjoint.name]() != adjoint:
@@ -359,11 +369,12 @@ def _meta_from_json(meta: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _dropped(evo, base_evo, label: str) -> list[int]:
+def _dropped(evo, base_evo, label: str, where: str) -> list[int]:
     """The base steps whose control sets ``evo`` does not hold: ``evo``'s control sets matched
-    in order to base sets of the same structure (kernels aside: they are recorded apart)."""
-    ours = [_signature(theta) for theta in evo.controls]
-    theirs = [_signature(theta) for theta in base_evo.controls]
+    in order to base sets of the same structure (kernels aside: they are recorded apart).
+    ``where``: the path of the evolution's owner (for messages)."""
+    ours = [repr(_structure(theta, kernels=False)) for theta in evo.controls]
+    theirs = [repr(_structure(theta, kernels=False)) for theta in base_evo.controls]
     if len(ours) > len(theirs):
         raise ValueError(f"{label} holds {len(ours)} control sets, more than the "
                          f"{len(theirs)} of the base model its source builds (new control "
@@ -374,36 +385,19 @@ def _dropped(evo, base_evo, label: str) -> list[int]:
         while i < len(theirs) and theirs[i] != sig:
             i += 1
         if i == len(theirs):
-            raise ValueError(f"{label}: its control set {j} (of {len(ours)}) matches no "
-                             f"remaining control set of the base model its source builds "
-                             f"({len(theirs)} sets), so it cannot be rebuilt from them; "
+            near = min(keep[-1] + 1 if keep else 0, len(theirs) - 1)
+            prefix = f"{where}.evolution.controls.sets.{j}" if where else \
+                f"evolution.controls.sets.{j}"
+            diffs = _differences(evo.controls[j], base_evo.controls[near], kernels=False,
+                                 prefix=prefix)
+            raise ValueError(f"{label}: its control set {j} (of {len(ours)}) is like no "
+                             f"remaining control set of the base model its source builds: "
+                             f"{'; '.join(diffs[:3])}{'; ...' if len(diffs) > 3 else ''} "
+                             "(a replaced or user-written module, an edited attribute); "
                              "refused")
         keep.append(i)
         i += 1
     return [i for i in range(len(theirs)) if i not in keep]
-
-
-def _signature(module: nn.Module) -> str:
-    """The structure of a control set: every module's class and attributes, parameter and
-    buffer names, shapes and dtypes, without the kernels and the attention scale."""
-    from ..operators.attention import AttentionOperator
-    from ..operators.kernel import Kernel
-
-    parts = []
-    for path, m in module.named_modules(remove_duplicate=False):
-        if isinstance(m, Kernel) or any(isinstance(module.get_submodule(p), Kernel)
-                                        for p in _prefixes(path)):
-            continue
-        skip = {"scale"} if isinstance(m, AttentionOperator) else set()
-        tensors = [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]
-        parts.append((path, _qualname(m), _attributes(m, skip),
-                      [(n, tuple(t.shape), str(t.dtype)) for n, t in tensors if t is not None]))
-    return repr(parts)
-
-
-def _prefixes(path: str) -> list[str]:
-    bits = path.split(".") if path else []
-    return [".".join(bits[:i]) for i in range(1, len(bits))]
 
 
 # -- kernels -----------------------------------------------------------------------------------
@@ -520,11 +514,22 @@ def _has_meta_values(model: nn.Module) -> bool:
                for n, b in m.named_buffers(recurse=False) if n in m._non_persistent_buffers_set)
 
 
-def _structure(model: nn.Module) -> dict[str, tuple]:
+def _structure(model: nn.Module, kernels: bool = True) -> dict[str, tuple]:
     """Every module of ``model`` (shared ones at each of their paths): its class, attributes,
-    parameters and buffers (names, shapes, dtypes; the values of buffers that are not saved)."""
+    parameters and buffers (names, shapes, dtypes; the values of buffers that are not saved).
+    ``kernels=False``: without the kernels and the attention operators' scale (what a control
+    set is apart from its kernels, which are recorded apart)."""
+    from ..operators.attention import AttentionOperator
+    from ..operators.kernel import Kernel
+
     out = {}
+    under_kernel: list[str] = []
     for path, m in model.named_modules(remove_duplicate=False):
+        if not kernels and (isinstance(m, Kernel) or any(
+                path.startswith(k + ".") for k in under_kernel)):
+            under_kernel.append(path)
+            continue
+        skip = {"scale"} if not kernels and isinstance(m, AttentionOperator) else set()
         params = {n: (tuple(t.shape), str(t.dtype)) for n, t in m.named_parameters(recurse=False)}
         buffers = {}
         for n, b in m.named_buffers(recurse=False):
@@ -534,16 +539,18 @@ def _structure(model: nn.Module) -> dict[str, tuple]:
                 buffers[n] = ("not saved", tuple(b.shape), _digest(b))
             else:
                 buffers[n] = (tuple(b.shape), str(b.dtype))
-        out[path] = (_qualname(m), _attributes(m), params, buffers)
+        out[path] = (_qualname(m), _attributes(m, skip), params, buffers)
     return out
 
 
-def _differences(model: nn.Module, rebuilt: nn.Module) -> list[str]:
-    """What differs between ``model`` and the model its record rebuilds, module by module."""
-    ours, theirs = _structure(model), _structure(rebuilt)
+def _differences(model: nn.Module, rebuilt: nn.Module, kernels: bool = True,
+                 prefix: str = "") -> list[str]:
+    """What differs between ``model`` and the model its record rebuilds, module by module
+    (``kernels``: as ``_structure``; ``prefix``: the path of ``model`` in messages)."""
+    ours, theirs = _structure(model, kernels), _structure(rebuilt, kernels)
     out = []
     for path in [*ours, *(p for p in theirs if p not in ours)]:
-        where = repr(path) if path else "the model"
+        where = repr(_dotted(prefix, path) if path else prefix)
         if path not in theirs:
             out.append(f"{where} ({ours[path][0].rsplit('.', 1)[-1]}) is not in what the "
                        "record rebuilds")
@@ -558,16 +565,21 @@ def _differences(model: nn.Module, rebuilt: nn.Module) -> list[str]:
             out.append(f"{where} is a {cls.rsplit('.', 1)[-1]}, the record rebuilds a "
                        f"{cls2.rsplit('.', 1)[-1]}")
             continue
+        full = _dotted(prefix, path)
         for key in sorted(set(attrs) | set(attrs2)):
             if attrs.get(key) != attrs2.get(key):
-                out.append(f"{where}.{key} is {_short(attrs.get(key))}, the record rebuilds "
-                           f"{_short(attrs2.get(key))}")
+                out.append(f"{_dotted(full, key)!r} is {_short(attrs.get(key))}, the record "
+                           f"rebuilds {_short(attrs2.get(key))}")
         for kind, a, b in (("parameter", params, params2), ("buffer", buffers, buffers2)):
             for key in sorted(set(a) | set(b)):
                 if a.get(key) != b.get(key):
-                    out.append(f"{kind} {where}.{key} is {a.get(key)}, the record rebuilds "
-                               f"{b.get(key)}")
+                    out.append(f"{kind} {_dotted(full, key)!r} is {a.get(key)}, the record "
+                               f"rebuilds {b.get(key)}")
     return out
+
+
+def _dotted(path: str, key: str) -> str:
+    return f"{path}.{key}" if path and key else path or key
 
 
 def _short(v: Any) -> str:
