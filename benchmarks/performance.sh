@@ -32,3 +32,4 @@ for i in 1 2 3; do  # the pair torch.nn / splitformer in three processes: the sp
 done
 run encoder-d768  encoder --size d768 --repeats 5
 run compile-d768  compile --size d768 --repeats 5 --paths no_grad
+run generate-gpt2 generate --repeats 5 --paths no_grad

@@ -172,6 +172,31 @@ def flops(d: dict, compiled: bool = False) -> None:
     print()
 
 
+def generate(d: dict) -> None:
+    """generate on the KV tape against transformers' generate, and the linear-kernel rows."""
+    rows = [r for r in d["rows"] if "median_s" in r]
+    pairs = [r for r in rows if r["group"].startswith("generate ")]
+    if pairs:
+        print(header(["dtype", "contender", "prefill (tokens/s)", "decode (tokens/s)",
+                      "splitformer / transformers: prefill, decode", "KV bytes / token",
+                      "same ids"]))
+        for r in pairs:
+            ratio = (f"{r['prefill_ratio']:.3f}, {r['decode_ratio']:.3f}"
+                     if r["splitformer"] else "")
+            print(f"| {r['dtype']} | {r['name']} | {r['prefill_tokens_per_s']:,.0f} | "
+                  f"{r['decode_tokens_per_s']:,.1f} | {ratio} | "
+                  f"{r['cache_bytes_per_token']:,.0f} | {'yes' if r['same_ids'] else 'no'} |")
+        print()
+    lin = [r for r in rows if r["group"] == "linear decode"]
+    if lin:
+        print(header(["kernel", "prefix (tokens)", "decode step (ms)", "tokens/s",
+                      "tape (MiB)"]))
+        for r in lin:
+            print(f"| {r['kernel']} | {r['prefix']} | {ms(r['median_s'])} | "
+                  f"{r['decode_tokens_per_s']:,.1f} | {r['cache_bytes'] / 2**20:,.2f} |")
+        print()
+
+
 TABLES = {  # suite -> its table
     "encoder": encoder,
     "schemes": lambda d, name: schemes(d),
@@ -181,6 +206,7 @@ TABLES = {  # suite -> its table
     "memory": lambda d, name: memory(d),
     "flops": lambda d, name: flops(d),
     "compile": lambda d, name: flops(d, compiled=True),
+    "generate": lambda d, name: generate(d),
 }
 
 
