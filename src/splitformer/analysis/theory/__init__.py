@@ -5,8 +5,12 @@ Tokens are particles moving under the attention field; a frozen step theta^n con
 is an autonomous system, the setting of the theorems. Each check is a function of a ``Probe``
 (the model in float64, its first evolution, u(0) and the context; ``Probe.from_model``) that
 returns a ``Check`` value: the claim and its citation, what was run, the criterion, the
-theory's assumptions and whether the model meets them, the verdict ("pass", "fail" or "not
-applicable"), fitted constants, the headline fit (with ``r2``) and the measured data.
+theory's assumptions and whether the model meets them, the verdict ("pass", "fail",
+"inconclusive" when the measured effect is within the measurement's resolution, or "not
+applicable"), fitted constants, the headline fit (with ``r2``) and the measured data. A step
+that superposes several fields (``parallel_steps``) is not one attention field: the per-step
+checks (b, c, e) leave it out and say so, checks a and d are not applicable. A model that
+merges tokens is probed with merging off (``Probe.merging``).
 
     rank_collapse      a  pure attention loses rank doubly exponentially (Dong et al. 2021)
     clustering         b  frozen steps cluster in long time (Geshkovski et al. 2023-2024)

@@ -15,17 +15,24 @@ of the constraint:
   refined post-LN path is dominated by the iterated LayerNorm (docs/math.md 3.11), so the
   run also iterates the LayerNorm alone ("norm1:project", ``layernorm_alone``) as a control.
 
+A step that superposes several fields (``parallel_steps``) is not one attention field: both
+checks leave it out, say so in their reason and assumptions, and are not applicable when no
+step is left.
+
 Clusters: the components of the graph cos(u(x), u(x')) > 0.99 (``core.cluster_count``). The
 limit geometry is compared with the spectrum of the value map M = W_O W_V (the map a token
 applies to the tokens it attends to; all heads together): V = I predicts the vertices of a
 polytope, a simple positive top eigenvalue at most 3 hyperplanes (Geshkovski et al. 2023, for
 one head on R^d); ``hyperplanes`` counts the groups of the final tokens' projections onto the
-top left eigenvector (gaps > 0.05 of the largest |projection|).
+top left eigenvector (gaps > 0.05 of the largest |projection|). The verdict is
+inconclusive when every tested run starts as one cluster (nothing to cluster).
 
 Metastability: the scores scaled by beta (``core.scaled_attention``) for at least four betas;
 the dwell time of a run is its longest plateau of a constant cluster count c with
 2 <= c < N (sampled every substep), censored when it lasts to t_max; the fit is of
-log(median over the steps of the dwell) against beta (not applicable where that median is 0).
+log(median over the steps of the dwell) against beta (not applicable where that median is 0);
+inconclusive when the medians differ by at most ``DWELL_RESOLUTION`` substeps (a dwell is the
+difference of two times sampled every substep: such a change may be the sampling alone).
 The Gegenbauer prediction of the number of metastable clusters (Bruno et al.: the degree l
 maximising
 l (l + d - 2) I_{l + d/2 - 1}(beta), the growth rate of the degree-l spherical harmonics of
@@ -47,6 +54,7 @@ from ...operators.projections import SphereProjection
 from ..readings import module_of
 from .core import (
     CLUSTER_COSINE,
+    INCONCLUSIVE,
     NOT_APPLICABLE,
     Check,
     Probe,
@@ -57,6 +65,7 @@ from .core import (
     linear_fit,
     mean_cosine,
     min_cosine,
+    one_field_steps,
     run_frozen,
     scaled_attention,
 )
@@ -69,6 +78,7 @@ REFERENCE_BETAS = (1.0, 2.0, 3.0, 4.0)
 REFERENCE_EVERY = 10  # the reference's cluster counts are kept every 10 units of time
 R2_BAR = 0.9
 HYPERPLANE_GAP = 0.05
+DWELL_RESOLUTION = 2  # substeps: a dwell is a difference of two times sampled every substep
 
 CLAIM_B = ("A frozen attention step is an autonomous interacting-particle system; with the state "
            "on the sphere its tokens converge to clusters in long time, to a single cluster for "
@@ -156,9 +166,11 @@ def hyperplanes(u: torch.Tensor, direction: torch.Tensor) -> int:
 
 
 # -- the frozen runs ------------------------------------------------------------------------------
-def _attention_field(evo) -> tuple[str, tuple[str, ...], tuple[str, ...], str | None]:
-    """(operator, pre, post, projection) of the layout's attention field (the first field)."""
-    theta = evo.controls[0]
+def _attention_field(evo, step: int = 0
+                     ) -> tuple[str, tuple[str, ...], tuple[str, ...], str | None]:
+    """(operator, pre, post, projection) of the layout's attention field (the first field), as
+    control set ``step`` (one that is not superposed) holds it."""
+    theta = evo.controls[step]
     names = attention_names(theta)
     layout = evo.layout or ()
     for f in layout:
@@ -207,27 +219,49 @@ def _time_to_one(counts: list[int]) -> float | None:
     return float(t)
 
 
+def _superposed(superposed: list[int]) -> str:
+    return (f"steps {superposed} superpose several fields (parallel_steps): a sum of attention "
+            "fields is not one attention field, not run")
+
+
+def _one_field(superposed: list[int], steps: int) -> dict[str, Any]:
+    return assumption("every step is one attention field", not superposed,
+                      _superposed(superposed) if superposed else f"all {steps} steps")
+
+
 def clustering(probe: Probe, t_max: int = 100, k: int = 10) -> Check:
-    """Check b (module docstring): every step frozen, to t_max at tau = 1 / k."""
+    """Check b (module docstring): every step frozen, to t_max at tau = 1 / k (a superposed
+    step is left out: ``core.one_field_steps``)."""
     evo = probe.evolution
-    op, pre, post, proj = _attention_field(evo)
+    steps, superposed = one_field_steps(evo)
+    criterion = ("pass if the sphere run of every step with an attracting value map ends in one "
+                 f"cluster by t = {t_max} and at least one starts in more than one; fail if one "
+                 "does not end in one cluster; inconclusive when every such run starts as one "
+                 "cluster (nothing to cluster); not applicable when no step has an attracting "
+                 "value map")
+    if not steps:
+        return Check("clustering", "Clustering in long time", CLAIM_B, CITATION_B,
+                     "nothing was run", criterion, NOT_APPLICABLE, _superposed(superposed),
+                     [_one_field(superposed, len(evo.controls))])
+    op, pre, post, proj = _attention_field(evo, steps[0])
     u0, ctx = probe.first()
     ln_scheme = _scheme(op, pre, post, proj)
     sphere_scheme = _scheme(op, (), post, "sphere")
-    per_step = [_frozen_step(n, theta, op, post, proj, sphere_scheme, ln_scheme, u0, ctx,
-                             t_max, k)
-                for n, theta in enumerate(evo.controls)]
+    per_step = [_frozen_step(n, evo.controls[n], op, post, proj, sphere_scheme, ln_scheme, u0,
+                             ctx, t_max, k)
+                for n in steps]
     applicable = [r for r in per_step if r["attracting"]]
-    assumptions = _clustering_assumptions(evo, op, u0, per_step, applicable)
+    assumptions = [*_clustering_assumptions(evo, op, u0, per_step, applicable, steps[0]),
+                   _one_field(superposed, len(evo.controls))]
     fit, constants = _clustering_fit(per_step, applicable, t_max, k, int(u0.shape[1]))
+    constants["superposed_steps"] = superposed
     run = _clustering_run(len(per_step), t_max, k, int(u0.shape[1]), sphere_scheme, ln_scheme,
-                          proj)
-    criterion = ("pass if the sphere run of every step with an attracting value map ends in one "
-                 f"cluster by t = {t_max}; fail otherwise; not applicable when no step has an "
-                 "attracting value map")
+                          proj) + (f" {_superposed(superposed)}." if superposed else "")
     data = {"steps": per_step, "sphere_scheme": sphere_scheme, "layernorm_scheme": ln_scheme}
     verdict, reason = _clustering_verdict(per_step, applicable, t_max,
                                           constants["max_time_to_one_cluster"])
+    if superposed:
+        reason += f"; {_superposed(superposed)}"
     return Check("clustering", "Clustering in long time", CLAIM_B, CITATION_B, run, criterion,
                  verdict, reason, assumptions, constants, fit, data)
 
@@ -273,7 +307,8 @@ def _frozen_step(n: int, theta, op: str, post: tuple[str, ...], proj: str | None
 
 
 def _clustering_assumptions(evo, op: str, u0, per_step: list[dict[str, Any]],
-                            applicable: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                            applicable: list[dict[str, Any]], first: int = 0
+                            ) -> list[dict[str, Any]]:
     """The theorems' assumptions and whether the network meets them."""
     return [
         assumption("autonomous field", True, "controls frozen at theta^n (one control set "
@@ -292,8 +327,8 @@ def _clustering_assumptions(evo, op: str, u0, per_step: list[dict[str, Any]],
                                for r in per_step)
                    + " (the single-cluster statement for generic parameters is the "
                    "papers' conjecture; the verdict tests it)"),
-        assumption("one attention head (the geometry theorems)", _heads(evo, op) == 1,
-                   f"{_heads(evo, op)} heads: M = W_O W_V sums them"),
+        assumption("one attention head (the geometry theorems)", _heads(evo, op, first) == 1,
+                   f"{_heads(evo, op, first)} heads: M = W_O W_V sums them"),
     ]
 
 
@@ -337,21 +372,27 @@ def _clustering_run(steps: int, t_max: int, k: int, n_tokens: int, sphere_scheme
 
 def _clustering_verdict(per_step: list[dict[str, Any]], applicable: list[dict[str, Any]],
                         t_max: int, last: float | None) -> tuple[str, str]:
-    """(verdict, reason): pass when every attracting step's sphere run ends in one cluster."""
+    """(verdict, reason): pass when every attracting step's sphere run ends in one cluster and
+    one of them started in several (inconclusive when all started as one: no effect to see)."""
     if not applicable:
         return NOT_APPLICABLE, ("no step's value map is attracting (top eigenvalue of W_O W_V "
                                 "with real part <= 0)")
-    bad = [r["step"] for r in applicable if r["sphere_final_clusters"] != 1]
-    ends_bad = [per_step[b]["sphere_final_clusters"] for b in bad]
+    bad = [r for r in applicable if r["sphere_final_clusters"] != 1]
     reason = (f"{len(applicable) - len(bad)} of {len(applicable)} steps reach one cluster on the "
               f"sphere by t = {t_max}"
-              + (f"; steps {bad} end in {ends_bad} clusters" if bad else
+              + (f"; steps {[r['step'] for r in bad]} end in "
+                 f"{[r['sphere_final_clusters'] for r in bad]} clusters" if bad else
                  f" (the last at t = {last:g})"))
-    return ("fail" if bad else "pass"), reason
+    if bad:
+        return "fail", reason
+    if all(r["sphere_clusters"][0] == 1 for r in applicable):
+        return INCONCLUSIVE, (f"{reason}, but every one was one cluster at t = 0 (cosines > "
+                              f"{CLUSTER_COSINE} chain all tokens): nothing to cluster")
+    return "pass", reason
 
 
-def _heads(evo, op: str) -> int:
-    return int(getattr(module_of(evo.controls[0][op]), "num_heads", 1))
+def _heads(evo, op: str, step: int = 0) -> int:
+    return int(getattr(module_of(evo.controls[step][op]), "num_heads", 1))
 
 
 def _consistent(predicted: str, planes: int) -> bool | None:
@@ -417,42 +458,60 @@ def metastability(probe: Probe, betas=BETAS, t_max: int = 30, k: int = 10,
     ``reference_t_max`` (0: not run)."""
     betas = tuple(float(b) for b in betas)
     evo = probe.evolution
-    op, _, post, _ = _attention_field(evo)
+    steps, superposed = one_field_steps(evo)
     u0, ctx = probe.first()
     n_tokens = int(u0.shape[1])
+    if not steps:
+        return Check("metastability", "Metastability in beta", CLAIM_C, CITATION_C,
+                     "nothing was run", _metastability_text("", betas, t_max, k, n_tokens)[1],
+                     NOT_APPLICABLE, _superposed(superposed),
+                     [_one_field(superposed, len(evo.controls))])
+    op, _, post, _ = _attention_field(evo, steps[0])
     scheme = _scheme(op, (), post, "sphere")
-    runs, attracting = _beta_runs(evo, op, post, scheme, u0, ctx, betas, t_max, k)
+    runs, attracting = _beta_runs(evo, steps, op, post, scheme, u0, ctx, betas, t_max, k)
     medians = [_median([r["dwell"] for r in runs if r["beta"] == b]) for b in betas]
     fit = linear_fit(betas, [math.log(m) if m is not None and m > 0 else None for m in medians])
     fit["what"] = "log(median dwell over the steps) against beta"
     ref = reference_run(t_max=reference_t_max, seed=seed) if reference_t_max > 0 else None
-    gegen = _gegenbauer_note(evo, op, n_tokens, int(u0.shape[-1]))
+    gegen = _gegenbauer_note(evo, steps, op, n_tokens, int(u0.shape[-1]))
     censored = sum(int(r["censored"]) for r in runs)
+    known = [m for m in medians if m is not None]
     constants = {"betas": list(betas), "median_dwell": medians, "dwell_growth": fit["slope"],
                  "log_dwell_intercept": fit["intercept"], "censored_runs": censored,
-                 "runs": len(runs), "t_max": t_max, "tau": 1.0 / k}
+                 "runs": len(runs), "t_max": t_max, "tau": 1.0 / k,
+                 "dwell_spread": max(known) - min(known) if known else None,
+                 "dwell_resolution": DWELL_RESOLUTION / k, "superposed_steps": superposed}
     if ref is not None:
         constants["reference_dwell_growth"] = ref["fit"]["slope"]
         constants["reference_r2"] = ref["fit"]["r2"]
         constants["reference_gegenbauer_matches"] = ref["matches"]
-    assumptions = _metastability_assumptions(betas, attracting, medians, gegen["why"])
+    assumptions = [*_metastability_assumptions(betas, attracting, medians, gegen["why"]),
+                   _one_field(superposed, len(evo.controls))]
     run, criterion = _metastability_text(scheme, betas, t_max, k, n_tokens)
+    if superposed:
+        run += f" {_superposed(superposed)}."
     data = {"runs": runs, "per_step_fits": _per_step_fits(runs), "gegenbauer": gegen,
             "reference": ref}
-    verdict, reason = _metastability_verdict(assumptions[:3], fit, censored, len(runs))
+    verdict, reason = _metastability_verdict(assumptions[:3], fit, censored, len(runs),
+                                             constants["dwell_spread"],
+                                             constants["dwell_resolution"])
+    if superposed:
+        reason += f"; {_superposed(superposed)}"
     return Check("metastability", "Metastability in beta", CLAIM_C, CITATION_C, run, criterion,
                  verdict, reason, assumptions, constants, fit, data)
 
 
-def _beta_runs(evo, op: str, post: tuple[str, ...], scheme: str, u0, ctx,
+def _beta_runs(evo, steps: list[int], op: str, post: tuple[str, ...], scheme: str, u0, ctx,
                betas: tuple[float, ...], t_max: int, k: int
                ) -> tuple[list[dict[str, Any]], list[bool]]:
-    """(runs, attracting): the plateau (``_plateau``) of the sphere run of every step with an
-    attracting value map at each beta, and per step whether its value map attracts."""
+    """(runs, attracting): the plateau (``_plateau``) of the sphere run of every step of
+    ``steps`` with an attracting value map at each beta, and per step whether its value map
+    attracts."""
     runs: list[dict[str, Any]] = []
     attracting = []
     n_tokens = int(u0.shape[1])
-    for n, theta in enumerate(evo.controls):
+    for n in steps:
+        theta = evo.controls[n]
         spec = value_spectrum(theta[op])
         attract = spec is None or spec["top_eigenvalue_real"] > 0
         attracting.append(attract)
@@ -478,9 +537,9 @@ def _per_step_fits(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _gegenbauer_note(evo, op: str, n_tokens: int, d: int) -> dict[str, Any]:
+def _gegenbauer_note(evo, steps: list[int], op: str, n_tokens: int, d: int) -> dict[str, Any]:
     """Why the Gegenbauer count is not applied to the network (its assumptions)."""
-    dist = [value_spectrum(th[op]) for th in evo.controls]
+    dist = [value_spectrum(evo.controls[n][op]) for n in steps]
     return {"applicable": False,
             "why": "the Gegenbauer count assumes Q = K = V = I, many tokens near the uniform "
                    "measure on the circle; the network's value maps are far from I (distance "
@@ -517,16 +576,21 @@ def _metastability_text(scheme: str, betas: tuple[float, ...], t_max: int, k: in
            "when it lasts to t_max). Reference: the theory's own system (Q = K = V = I, one "
            f"head, 64 tokens near-uniform on the circle, betas {list(REFERENCE_BETAS)}).")
     criterion = (f"pass if log(median dwell) against beta has slope > 0 and R^2 >= {R2_BAR}; "
-                 "not applicable with fewer than four betas, when no step has an attracting "
-                 "value map, or when the median dwell over the steps is 0 at some beta (most "
-                 "steps have no multi-cluster plateau there)")
+                 "inconclusive when the median dwells differ by at most "
+                 f"{DWELL_RESOLUTION} substeps ({DWELL_RESOLUTION}/{k} in t: a dwell is "
+                 "the difference of two times sampled every substep, so such a change may be "
+                 "the sampling alone); not applicable with fewer than four betas, when no step "
+                 "has an attracting value map, or when the median dwell over the steps is 0 at "
+                 "some beta (most steps have no multi-cluster plateau there)")
     return run, criterion
 
 
 def _metastability_verdict(deciding: list[dict[str, Any]], fit: dict[str, Any],
-                           censored: int, runs: int) -> tuple[str, str]:
-    """(verdict, reason): not applicable when a deciding assumption fails; pass when the fit
-    of log dwell against beta rises with R^2 >= R2_BAR."""
+                           censored: int, runs: int, spread: float | None,
+                           resolution: float) -> tuple[str, str]:
+    """(verdict, reason): not applicable when a deciding assumption fails; inconclusive when
+    the median dwells differ by no more than ``resolution`` (``spread``: the largest minus the
+    smallest); pass when the fit of log dwell against beta rises with R^2 >= R2_BAR."""
     if not all(a["holds"] for a in deciding):
         return NOT_APPLICABLE, "; ".join(a["name"] for a in deciding if not a["holds"])
     ok = fit["slope"] is not None and fit["slope"] > 0 and fit["r2"] is not None \
@@ -534,6 +598,10 @@ def _metastability_verdict(deciding: list[dict[str, Any]], fit: dict[str, Any],
     r2 = "None" if fit["r2"] is None else f"{fit['r2']:.3f}"
     reason = (f"log dwell against beta: slope {fit['slope']:.3g}, R^2 {r2} ({censored} of "
               f"{runs} runs censored at t_max)")
+    if spread is not None and spread <= resolution * (1 + 1e-9):
+        return INCONCLUSIVE, (f"the median dwell changes by {spread:.3g} over the betas, "
+                              f"within the resolution {resolution:.3g} ({DWELL_RESOLUTION} "
+                              f"substeps); {reason}")
     return ("pass" if ok else "fail"), reason
 
 

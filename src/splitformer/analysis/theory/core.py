@@ -4,7 +4,8 @@ autonomous evolutions and score-scaled attention operators.
 
     Check              name, title, claim, citation, run, criterion, assumptions, verdict,
                        constants, fit, data, notes, figure; ``as_dict()``
-    Probe.from_model   the model (a float64 copy), its first evolution, u(0) and the context
+    Probe.from_model   the model (a float64 copy, token merging off), its first evolution, u(0)
+                       and the context
     linear_fit         y = a + b x by least squares: slope, intercept, r2, points
     cluster_count      components of the graph cos(u(x), u(x')) > threshold
     frozen_evolution   Evolution(Controls([theta] * t_max), scheme, TimeGrid(t_max, t_max))
@@ -14,8 +15,16 @@ autonomous evolutions and score-scaled attention operators.
     attention_names    the operators of a control set that are attention operators
     relative_residual  ||U - 1 mean_x U||_F / ||U||_F per input (Dong et al.'s res, normalised)
 
-Verdicts are "pass", "fail" or "not applicable": a check whose assumptions the model violates
-says which and is never passed (``Check.verdict``).
+Verdicts are "pass", "fail", "inconclusive" or "not applicable": a check whose assumptions the
+model violates says which and is never passed; one whose measured effect is not larger than
+what the measurement resolves (a dwell time to within a substep, a slope within the flat band,
+a difference within the spread of the untrained references) says "inconclusive", whichever
+way the criterion would go (``Check.verdict``).
+
+A model that merges tokens (``Evolution.merging``) is probed with merging off: every check
+reads a frozen step as one attention field on a fixed token grid, which a merge changes along
+the way. ``Probe.merging`` keeps the merge and ``Probe.scheme_text()`` prints the scheme with
+it, so that a report says what was turned off.
 """
 
 from __future__ import annotations
@@ -34,16 +43,18 @@ from torch import nn
 from ...operators.attention import AttentionOperator
 from ...operators.base import Context
 from ...operators.kernels import check_scale
+from ...operators.merging import TokenMerging
 from ...time import Evolution, TimeGrid
 from ...time.controls import Controls
 from ..checks import ArgumentError
 
-__all__ = ["NOT_APPLICABLE", "VERDICTS", "Check", "Probe", "attention_names", "cluster_count",
-           "frozen_evolution", "linear_fit", "mean_cosine", "min_cosine", "relative_residual",
-           "rescale_scores", "scaled_attention"]
+__all__ = ["INCONCLUSIVE", "NOT_APPLICABLE", "VERDICTS", "Check", "Probe", "attention_names",
+           "cluster_count", "frozen_evolution", "linear_fit", "mean_cosine", "min_cosine",
+           "one_field_steps", "relative_residual", "rescale_scores", "scaled_attention"]
 
-VERDICTS = ("pass", "fail", "not applicable")
+VERDICTS = ("pass", "fail", "inconclusive", "not applicable")
 NOT_APPLICABLE = "not applicable"
+INCONCLUSIVE = "inconclusive"
 CLUSTER_COSINE = 0.99  # two tokens are in one cluster when a chain of cosines > 0.99 joins them
 
 
@@ -52,10 +63,11 @@ class Check:
     """One prediction tested on one model: what it claims (``claim``, ``citation``), what was
     run (``run``), the criterion of the verdict (``criterion``), the assumptions of the theory
     and whether the model meets them (``assumptions``: records ``name``, ``holds``, ``detail``),
-    the ``verdict`` ("pass", "fail", "not applicable") and its ``reason`` (one line: the
-    measured numbers, or the assumptions that fail), the fitted ``constants``, the headline
-    ``fit`` (with ``r2``, None where there was nothing to fit), the measured series (``data``),
-    ``notes`` and, once drawn, the ``figure`` record (name, title, caption, png, svg)."""
+    the ``verdict`` ("pass", "fail", "inconclusive", "not applicable") and its ``reason``
+    (one line: the measured numbers, or the assumptions that fail), the fitted ``constants``,
+    the headline ``fit`` (with ``r2``, None where there was nothing to fit), the measured series
+    (``data``), ``notes`` and, once drawn, the ``figure`` record (name, title, caption, png,
+    svg)."""
 
     name: str
     title: str
@@ -108,7 +120,9 @@ class Probe:
     and ``context`` for the model's inputs, ``label`` (which evolution) and ``lengths``: a
     function n -> (u0, context) of the same text at n tokens (text models; None otherwise),
     with ``max_tokens`` the most it can give; ``trained``: whether the weights were trained
-    (False for a random-weight model: a claim about training is then not applicable)."""
+    (False for a random-weight model: a claim about training is then not applicable);
+    ``merging``: the token merging the model's evolution runs (``TokenMerging``), turned off in
+    the probe's copy (module doc), or None."""
 
     model: nn.Module
     evolution: Evolution
@@ -119,6 +133,7 @@ class Probe:
     lengths: Callable[[int], tuple[torch.Tensor, Context | None]] | None = None
     max_tokens: int | None = None
     trained: bool = True
+    merging: TokenMerging | None = None
 
     @classmethod
     def from_model(cls, model: nn.Module, inputs: Any,
@@ -126,11 +141,13 @@ class Probe:
                    max_tokens: int | None = None, trained: bool = True) -> Probe:
         """The probe of ``model`` at ``inputs`` (a tuple of positional or a dict of keyword
         inputs, as ``model(...)`` takes them); ``lengths(n)``, when given, returns the inputs
-        of the same text at n tokens (converted to (u0, context) here)."""
+        of the same text at n tokens (converted to (u0, context) here). Token merging is
+        turned off in the copy (module doc; the first evolution's merge is ``merging``)."""
         from ..capture import capture, check_finite, check_inputs
 
         args, kwargs = check_inputs(inputs)
         m = copy.deepcopy(model).double().eval()
+        merges = _merging_off(m)
         args, kwargs = _double(args), _double(kwargs)
         check_finite(m, args, kwargs)
         calls = capture(m, args, kwargs)
@@ -144,7 +161,16 @@ class Probe:
             return found[0].u0, found[0].context
 
         return cls(m, first.evolution, first.u0, first.context, first.name, len(calls),
-                   at_length if lengths is not None else None, max_tokens, bool(trained))
+                   at_length if lengths is not None else None, max_tokens, bool(trained),
+                   merges.get(id(first.evolution)))
+
+    def scheme_text(self) -> str:
+        """The evolution's stages as printed (``Evolution.stage_text``), with the model's token
+        merge at its place when it has one (``merging``: the checks run without it)."""
+        evo = self.evolution
+        if self.merging is not None:
+            evo = evo.with_token_merging(self.merging)
+        return evo.stage_text()
 
     @property
     def steps(self) -> int:
@@ -154,6 +180,25 @@ class Probe:
     def first(self) -> tuple[torch.Tensor, Context | None]:
         """u(0) and the context of the first input alone (the dynamics checks run one)."""
         return self.u0[:1], _first_context(self.context)
+
+
+def _merging_off(model: nn.Module) -> dict[int, TokenMerging]:
+    """Turn off the token merging of every evolution of ``model`` (the probe's own copy), in
+    place; returns id(evolution) -> the merging it had."""
+    found: dict[int, TokenMerging] = {}
+    for m in model.modules():
+        if isinstance(m, Evolution) and m.merging is not None:
+            found[id(m)] = m.merging
+            m.merging = None
+    return found
+
+
+def one_field_steps(evo: Evolution) -> tuple[list[int], list[int]]:
+    """(the steps whose control set holds one field per name, the superposed ones): a step of
+    ``parallel_steps`` sums several attention fields (``Superposition``), which is not the
+    single attention field of a particle system, so the per-step checks leave it out."""
+    superposed = list(evo.superposed_steps)
+    return [n for n in range(len(evo.controls)) if n not in superposed], superposed
 
 
 def _double(value: Any) -> Any:

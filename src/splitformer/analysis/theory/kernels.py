@@ -11,7 +11,11 @@ and the identity. On the same text at n = 32 .. 512 tokens: the normalised atten
 H / log |support| (1 for a uniform kernel, 0 for one that picks one token; mean over the steps,
 heads and queries) and the normalised effective rank erank(u^{n+1}) / n, with the pretrained
 scale and with beta_n. Fit: each against log n; pass if the scaled kernel's entropy slope is
-at most half the pretrained one's in size, or below ``FLAT`` (0.01 per unit log n).
+at most half the pretrained one's in size, or below ``FLAT`` (0.01 per unit log n);
+inconclusive when both slopes are within ``FLAT`` (the pretrained kernel does not flatten
+measurably: there is nothing for the scaling to correct). Not applicable to a model with a
+superposed step (``parallel_steps``): its kernels are sums the entropy of one kernel does not
+describe.
 
 Check e, doubly stochastic drift (Sinkformers): a softmax kernel is row-stochastic; Sander et
 al. observe that training makes it close to doubly stochastic. Deviation of a kernel:
@@ -19,7 +23,11 @@ mean over inputs, heads and keys x' of |sum_x g(x, x') - 1|. Measured on the tra
 and on the same evolution with its controls re-drawn, once by the operators' own
 initialisation (``reset_parameters``, seeded) and once matched (each parameter tensor
 replaced by Gaussian noise of its own mean and standard deviation), all from the trained
-u(0). Pass if the trained deviation (mean over the steps) is below the initialisation's.
+u(0). Pass if the trained deviation (mean over the steps) is below both untrained references
+(the initialisation's and the matched noise's), fail if above both; inconclusive when it lies
+between them (the choice of what "untrained" means moves the deviation more than training
+did). A superposed step (``parallel_steps``) has no one kernel: it is left out of the means,
+and said so.
 """
 
 from __future__ import annotations
@@ -36,7 +44,16 @@ from ...operators.attention import AttentionOperator
 from ..checks import ArgumentError
 from ..geometry import attention_entropy, effective_rank
 from ..readings import attentions, compose, kernel_and_support, module_of
-from .core import NOT_APPLICABLE, Check, Probe, assumption, linear_fit, rescale_scores
+from .core import (
+    INCONCLUSIVE,
+    NOT_APPLICABLE,
+    Check,
+    Probe,
+    assumption,
+    linear_fit,
+    one_field_steps,
+    rescale_scores,
+)
 
 __all__ = ["LENGTHS", "doubly_stochastic", "log_n_scaling", "step_kernels", "with_attention"]
 
@@ -135,7 +152,9 @@ def log_n_scaling(probe: Probe, lengths: Sequence[int] = LENGTHS, n0: int | None
     why, assumptions = _length_assumptions(probe, lengths, usable)
     criterion = ("pass if |slope| of the mean normalised entropy against log n with the scaled "
                  "kernel is at most half of its |slope| with the pretrained scale, or at most "
-                 f"{FLAT:g} (flat: a change below 0.028 from 32 to 512 tokens)")
+                 f"{FLAT:g} (flat: a change below 0.028 from 32 to 512 tokens); inconclusive "
+                 f"when both slopes are at most {FLAT:g} in size (the pretrained kernel does not "
+                 "flatten measurably)")
     if why is not None:
         return Check("log_n_scaling", title, CLAIM_D, CITATION_D, "nothing was run", criterion,
                      NOT_APPLICABLE, why, assumptions)
@@ -144,6 +163,7 @@ def log_n_scaling(probe: Probe, lengths: Sequence[int] = LENGTHS, n0: int | None
     fit, constants = _length_fits(rows, n0, usable)
     sp, ss = constants["entropy_slope_pretrained"], constants["entropy_slope_scaled"]
     ok = sp is not None and ss is not None and abs(ss) <= max(0.5 * abs(sp), FLAT)
+    flat = sp is not None and ss is not None and abs(sp) <= FLAT and abs(ss) <= FLAT
     run = (f"The network's evolution on the same text cut to n = {usable} tokens (float64), "
            f"with its pretrained score scale and with the scores times beta_n = log n / log "
            f"{n0}; per step the normalised entropy of each attention kernel (mean over heads "
@@ -151,9 +171,14 @@ def log_n_scaling(probe: Probe, lengths: Sequence[int] = LENGTHS, n0: int | None
     reason = (f"entropy slope per unit log n: {sp:.3g} pretrained, {ss:.3g} scaled "
               f"(effective rank / n: {constants['rank_slope_pretrained']:.3g} and "
               f"{constants['rank_slope_scaled']:.3g})")
-    return Check("log_n_scaling", title, CLAIM_D, CITATION_D, run, criterion,
-                 "pass" if ok else "fail", reason, assumptions, constants, fit,
-                 {"rows": rows})
+    if flat:
+        verdict = INCONCLUSIVE
+        reason = (f"both entropy slopes are within {FLAT:g} per unit log n: the pretrained "
+                  f"kernel does not flatten measurably over {usable}; {reason}")
+    else:
+        verdict = "pass" if ok else "fail"
+    return Check("log_n_scaling", title, CLAIM_D, CITATION_D, run, criterion, verdict, reason,
+                 assumptions, constants, fit, {"rows": rows})
 
 
 def _length_assumptions(probe: Probe, lengths: Sequence[int], usable: list[int]
@@ -161,7 +186,11 @@ def _length_assumptions(probe: Probe, lengths: Sequence[int], usable: list[int]
     """(why check d cannot run, or None; its assumptions): the token count must vary on one
     text, at least 3 lengths must fit, and every kernel must have a score scale."""
     why = None
-    if probe.lengths is None:
+    superposed = one_field_steps(probe.evolution)[1]
+    if superposed:
+        why = (f"steps {superposed} superpose several fields (parallel_steps): their kernels "
+               "are sums of attention maps, which the entropy of one kernel does not describe")
+    elif probe.lengths is None:
         why = ("the model's input has a fixed token count (an image or a series): n cannot be "
                "varied on the same input")
     elif len(usable) < 3:
@@ -233,9 +262,11 @@ def _deviation(g: torch.Tensor, support: torch.Tensor) -> float:
     return float(dev[cols_mask].mean())
 
 
-def _deviations(evo, u0, ctx) -> list[float]:
-    return [sum(_deviation(g, s) for g, s in st["kernels"]) / len(st["kernels"])
-            for st in step_kernels(evo, u0, ctx)]
+def _deviations(evo, u0, ctx, steps: list[int]) -> list[float]:
+    """The mean deviation of the kernels of each step of ``steps`` (one attention field each)."""
+    read = step_kernels(evo, u0, ctx)
+    return [sum(_deviation(g, s) for g, s in read[n]["kernels"]) / len(read[n]["kernels"])
+            for n in steps]
 
 
 def _reset(seed: int) -> Callable[[Any], Any]:
@@ -271,6 +302,9 @@ def doubly_stochastic(probe: Probe, seed: int = 0) -> Check:
     """Check e (module docstring)."""
     title = "Doubly stochastic drift of trained attention"
     evo, u0, ctx = probe.evolution, probe.u0, probe.context
+    steps, superposed = one_field_steps(evo)
+    skipped = (f"steps {superposed} superpose several fields (parallel_steps): no one kernel, "
+               "left out" if superposed else "")
     causal = bool(ctx is not None and ctx.is_causal) or any(
         getattr(module_of(op).kernel, "causal_support", False) for th in evo.controls
         for op in th.values() if isinstance(module_of(op), AttentionOperator))
@@ -284,20 +318,23 @@ def doubly_stochastic(probe: Probe, seed: int = 0) -> Check:
         assumption("trained weights", probe.trained,
                    "the model's weights were trained" if probe.trained else
                    "the model has random weights (a built-in model): there is no training "
-                   "to drift")]
+                   "to drift"),
+        assumption("a step that is one attention field", bool(steps),
+                   skipped or f"all {len(steps)} steps")]
     criterion = ("pass if the trained steps' column-sum deviation (mean over the steps) is below "
-                 "that of the same evolution at its initialisation")
+                 "that of the same evolution at its initialisation and with matched noise, "
+                 "fail if above both; inconclusive when it lies between the two")
     if not all(a["holds"] for a in assumptions):
         return Check("doubly_stochastic", title, CLAIM_E, CITATION_E, "nothing was run",
                      criterion, NOT_APPLICABLE,
                      "; ".join(f"{a['name']} does not hold: {a['detail']}" for a in assumptions
                                if not a["holds"]), assumptions)
-    trained = _deviations(evo, u0, ctx)
-    init = _deviations(_reset(seed)(evo), u0, ctx)
-    matched = _deviations(_matched(seed)(evo), u0, ctx)
+    trained = _deviations(evo, u0, ctx, steps)
+    init = _deviations(_reset(seed)(evo), u0, ctx, steps)
+    matched = _deviations(_matched(seed)(evo), u0, ctx, steps)
     mean = {k: sum(v) / len(v) for k, v in (("trained", trained), ("init", init),
                                             ("matched", matched))}
-    fit = linear_fit(range(len(trained)), trained)
+    fit = linear_fit(steps, trained)
     fit["what"] = "trained deviation against the step n"
     constants = {"trained_mean_deviation": mean["trained"],
                  "init_mean_deviation": mean["init"],
@@ -305,8 +342,8 @@ def doubly_stochastic(probe: Probe, seed: int = 0) -> Check:
                  "ratio_to_init": mean["trained"] / mean["init"] if mean["init"] > 0 else None,
                  "ratio_to_matched": (mean["trained"] / mean["matched"]
                                       if mean["matched"] > 0 else None),
-                 "seed": seed}
-    ok = mean["trained"] < mean["init"]
+                 "seed": seed, "superposed_steps": superposed}
+    lo, hi = sorted((mean["init"], mean["matched"]))
     run = (f"The network's {len(trained)} steps on its u(0) ({u0.shape[0]} input(s), "
            f"{u0.shape[1]} tokens, float64), the kernel of each attention substep read at the "
            "state its field sees; the same with the controls re-drawn by the operators' "
@@ -314,7 +351,14 @@ def doubly_stochastic(probe: Probe, seed: int = 0) -> Check:
            "mean and standard deviation).")
     reason = (f"mean |column sum - 1|: trained {mean['trained']:.3g}, initialisation "
               f"{mean['init']:.3g}, matched noise {mean['matched']:.3g}")
-    return Check("doubly_stochastic", title, CLAIM_E, CITATION_E, run, criterion,
-                 "pass" if ok else "fail", reason, assumptions, constants, fit,
-                 {"steps": list(range(len(trained))), "trained": trained, "init": init,
-                  "matched": matched})
+    if lo <= mean["trained"] <= hi:
+        verdict = INCONCLUSIVE
+        reason = f"trained lies between the two untrained references: {reason}"
+    else:
+        verdict = "pass" if mean["trained"] < lo else "fail"
+    if superposed:
+        run += f" {skipped}."
+        reason += f"; {skipped}"
+    return Check("doubly_stochastic", title, CLAIM_E, CITATION_E, run, criterion, verdict,
+                 reason, assumptions, constants, fit,
+                 {"steps": steps, "trained": trained, "init": init, "matched": matched})
