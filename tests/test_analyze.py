@@ -288,6 +288,8 @@ def test_analyze_builtin_json_equals_the_file_and_the_report_tables(vit_report):
                               "description": data["source"]["description"]}
     assert data["input"]["kind"] == "sample" and data["input"]["samples"] == 2
     assert data["input"]["shape"] == [1, 8, 8] and data["input"]["data"] == "digits"
+    # the rescale factor multiplies 8-bit pixels: what the model is fed is [0, 1]
+    assert data["input"]["pixel_range"] == [0.0, 1.0]
     assert [f["name"] for f in data["figures"]] == ["heatmaps", "kernels", "curves", "pca",
                                                     "patches"]
     assert all((out / f["png"]).is_file() and (out / f["svg"]).is_file()

@@ -13,6 +13,8 @@ MODEL is one of
 * a folder written by ``splitformer.save`` (``model.json`` + ``model.safetensors``);
 * a ``splitformer train`` run folder (``config.json`` and a checkpoint: ``latest`` /
   ``ckpt-*``): its newest complete checkpoint, rebuilt from the recorded source;
+* a ``splitformer compress`` folder (``compress.json``): the compressed model at its default
+  number of steps, with the base folder's tokenizer;
 * a local Hugging Face folder (``config.json`` with ``model_type`` bert, vit, cvt or gpt2, as
   ``save_pretrained`` writes it): ``splitformer.from_hf``; nothing is downloaded, ever.
 
@@ -106,8 +108,9 @@ EPILOG = ("built-in models: " + "; ".join(f"{k}: {v[0]}" for k, v in BUILTINS.it
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL",
                    help=f"a built-in model ({', '.join(BUILTINS)}), a folder saved by "
-                        "splitformer.save, a 'splitformer train' run folder, or a local "
-                        f"Hugging Face folder (model_type {', '.join(HF_TYPES)})")
+                        "splitformer.save, a 'splitformer train' run folder, a "
+                        "'splitformer compress' folder, or a local Hugging Face folder "
+                        f"(model_type {', '.join(HF_TYPES)})")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, metavar="T",
                      help="a text input (the checkpoint's tokenizer, or the model's characters)")

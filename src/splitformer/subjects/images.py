@@ -231,8 +231,13 @@ def size_notes(width: int, height: int, spec: ImageSpec, flag: str) -> tuple[dic
 
 def preparation(spec: ImageSpec) -> dict[str, Any]:
     """How images were prepared, for the input record."""
+    factor = spec.rescale_factor if spec.do_rescale else 1.0
+    # rescale_factor multiplies 8-bit pixel values 0 .. 255 (1/255: the image in [0, 1]);
+    # pixel_range says what the model is fed, before normalisation, so that the factor does
+    # not read as a scaling of the image itself
     out = {"resample": RESAMPLE[spec.resample] if spec.do_resize else None,
            "rescale_factor": spec.rescale_factor if spec.do_rescale else None,
+           "pixel_range": [0.0, round(255.0 * factor, 6)],
            "normalized": spec.mean is not None and spec.std is not None}
     if spec.config is not None or spec.defaults:  # a Hugging Face folder's processor
         out.update(preprocessor_config=spec.config, processor_defaults=spec.defaults)
