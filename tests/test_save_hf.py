@@ -351,3 +351,20 @@ def test_to_hf_refusals_name_splitformer_save(tmp_path):
                                              r"model as it is"):
             splitformer.to_hf(model)
         splitformer.save(model, tmp_path / "m")  # and it does
+
+
+# -- MODEL for analyze, theory, generate ----------------------------------------------------
+def test_a_saved_folder_is_a_model_the_commands_take(tmp_path):
+    from splitformer.subjects.resolve import load_subject
+    from splitformer.subjects.subject import InputError
+
+    vit = splitformer.from_hf(_reference("vit", "ViTForImageClassification"))
+    splitformer.save(vit.with_token_merging(1), tmp_path / "vit")
+    sub = load_subject(str(tmp_path / "vit"))
+    assert sub.takes == "image" and sub.image is not None
+    assert sub.model.evolution.merging is not None
+    splitformer.save(splitformer.from_hf(_reference("bert")).refine(2), tmp_path / "bert")
+    sub = load_subject(str(tmp_path / "bert"))
+    assert sub.takes == "text" and sub.model.evolution.num_steps == 4
+    with pytest.raises(InputError, match="holds no tokenizer"):  # save keeps none
+        sub.encode(["a text"], "--text")

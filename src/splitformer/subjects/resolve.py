@@ -3,7 +3,9 @@
 MODEL is one of
 
 * a built-in model (``BUILTINS``: small random-weight models built in code, seeded with 0);
-* a folder written by ``splitformer.save`` (``model.json`` + ``model.safetensors``);
+* a folder written by ``splitformer.save`` (``model.json`` + ``model.safetensors``): a model
+  of the training families, or one made by ``from_hf`` (images as its family's processor
+  prepares them; text through tokenizer files put beside, since ``save`` keeps none);
 * a ``splitformer train`` run folder (``config.json`` and a checkpoint: ``latest`` /
   ``ckpt-*``): its newest complete checkpoint, rebuilt from the recorded source;
 * a local Hugging Face folder (``config.json`` with ``model_type`` in ``HF_TYPES``, as
@@ -154,7 +156,11 @@ def _saved_subject(spec: str, folder: Path, files: set[str]) -> Subject:
     except CheckpointError as e:
         raise InputError(f"argument MODEL: {kind} {spec!r} does not load: "
                          f"{' '.join(str(e).split())[:240]}") from None
-    sub = training_subject(model.eval(), _folder_name(folder), f"{kind} {str(folder)!r}")
+    what = f"{kind} {str(folder)!r}"
+    if source_facts(model).hf_class:  # a model made by from_hf (training.model_record)
+        sub = hf_subject(model.eval(), folder, _folder_name(folder), what, f"{kind} {spec!r}")
+    else:
+        sub = training_subject(model.eval(), _folder_name(folder), what)
     sub.label = f"{kind} {spec!r}"
     sub.source = {"kind": key, "path": str(folder), "description": sub.what}
     return sub
