@@ -25,19 +25,19 @@ history of calls), each in a form that reads as it prints::
 
 (the kernel of every attention operator, operators with one kernel grouped; a kernel without
 a score scale, e.g. linear, also records the operator's own ``operator_scale``, which it keeps
-for a softmax put back). ``drop_steps`` names base steps with the structure of the ones left
+for a softmax put back). ``drop_steps`` names base steps of the same structure as the ones left
 out: which of several equal steps were dropped is not recoverable from the model, and need not
-be, since every parameter is the saved one.
+be, since every parameter is the saved one (and each kernel, with its scale, is recorded).
 
 ``record_of(model)`` makes the record and then proves it: it rebuilds the model from the
 record (on the meta device: structure only, no memory) and compares the two module by module
 (classes, every attribute, parameter and buffer names, shapes and dtypes, the values of the
 buffers that are not saved); anything the record cannot hold exactly (a user-written kernel,
 operator or scheme class, superposed steps, a replaced module, an edited eps) is refused with
-a ValueError naming it. Never an approximation. ``rebuild(doc, dtype)`` is the inverse: the
-base model from its source (random weights drawn under a forked RNG, nothing downloaded), the
-evolutions and kernels applied; the caller loads the saved parameters and ``check(model, doc)``
-compares what it rebuilt with the record.
+a ValueError naming it. Never an approximation. ``rebuild(doc, path, dtype)`` is the inverse:
+the base model from its source (random weights drawn under a forked RNG, nothing downloaded),
+the evolutions and kernels applied; the caller loads the saved parameters and
+``check(model, doc, path)`` compares what it rebuilt with the record.
 """
 
 from __future__ import annotations
@@ -102,11 +102,21 @@ def record_of(model: nn.Module) -> dict[str, Any]:
         raise ValueError(f"its source rebuilds a {type(base).__name__}, not a {name}")
     evolutions = _describe_evolutions(model, base)
     kernels = _describe_kernels(model)
-    doc = {"source": _encode(base_record, "model.source", [], None),
-           "evolutions": evolutions, "kernels": kernels}
-    rebuilt = _applied(base, evolutions, kernels)
-    if _has_meta_values(rebuilt):  # a buffer that is not saved: its values must be compared
-        rebuilt = _applied(_build(family, base_record, "cpu", dtype), evolutions, kernels)
+    try:
+        source = _encode(base_record, "model.source", [], None)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
+    doc = {"source": source, "evolutions": evolutions, "kernels": kernels}
+    try:
+        rebuilt = _applied(base, evolutions, kernels)
+        meta = _has_meta_values(rebuilt)  # a buffer that is not saved: compare its values
+    except Exception:  # noqa: BLE001 - what fails on the meta device is tried for real
+        meta = True
+    if meta:
+        try:
+            rebuilt = _applied(_build(family, base_record, "cpu", dtype), evolutions, kernels)
+        except Exception as e:  # noqa: BLE001 - named in the refusal
+            raise ValueError(f"its record does not rebuild ({type(e).__name__}: {e})") from None
     differences = _differences(model, rebuilt)
     if not differences and not _runs(rebuilt, evolutions, kernels):
         differences = ["its evolutions or kernels do not rebuild as recorded"]
