@@ -80,10 +80,11 @@ def test_an_integer_4d_attention_mask_is_read_as_a_support_and_bad_values_refuse
         two = model(ids, attention_mask=mask).last_hidden_state
         four = model(ids, attention_mask=mask[:, None, None, :]).last_hidden_state
         assert torch.equal(two, four)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
             _, trace = model.with_token_merging(2).solve_traced(
                 ids, attention_mask=mask[:, None, None, :])
+        assert not any("nothing can merge" in str(w.message) for w in got)
         assert trace is not None and len(trace) > 0
         with pytest.raises(ValueError, match="attention_mask: a 4-D mask must be bool"):
             model(ids, attention_mask=2 * mask[:, None, None, :])
