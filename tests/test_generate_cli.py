@@ -91,6 +91,7 @@ def test_generate_on_a_built_in_character_model(capsys):
     (["--top-p", "1.5"], "argument --top-p"),
     (["--temperature", "0"], "argument --temperature"),
     (["--seed", "-1"], "argument --seed"),
+    (["--seed", str(2 ** 40)], "argument --seed: expected an integer >= 0 at most"),
     (["--top-k", "x"], "argument --top-k"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(gpt2_folder, capsys, argv, needle):

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from . import UsageError, nonnegative_int, positive_float
+from . import UsageError, bounded_int, nonnegative_int, positive_float
 
 HELP = "generate text from a causal language model (KV tape; greedy or sampled)"
 EPILOG = ("MODEL: as for `splitformer analyze` (gpt2-tiny, a run folder of the lm family, a "
@@ -60,8 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=_unit_interval, default=1.0, metavar="P",
                    help="with --sample: keep the most probable tokens of total probability P "
                    "(default 1: all)")
-    p.add_argument("--seed", type=nonnegative_int, default=0,
-                   help="with --sample: the random seed (default 0)")
+    p.add_argument("--seed", type=bounded_int(2 ** 31 - 1, "(0 .. 2^31 - 1)", minimum=0),
+                   default=0, help="with --sample: the random seed (default 0; 0 .. 2^31 - 1)")
     p.add_argument("--no-cache", action="store_true",
                    help="re-run the whole prefix for every token (the cacheless oracle)")
     p.add_argument("--json", action="store_true",

@@ -156,8 +156,8 @@ def _check_inputs(model, input_ids, attention_mask, generator, seed):
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+            raise ValueError(f"seed must be an int in [0, 2^63), got {seed!r}")
         generator = torch.Generator(device=input_ids.device).manual_seed(seed)
     return generator
 
