@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from _cli import cli
 from _optional_data import needs
 
 import splitformer
@@ -191,3 +192,309 @@ def test_a_plain_transformers_folder_and_a_rerun_of_other_settings(capsys, tmp_p
     assert _code([*argv[:-1], "--lr", "3e-4"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.count("out:") == 1 and "['lr']" in err
+
+
+# -- issue 29's defects, on a tiny BERT with the healing text replaced (no data needed) --------
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    """A 4-layer BERT of width 16 with a BertTokenizer of ten words (no data needed)."""
+    import transformers
+
+    folder = tmp_path_factory.mktemp("tiny") / "bert"
+    folder.mkdir()
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "the", "a", "##s"]
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    transformers.BertTokenizer(str(folder / "vocab.txt")).save_pretrained(folder)
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=4,
+                                  num_attention_heads=2, intermediate_size=32,
+                                  max_position_embeddings=32)
+    transformers.BertModel(cfg).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def tiny(tiny_bert, monkeypatch, tmp_path):
+    """``tiny(*flags)``: the argv of a short compress run of the tiny BERT into tmp_path/c,
+    the healing windows random ids of its vocabulary ([CLS] ... [SEP]) in place of the text
+    of `make data`, no evaluation (it reads held-out text)."""
+    from splitformer.experiments import depth_eval
+
+    def windows(tokenizer, length, count, seed=0, news=None, aligned=False, wiki=0.0):
+        ids = torch.randint(5, 10, (count, length), generator=torch.Generator().manual_seed(seed))
+        ids[:, 0], ids[:, -1] = 2, 3
+        return ids
+
+    monkeypatch.setattr(depth_eval, "healing_windows", windows)
+
+    def argv(*flags, out=None):
+        return ["compress", str(tiny_bert), "--windows", "16", "--length", "16", "--threads",
+                "1", "--no-eval", "--out", str(out or tmp_path / "c"), *flags]
+
+    return argv
+
+
+def _enospc(*args, **kwargs):
+    import errno
+    import os
+
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "result", "hf"])
+def test_a_full_disk_is_one_line_and_leaves_nothing(where, tiny, capsys, monkeypatch, tmp_path):
+    """ENOSPC (the writers made to raise it: no disk is filled) while the healing writes its
+    checkpoint, while the result's weights are written, or inside the HF folder: one line,
+    exit status 1, and the new folder is gone."""
+    from splitformer.compression import store
+    from splitformer.training import checkpoints
+
+    if where == "checkpoint":
+        monkeypatch.setattr(checkpoints, "_write", _enospc)
+    elif where == "result":
+        monkeypatch.setattr(store, "write_atomic", _enospc)
+    else:
+        monkeypatch.setattr(store, "write_synced", _enospc)  # the tokenizer copied into hf/
+    rc, out, err = cli(tiny("--max-steps", "2", "--json"), capsys)
+    assert rc == 1, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("splitformer compress: error: ") and "No space left on device" in err
+    assert str(tmp_path / "c") in err and "nothing kept" in err
+    assert not (tmp_path / "c").exists()
+
+
+def test_heal_none_writes_no_healing_checkpoint(tiny, capsys, monkeypatch, tmp_path):
+    """--heal none heals nothing: no checkpoint (weights and AdamW moments) is written, and
+    no heal/ folder."""
+    from splitformer.training import checkpoints
+
+    written = []
+    real = checkpoints._write
+    monkeypatch.setattr(checkpoints, "_write", lambda path, data: (written.append(path),
+                                                                   real(path, data)))
+    rc, out, err = cli(tiny("--heal", "none", "--json"), capsys)
+    assert rc == 0, err
+    assert written == [] and not (tmp_path / "c" / "heal").exists()
+    assert (tmp_path / "c" / "compress.json").is_file()
+
+
+def test_each_phase_is_a_line_at_once(tiny, capsys, monkeypatch, tmp_path):
+    """Off a terminal (pytest's capture) each phase is a line on stderr when it starts: the
+    model, the header, the healing text, the grid's probe, the healing (its first step at
+    once), the writing."""
+    import splitformer.compression.heal as heal_module
+    from splitformer.experiments import depth_eval
+
+    seen: dict[str, str] = {}
+    parts: list[str] = []
+    windows = depth_eval.healing_windows
+
+    def so_far() -> str:
+        parts.append(capsys.readouterr().err)
+        return "".join(parts)
+
+    def reading_text(*args, **kwargs):
+        seen["text"] = so_far()
+        return windows(*args, **kwargs)
+
+    step = heal_module._optimiser_step
+
+    def first_step(*args, **kwargs):
+        seen["step"] = seen.get("step") or so_far()
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(depth_eval, "healing_windows", reading_text)
+    monkeypatch.setattr(heal_module, "_optimiser_step", first_step)
+    rc, out, err = cli(tiny("--max-steps", "3", "--steps", "2"), capsys)
+    assert rc == 0, err
+    err = "".join(parts) + err
+    assert "reading MODEL" in seen["text"] and "healing text: 16 windows" in seen["text"]
+    assert "compress: drop 4 -> 2 steps, heal distill" in seen["text"]
+    assert "choosing the grid" in seen["step"] and "] healing" in seen["step"]
+    lines = err.splitlines()
+    assert any(line.startswith("  step 1 ") for line in lines)  # the first step, at once
+    assert lines[-1].endswith(f"writing {tmp_path / 'c'}")
+    assert not (tmp_path / "c" / ".lock").exists()  # the finished folder keeps no lock
+    assert not (tmp_path / "c" / "heal" / ".lock").exists()
+
+
+def test_a_short_budget_does_not_end_in_the_warm_up(tiny, capsys, monkeypatch):
+    """3 optimiser steps against a warm-up of 20: the warm-up is cut to the first 10% of the
+    run, and a line says so; the rate is not ~0 throughout."""
+    import splitformer.compression.heal as heal_module
+
+    rates = []
+    step = heal_module._optimiser_step
+
+    def recording(problem, optimizer, batch, lr, *rest):
+        rates.append(lr)
+        return step(problem, optimizer, batch, lr, *rest)
+
+    monkeypatch.setattr(heal_module, "_optimiser_step", recording)
+    rc, out, err = cli(tiny("--max-steps", "10", "--lr", "1e-3", "--steps", "2"), capsys)
+    assert rc == 0, err
+    assert max(rates) > 0.8e-3
+    assert "warm-up cut to 1 step" in err
+
+
+def test_a_finished_run_heals_on_with_a_longer_budget(tiny, capsys):
+    """The same command with more --max-steps (or a longer --budget) heals a finished folder
+    on from where it ended; the same budget again is still refused; another setting too."""
+    rc, out, err = cli(tiny("--max-steps", "2", "--steps", "2", "--json"), capsys)
+    assert rc == 0, err
+    first = json.loads(out.strip().splitlines()[-1])
+    assert first["metrics"]["steps_taken"] == 2
+    rc, out, err = cli(tiny("--max-steps", "2", "--steps", "2", "--json"), capsys)
+    assert rc == 2 and "holds a finished compression" in err and "--max-steps" in err
+    rc, out, err = cli(tiny("--max-steps", "5", "--steps", "2", "--json"), capsys)
+    assert rc == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["metrics"]["steps_taken"] == 5 and report["heal"]["max_steps"] == 5
+    rc, out, err = cli(tiny("--max-steps", "8", "--steps", "2", "--lr", "3e-4"), capsys)
+    assert rc == 2 and "['lr']" in err
+    rc, out, err = cli(tiny("--max-steps", "8", "--steps", "2"), capsys)
+    assert rc == 0 and "healing on" in err
+
+
+def test_a_killed_run_resumes_with_a_longer_budget(tiny, capsys, monkeypatch, tmp_path):
+    """A run killed after a checkpoint resumes with more --max-steps than it was started
+    with (the budget is not part of what must match)."""
+    import splitformer.compression.heal as heal_module
+
+    step = heal_module._optimiser_step
+    calls = []
+
+    def killed(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 3:
+            raise KeyboardInterrupt  # Ctrl-C: the checkpoint is written
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(heal_module, "_optimiser_step", killed)
+    rc, out, err = cli(tiny("--max-steps", "6", "--steps", "2"), capsys)
+    assert rc == 130
+    monkeypatch.setattr(heal_module, "_optimiser_step", step)
+    rc, out, err = cli(tiny("--max-steps", "9", "--steps", "2", "--json"), capsys)
+    assert rc == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["metrics"]["steps_taken"] == 9
+
+
+def test_a_kill_before_the_first_checkpoint_says_it_starts_over(tiny, capsys, tmp_path):
+    """What kill -9 leaves before the first checkpoint (the folders' lock files and the
+    healing's config, no checkpoint): the same command starts over and says so."""
+    out = tmp_path / "c"
+    (out / "heal").mkdir(parents=True)
+    (out / ".lock").write_text("pid 1")
+    (out / "heal" / ".lock").write_text("pid 1")
+    (out / "heal" / "metrics.jsonl").write_text("")
+    rc, _, err = cli(tiny("--max-steps", "2"), capsys)
+    assert rc == 0, err
+    assert err.count("starting over: the killed run left no checkpoint") == 1
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--out", ""], "--out"),
+    (["--out", "  "], "--out"),
+    (["--nope"], "unrecognized arguments: --nope"),
+    (["--recipe", "fastest"], "--recipe"),
+    (["--recipe", "best", "--heal", "none"], "--recipe"),
+])
+def test_more_bad_arguments_are_the_subcommands_one_line(argv, flag, capsys, tmp_path,
+                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = cli(["compress", *argv], capsys)
+    assert rc == 2
+    assert err.startswith("splitformer compress: error: ") and err.count("\n") == 1
+    assert flag in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_budget_takes_seconds_as_a_number():
+    from splitformer.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["compress", "--budget", "1e3"]).budget == 1000.0
+    assert parse(["compress", "--budget", "1.5e1s"]).budget == 15.0
+    assert parse(["compress", "--budget", "2.5m"]).budget == 150.0
+
+
+def test_hf_in_the_json_is_a_path_or_null(tiny, capsys, tmp_path):
+    """With merging the network is no layer list: "hf" is null and "hf_note" says why; a
+    merged network healed at full depth (--steps = the model's) is allowed with --merge."""
+    rc, out, err = cli(tiny("--steps", "4", "--merge", "2", "--max-steps", "1", "--json"),
+                       capsys)
+    assert rc == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["hf"] is None and "merging" in report["hf_note"]
+    model = splitformer.load(tmp_path / "c")
+    assert model.evolution.num_steps == 4 and model.evolution.merging is not None
+    rc, out, err = cli(tiny("--steps", "4", "--max-steps", "1", out=tmp_path / "d"), capsys)
+    assert rc == 2 and "is the model itself" in err and "--merge" in err
+
+
+def test_the_best_recipe_is_one_flag(capsys):
+    """--recipe best is the measured best recipe of docs/depth.md; a flag given beside it
+    wins; --help says what it costs."""
+    from splitformer.cli import build_parser
+    from splitformer.commands.compress import _heal_config
+
+    args = build_parser().parse_args(["compress", "--recipe", "best"])
+    cfg = _heal_config(args)
+    assert (cfg.method, cfg.shooting, cfg.embedding, cfg.lr, cfg.precision, cfg.min_length,
+            cfg.healed, cfg.probe) == ("drop", 1.0, 4.0, 6e-4, "bfloat16", 48, "controls", 512)
+    assert (args.news, args.wiki, args.windows, args.heal) == (0.5, 0.25, 65536, "shoot")
+    args = build_parser().parse_args(["compress", "--recipe", "best", "--lr", "3e-4",
+                                      "--windows", "4096"])
+    cfg = _heal_config(args)
+    assert cfg.lr == 3e-4 and args.windows == 4096 and cfg.probe == 512
+    plain = _heal_config(build_parser().parse_args(["compress"]))
+    assert (plain.lr, plain.shooting, plain.precision, plain.healed) == (1e-4, 0.0, "float32",
+                                                                        "all")
+    rc, out, err = cli(["compress", "--help"], capsys)
+    text = " ".join(out.split())
+    assert "--recipe" in text and "Wikipedia" in text and "mwparserfromhell" in text
+
+
+def test_kill_9_before_the_first_checkpoint_then_the_same_command(tiny, tiny_bert, capsys,
+                                                                   tmp_path):
+    """A real SIGKILL of `splitformer compress` after its first healing step (checkpoints
+    every 100 steps or 60 s: none yet): the same command starts over and says so."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    argv = tiny("--steps", "2", "--max-steps", "4")
+    script = textwrap.dedent(f"""
+        import sys, time, torch
+        from splitformer.experiments import depth_eval
+        import splitformer.compression.heal as heal_module
+        def windows(tokenizer, length, count, seed=0, news=None, aligned=False, wiki=0.0):
+            ids = torch.randint(5, 10, (count, length),
+                                generator=torch.Generator().manual_seed(seed))
+            ids[:, 0], ids[:, -1] = 2, 3
+            return ids
+        depth_eval.healing_windows = windows
+        step = heal_module._optimiser_step
+        def slow(*args):
+            time.sleep(0.5)
+            return step(*args)
+        heal_module._optimiser_step = slow
+        from splitformer.cli import main
+        sys.exit(main({argv!r}))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if line.startswith("  step 1 "):
+                proc.send_signal(signal.SIGKILL)
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert (tmp_path / "c" / ".lock").exists() and not (tmp_path / "c" / "heal" / "latest").exists()
+    rc, out, err = cli(argv, capsys)
+    assert rc == 0, err
+    assert err.count("starting over: the killed run left no checkpoint") == 1
+    assert not (tmp_path / "c" / ".lock").exists()

@@ -456,3 +456,136 @@ def test_the_relation_term_is_the_pair_cosines_of_transformers_embeddings():
         _cfg(relation=1.0, batch_size=1)
     with pytest.raises(ValueError, match="relation must be"):
         _cfg(relation=-1.0)
+
+
+def test_a_checkpoint_every_so_many_seconds_survives_a_kill(tmp_path):
+    """checkpoint_seconds: a run killed (an exception that writes nothing, as kill -9) long
+    before checkpoint_every steps has a checkpoint to resume from; killed before any, the run
+    says it starts over. A run that ended keeps no lock file."""
+    teacher = splitformer.from_hf(_hf()).eval()
+    cfg = _cfg(checkpoint_every=1000, checkpoint_seconds=1e-6)
+
+    class Killed(Exception):
+        pass
+
+    def kill(row):
+        if row["step"] == 10:
+            raise Killed
+
+    with pytest.raises(Killed):
+        heal(cfg, teacher=teacher, windows=_windows(), out=tmp_path / "a", progress=kill)
+    from splitformer.training.checkpoints import latest_checkpoint
+
+    assert latest_checkpoint(tmp_path / "a").name == "ckpt-000000009"
+    said = []
+    resumed = heal(cfg, teacher=teacher, windows=_windows(), out=tmp_path / "a",
+                   notice=said.append)
+    assert resumed.metrics["steps_taken"] == 30 and said[1].startswith("resuming from step 9")
+    assert not (tmp_path / "a" / ".lock").exists()
+    with pytest.raises(Killed):  # a kill -9 before the first checkpoint leaves the lock file
+        heal(_cfg(), teacher=teacher, windows=_windows(), out=tmp_path / "b", progress=kill)
+    (tmp_path / "b" / ".lock").write_text("pid 1")
+    said = []
+    heal(_cfg(), teacher=teacher, windows=_windows(), out=tmp_path / "b", notice=said.append)
+    assert "starting over: the killed run left no checkpoint" in said
+    with pytest.raises(ValueError, match="checkpoint_seconds must be"):
+        _cfg(checkpoint_seconds=0)
+
+
+def test_a_run_resumes_with_a_longer_budget_and_heals_on_when_finished(tmp_path):
+    """budget and max_steps may change on resume (RESUMABLE); a finished run with a config
+    that allows more steps heals on from its checkpoint; the others are refused by name."""
+    teacher = splitformer.from_hf(_hf()).eval()
+    short = heal(_cfg(max_steps=10), teacher=teacher, windows=_windows(), out=tmp_path)
+    assert short.metrics["steps_taken"] == 10
+    again = heal(_cfg(max_steps=10, budget=5.0), teacher=teacher, windows=_windows(),
+                 out=tmp_path)
+    assert again.metrics == short.metrics  # nothing more to do: returned as it was
+    said = []
+    longer = heal(_cfg(max_steps=20), teacher=teacher, windows=_windows(), out=tmp_path,
+                  notice=said.append)
+    assert longer.metrics["steps_taken"] == 20 and "healing on from step 10" in said[1]
+    before = short.base.state_dict()
+    assert any(not torch.equal(v, before[k]) for k, v in longer.base.state_dict().items())
+    with pytest.raises(ValueError, match=r"differs in \['lr'\]"):
+        heal(_cfg(max_steps=30, lr=2e-3), teacher=teacher, windows=_windows(), out=tmp_path)
+
+
+def test_a_finished_run_without_checkpoints_heals_on_from_its_parameters(tmp_path):
+    """compress's finished folder keeps no checkpoint: given the healed parameters, heal
+    continues from them (AdamW's moments afresh, a new warm-up); without them it is refused."""
+    from splitformer.compression.heal import _progress_lr
+    from splitformer.training.checkpoints import remove_checkpoints
+
+    teacher = splitformer.from_hf(_hf()).eval()
+    first = heal(_cfg(max_steps=10), teacher=teacher, windows=_windows(), out=tmp_path)
+    remove_checkpoints(tmp_path)
+    with pytest.raises(ValueError, match="checkpoints were removed"):
+        heal(_cfg(max_steps=20), teacher=teacher, windows=_windows(), out=tmp_path)
+    weights = {k: v.clone() for k, v in first.base.state_dict().items()}
+    on = heal(_cfg(max_steps=20), teacher=teacher, windows=_windows(), out=tmp_path,
+              healed=weights)
+    assert on.metrics["steps_taken"] == 20
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [5, 10, 15, 20]
+    cfg = _cfg(max_steps=20)  # the warm-up (2 steps here) starts again at step 10
+    assert _progress_lr(cfg, 10, 0.0, (10, 0.0)) == pytest.approx(
+        0.5 * _progress_lr(cfg, 10, 0.0))
+    other = splitformer.from_hf(perturb_(_hf(), seed=1)).eval()
+    with pytest.raises(ValueError, match="another teacher"):
+        heal(_cfg(max_steps=30), teacher=other, windows=_windows(), out=tmp_path,
+             healed=weights)
+
+
+def test_nothing_healed_writes_no_checkpoint(tmp_path):
+    """budget 0 (the training-free model): final.json, and no checkpoint (no weights, no
+    AdamW moments)."""
+    teacher = splitformer.from_hf(_hf()).eval()
+    result = heal(_cfg(budget=0.0, max_steps=0), teacher=teacher, windows=_windows(),
+                  out=tmp_path)
+    assert result.metrics["steps_taken"] == 0 and (tmp_path / "final.json").is_file()
+    assert not list(tmp_path.glob("ckpt-*")) and not (tmp_path / "latest").exists()
+
+
+def test_a_short_run_does_not_end_inside_its_warm_up():
+    """The warm-up ends after ``warmup`` steps or 10% of the progress, whichever is first: a
+    run of 10 steps against a warm-up of 20 reaches its full rate at step 1 (the cosine's)."""
+    from splitformer.compression.heal import _progress_lr, _warm
+
+    cfg = _cfg(max_steps=10, warmup=20, lr=1e-3)
+    rates = [_progress_lr(cfg, s, 0.0) for s in range(10)]
+    assert rates[0] == pytest.approx(1e-3 / 20)
+    assert rates[1] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 0.1)))
+    assert _warm(cfg, 1, 0.0) == (1.0, True)
+    budget = _cfg(max_steps=None, budget=60.0, warmup=20, lr=1e-3)  # by seconds
+    assert _warm(budget, 3, 6.0) == (1.0, True) and _warm(budget, 3, 3.0)[0] == 0.5
+    long = _cfg(max_steps=10_000, warmup=20)  # a long run: the 20 steps, as before
+    assert _warm(long, 19, 0.0) == (1.0, False) and _warm(long, 9, 0.0)[0] == 0.5
+
+
+def test_the_result_weights_are_checked_against_their_sha256(tmp_path):
+    """compress.json records the size and SHA-256 of model.safetensors (the training
+    checkpoints' entries); 100 zeroed bytes are refused by name, as in a checkpoint; a folder
+    from before the record loads with a warning."""
+    from splitformer.training.checkpoints import CheckpointError
+
+    teacher = splitformer.from_hf(_hf()).eval()
+    result = heal(_cfg(max_steps=2), teacher=teacher, windows=_windows(), out=None)
+    record = write_result(tmp_path, base=result.base, coarsenings=result.coarsenings,
+                          default=3, info={}, tokenizer_from=None)
+    entry = record["files"]["model.safetensors"]
+    data = (tmp_path / "model.safetensors").read_bytes()
+    assert entry["bytes"] == len(data) and len(entry["sha256"]) == 64
+    splitformer.load(tmp_path)
+    damaged = bytearray(data)
+    damaged[len(data) // 2:len(data) // 2 + 100] = bytes(100)
+    (tmp_path / "model.safetensors").write_bytes(bytes(damaged))
+    with pytest.raises(CheckpointError, match="model.safetensors: content does not match the "
+                                              "sha256 in compress.json"):
+        splitformer.load(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(data)
+    old = json.loads((tmp_path / "compress.json").read_text())
+    del old["files"]
+    (tmp_path / "compress.json").write_text(json.dumps(old))
+    with pytest.warns(UserWarning, match="records no SHA-256 of model.safetensors"):
+        splitformer.load(tmp_path)

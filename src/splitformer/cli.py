@@ -66,7 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the subcommand's own one-line error, naming its --help
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        return 2
     if not args.command:
         parser.error(f"a command is required ({', '.join(COMMANDS)})")  # exits with status 2
         return 2

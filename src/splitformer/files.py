@@ -300,13 +300,19 @@ class FolderLock:
         _HELD.add(key)
         return self
 
-    def release(self) -> None:
+    def release(self, remove: bool = False) -> None:
+        """Drop the lock; ``remove=True`` also deletes the lock file (while still holding it),
+        so that a finished folder keeps none and a lock file found later is one a killed
+        writer left."""
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
         _HELD.discard(self._key)
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
+        if remove:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
         os.close(fd)  # drops the flock
 
     def __del__(self) -> None:  # a lock object dropped without release: the lock goes too

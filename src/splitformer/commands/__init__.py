@@ -131,11 +131,15 @@ def fraction(text: str) -> float:
 
 
 def duration(text: str) -> float:
-    """argparse type: seconds >= 0, as '600', '600s', '10m' or '1.5h'."""
+    """argparse type: seconds >= 0, as '600', '1e3', '600s', '10m' or '1.5h' (a number as
+    Python writes a float, without a sign; finite)."""
+    import math
     import re
 
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected seconds or a duration like 90s, 10m, 1h, "
-                                         f"got {text!r}")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    m = re.fullmatch(r"\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*([smh]?)\s*",
+                     text)
+    value = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)] if m else None
+    if value is None or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected seconds (600, 1e3) or a duration like 90s, "
+                                         f"10m, 1h, got {text!r}")
+    return value

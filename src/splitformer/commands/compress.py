@@ -12,15 +12,24 @@ plus gensim's lee_background.cor (``--news``) and its shortened English Wikipedi
 ``experiments.depth_eval.healing_windows``); the evaluation documents never reach it.
 ``--healed controls`` optimises theta(t) alone (the embeddings stay the teacher's).
 ``--merge R`` heals with token merging on (R nodes per unit of time, metric state, at the
-start of each step).
+start of each step; with it ``--steps`` may be the model's own depth). ``--recipe best`` is
+the recipe that kept the most fidelity in docs/depth.md's measurements, as one flag
+(``RECIPES``; a flag given beside it wins).
 
-Writes DIR (``--out``): compress.json, model.safetensors, hf/ (the N_t-layer network that
-transformers loads, when the grid is a layer list) and heal/ (the healing run: rerunning the
-same command resumes it; once DIR is finished its checkpoints are removed, its config,
-metrics and final.json kept, and the finished DIR is refused). ``splitformer.load(DIR)``
-rebuilds the model. Prints the result and, unless ``--no-eval``, its fidelity to the original
-on held-out text (mean cosine of the sentence embeddings, Lee-50 pair-cosine Spearman);
-``--json`` prints one JSON object on the last line.
+Writes DIR (``--out``): compress.json (with the SHA-256 of model.safetensors, checked by
+``splitformer.load``), model.safetensors, hf/ (the N_t-layer network that transformers
+loads, when the grid is a layer list) and heal/ (the healing run, absent with ``--heal
+none``: rerunning the same command resumes it, also with a longer ``--budget`` or more
+``--max-steps``; a checkpoint every 100 steps or 60 s; once DIR is finished its checkpoints
+are removed, its config, metrics and final.json kept, and the same command with a longer
+budget heals the finished DIR on from its healed parameters, anything else is refused).
+The lock files go when the run ends; one left at the start was a killed run's. A write that
+fails (a full disk) is one line and exit status 1, and a folder this run made is removed.
+``splitformer.load(DIR)`` rebuilds the model. Prints a line on stderr as each phase starts
+(seconds since the start in brackets), the result and, unless ``--no-eval``, its fidelity to
+the original on held-out text (mean cosine of the sentence embeddings, Lee-50 pair-cosine
+Spearman); ``--json`` prints one JSON object on the last line (and no progress): its "hf"
+is the path of hf/ or null, "hf_note" says why.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from . import (
@@ -46,8 +56,18 @@ from . import (
 
 MAX_WINDOWS = 100_000  # (count, length) int64 ids: 410 MB at 512 tokens
 HELP = "coarsen a pretrained encoder in depth (and tokens) and heal it within a budget"
-EPILOG = ("exit status: 0 done, 2 bad input (one line on stderr), 130 interrupted by Ctrl-C or "
-          "SIGTERM (the healing checkpoints are kept: the same command resumes)")
+EPILOG = ("exit status: 0 done, 1 the folder could not be written (a full disk: one line on "
+          "stderr; a folder this run made is removed), 2 bad input (one line on stderr), 130 "
+          "interrupted by Ctrl-C or SIGTERM (the healing checkpoints are kept: the same "
+          "command resumes)")
+
+RECIPES = {
+    "best": {"method": "drop", "heal": "shoot", "embedding": 4.0, "lr": 6e-4, "news": 0.5,
+             "wiki": 0.25, "precision": "bfloat16", "min_length": 48, "windows": 65536,
+             "healed": "controls", "probe": 512},
+}
+"""``--recipe NAME``: the flags it stands for (docs/depth.md: "best" is the measured best
+N_t = 3 recipe); a flag given beside it wins."""
 
 
 def _add_healing_text(p: argparse.ArgumentParser) -> None:
@@ -71,8 +91,37 @@ def _add_healing_text(p: argparse.ArgumentParser) -> None:
                         "tokens and [SEP] kept), so that short inputs are healed too (default: "
                         "whole windows)")
     p.add_argument("--windows", type=bounded_int(MAX_WINDOWS, "(healing windows)"),
-                   default=4096, help=f"healing windows drawn from the text (4096; at most "
+                   default=None, help=f"healing windows drawn from the text (4096; at most "
                                       f"{MAX_WINDOWS})")
+
+
+def _add_recipe(p: argparse.ArgumentParser) -> None:
+    """--recipe (``RECIPES``) and what it costs."""
+    p.add_argument("--recipe", type=stripped, choices=tuple(RECIPES), default=None,
+                   help="best: the recipe that kept the most fidelity in docs/depth.md's "
+                        "measurements, as one flag: " + _recipe_flags("best") + " (a flag "
+                        "given beside it wins). What it costs: the same --budget (default "
+                        "10m) as the defaults, and before the healing about 30 s more on 2 "
+                        "cores (65,536 windows to cut, 512 to probe); its "
+                        "text needs gensim's test data and the wiki parser mwparserfromhell "
+                        "(`make data`), and the first run parses the shortened English "
+                        "Wikipedia (about a minute, cached); bfloat16 is faster only on a CPU "
+                        "with bfloat16 arithmetic (AVX512-BF16). Not the default, so that a "
+                        "command and its folder keep their meaning (docs/depth.md)")
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """--seed, --threads, --out, --no-eval, --json."""
+    p.add_argument("--seed", type=bounded_int(2**31 - 1, "(a seed)", minimum=0), default=0,
+                   help="seed (default 0; 0 .. 2^31 - 1)")
+    p.add_argument("--threads", type=bounded_int(os.cpu_count() or 1, "(torch threads)"),
+                   default=None, help="torch threads")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="result folder (default out/compress-<method>-<steps>)")
+    p.add_argument("--no-eval", action="store_true",
+                   help="skip the fidelity check on held-out text")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object on the last line of stdout (no progress lines)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -85,7 +134,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the coarse number of steps; several (6,3,2): one healed network "
                         "serves each, the first is the one hf/ holds and load(DIR) builds "
                         "(default 3)")
-    p.add_argument("--method", type=stripped, choices=method_names(), default="drop",
+    _add_recipe(p)
+    p.add_argument("--method", type=stripped, choices=method_names(), default=None,
                    help="how the coarse grid is chosen (default drop: ShortGPT's block "
                         "influence)")
     p.add_argument("--probe", type=bounded_int(MAX_WINDOWS, "(probe windows)"), default=None,
@@ -93,7 +143,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and angular (default 32, or all the windows if fewer; at most "
                         "--windows)")
     p.add_argument("--heal", type=stripped, choices=("distill", "shoot", "none"),
-                   default="distill",
+                   default=None,
                    help="distill: match u(T); shoot: also the states at the coarse grid's "
                         "times; none: training-free (default distill)")
     p.add_argument("--shooting", type=nonnegative_float, default=1.0,
@@ -104,7 +154,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="weight of the squared differences of the pair cosines of a batch's "
                         "sentence embeddings (default 0)")
     p.add_argument("--budget", type=duration, default=None,
-                   help="healing wall-clock budget: seconds or 90s, 10m, 1h (default 10m)")
+                   help="healing wall-clock budget: seconds (600, 1e3) or 90s, 10m, 1h "
+                        "(default 10m); a longer one on the same --out heals a run on")
     p.add_argument("--max-steps", type=nonnegative_int, default=_DEFAULTS["max_steps"],
                    help="at most this many optimiser steps (default: the budget alone)")
     p.add_argument("--lr", type=positive_float, default=None, help="AdamW rate (1e-4)")
@@ -120,17 +171,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="what the healing optimises: all (default) or controls (theta(t) "
                         "only; the embeddings stay the teacher's, a faster step)")
     p.add_argument("--merge", type=nonnegative_int, default=None,
-                   help="heal with token merging on: nodes merged per unit of time (0: off)")
-    p.add_argument("--seed", type=bounded_int(2**31 - 1, "(a seed)", minimum=0), default=0,
-                   help="seed (default 0; 0 .. 2^31 - 1)")
-    p.add_argument("--threads", type=bounded_int(os.cpu_count() or 1, "(torch threads)"),
-                   default=None, help="torch threads")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="result folder (default out/compress-<method>-<steps>)")
-    p.add_argument("--no-eval", action="store_true",
-                   help="skip the fidelity check on held-out text")
-    p.add_argument("--json", action="store_true",
-                   help="one JSON object on the last line of stdout")
+                   help="heal with token merging on: nodes merged per unit of time (0: off); "
+                        "with it --steps may be the model's own depth (the merged network "
+                        "healed at full depth)")
+    _add_run_flags(p)
     p.set_defaults(_interrupted=" before healing began (nothing to resume)")
 
 
@@ -144,6 +188,32 @@ _DEFAULTS = {"budget": 600.0, "max_steps": None, "lr": 1e-4, "batch_size": 16,
              "embedding": 0.0, "relation": 0.0, "news": None,
              "merge": 0, "precision": "float32", "healed": "all", "wiki": None,
              "min_length": None}  # max_steps, news, min_length: None is the default itself
+_PLAIN = {"method": "drop", "heal": "distill", "windows": 4096}  # the defaults without --recipe
+
+
+def _recipe_flags(name: str) -> str:
+    return " ".join(f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else
+                    f"--{k.replace('_', '-')} {v}" for k, v in RECIPES[name].items())
+
+
+def _apply_recipe(args: argparse.Namespace) -> None:
+    """Fill the flags not given from ``--recipe`` (and then from the plain defaults)."""
+    if args.recipe is not None:
+        if args.heal == "none":
+            raise UsageError(f"argument --recipe: {args.recipe} is a healing recipe (--heal "
+                             f"{RECIPES[args.recipe]['heal']}), but --heal is none; drop one "
+                             "of them")
+        for key, value in RECIPES[args.recipe].items():
+            if getattr(args, key) is not None:
+                continue  # given beside the recipe: it wins
+            if key == "probe":  # what drop and angular read: all the windows if fewer
+                if args.method not in ("drop", "angular"):
+                    continue
+                value = min(value, args.windows)
+            setattr(args, key, value)
+    for key, value in _PLAIN.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
 
 
 def _model_folder(arg: str | None) -> Path:
@@ -181,24 +251,71 @@ def _model_folder(arg: str | None) -> Path:
     return folder
 
 
-_OURS = ("heal", "model.safetensors", "hf", "tokenizer", ".lock")
+_OURS = ("heal", "model.safetensors", "hf", "tokenizer", ".lock", "compress.json")
 
 
-def _check_out(args: argparse.Namespace) -> Path:
+def _check_out(args: argparse.Namespace, cfg) -> tuple[Path, dict | None]:
+    """DIR, and its compress.json when it is a finished compression that this command heals
+    on (the same settings, a longer budget or more steps); every other use of a finished DIR,
+    and a healing run of another config, refused by name before anything is loaded."""
+    from ..compression.heal import check_resumable
+
+    if args.out is not None and not args.out.strip():
+        raise UsageError("argument --out: expected a folder, got an empty name (the default "
+                         "is out/compress-<method>-<steps>)")
     out = Path(args.out if args.out is not None else
                f"out/compress-{args.method}-{'-'.join(map(str, args.steps))}")
     if out.exists() and not out.is_dir():
         raise UsageError(f"argument --out: {str(out)!r} is a file, expected a folder")
-    if (out / "compress.json").exists():
-        raise UsageError(f"argument --out: {str(out)!r} holds a finished compression "
-                         "(compress.json); choose another folder")
     if out.is_dir():  # ours, or a temporary file of ours a kill left (files' .name.tmp-*)
         extra = sorted(p.name for p in out.iterdir() if p.name not in _OURS
                        and not (p.name.startswith(".") and ".tmp" in p.name))
         if extra:
             raise UsageError(f"argument --out: {str(out)!r} holds other files ({extra[:3]}); "
                              "choose a new or empty folder")
-    return out
+    if args.heal == "none":
+        if (out / "compress.json").exists() or (out / "heal").exists():
+            what = ("a finished compression (compress.json)" if (out / "compress.json")
+                    .exists() else "a healing run (heal/)")
+            raise UsageError(f"argument --out: {str(out)!r} holds {what}; --heal none writes "
+                             "a new folder: choose another")
+        return out, None
+    try:
+        check_resumable(out / "heal", cfg)
+    except ValueError as e:
+        raise UsageError(f"argument --out: {str(e).removeprefix('out: ')}") from None
+    if not (out / "compress.json").exists():
+        return out, None
+    return out, _finished(out, args, cfg)
+
+
+def _finished(out: Path, args: argparse.Namespace, cfg) -> dict:
+    """compress.json of the finished DIR when this command heals it on; UsageError else."""
+    from ..compression.heal import more_steps
+
+    try:
+        record = json.loads((out / "compress.json").read_text())
+        metrics, windows = record["metrics"], record["windows"]
+        steps, seconds = int(metrics["steps_taken"]), float(metrics["seconds"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"argument --out: {str(out)!r} holds a finished compression whose "
+                         f"compress.json cannot be read ({e}); choose another folder") from None
+    now = {"count": args.windows, "length": cfg.length, "news": args.news,
+           "aligned": args.aligned, "wiki": args.wiki or 0.0}
+    flags = {"count": "--windows", "length": "--length", "news": "--news",
+             "aligned": "--aligned", "wiki": "--wiki"}
+    changed = [flags[k] for k in now if windows.get(k) != now[k]]
+    if record.get("objective") != args.heal:
+        changed.insert(0, "--heal")
+    if changed or record.get("objective") == "none":
+        what = f" of other settings (differs in {changed})" if changed else ""
+        raise UsageError(f"argument --out: {str(out)!r} holds a finished compression{what}; "
+                         "choose another folder")
+    if not more_steps(cfg, steps, seconds):
+        raise UsageError(f"argument --out: {str(out)!r} holds a finished compression ({steps} "
+                         f"optimiser steps in {seconds:.0f} s); give a longer --budget or "
+                         "more --max-steps to heal it on, or choose another folder")
+    return record
 
 
 def _check_grid(cfg, teacher, folder: Path) -> None:
@@ -210,8 +327,9 @@ def _check_grid(cfg, teacher, folder: Path) -> None:
     bad = [n for n in cfg.steps if n > layers]
     if bad:
         raise UsageError(f"argument --steps: {bad} exceed the model's {layers} steps")
-    if len(cfg.steps) == 1 and cfg.steps[0] == layers:
-        raise UsageError(f"argument --steps: {layers} is the model itself; ask for fewer")
+    if len(cfg.steps) == 1 and cfg.steps[0] == layers and not cfg.merge:
+        raise UsageError(f"argument --steps: {layers} is the model itself; ask for fewer, or "
+                         "give --merge R to heal the merged network at full depth")
     for n in cfg.steps:
         if cfg.method == "every-other" and n != layers and layers % n:
             raise UsageError(f"argument --steps: every-other needs N_t dividing the model's "
@@ -258,6 +376,7 @@ def _heal_config(args: argparse.Namespace):
     count of 0 refused when healing, a batch no larger than the windows."""
     from ..compression.heal import HealConfig
 
+    _apply_recipe(args)
     given = [flag for flag, key in _HEALING_FLAGS if getattr(args, key) is not None]
     if args.aligned:  # a switch: given when set
         given.append("--aligned")
@@ -306,15 +425,23 @@ def _heal_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     cfg = _heal_config(args)
-    out = _check_out(args)  # before MODEL: neither needs the other (nor the packaged MiniLM)
+    # before MODEL: neither needs the other (nor the packaged MiniLM)
+    out, finished = _check_out(args, cfg)
     folder = _model_folder(args.model)
     import torch
 
     from ..experiments.text_benchmarks import load_minilm
-    from ..files import FolderLock, FolderLockedError
+    from ..files import FolderLock, FolderLockedError, remove_path
     from ..interop import from_hf
     from ..training.data import DatasetError
 
+    say = _say(args.json)
+    clock = time.perf_counter()
+
+    def phase(text: str) -> None:
+        say(f"  [{time.perf_counter() - clock:.0f} s] {text}")
+
+    say(f"compress: reading MODEL {folder}")
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -323,37 +450,103 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"argument MODEL: {' '.join(str(e).split())}") from None
     teacher = from_hf(minilm.model).eval()
     _check_grid(cfg, teacher, folder)
+    say(_header(args, cfg, teacher, out, finished))
     fresh = not out.exists()
+    killed = (out / ".lock").exists()  # a run that ended removed it: a kill left this one
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"argument --out: cannot make the folder {str(out)!r} "
                          f"({e.strerror or e})") from None
+    lock = FolderLock(out, what="compression folder")
     try:
-        lock = FolderLock(out, what="compression folder").acquire()
+        lock.acquire()
     except FolderLockedError as e:
         raise UsageError(f"argument --out: {e}") from None
+    except OSError as e:  # a full disk: the lock's pid cannot be written
+        return _write_failed(e, out, fresh, None)
     try:
-        return _compress(args, cfg, minilm, teacher, folder, out)
+        if killed and not (out / "heal" / ".lock").exists() and not _has_checkpoint(out):
+            say("  starting over: the killed run left no checkpoint")
+        return _compress(args, cfg, minilm, teacher, folder, out, say, phase, finished)
+    except OSError as e:  # a write failed (a full disk): one line, nothing of this run kept
+        return _write_failed(e, out, fresh, lock)
     except BaseException:
         if fresh and not any(p.name != ".lock" for p in out.iterdir()):
-            lock.release()
-            lock = None
-            from ..files import remove_path
-
+            lock.release(remove=True)
             remove_path(out)  # nothing of ours was written: leave no empty folder
         raise
     finally:
-        if lock is not None:
-            lock.release()
+        lock.release(remove=True)
 
 
-def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
-    from ..compression.store import write_result
+def _has_checkpoint(out: Path) -> bool:
+    from ..training.checkpoints import CheckpointError, latest_checkpoint
+
+    try:
+        return (out / "heal").is_dir() and latest_checkpoint(out / "heal") is not None
+    except CheckpointError:
+        return True  # a damaged pointer: heal says so
+
+
+def _write_failed(e: OSError, out: Path, fresh: bool, lock) -> int:
+    """One line on stderr for a write that failed after the inputs were accepted (exit
+    status 1): a folder this run made is removed; an existing one keeps its healing
+    checkpoint (the same command resumes once there is room) and loses the partial result."""
+    from ..files import remove_path
+
+    if lock is not None:
+        lock.release(remove=True)
+    if fresh:
+        remove_path(out)
+        kept = f"nothing kept ({out} removed)"
+    else:
+        if not (out / "compress.json").exists():  # a result half-written: not a result
+            for name in ("model.safetensors", "hf", "tokenizer"):
+                remove_path(out / name)
+        kept = (f"{out / 'heal'} keeps the healing's last checkpoint: free space and run the "
+                "same command to resume" if _has_checkpoint(out) else
+                f"{out} holds no checkpoint of this run")
+    reason = e.strerror or str(e)
+    print(f"splitformer compress: error: cannot write {out}: {reason}; {kept}",
+          file=sys.stderr, flush=True)
+    return 1
+
+
+def _header(args, cfg, teacher, out: Path, finished: dict | None) -> str:
+    header = (f"compress: {cfg.method} {teacher.evolution.num_steps} -> "
+              f"{','.join(map(str, cfg.steps))} steps, heal {args.heal}"
+              + (f" ({args.recipe} recipe)" if args.recipe else "")
+              + (f" for {cfg.budget:g} s" if cfg.budget else "")
+              + (f" or {cfg.max_steps} optimiser step{'s' * (cfg.max_steps != 1)}"
+                 if cfg.budget and cfg.max_steps
+                 else "") + f", out {out}")
+    if finished is not None:
+        m = finished["metrics"]
+        return header + (f" (healing on the finished run: {m['steps_taken']} steps in "
+                         f"{float(m['seconds']):.0f} s)")
+    from ..training.checkpoints import CheckpointError, latest_checkpoint
+
+    try:
+        last = latest_checkpoint(out / "heal") if (out / "heal").is_dir() else None
+    except CheckpointError:
+        last = None
+    if last is not None:
+        header += f" (resuming the run in {out / 'heal'}, {last.name})"
+    return header
+
+
+def _compress(args, cfg, minilm, teacher, folder: Path, out: Path, say, phase,
+              finished: dict | None) -> int:
+    from ..compression.store import healed_weights, write_result
     from ..experiments import depth_eval
-    from ..training.checkpoints import remove_checkpoints
+    from ..training.checkpoints import CheckpointError, remove_checkpoints
     from ..training.data import DatasetError
 
+    mixture = ", ".join(f"{k} {v:g}" for k, v in (("news", args.news), ("wiki", args.wiki))
+                        if v)
+    phase(f"healing text: {args.windows} windows of {cfg.length} tokens"
+          + (f" ({mixture})" if mixture else ""))
     try:
         windows = depth_eval.healing_windows(minilm.tokenizer, cfg.length, args.windows,
                                              cfg.seed, news=args.news,
@@ -362,39 +555,36 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
         raise UsageError(f"the healing text is missing: {e}") from None
     except ValueError as e:
         raise UsageError(f"argument --length: {e}") from None
-    say = _say(args.json)
-    result = _heal(args, cfg, teacher, windows, out, say)
+    healed = None
+    if finished is not None:  # its checkpoints were removed: on from the healed parameters
+        try:
+            healed = healed_weights(out, finished)
+        except (CheckpointError, ValueError, OSError) as e:
+            raise UsageError(f"argument --out: {' '.join(str(e).split())}") from None
+    result = _heal(args, cfg, teacher, windows, out, say, phase, healed)
     if not minilm.sentence_transformers and not args.no_eval:
         say("  MODEL has no sentence-transformers modules.json: the fidelity compares the "
             "masked means of u(T), normalised")
-    report: dict = {"model": str(args.model) if args.model else "all-MiniLM-L6-v2",
-                    "method": cfg.method, "steps": list(cfg.steps), "objective": args.heal,
-                    "windows": {"count": args.windows, "length": cfg.length,
-                                "news": args.news, "aligned": args.aligned,
-                                "wiki": args.wiki or 0.0},
-                    "heal": cfg.to_dict(),
-                    "metrics": result.metrics,
-                    "grids": {str(n): str(c) for n, c in result.coarsenings.items()},
-                    "notes": {str(n): dict(c.note or {})
-                              for n, c in result.coarsenings.items()},
-                    "sentence_embedding": "sentence-transformers' modules" if
-                    minilm.sentence_transformers else "masked mean of u(T), normalised (MODEL "
-                    "has no sentence-transformers modules.json)"}
+    report = _report(args, cfg, minilm, result)
     if not args.no_eval:
+        phase("evaluating on held-out text (the fidelity to MODEL)")
         evaluation = depth_eval.Evaluation(minilm)
         report["fidelity"] = {
             str(n): {k: v for k, v in evaluation(depth_eval.minilm_embed(result.student(n)),
                                                  full=False).items()
                      if "cosine" in k or "fidelity" in k}
             for n in cfg.steps}
+    phase(f"writing {out}")
     record = write_result(out, base=result.base, coarsenings=result.coarsenings,
                           default=cfg.steps[0], info={"heal": cfg.to_dict(), **report},
                           tokenizer_from=folder)
-    # a finished DIR is refused, not resumed: the healing checkpoints (the base's weights and
-    # AdamW's moments, three times model.safetensors) serve nothing; config and metrics stay
+    # a finished DIR is healed on from model.safetensors, not from them: the healing
+    # checkpoints (the base's weights and AdamW's moments, three times model.safetensors)
+    # serve nothing; config and metrics stay
     remove_checkpoints(out / "heal")
     report["out"] = str(out)
-    report["hf"] = str(out / "hf") if record["hf"] else record["hf_note"]
+    report["hf"] = str(out / "hf") if record["hf"] else None
+    report["hf_note"] = record["hf_note"]
     if args.json:
         print(json.dumps(report))
     else:
@@ -402,45 +592,43 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path) -> int:
     return 0
 
 
-def _heal(args, cfg, teacher, windows, out: Path, say):
-    """``compression.heal`` into DIR/heal/, its progress on stderr after a header line that
-    is printed once healing runs (a refused folder prints its one error line alone)."""
+def _report(args, cfg, minilm, result) -> dict:
+    """What compress.json and --json say of the run (the fidelity and the paths added)."""
+    embedding = ("sentence-transformers' modules" if minilm.sentence_transformers else
+                 "masked mean of u(T), normalised (MODEL has no sentence-transformers "
+                 "modules.json)")
+    return {"model": str(args.model) if args.model else "all-MiniLM-L6-v2",
+            "method": cfg.method, "steps": list(cfg.steps), "objective": args.heal,
+            "recipe": args.recipe,
+            "windows": {"count": args.windows, "length": cfg.length, "news": args.news,
+                        "aligned": args.aligned, "wiki": args.wiki or 0.0},
+            "heal": cfg.to_dict(),
+            "metrics": result.metrics,
+            "grids": {str(n): str(c) for n, c in result.coarsenings.items()},
+            "notes": {str(n): dict(c.note or {}) for n, c in result.coarsenings.items()},
+            "sentence_embedding": embedding}
+
+
+def _heal(args, cfg, teacher, windows, out: Path, say, phase, healed):
+    """``compression.heal`` into DIR/heal/ (nothing written with --heal none), its phases and
+    steps on stderr."""
     from ..compression.heal import heal
     from ..training.checkpoints import CheckpointError
 
-    header = (f"compress: {cfg.method} {teacher.evolution.num_steps} -> "
-              f"{','.join(map(str, cfg.steps))} steps, heal {args.heal}"
-              + (f" for {cfg.budget:g} s" if cfg.budget else "")
-              + (f" or {cfg.max_steps} optimiser step{'s' * (cfg.max_steps != 1)}"
-                 if cfg.budget and cfg.max_steps
-                 else "") + f", out {out}")
-    from ..training.checkpoints import latest_checkpoint
-
-    last = latest_checkpoint(out / "heal") if (out / "heal").is_dir() else None
-    if last is not None:
-        header += f" (resuming the run in {out / 'heal'}, {last.name})"
-    announced = False
-
-    def announce() -> None:
-        nonlocal announced
-        if not announced:
-            say(header)
-            announced = True
-
     def progress(row: dict) -> None:
-        announce()
         say(f"  step {row['step']} ({row['seconds']:.0f} s) N_t={row['steps']} "
-            f"loss {row['loss']:.4g}")
+            f"lr {row['lr']:.3g} loss {row['loss']:.4g}")
 
-    args._interrupted = (f" (a checkpoint of the healing is written in {out / 'heal'}; the "
-                         "same command resumes)")
+    if cfg.budget:
+        args._interrupted = (f" (the healing's last checkpoint in {out / 'heal'} is kept: the "
+                             "same command resumes)")
     try:
-        result = heal(cfg, teacher=teacher, windows=windows, out=out / "heal", progress=progress)
+        return heal(cfg, teacher=teacher, windows=windows,
+                    out=out / "heal" if cfg.budget else None, progress=progress,
+                    notice=phase, healed=healed)
     except (CheckpointError, ValueError) as e:
         text = " ".join(str(e).split())
         raise UsageError(f"argument --out: {text.removeprefix('out: ')}") from None
-    announce()
-    return result
 
 
 def _print_result(report: dict, result, out: Path) -> None:
@@ -453,7 +641,7 @@ def _print_result(report: dict, result, out: Path) -> None:
             print(f"  {k}: {v:.4f}")
     m = result.metrics
     print(f"healed: {m['steps_taken']} optimiser steps in {m['seconds']:.0f} s; "
-          f"wrote {out} (hf: {report['hf']})")
+          f"wrote {out} (hf: {report['hf'] or report['hf_note']})")
 
 
 def _say(quiet: bool):

@@ -11,19 +11,29 @@ asked to serve every depth: optimiser step s trains the depth drawn uniformly by
 seeded with (seed, s). The batches are windows of healing text (``windows``: (M, n) token ids,
 no padding, n = ``length``), a seeded permutation per pass. AdamW (matrices decayed, gains and
 biases not: ``training.loop.parameter_groups``); the learning rate warms up linearly over
-``warmup`` steps, then follows a half cosine of the progress: step / max_steps when
-``max_steps`` is given (the budget is then only a cut-off, and the run does not depend on the
-machine's speed), else seconds / budget. Dropout is off (the student runs in eval mode; the
-teacher too, its flag restored after: a deterministic problem).
+``warmup`` steps or over the first ``WARMUP_SHARE`` (10%) of the progress, whichever ends
+first (so that a short run does not end inside its warm-up; ``notice`` says when the share
+cuts it), then follows a half cosine of the progress: step / max_steps when ``max_steps`` is
+given (the budget is then only a cut-off, and the run does not depend on the machine's speed),
+else seconds / budget. Dropout is off (the student runs in eval mode; the teacher too, its flag
+restored after: a deterministic problem).
 
 A resumed run must heal the same teacher on the same windows: the checkpoint records a SHA-256
 of the teacher's state and of the windows, and another teacher (``MODEL``) or other windows
-(``--windows``, ``--length``) are refused by name.
+(``--windows``, ``--length``) are refused by name. Its config must be the run's, except the
+keys of ``RESUMABLE`` (the budget, max_steps and how often it logs and checkpoints): a run is
+resumed, or a finished one healed on, with a longer budget; the cosine then follows the new
+budget's progress from the steps and seconds already spent.
 
 ``out`` receives config.json, metrics.jsonl (a row every ``log_every`` steps) and checkpoints
-(``training.checkpoints``: safetensors + JSON, every ``checkpoint_every`` steps and at the end);
-a folder with a checkpoint of the same config is resumed (the seconds spent are counted), a
-finished one (final.json) is returned as it is; one writer per folder (``files.FolderLock``).
+(``training.checkpoints``: safetensors + JSON, every ``checkpoint_every`` steps, every
+``checkpoint_seconds`` seconds, and at the end; none when nothing is healed); a folder with a
+checkpoint of the same config is resumed (the seconds spent are counted), a finished one
+(final.json) is returned as it is unless the config allows more steps (then it heals on: from
+its last checkpoint, or, where the checkpoints were removed, from the healed parameters the
+caller gives as ``healed``, AdamW's moments then starting afresh with a new warm-up); one
+writer per folder (``files.FolderLock``, its lock file removed when the run ends; one found at
+the start was left by a killed run: with no checkpoint ``notice`` says "starting over").
 """
 
 from __future__ import annotations
@@ -44,13 +54,13 @@ import torch
 from torch import nn
 
 from ..control.healing import Distillation
-from ..files import FolderLock, append_line, read_jsonl, write_atomic
+from ..files import LOCK_NAME, FolderLock, append_line, read_jsonl, write_atomic
 from ..training.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from ..training.loop import parameter_groups
 from .coarsenings import METHODS, Coarsening, plan
 
-__all__ = ["HEALED", "PRECISIONS", "HealConfig", "HealResult", "heal", "healed_copy",
-           "student_of"]
+__all__ = ["HEALED", "PRECISIONS", "RESUMABLE", "WARMUP_SHARE", "HealConfig", "HealResult",
+           "check_resumable", "heal", "healed_copy", "more_steps", "student_of"]
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
 """The arithmetic of a healing step: float32, or bfloat16 under autocast (mixed precision)."""
@@ -60,6 +70,14 @@ HEALED = {"all": "every parameter of the model",
                       "lift u(0) = E(ids) (the embeddings) and any read-out head stay the "
                       "teacher's"}
 """What a healing run optimises (``HealConfig.healed``)."""
+
+RESUMABLE = ("budget", "max_steps", "checkpoint_every", "checkpoint_seconds", "log_every")
+"""The ``HealConfig`` keys a resumed run may change (how long it heals, how often it logs and
+checkpoints); the others must be the run's."""
+
+WARMUP_SHARE = 0.1
+"""The warm-up ends after ``HealConfig.warmup`` steps or this share of the progress (steps of
+max_steps, else seconds of the budget), whichever comes first."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +97,9 @@ class HealConfig:
     float32); ``healed``: "all" (every parameter), or "controls" (``HEALED``: only theta(t) is
     optimised, so the coarse evolution starts from the fine one's initial state u(0) and the
     healing is an optimal-control problem in theta alone; on MiniLM it also spares AdamW the
-    11.7M-entry token table: a shorter step, ``benchmarks/heal_step_time.py``)."""
+    11.7M-entry token table: a shorter step, ``benchmarks/heal_step_time.py``);
+    ``checkpoint_every`` / ``checkpoint_seconds``: a checkpoint after that many optimiser steps
+    or seconds since the last one, whichever comes first (a kill loses at most that much)."""
 
     method: str = "drop"
     steps: tuple[int, ...] = (3,)
@@ -101,6 +121,7 @@ class HealConfig:
     checkpoint_every: int = 100
     log_every: int = 20
     probe: int = 32
+    checkpoint_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -142,6 +163,10 @@ class HealConfig:
         if self.relation and self.batch_size < 2:
             raise ValueError(f"relation needs batch_size >= 2 (pairs within a batch), got "
                              f"batch_size={self.batch_size}")
+        v = self.checkpoint_seconds
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                math.isfinite(v) and v > 0):
+            raise ValueError(f"checkpoint_seconds must be a finite number > 0, got {v!r}")
 
     def objective(self, coarsening, base: nn.Module, teacher: nn.Module) -> Distillation:
         """The healing objective of ``coarsening`` of ``base`` against ``teacher``, with this
@@ -199,13 +224,36 @@ def student_of(base: nn.Module, coarsening: Coarsening) -> nn.Module:
     return coarsening.apply(base).eval()
 
 
-def _progress_lr(cfg: HealConfig, step: int, seconds: float) -> float:
-    warm = min(1.0, (step + 1) / cfg.warmup) if cfg.warmup else 1.0
+def _progress(cfg: HealConfig, step: int, seconds: float) -> float:
+    """How far the run is: step / max_steps when max_steps is given, else seconds / budget."""
     if cfg.max_steps:
-        done = step / cfg.max_steps
-    else:
-        done = seconds / cfg.budget if cfg.budget else 0.0
-    return cfg.lr * warm * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
+        return step / cfg.max_steps
+    return seconds / cfg.budget if cfg.budget else 0.0
+
+
+def _warm(cfg: HealConfig, step: int, seconds: float, since: tuple[int, float] = (0, 0.0)
+          ) -> tuple[float, bool]:
+    """The warm-up factor at ``step`` of a run whose AdamW moments began at ``since`` (step,
+    seconds), and whether ``WARMUP_SHARE`` of the progress ended it before ``warmup`` steps."""
+    if not cfg.warmup:
+        return 1.0, False
+    by_steps = (step - since[0] + 1) / cfg.warmup
+    by_share = (_progress(cfg, step, seconds) - _progress(cfg, *since)) / WARMUP_SHARE
+    return min(1.0, max(by_steps, by_share)), by_share >= 1.0 > by_steps
+
+
+def _progress_lr(cfg: HealConfig, step: int, seconds: float,
+                 since: tuple[int, float] = (0, 0.0)) -> float:
+    done = _progress(cfg, step, seconds)
+    return cfg.lr * _warm(cfg, step, seconds, since)[0] * 0.5 * (
+        1 + math.cos(math.pi * min(done, 1.0)))
+
+
+def more_steps(cfg: HealConfig, step: int, seconds: float) -> bool:
+    """Whether a run at ``step`` after ``seconds`` heals on under ``cfg`` (its budget and
+    max_steps)."""
+    return bool(cfg.budget) and seconds < cfg.budget and (cfg.max_steps is None
+                                                          or step < cfg.max_steps)
 
 
 def _batch(windows: torch.Tensor, cfg: HealConfig, step: int) -> torch.Tensor:
@@ -256,11 +304,16 @@ def coarsenings_for(cfg: HealConfig, base: nn.Module, windows: torch.Tensor
 
 
 def heal(cfg: HealConfig, *, teacher: nn.Module, windows: torch.Tensor,
-         out: str | Path | None, progress: Callable[[dict[str, Any]], None] | None = None
-         ) -> HealResult:
+         out: str | Path | None, progress: Callable[[dict[str, Any]], None] | None = None,
+         notice: Callable[[str], None] | None = None,
+         healed: dict[str, torch.Tensor] | None = None) -> HealResult:
     """Heal (module doc). ``teacher``: the fine model (not changed); ``windows``: (M, n)
     token ids; ``out``: the healing folder (None: nothing written, no resume); ``progress``:
-    called with each logged row."""
+    called with each logged row and with the first step's; ``notice``: called with a line of
+    text as each phase starts (choosing the grid, healing, healing on, a warm-up cut short,
+    starting over after a kill); ``healed``: the healed parameters (a state_dict of the
+    teacher's structure) of the finished run in ``out`` whose checkpoints were removed
+    (``splitformer compress``'s finished folder keeps them as model.safetensors)."""
     if not isinstance(cfg, HealConfig):
         raise TypeError(f"heal(cfg) takes a HealConfig, got {type(cfg).__name__}")
     if not (isinstance(windows, torch.Tensor) and windows.dim() == 2 and not
@@ -272,27 +325,40 @@ def heal(cfg: HealConfig, *, teacher: nn.Module, windows: torch.Tensor,
                          f"{cfg.length}")
     was_training = teacher.training
     try:
-        return _heal(cfg, teacher.eval(), windows, out, progress)
+        return _heal(cfg, teacher.eval(), windows, out, progress,
+                     notice or (lambda text: None), healed)
     finally:
         teacher.train(was_training)
 
 
 _ADDED = {"precision": "float32", "min_length": None,  # HealConfig keys added 2026-12-03
-          "healed": "all"}
+          "healed": "all", "checkpoint_seconds": 60.0}
+_FINGERPRINTS = "fingerprints"  # final.json's key of the teacher's and the windows' SHA-256
+
+
+def _another_config(folder: Path, saved: Any, cfg: HealConfig) -> ValueError | None:
+    """The refusal of a run in ``folder`` whose config ``saved`` differs from ``cfg`` in a key
+    that is not ``RESUMABLE`` (None when it does not)."""
+    # a key added since a run was written has its default there (a run from before the key)
+    saved = {**_ADDED, **saved} if isinstance(saved, dict) else {}
+    now = cfg.to_dict()
+    changed = sorted(k for k in set(now) | set(saved)
+                     if k not in RESUMABLE and saved.get(k, "?") != now.get(k, "?"))
+    if not changed:
+        return None
+    was = ", ".join(f"{k}={saved.get(k)!r}" for k in changed)
+    return ValueError(f"out: {str(folder)!r} holds a healing run of another config (differs "
+                      f"in {changed}; the run's: {was}); choose another folder, or resume "
+                      "with the run's settings")
 
 
 def _refuse_another_run(folder: Path, state: dict[str, Any], cfg: HealConfig,
                         identity: dict[str, str]) -> None:
-    """ValueError when the checkpoint in ``folder`` is of another config, teacher or windows."""
-    # a key added since a run was written has its default there (a run from before the key)
-    saved = {**_ADDED, **state["config"]} if isinstance(state.get("config"), dict) else {}
-    if saved != cfg.to_dict():
-        changed = sorted(k for k in set(cfg.to_dict()) | set(saved)
-                         if saved.get(k, "?") != cfg.to_dict().get(k, "?"))
-        was = ", ".join(f"{k}={saved.get(k)!r}" for k in changed)
-        raise ValueError(f"out: {str(folder)!r} holds a healing run of another config "
-                         f"(differs in {changed}; the run's: {was}); choose another folder, "
-                         "or resume with the run's settings")
+    """ValueError when the run in ``folder`` (its checkpoint's ``state``, or final.json's
+    fingerprints) is of another config, teacher or windows."""
+    error = _another_config(folder, state.get("config"), cfg)
+    if error is not None:
+        raise error
     for key, what in (("teacher", "the teacher (MODEL)"),
                       ("windows", "the healing windows (--windows, --length, --news, "
                                   "--wiki, --aligned, --seed)")):
@@ -301,26 +367,92 @@ def _refuse_another_run(folder: Path, state: dict[str, Any], cfg: HealConfig,
                              f"{what} differs from the run's; choose another folder")
 
 
+def check_resumable(folder: str | Path, cfg: HealConfig) -> None:
+    """ValueError when ``folder`` holds a healing run (a checkpoint or final.json) of another
+    config than ``cfg`` (``RESUMABLE`` keys aside): what ``heal`` refuses, read from its
+    config.json alone (no tensor), so that a caller refuses it before loading anything."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file() or not (
+            (folder / "final.json").is_file() or latest_checkpoint(folder) is not None):
+        return
+    try:
+        saved = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return  # heal reads the checkpoint's own record
+    error = _another_config(folder, saved, cfg)
+    if error is not None:
+        raise error
+
+
+def _read_final(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """final.json: (the metrics, the fingerprints it records or {})."""
+    final = json.loads((folder / "final.json").read_text())
+    fingerprints = final.pop(_FINGERPRINTS, None)
+    return final, fingerprints if isinstance(fingerprints, dict) else {}
+
+
+def _history(folder: Path, step: int) -> list[dict[str, Any]]:
+    if not (folder / "metrics.jsonl").exists():
+        return []
+    return [r for r in read_jsonl(folder / "metrics.jsonl", repair=True)
+            if isinstance(r, dict) and r.get("step", 0) <= step]
+
+
 def _resume(folder: Path, cfg: HealConfig, base: nn.Module, optimizer: torch.optim.Optimizer,
-            identity: dict[str, str]) -> tuple[int, float, list[dict[str, Any]],
-                                               dict[str, Any] | None]:
-    """(step, seconds, metrics rows, final metrics or None) of the run in ``folder``, its
-    checkpoint loaded into ``base`` and ``optimizer``; (0, 0, [], None) for a new folder, whose
-    config.json and empty metrics.jsonl are written."""
-    step, before, history, final = 0, 0.0, [], None
+            identity: dict[str, str], healed: dict[str, torch.Tensor] | None,
+            tell: Callable[[str], None], killed: bool
+            ) -> tuple[int, float, list[dict[str, Any]], dict[str, Any] | None,
+                       tuple[int, float]]:
+    """(step, seconds, metrics rows, final metrics or None, where AdamW's moments began) of
+    the run in ``folder``, its parameters (and moments) loaded into ``base`` and
+    ``optimizer``; (0, 0, [], None, (0, 0)) for a new folder. Unless the run is finished
+    (final metrics returned), config.json (this config) and metrics.jsonl (the rows up to the
+    step) are written."""
+    step, before, history, since = 0, 0.0, [], (0, 0.0)
+    finished = (folder / "final.json").exists()
     if latest_checkpoint(folder) is not None:
         # the run's config first: another config's tensors may not fit the optimiser
         _refuse_another_run(folder, load_checkpoint(folder, restore_rng=False), cfg, identity)
         state = load_checkpoint(folder, model=base, optimizer=optimizer, restore_rng=False)
         step, before = int(state["step"]), float(state["seconds"])
-        if (folder / "metrics.jsonl").exists():
-            history = [r for r in read_jsonl(folder / "metrics.jsonl", repair=True)
-                       if isinstance(r, dict) and r.get("step", 0) <= step]
-        if (folder / "final.json").exists():
-            return step, before, history, json.loads((folder / "final.json").read_text())
+        warm_from = state.get("warm_from")
+        if isinstance(warm_from, (list, tuple)) and len(warm_from) == 2:
+            since = (int(warm_from[0]), float(warm_from[1]))
+        history = _history(folder, step)
+        if finished:
+            final, _ = _read_final(folder)
+            if not more_steps(cfg, step, before):
+                return step, before, history, final, since
+            tell(f"healing on from step {step} ({before:.0f} s spent): this config allows "
+                 "more")
+        else:
+            tell(f"resuming from step {step} ({before:.0f} s spent)")
+    elif finished:  # a finished run whose checkpoints were removed: from ``healed``
+        final, fingerprints = _read_final(folder)
+        saved = json.loads((folder / "config.json").read_text()) if (
+            folder / "config.json").is_file() else None
+        if not fingerprints:
+            raise ValueError(f"out: {str(folder)!r} holds a finished healing run that records "
+                             "no fingerprint of its teacher and windows (written by an older "
+                             "splitformer); choose another folder")
+        _refuse_another_run(folder, {"config": saved, **fingerprints}, cfg, identity)
+        if healed is None:
+            raise ValueError(f"out: {str(folder)!r} holds a finished healing run whose "
+                             "checkpoints were removed; pass its healed parameters (healed=) "
+                             "or choose another folder")
+        base.load_state_dict(healed, strict=True)
+        step, before = int(final["steps_taken"]), float(final["seconds"])
+        history = _history(folder, step)
+        if not more_steps(cfg, step, before):
+            return step, before, history, final, since
+        since = (step, before)
+        tell(f"healing on from step {step} ({before:.0f} s spent) from the healed parameters: "
+             "AdamW's moments start afresh (the finished run kept none), with a new warm-up")
+    elif killed:
+        tell("starting over: the killed run left no checkpoint")
     write_atomic(folder / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
     write_atomic(folder / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in history))
-    return step, before, history, final
+    return step, before, history, None, since
 
 
 def _optimiser_step(problem: Distillation, optimizer: torch.optim.Optimizer,
@@ -345,62 +477,121 @@ def _optimiser_step(problem: Distillation, optimizer: torch.optim.Optimizer,
 
 
 def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str | Path | None,
-          progress: Callable[[dict[str, Any]], None] | None) -> HealResult:
+          progress: Callable[[dict[str, Any]], None] | None, tell: Callable[[str], None],
+          healed: dict[str, torch.Tensor] | None) -> HealResult:
     base = healed_copy(teacher, cfg.healed)
     identity = {"teacher": fingerprint(*teacher.state_dict().values()),
                 "windows": fingerprint(windows)}
+    if cfg.method in ("drop", "angular"):
+        tell(f"choosing the grid: {cfg.method} reads the fine model's states on "
+             f"{min(cfg.probe, len(windows))} probe windows")
     coarse = coarsenings_for(cfg, base, windows)
     problems = {n: cfg.objective(c, base, teacher) for n, c in coarse.items()}
     optimizer = torch.optim.AdamW(parameter_groups(base, cfg.weight_decay), lr=cfg.lr)
-    folder = None if out is None else Path(out)
+    run = _Run(cfg, base, optimizer, None if out is None else Path(out), identity, tell)
     lock = None
-    history: list[dict[str, Any]] = []
-    step, before = 0, 0.0
     try:
-        if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
-            lock = FolderLock(folder, what="healing folder").acquire()
-            step, before, history, final = _resume(folder, cfg, base, optimizer, identity)
+        if run.folder is not None:
+            run.folder.mkdir(parents=True, exist_ok=True)
+            killed = (run.folder / LOCK_NAME).exists()  # a writer that ended well removed it
+            lock = FolderLock(run.folder, what="healing folder").acquire()
+            run.step, run.before, run.history, final, run.since = _resume(
+                run.folder, cfg, base, optimizer, identity, healed, tell, killed)
             if final is not None:
-                return HealResult(base, coarse, final, history)
-        start = time.perf_counter()
-
-        def seconds() -> float:
-            return before + time.perf_counter() - start
-
-        def checkpoint() -> None:
-            if folder is not None:
-                save_checkpoint(folder, model=base, optimizer=optimizer,
-                                state={"step": step, "seconds": seconds(),
-                                       "config": cfg.to_dict(), **identity})
-
-        last: dict[str, float] = {}
-        try:
-            while cfg.budget and seconds() < cfg.budget and (cfg.max_steps is None
-                                                             or step < cfg.max_steps):
-                n = _draw(cfg, step)
-                lr = _progress_lr(cfg, step, seconds())
-                batch = _cut(_batch(windows, cfg, step), cfg, step)
-                last = _optimiser_step(problems[n], optimizer, batch, lr, step, cfg.precision)
-                step += 1
-                if step % cfg.log_every == 0:
-                    row = {"step": step, "seconds": round(seconds(), 3), "lr": lr, "steps": n,
-                           **last}
-                    history.append(row)
-                    if folder is not None:
-                        append_line(folder / "metrics.jsonl", json.dumps(row))
-                    if progress is not None:
-                        progress(row)
-                if step % cfg.checkpoint_every == 0:
-                    checkpoint()
-        except KeyboardInterrupt:  # between optimiser steps the state is whole: keep it
-            checkpoint()
-            raise
-        metrics = {"steps_taken": step, "seconds": round(seconds(), 3), **last}
-        if folder is not None:
-            checkpoint()
-            write_atomic(folder / "final.json", json.dumps(metrics, indent=2) + "\n")
-        return HealResult(base, coarse, metrics, history)
+                return HealResult(base, coarse, final, run.history)
+        metrics = run.loop(problems, windows, progress)
+        return HealResult(base, coarse, metrics, run.history)
     finally:
         if lock is not None:
-            lock.release()
+            lock.release(remove=True)
+
+
+@dataclass
+class _Run:
+    """The state of one healing run between optimiser steps (``_heal``): where it is (step,
+    seconds spent before this process, where AdamW's moments began), its rows, and when it
+    last wrote a checkpoint (and whether it said that the warm-up was cut)."""
+
+    cfg: HealConfig
+    base: nn.Module
+    optimizer: torch.optim.Optimizer
+    folder: Path | None
+    identity: dict[str, str]
+    tell: Callable[[str], None]
+    step: int = 0
+    before: float = 0.0
+    since: tuple[int, float] = (0, 0.0)
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    start: float = 0.0
+    saved_at: float = 0.0
+    said_cut: bool = False
+
+    def seconds(self) -> float:
+        return self.before + time.perf_counter() - self.start
+
+    def checkpoint(self) -> None:
+        if self.folder is not None:
+            save_checkpoint(self.folder, model=self.base, optimizer=self.optimizer,
+                            state={"step": self.step, "seconds": self.seconds(),
+                                   "config": self.cfg.to_dict(), "warm_from": list(self.since),
+                                   **self.identity})
+            self.saved_at = time.perf_counter()
+
+    def loop(self, problems: dict[int, Distillation], windows: torch.Tensor,
+             progress: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+        """Optimiser steps while the config allows; the final metrics (final.json, and a last
+        checkpoint when a step was taken)."""
+        cfg = self.cfg
+        self.start = self.saved_at = time.perf_counter()
+        first = self.step
+        if more_steps(cfg, self.step, self.seconds()) and not self.step:
+            self.tell("healing" + (f": {cfg.budget:g} s" if cfg.budget else "")
+                      + (f" or {cfg.max_steps} steps" if cfg.max_steps else "")
+                      + (f", a checkpoint every {cfg.checkpoint_every} steps or "
+                         f"{cfg.checkpoint_seconds:g} s" if self.folder is not None else ""))
+        last: dict[str, float] = {}
+        try:
+            while more_steps(cfg, self.step, self.seconds()):
+                last = self.one_step(problems, windows, progress, first)
+        except KeyboardInterrupt:  # between optimiser steps the state is whole: keep it
+            if self.step > first:
+                self.checkpoint()
+            raise
+        metrics = {"steps_taken": self.step, "seconds": round(self.seconds(), 3), **last}
+        if self.folder is not None:
+            if self.step > first:  # nothing healed: no checkpoint (no weights, no moments)
+                self.checkpoint()
+            write_atomic(self.folder / "final.json", json.dumps(
+                {**metrics, _FINGERPRINTS: self.identity}, indent=2) + "\n")
+        return metrics
+
+    def one_step(self, problems: dict[int, Distillation], windows: torch.Tensor,
+                 progress: Callable[[dict[str, Any]], None] | None, first: int
+                 ) -> dict[str, float]:
+        """One optimiser step, its row logged (every log_every steps, and the first step of
+        this process to ``progress``) and a checkpoint when one is due."""
+        cfg, step = self.cfg, self.step
+        n = _draw(cfg, step)
+        now = self.seconds()
+        lr = _progress_lr(cfg, step, now, self.since)
+        if (_warm(cfg, step, now, self.since)[1] and step - self.since[0] < cfg.warmup
+                and not self.said_cut):
+            self.said_cut = True
+            k = step - self.since[0]
+            self.tell(f"warm-up cut to {k} step{'s' * (k != 1)} of {cfg.warmup}: "
+                      f"{WARMUP_SHARE:.0%} of the " + ("steps" if cfg.max_steps else "budget")
+                      + " had passed (a short run does not end inside its warm-up)")
+        batch = _cut(_batch(windows, cfg, step), cfg, step)
+        last = _optimiser_step(problems[n], self.optimizer, batch, lr, step, cfg.precision)
+        self.step = step = step + 1
+        row = {"step": step, "seconds": round(self.seconds(), 3), "lr": lr, "steps": n, **last}
+        if step % cfg.log_every == 0:
+            self.history.append(row)
+            if self.folder is not None:
+                append_line(self.folder / "metrics.jsonl", json.dumps(row))
+        if progress is not None and (step % cfg.log_every == 0 or step == first + 1):
+            progress(row)
+        if (step % cfg.checkpoint_every == 0
+                or time.perf_counter() - self.saved_at >= cfg.checkpoint_seconds):
+            self.checkpoint()
+        return last

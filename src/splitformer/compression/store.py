@@ -4,7 +4,8 @@ folder").
     DIR/compress.json       what was done: the base model's source (its transformers config),
                             the healing config, the coarse grid of every healed N_t (the
                             operations on the base), the default N_t, the metrics
-    DIR/model.safetensors   the healed parameters, in the base model's structure
+    DIR/model.safetensors   the healed parameters, in the base model's structure (its size
+                            and SHA-256 in compress.json's "files", checked by ``load``)
     DIR/hf/                 the default N_t as an ordinary network (``as_network``, ``to_hf``),
                             with the base folder's tokenizer: ``transformers.AutoModel
                             .from_pretrained(DIR/hf)`` loads it (absent when the scheme cannot be
@@ -16,7 +17,11 @@ folder").
 ``load(DIR)`` rebuilds the base model from its source (random weights, nothing downloaded),
 loads the healed parameters and applies the coarse grid of the default N_t (``steps=`` another
 healed one); a folder without compress.json is ``training.checkpoints.load_model``'s.
-compress.json is written last: a folder without it is not a finished compression.
+compress.json is written last: a folder without it is not a finished compression. The weights
+file is checked against the size and SHA-256 that compress.json records for it (the entries
+and the check of ``training.checkpoint_format``, as a training checkpoint's files), so a
+damaged or replaced file is refused by name (``CheckpointError``); a folder written before the
+record existed loads with a warning that its weights are not checked.
 """
 
 from __future__ import annotations
@@ -24,16 +29,20 @@ from __future__ import annotations
 import json
 import numbers
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import load_file, save
 
 from ..files import atomic_folder, remove_path, write_atomic, write_synced
+from ..training.checkpoint_format import _file_entry, _read_checked, _tensors_from
 from ..training.checkpoints import load_model as load_training_model
 from .coarsenings import Coarsening
 
-__all__ = ["FORMAT", "load", "load_compressed", "tokenizer_folder", "write_result"]
+__all__ = ["FORMAT", "healed_weights", "load", "load_compressed", "tokenizer_folder",
+           "write_result"]
 
 FORMAT = "splitformer-compression/1"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
@@ -75,14 +84,15 @@ def write_result(folder: str | os.PathLike, *, base, coarsenings: dict[int, Coar
     from ..interop import to_hf
 
     clash = sorted({"format", "base", "default_steps", "coarsenings", "hf", "hf_note",
-                    "tokenizer"}
+                    "tokenizer", "files"}
                    & set(info))
     if clash:
         raise ValueError(f"write_result(info): the keys {clash} are the record's own")
     folder = Path(folder)
     remove_path(folder / "compress.json")
     tensors = {k: v.detach().contiguous().cpu() for k, v in base.state_dict().items()}
-    write_atomic(folder / "model.safetensors", save(tensors))
+    weights = save(tensors)
+    write_atomic(folder / "model.safetensors", weights)
     student = coarsenings[default].apply(base).eval()
     hf_note = None
     try:
@@ -116,7 +126,8 @@ def write_result(folder: str | os.PathLike, *, base, coarsenings: dict[int, Coar
     record = {"format": FORMAT, "base": _base_record(base), "default_steps": default,
               "coarsenings": {str(n): c.to_dict() for n, c in coarsenings.items()},
               "hf": "hf" if exported is not None else None, "hf_note": hf_note,
-              "tokenizer": tokenizer, **info}
+              "tokenizer": tokenizer, "files": {"model.safetensors": _file_entry(weights)},
+              **info}
     write_atomic(folder / "compress.json", json.dumps(record, indent=2) + "\n")
     return record
 
@@ -146,16 +157,40 @@ def tokenizer_folder(folder: str | os.PathLike) -> Path | None:
     return None
 
 
-def load_compressed(folder: str | os.PathLike, steps: int | None = None):
-    """The compressed model of ``folder`` at its default N_t (or ``steps``), eval mode."""
-    folder = Path(folder)
+def _record(folder: Path) -> dict[str, Any]:
     path = folder / "compress.json"
     try:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not a compression record ({e})") from None
-    if record.get("format") != FORMAT:
-        raise ValueError(f"{path}: format {record.get('format')!r}, expected {FORMAT!r}")
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        got = record.get("format") if isinstance(record, dict) else record
+        raise ValueError(f"{path}: format {got!r}, expected {FORMAT!r}")
+    return record
+
+
+def healed_weights(folder: str | os.PathLike,
+                   record: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    """The healed parameters of the result folder ``folder`` (model.safetensors), checked
+    against the size and SHA-256 in its compress.json (``CheckpointError`` naming the file
+    otherwise; a folder written before the record: a warning, not checked)."""
+    folder = Path(folder)
+    record = _record(folder) if record is None else record
+    weights = folder / "model.safetensors"
+    files = record.get("files")
+    if files is None:
+        warnings.warn(f"{folder / 'compress.json'} records no SHA-256 of model.safetensors "
+                      "(written by an older splitformer): its weights are not checked",
+                      stacklevel=3)
+        return load_file(str(weights))
+    entry = files.get("model.safetensors") if isinstance(files, dict) else None
+    return _tensors_from(weights, _read_checked(weights, entry, folder / "compress.json"))
+
+
+def load_compressed(folder: str | os.PathLike, steps: int | None = None):
+    """The compressed model of ``folder`` at its default N_t (or ``steps``), eval mode."""
+    folder = Path(folder)
+    record = _record(folder)
     grids = {int(n): Coarsening.from_dict(c) for n, c in record["coarsenings"].items()}
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, numbers.Integral)):
         raise TypeError(f"steps must be an int (one healed N_t) or None, got "
@@ -164,8 +199,7 @@ def load_compressed(folder: str | os.PathLike, steps: int | None = None):
     if n not in grids:
         raise ValueError(f"steps={n!r}: {folder} was healed for N_t in {sorted(grids)}")
     base = _rebuild(record["base"])
-    weights = load_file(str(folder / "model.safetensors"))
-    base.load_state_dict(weights, strict=True)
+    base.load_state_dict(healed_weights(folder, record), strict=True)
     return grids[n].apply(base.eval()).eval()
 
 
