@@ -362,3 +362,24 @@ def test_weight_map_table():
     assert names == set(ref.state_dict())
     assert any(r.theirs.endswith("c_attn.weight") and r.transform == "transpose"
                for r in GPT2_WEIGHT_MAP)
+
+
+def test_conv1d_weights_keep_the_source_memory_layout():
+    """The weights the map transposes (Conv1D's (in, out)) are stored as transformers stores
+    them: our (out, in) parameter is a transposed view of (in, out) storage (the decode speed
+    of docs/performance.md); the values, the shapes and the round trip are unchanged."""
+    hf = make_gpt2(lm=True)
+    ours = from_hf_model(hf)
+    rows = [r for r in weight_map(2, lm_head=True) if r.transform == "transpose"]
+    assert len(rows) == 8
+    for r in rows:
+        p = ours.get_parameter(r.ours)
+        theirs = hf.get_parameter(r.theirs)
+        assert p.shape == theirs.shape[::-1] and p.t().is_contiguous() and not p.is_contiguous()
+        assert torch.equal(p.t(), theirs)
+    back = splitformer.to_hf(ours)
+    assert all(torch.equal(v, back.state_dict()[k]) for k, v in hf.state_dict().items())
+    ids, mask = batch()
+    with torch.no_grad():
+        assert maxdiff(ours(ids, attention_mask=mask).logits,
+                       hf(ids, attention_mask=mask).logits) <= TOL[torch.float64]

@@ -234,7 +234,7 @@ class AttentionOperator(Operator):
     def head_sum(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         """A(U) written as the head integral sum_h (g_h V_h) W_O,h + b_O (slow; for checks)."""
         heads = self.head_outputs(u, context)
-        w_o = self.out_weight.view(self.dim, self.num_heads, self.head_dim)
+        w_o = self.out_weight.reshape(self.dim, self.num_heads, self.head_dim)
         out = torch.einsum("bhnd,zhd->bnz", heads, w_o)
         return out + self.out_bias if self.out_bias is not None else out
 
