@@ -250,9 +250,8 @@ def source_layout_(model: nn.Module, rows: tuple[Row, ...] | list[Row]) -> None:
     transformers stores it: our (out, in) parameter W is a transposed view of (in, out)
     storage. The values and the shapes are the same; ``F.linear(x, W)`` then runs the
     matrix-vector kernel transformers' ``addmm(b, x, W^T)`` runs. Decoding reads every weight
-    once per token from memory, and there the (out, in) layout's up-projections are slower:
-    one decode step of GPT-2 small at 1 thread took 46-49 ms with it and 41-42 ms with this
-    layout (transformers: 42-47 ms), docs/performance.md "Generation"."""
+    once per token from memory, and there the (out, in) layout's up-projections are the
+    slower ones (docs/performance.md, "Generation", with the command that measures it)."""
     with torch.no_grad():
         for row in rows:
             if row.transform == "transpose":
