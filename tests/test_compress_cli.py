@@ -419,13 +419,24 @@ def test_the_budget_takes_seconds_as_a_number():
 
 
 def test_hf_in_the_json_is_a_path_or_null(tiny, capsys, tmp_path):
-    """With merging the network is no layer list: "hf" is null and "hf_note" says why; a
-    merged network healed at full depth (--steps = the model's) is allowed with --merge."""
-    rc, out, err = cli(tiny("--steps", "4", "--merge", "2", "--max-steps", "1", "--json"),
+    """With merging the network is no layer list: "hf" is null and "hf_note" says why."""
+    rc, out, err = cli(tiny("--steps", "2", "--merge", "2", "--max-steps", "1", "--json"),
                        capsys)
     assert rc == 0, err
     report = json.loads(out.strip().splitlines()[-1])
     assert report["hf"] is None and "merging" in report["hf_note"]
+    rc, out, err = cli(tiny("--steps", "2", "--max-steps", "1", "--json", out=tmp_path / "e"),
+                       capsys)
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["hf"] == str(tmp_path / "e" / "hf") and report["hf_note"] is None
+
+
+def test_the_merged_network_heals_at_full_depth(tiny, capsys, tmp_path):
+    """--steps = the model's depth is allowed with --merge (the merged network healed at
+    full depth), refused without it."""
+    rc, out, err = cli(tiny("--steps", "4", "--merge", "2", "--max-steps", "1", "--json"),
+                       capsys)
+    assert rc == 0, err
     model = splitformer.load(tmp_path / "c")
     assert model.evolution.num_steps == 4 and model.evolution.merging is not None
     rc, out, err = cli(tiny("--steps", "4", "--max-steps", "1", out=tmp_path / "d"), capsys)
