@@ -368,3 +368,19 @@ def test_a_saved_folder_is_a_model_the_commands_take(tmp_path):
     assert sub.takes == "text" and sub.model.evolution.num_steps == 4
     with pytest.raises(InputError, match="holds no tokenizer"):  # save keeps none
         sub.encode(["a text"], "--text")
+
+
+def test_a_gpt2_with_transformers_default_dropout_saves_and_loads(tmp_path):
+    """GPT2Config's default dropout rates (0.1; real checkpoints have them too) are recorded:
+    save refused every such model ('attn_dropout is 0.1, the record rebuilds 0.0')."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=61,
+                                    n_positions=32)).eval()
+    model = splitformer.from_hf(hf).eval().with_scheme("strang")
+    splitformer.save(model, tmp_path / "m")
+    back = splitformer.load(tmp_path / "m").eval()
+    ids = torch.randint(0, 61, (2, 5))
+    assert torch.equal(model.generate(ids, 6), back.generate(ids, 6))
+    assert back.evolution.controls.sets[0].attention.attn_dropout == 0.1

@@ -233,6 +233,11 @@ def build(config: HFGPT2Config, *, device=None, dtype=None) -> CausalDecoderMode
         activation=config.activation,
         layer_norm_eps=config.layer_norm_epsilon,
         attention_scales=list(config.attention_scales),
+        # the config's dropout rates (the weight table copies the modules' own; a rebuild from
+        # the source alone, as splitformer.load does, gets them from here)
+        attn_dropout=float(config.config.get("attn_pdrop") or 0.0),
+        resid_dropout=float(config.config.get("resid_pdrop") or 0.0),
+        embd_dropout=float(config.config.get("embd_pdrop") or 0.0),
         lm_head=config.lm_head,
         tie_word_embeddings=config.tie_word_embeddings,
         additive_mask=config.attn_implementation == "eager",
