@@ -156,7 +156,7 @@ def causal_context(
 def tape_context(tape: KVTape, attention_mask: torch.Tensor | None,
                  token_weights: torch.Tensor | None, token_coords: torch.Tensor | None, *,
                  batch: int, seq: int, dtype: torch.dtype, device: torch.device,
-                 additive: bool, owner: str) -> Context:
+                 additive: bool, owner: str, signature: str | None = None) -> Context:
     """The context of a forward over ``seq`` new nodes on a KV tape: the causal support alone
     (is_causal; the tape builds the support of the new queries over past and new keys, with
     the padding it records) and the new nodes' token grid, which the tape records too.
@@ -185,7 +185,7 @@ def tape_context(tape: KVTape, attention_mask: torch.Tensor | None,
     weights, coords = check_token_grid(token_weights, token_coords, batch=batch, seq=seq,
                                        owner=owner, dtype=dtype)
     tape.begin(seq, batch, keep=keep, weights=weights, coords=coords, additive=additive,
-               dtype=dtype, device=device)
+               dtype=dtype, device=device, signature=signature)
     return Context(is_causal=True, tape=tape, token_weights=weights, token_coords=coords)
 
 
@@ -253,7 +253,8 @@ class CausalDecoderModel(EvolutionModel):
         if tape is not None:
             ctx = tape_context(tape, attention_mask, token_weights, token_coords, batch=b,
                                seq=n, dtype=u0.dtype, device=u0.device,
-                               additive=self.additive_mask, owner=type(self).__name__)
+                               additive=self.additive_mask, owner=type(self).__name__,
+                               signature=self.evolution.signature())
             ctx.readout.update(labels=labels, logits_to_keep=logits_to_keep)
             return u0, keep_steps(ctx, output_hidden_states)
         cache = self.use_cache if use_cache is None else bool(use_cache)

@@ -221,7 +221,7 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
                                 "padding)")
             tape.begin(u0.shape[1], u0.shape[0], keep=None if keep is None else keep[:, 0, 0],
                        weights=tgt_token_weights, coords=tgt_token_coords, dtype=u0.dtype,
-                       device=u0.device)
+                       device=u0.device, signature=self.evolution.signature())
             self_support, causal = None, True
         else:
             self_support, causal = self._self_support(tgt_mask, batched(tgt_key_padding_mask),

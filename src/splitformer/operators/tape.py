@@ -85,7 +85,8 @@ class _KeysValues:
 
     kind = "keys_values"
 
-    def __init__(self) -> None:
+    def __init__(self, kernel: str = "") -> None:
+        self.kernel = kernel  # the kernel that recorded it (class and settings)
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
 
@@ -126,7 +127,8 @@ class _RunningSums:
 
     kind = "running_sums"
 
-    def __init__(self) -> None:
+    def __init__(self, kernel: str = "") -> None:
+        self.kernel = kernel
         self.sums: tuple[torch.Tensor, torch.Tensor] | None = None
         self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -169,6 +171,7 @@ class KVTape:
         self._cursor = 0
         self._recording = False  # the first forward: entries are made as it evaluates
         self._support: _Support | None = None
+        self.signature: str | None = None  # what recorded it: the model's scheme and grid
 
     # -- what is on the tape ---------------------------------------------------------------
     @property
@@ -207,14 +210,22 @@ class KVTape:
     # -- one forward -------------------------------------------------------------------------
     def begin(self, n: int, batch: int, *, keep: torch.Tensor | None = None,
               weights: torch.Tensor | None = None, coords: torch.Tensor | None = None,
-              additive: bool = False, dtype: torch.dtype, device: torch.device) -> None:
+              additive: bool = False, dtype: torch.dtype, device: torch.device,
+              signature: str | None = None) -> None:
         """Open a forward over ``n`` new nodes of a batch of ``batch`` rows: their padding flags
         ``keep`` (B, n) bool (None: all tokens), quadrature weights and coordinates ((n,) or
         (B, n), checked by the caller; None: uniform / the index continued). Builds the support
         of the new queries over all keys once (``additive``: transformers' eager masks,
-        finfo.min off the support)."""
+        finfo.min off the support). ``signature`` says what evaluates attention (the model's
+        scheme, time grid and controls): a forward with another one is refused, even when it
+        evaluates attention as many times."""
         if self._new:
             self.abort()
+        if signature is not None and self.signature is not None and self.length \
+                and signature != self.signature:
+            raise TapeError(f"the tape was recorded by {self.signature}; this forward is "
+                            f"{signature}: another scheme, time grid or controls evaluates "
+                            "attention at other states (start a new KVTape)")
         if self.batch is not None and batch != self.batch:
             raise TapeError(f"the tape holds a batch of {self.batch} rows; this forward has "
                             f"{batch} (start a new KVTape for another batch)")
@@ -222,6 +233,8 @@ class KVTape:
             raise TapeError("a forward on the tape needs at least one new node")
         self.batch = batch
         self._recording = self.length == 0
+        if self._recording:
+            self.signature = signature
         start, end = self.length, self.length + n
         if end > self.capacity:
             self.capacity = max(end, 2 * self.capacity)
@@ -286,9 +299,9 @@ class KVTape:
                             "pass the tape as its tape= argument)")
         kind = kernel.caches
         if kind not in CACHE_KINDS:
-            raise TapeError(f"the {type(kernel).__name__} kernel cannot be cached exactly: "
+            raise TapeError(f"{type(kernel).__name__} cannot be cached exactly: "
                             f"{kernel.cache_refusal}")
-        entry = self._entry(kind, type(kernel).__name__)
+        entry = self._entry(kind, f"{type(kernel).__name__}({kernel.extra_repr()})")
         self._cursor += 1
         s = self._support
         start = self.length
@@ -310,17 +323,18 @@ class KVTape:
         i = self._cursor
         if i < len(self.entries):
             entry = self.entries[i]
-            if entry.kind != kind:
-                raise TapeError(f"attention evaluation {i} of this forward is a {name} kernel "
-                                f"caching {kind}, but the tape recorded {entry.kind} there: "
-                                "the kernels changed since the tape was recorded")
+            if entry.kind != kind or entry.kernel != name:
+                raise TapeError(f"attention evaluation {i} of this forward is the kernel "
+                                f"{name}, but the tape recorded {entry.kernel} there: the "
+                                "kernels changed since the tape was recorded (start a new "
+                                "KVTape)")
             return entry
         if not self._recording:
             raise TapeError(f"this forward evaluates attention more than the "
                             f"{len(self.entries)} times the tape recorded: the scheme, the "
                             "time grid or the integrator changed since the tape was recorded "
                             "(start a new KVTape)")
-        entry = _KeysValues() if kind == "keys_values" else _RunningSums()
+        entry = _KeysValues(name) if kind == "keys_values" else _RunningSums(name)
         self.entries.append(entry)
         return entry
 

@@ -168,6 +168,13 @@ class Evolution(nn.Module):
     def T(self) -> float:
         return self.grid.T
 
+    def signature(self) -> str:
+        """What fixes the sequence of field evaluations of a forward, as text: the scheme,
+        the time grid and the controls' interpolation in t (a KV tape recorded under one
+        signature refuses a forward under another; ``operators.tape``)."""
+        return (f"scheme [{self.scheme}], tau {self.tau:g}, {self.num_steps} steps, "
+                f"{self.controls.interpolation} controls")
+
     def stage_text(self) -> str:
         """The scheme's stages as printed, with the merge at its place when there is one
         (e.g. "attention merge(r=16, metric=keys) norm1:project ffn norm2:project")."""
