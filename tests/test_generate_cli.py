@@ -131,3 +131,16 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_text(gpt2_folder):
     assert first.startswith("Hi") and (first + out).endswith("\n")
     assert err.strip().splitlines()[-1].startswith("splitformer generate: interrupted after")
     assert "Traceback" not in err
+
+
+def test_sampling_flags_need_sample_and_a_refusal_prints_no_prompt(gpt2_folder, capsys):
+    rc, out, err = cli(["generate", str(gpt2_folder), "--prompt", "Hi", "--temperature", "0.5"],
+                       capsys)
+    assert rc == 2 and "argument --temperature: it acts on sampling; add --sample" in err
+    assert out == ""
+
+
+def test_unknown_characters_are_noted(capsys):
+    rc, out, err = cli(["generate", "gpt2-tiny", "--prompt", "h\u00e9llo \u2603",
+                        "--max-new-tokens", "2"], capsys)
+    assert rc == 0 and "are not in the model's vocabulary" in err

@@ -352,3 +352,10 @@ def test_nn_transformer_decoder_on_a_tape_equals_torch_with_a_causal_mask():
             model(tgt[:, :1], mem, tgt_is_causal=True, memory_is_causal=True, tape=KVTape())
     out = torch.cat(parts, 1)
     assert float((out - ref)[~kpm].abs().max()) <= 1e-10 and tape.length == 7
+
+
+def test_sampling_options_without_do_sample_are_warned_about():
+    model = _lm()
+    with pytest.warns(UserWarning, match="temperature, top_k act\\(s\\) on sampling"):
+        out = model.generate(_ids(), 3, temperature=0.1, top_k=3)
+    assert torch.equal(out, model.generate(_ids(), 3))

@@ -88,17 +88,25 @@ class _Stream:
     """Prints the new text as it decodes to whole characters (a piece of a multi-byte
     character waits for the rest)."""
 
-    def __init__(self, decode, enabled: bool) -> None:
-        self.decode, self.enabled = decode, enabled
+    def __init__(self, decode, enabled: bool, prompt: str) -> None:
+        self.decode, self.enabled, self.prompt = decode, enabled, prompt
         self.ids: list[int] = []
         self.shown = ""
         self.stamps: list[float] = []
+        self.printed = False  # the prompt goes out with the first new token
+
+    def _prompt(self) -> None:
+        """The prompt, printed once, with the first new token (a refusal prints nothing)."""
+        if self.enabled and not self.printed:
+            self.printed = True
+            sys.stdout.write(self.prompt)
 
     def __call__(self, ids) -> None:
         self.stamps.append(time.perf_counter())
         self.ids.append(int(ids[0]))
         if not self.enabled:
             return
+        self._prompt()
         text = self.decode(self.ids)
         if text.endswith("\ufffd") or not text.startswith(self.shown):
             return
@@ -108,6 +116,7 @@ class _Stream:
 
     def finish(self) -> None:
         if self.enabled:
+            self._prompt()
             text = self.decode(self.ids)
             if text.startswith(self.shown):
                 sys.stdout.write(text[len(self.shown):])
@@ -118,8 +127,17 @@ class _Stream:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..operators.tape import TapeError
+
     if args.prompt == "":
         raise UsageError("argument --prompt: expected a text to continue, got ''")
+    if not args.sample:
+        given = [flag for flag, value, default in (
+            ("--temperature", args.temperature, 1.0), ("--top-k", args.top_k, 0),
+            ("--top-p", args.top_p, 1.0), ("--seed", args.seed, 0)) if value != default]
+        if given:
+            raise UsageError(f"argument {given[0]}: it acts on sampling; add --sample (without "
+                             "it the most probable token is taken)")
     t0 = time.perf_counter()
     sub = _load(args.model)
     from ..subjects.subject import InputError
@@ -129,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
     except InputError as e:
         raise UsageError(str(e)) from None
     ids = enc.inputs["input_ids"]
+    if enc.unknown:
+        sys.stderr.write(f"splitformer generate: note: {enc.unknown} {enc.unknown_kind} of "
+                         f"--prompt are not in the model's vocabulary and were read as its "
+                         f"unknown mark ({enc.unknown_what}); the model continues that text\n")
     if sub.max_len is not None and enc.full > ids.shape[1]:
         raise UsageError(f"argument --prompt: {enc.full} tokens, more than the model's "
                          f"{sub.max_len} positions")
@@ -146,10 +168,7 @@ def run(args: argparse.Namespace) -> int:
     if args.sample:
         options.update(do_sample=True, temperature=args.temperature, seed=args.seed,
                        top_k=args.top_k or None, top_p=args.top_p)
-    stream = _Stream(sub.decode, not args.json)
-    if not args.json:
-        sys.stdout.write(args.prompt)
-        sys.stdout.flush()
+    stream = _Stream(sub.decode, not args.json, args.prompt)
     stopped = "max_new_tokens"
     start = time.perf_counter()
     try:
@@ -157,9 +176,10 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         stopped = "interrupted"
     except ValueError as e:  # the model refuses (a kernel that cannot be cached exactly)
-        if not args.json:
+        if stream.ids and not args.json:
             sys.stdout.write("\n")
-        raise UsageError(f"argument MODEL: {e}") from None
+        hint = " (or pass --no-cache)" if isinstance(e, TapeError) else ""
+        raise UsageError(f"argument MODEL: {e}{hint}") from None
     stream.finish()
     new = stream.ids
     if stopped != "interrupted" and new and sub.eos_token_ids and new[-1] in sub.eos_token_ids:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -218,6 +219,14 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 20, *,
     token is chosen."""
     cfg = _config(max_new_tokens, do_sample, temperature, top_k, top_p, eos_token_id,
                   pad_token_id)
+    if not cfg.do_sample:
+        ignored = [name for name, value, default in (
+            ("temperature", temperature, 1.0), ("top_k", top_k, None), ("top_p", top_p, None),
+            ("seed", seed, None), ("generator", generator, None)) if value != default]
+        if ignored:
+            warnings.warn(f"generate: {', '.join(ignored)} act(s) on sampling and do_sample is "
+                          "False: greedy decoding ignores them (pass do_sample=True)",
+                          UserWarning, stacklevel=3)
     generator = _check_inputs(model, input_ids, attention_mask, generator, seed)
     _check_length(model, input_ids.shape[1], cfg)
     if streamer is not None and not callable(streamer):
