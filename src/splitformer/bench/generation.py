@@ -58,7 +58,9 @@ def _pair(size: Size, positions: int, dtype: torch.dtype, seed: int):
 
 def _hf_cache_bytes(hf, ids: torch.Tensor) -> int:
     with torch.no_grad():
-        cache = hf(ids, use_cache=True).past_key_values
+        out = hf(ids, use_cache=True)
+    # transformers 5 names the cache ``cache`` (``past_key_values`` warns as deprecated)
+    cache = out["cache"] if "cache" in out else out.past_key_values
     return sum(t.numel() * t.element_size() for layer in cache.layers
                for t in (layer.keys, layer.values))
 
@@ -120,7 +122,8 @@ def _pair_rows(size: Size, opts, say, ids: torch.Tensor, dname: str, dtype: torc
             "cache_bytes_per_token": cache[name] / (size.batch * size.seq)}
     rows = []
     for name, m in measured.items():
-        other = measured["transformers" if name == "splitformer" else "splitformer"]
+        other_name = "transformers" if name == "splitformer" else "splitformer"
+        other = measured[other_name]
         rows.append({
             "suite": "generate", "size": size.label, "group": f"generate {dname}",
             "path": "no_grad", "name": name, "splitformer": name == "splitformer",
@@ -128,7 +131,7 @@ def _pair_rows(size: Size, opts, say, ids: torch.Tensor, dname: str, dtype: torc
             "median_s": m["total_s"], **m, "same_ids": same,
             "prefill_ratio": m["prefill_tokens_per_s"] / other["prefill_tokens_per_s"],
             "decode_ratio": m["decode_tokens_per_s"] / other["decode_tokens_per_s"],
-            "ratios": {},
+            "ratios": {other_name: m["total_s"] / other["total_s"]},
             "tape_allocated_bytes": m["cache_bytes_per_token"] * size.batch
             * (size.seq + new) if name == "splitformer" else None,
             "note": "random GPT-2 weights; greedy; interleaved repeats"})

@@ -107,7 +107,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", default=0, metavar="S",
                    type=bounded_int(2**31 - 1, "(a seed)", minimum=0),
                    help="seed of the random weights of check e and the reference of check c "
-                        "(default 0)")
+                        "(default 0; 0 .. 2^31 - 1)")
     p.add_argument("--threads", default=None, metavar="N", type=bounded_int(256, "(threads)"),
                    help="torch threads (default: torch's)")
     p.add_argument("--out", default=None, metavar="DIR",
