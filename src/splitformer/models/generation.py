@@ -188,9 +188,11 @@ def _steps(model, input_ids, mask, cfg: GenerationConfig, generator, use_cache: 
     positions = None if mask is None else _positions(mask)
     for _ in range(cfg.max_new_tokens):
         if use_cache:
-            pos = None if positions is None else positions[:, -cur.shape[1]:]
-            logits = model(cur, attention_mask=mask, position_ids=pos, tape=tape,
-                           logits_to_keep=1).logits[:, -1]
+            # the new nodes' part only: the tape holds the past's padding (no re-check)
+            new = slice(-cur.shape[1], None)
+            logits = model(cur, attention_mask=None if mask is None else mask[:, new],
+                           position_ids=None if positions is None else positions[:, new],
+                           tape=tape, logits_to_keep=1).logits[:, -1]
         else:
             logits = model(seq, attention_mask=mask, position_ids=positions,
                            logits_to_keep=1).logits[:, -1]

@@ -238,31 +238,32 @@ class KVTape:
         start, end = self.length, self.length + n
         if end > self.capacity:
             self.capacity = max(end, 2 * self.capacity)
-        self._keep = self._append(self._keep, keep, start, end, batch, torch.bool, device,
-                                  lambda m: torch.ones(batch, m, dtype=torch.bool,
-                                                       device=device))
-        self._weights = self._append(self._weights, weights, start, end, batch, dtype, device,
-                                     lambda m: torch.ones(batch, m, dtype=dtype, device=device))
-        self._coords = self._append(self._coords, coords, start, end, batch, dtype, device,
-                                    lambda m: torch.arange(m, dtype=dtype, device=device
-                                                           ).expand(batch, m).clone())
+        self._keep = self._append(self._keep, keep, start, end,
+                                  lambda a, b: torch.ones(batch, b - a, dtype=torch.bool,
+                                                          device=device))
+        self._weights = self._append(self._weights, weights, start, end,
+                                     lambda a, b: torch.ones(batch, b - a, dtype=dtype,
+                                                             device=device))
+        self._coords = self._append(self._coords, coords, start, end,
+                                    lambda a, b: torch.arange(a, b, dtype=dtype, device=device
+                                                              ).expand(batch, b - a))
         self._new, self._cursor = n, 0
         self._support = self._build_support(n, end, additive, dtype, device)
 
-    def _append(self, buf, new, start, end, batch, dtype, device, default):
+    def _append(self, buf, new, start, end, default):
         """The grid buffer with the new nodes' values at [start, end): materialised from
-        ``default`` for the past when the first non-default value arrives; None while every
-        node has the default value."""
+        ``default(a, b)`` (the default values of nodes a .. b-1) for the past when the first
+        non-default value arrives; None while every node has the default value."""
         if new is None and buf is None:
             return None
         if buf is None:
-            buf = default(self.capacity)
+            buf = default(0, self.capacity).clone()
         elif buf.shape[1] < end:
             buf = _grow(buf, end, self.capacity, 1)
         if new is None:
-            buf[:, start:end] = default(end)[:, start:end]
+            buf[:, start:end] = default(start, end)
         else:
-            new = new.to(device=device)
+            new = new.to(device=buf.device)
             buf[:, start:end] = new if new.dim() == 2 else new.unsqueeze(0)
         return buf
 
