@@ -124,22 +124,8 @@ class _Stream:
             sys.stdout.flush()
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..operators.tape import TapeError
-
-    if args.prompt == "":
-        raise UsageError("argument --prompt: expected a text to continue, got ''")
-    if not args.sample:
-        given = [flag for flag, value, default in (
-            ("--temperature", args.temperature, 1.0), ("--top-k", args.top_k, 0),
-            ("--top-p", args.top_p, 1.0), ("--seed", args.seed, 0)) if value != default]
-        if given:
-            raise UsageError(f"argument {given[0]}: it acts on sampling; add --sample (without "
-                             "it the most probable token is taken)")
-    t0 = time.perf_counter()
-    sub = _load(args.model)
+def _prompt_ids(sub: Any, args: argparse.Namespace):
+    """The prompt as the model's ids, checked against its positions (one-line refusals)."""
     from ..subjects.subject import InputError
 
     try:
@@ -159,34 +145,61 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"argument --max-new-tokens: max_new_tokens={args.max_new_tokens}: "
                          f"the prompt ({ids.shape[1]} tokens) and the new tokens exceed the "
                          f"model's {limit} learned positions")
-    if not args.json:
-        sys.stderr.write(f"splitformer generate: {sub.what}; prompt {ids.shape[1]} tokens "
-                         f"(loaded in {time.perf_counter() - t0:.1f} s)\n")
-    model = sub.model.eval()
+    return ids
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    if args.prompt == "":
+        raise UsageError("argument --prompt: expected a text to continue, got ''")
+    if not args.sample:
+        given = [flag for flag, value, default in (
+            ("--temperature", args.temperature, 1.0), ("--top-k", args.top_k, 0),
+            ("--top-p", args.top_p, 1.0), ("--seed", args.seed, 0)) if value != default]
+        if given:
+            raise UsageError(f"argument {given[0]}: it acts on sampling; add --sample (without "
+                             "it the most probable token is taken)")
+
+
+def _decode(sub: Any, ids, args: argparse.Namespace, stream: _Stream) -> str:
+    """Generate into ``stream``; what stopped it ("max_new_tokens", "eos", "interrupted")."""
+    from ..operators.tape import TapeError
+
     options: dict[str, Any] = {"eos_token_id": list(sub.eos_token_ids) or None,
                                "use_cache": not args.no_cache}
     if args.sample:
         options.update(do_sample=True, temperature=args.temperature, seed=args.seed,
                        top_k=args.top_k or None, top_p=args.top_p)
-    stream = _Stream(sub.decode, not args.json, args.prompt)
-    stopped = "max_new_tokens"
-    start = time.perf_counter()
     try:
-        model.generate(ids, args.max_new_tokens, streamer=stream, **options)
+        sub.model.eval().generate(ids, args.max_new_tokens, streamer=stream, **options)
     except KeyboardInterrupt:
-        stopped = "interrupted"
+        return "interrupted"
     except ValueError as e:  # the model refuses (a kernel that cannot be cached exactly)
         if stream.ids and not args.json:
             sys.stdout.write("\n")
         hint = " (or pass --no-cache)" if isinstance(e, TapeError) else ""
         raise UsageError(f"argument MODEL: {e}{hint}") from None
-    stream.finish()
     new = stream.ids
-    if stopped != "interrupted" and new and sub.eos_token_ids and new[-1] in sub.eos_token_ids:
-        stopped = "eos"
-    prefill = stream.stamps[0] - start if stream.stamps else None
-    decode_rate = (len(new) - 1) / (stream.stamps[-1] - stream.stamps[0]) \
-        if len(stream.stamps) > 1 else None
+    return "eos" if new and sub.eos_token_ids and new[-1] in sub.eos_token_ids \
+        else "max_new_tokens"
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    _check_sampling(args)
+    t0 = time.perf_counter()
+    sub = _load(args.model)
+    ids = _prompt_ids(sub, args)
+    if not args.json:
+        sys.stderr.write(f"splitformer generate: {sub.what}; prompt {ids.shape[1]} tokens "
+                         f"(loaded in {time.perf_counter() - t0:.1f} s)\n")
+    stream = _Stream(sub.decode, not args.json, args.prompt)
+    start = time.perf_counter()
+    stopped = _decode(sub, ids, args, stream)
+    stream.finish()
+    new, stamps = stream.ids, stream.stamps
+    prefill = stamps[0] - start if stamps else None
+    decode_rate = (len(new) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else None
     if stopped == "interrupted":
         sys.stderr.write(f"splitformer generate: interrupted after {len(new)} new tokens "
                          "(kept above)\n")
