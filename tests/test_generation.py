@@ -256,9 +256,13 @@ def test_eos_finishes_a_row_and_pads_it():
     out = model.generate(ids, 8, eos_token_id=eos, pad_token_id=VOCAB - 1)
     row0 = out[0, 5:].tolist()
     cut = row0.index(eos)
-    assert all(t == VOCAB - 1 for t in row0[cut + 1:])
-    if eos not in free[1, 5:].tolist():
-        assert out.shape[1] == 13
+    assert cut <= 2 and row0[:cut + 1] == free[0, 5:5 + cut + 1].tolist()
+    assert all(t == VOCAB - 1 for t in row0[cut + 1:])  # finished: padded from there on
+    stop = free[1, 5:].tolist()
+    if eos in stop:  # both rows finished: the loop stopped at the later one
+        assert out.shape[1] == 5 + max(cut, stop.index(eos)) + 1
+    else:
+        assert out.shape[1] == 13 and out[1, 5:].tolist() == stop
 
 
 def test_warpers_follow_transformers():

@@ -211,17 +211,8 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
         cross = self._cross_support(memory_mask, batched(memory_key_padding_mask),
                                     memory_is_causal, u0.shape, m.shape[1], grids)
         if tape is not None:
-            self._check_tape(tape, tgt_mask, tgt_is_causal, memory_is_causal)
-            kpm = batched(tgt_key_padding_mask)
-            keep = None if kpm is None else attention_support(
-                None, kpm, q_len=u0.shape[1], k_len=u0.shape[1],
-                kpm_name="tgt_key_padding_mask", **self._masks(u0.shape[0]))
-            if keep is not None and keep.dtype != torch.bool:
-                raise TypeError("tgt_key_padding_mask on a KV tape must be a bool tensor (True = "
-                                "padding)")
-            tape.begin(u0.shape[1], u0.shape[0], keep=None if keep is None else keep[:, 0, 0],
-                       weights=tgt_token_weights, coords=tgt_token_coords, dtype=u0.dtype,
-                       device=u0.device, signature=self.evolution.signature())
+            self._open_tape(tape, u0, batched(tgt_key_padding_mask), tgt_token_weights,
+                            tgt_token_coords, tgt_mask, tgt_is_causal, memory_is_causal)
             self_support, causal = None, True
         else:
             self_support, causal = self._self_support(tgt_mask, batched(tgt_key_padding_mask),
@@ -232,6 +223,21 @@ class CrossDecoder(TorchLayoutReadOut, EvolutionModel):
                       readout={"unbatched": unbatched}, tape=tape,
                       token_weights=tgt_token_weights, token_coords=tgt_token_coords)
         return u0, ctx
+
+    def _open_tape(self, tape: Any, u0: torch.Tensor, kpm, weights, coords, tgt_mask,
+                   tgt_is_causal, memory_is_causal) -> None:
+        """Begin a forward of the new target nodes on the tape (their key padding, their
+        grid); the tape builds the self-attention's support."""
+        self._check_tape(tape, tgt_mask, tgt_is_causal, memory_is_causal)
+        keep = None if kpm is None else attention_support(
+            None, kpm, q_len=u0.shape[1], k_len=u0.shape[1],
+            kpm_name="tgt_key_padding_mask", **self._masks(u0.shape[0]))
+        if keep is not None and keep.dtype != torch.bool:
+            raise TypeError("tgt_key_padding_mask on a KV tape must be a bool tensor (True = "
+                            "padding)")
+        tape.begin(u0.shape[1], u0.shape[0], keep=None if keep is None else keep[:, 0, 0],
+                   weights=weights, coords=coords, dtype=u0.dtype, device=u0.device,
+                   signature=self.evolution.signature())
 
     @staticmethod
     def _check_tape(tape: Any, tgt_mask, tgt_is_causal, memory_is_causal) -> None:
