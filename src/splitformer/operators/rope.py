@@ -1,0 +1,484 @@
+"""Rotary positions (RoPE) of the Llama-family decoders: a kernel on the token coordinates.
+
+Rotary positions rotate the pairs (i, i + d/2) of the first d features of every query and key
+by the angle x w_i at the token coordinate x (the "rotate half" layout of GPT-NeoX / Llama), so
+
+    <R_x q, R_x' k> = sum_i Re[ (q_i + i q_{i+d/2}) conj(k_i + i k_{i+d/2}) e^{i w_i (x - x')} ]
+
+and the score is a function of x - x' only: a convolution-type kernel in x whose spectrum is
+the set of frequencies w_i (docs/math.md 3.12, 3.18). Every ``rope_type`` of transformers
+changes that spectrum, or the coordinates, or the kernel's temperature, to read a trained kernel
+on a longer interval than the one it was trained on (n0 tokens):
+
+- default: w_i = b^(-2i/d), i = 0 .. d/2 - 1 (b = rope_theta).
+- linear (Position Interpolation): the coordinates x -> x / s, i.e. w_i -> w_i / s: a grid s
+  times finer on the trained interval, the kernel unchanged as a function of x / s.
+- dynamic (NTK-aware): a change of the base, b -> b', chosen from the current length n: every
+  frequency's bandwidth changes, the highest (w_0 = 1) stays and the lowest is interpolated by
+  s n / n0 - (s - 1).
+- yarn: per-frequency-band coordinate scaling (bands that turn many times on the trained
+  interval keep x, bands that turn less than once take x / s, a linear ramp between) plus a
+  temperature: cos and sin times m = 0.1 ln s + 1, so the scores times m^2 (the log n
+  correction of the softmax's sharpness at longer lengths).
+- llama3: band-wise smoothing between the scaled (w / s) and unscaled frequencies, by
+  wavelength against the trained length.
+- longrope: per-frequency factors w_i -> w_i / f_i (the short factors up to n0, the long ones
+  beyond) plus a scaling of cos and sin.
+- proportional (Gemma 4): default frequencies with the exponent over the whole head, on the
+  first fraction p of the pairs; the other pairs have frequency 0 (their angle is 0: they pass
+  unrotated) and the result is divided by s.
+
+``RotaryPositions`` holds one such kernel and computes its angles once per forward, for all
+layers (``angles``: cos and sin, (B|1, 1, N, d)); ``rotate_half`` applies them to a head's
+queries or keys. Both reproduce transformers 5's ``LlamaRotaryEmbedding`` and
+``apply_rotary_pos_emb`` bitwise (float32 angles, cast to the model's dtype afterwards, also
+for a float64 model), without importing transformers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+__all__ = ["ROPE_TYPES", "RotaryPositions", "rotate_half"]
+
+#: the rope_type values of transformers 5.25 for 1-D token coordinates ("default" plus the keys
+#: of ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS``)
+ROPE_TYPES: tuple[str, ...] = (
+    "default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional",
+)
+
+# the parameters each rope_type's formula reads without a default (transformers indexes them)
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor", "original_max_position_embeddings"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+    "proportional": (),
+}
+
+
+class _Parameters(Mapping[str, Any]):
+    """A read-only, hashable mapping (lists stored as tuples): the frozen rope_parameters."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, Any]) -> None:
+        self._items = {str(k): _freeze(v) for k, v in items.items()}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._items.items())))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return self._items == {k: _freeze(v) for k, v in other.items()}
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return _Parameters(value)
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+def _yarn_mscale(scale: float, mscale: float = 1) -> float:
+    """YaRN's temperature m(s) = 0.1 mscale ln s + 1 (1 for s <= 1; Peng et al. 2023, eq. 21)."""
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _exponents(dim: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """2i / d for i = 0 .. d/2 - 1, float32 (the integer arange cast, as transformers has it)."""
+    return torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+
+
+@dataclass(frozen=True)
+class RotaryPositions:
+    """The rotary kernel of one attention: frequencies w_i on ``dim`` features of a head.
+
+    dim: the rotated features of a head (head_dim * partial_rotary_factor, even; for
+        "proportional" the whole head_dim: its unrotated pairs carry frequency 0).
+    base: rope_theta, b.
+    rope_type: one of ``ROPE_TYPES``.
+    parameters: the other rope_parameters (factor, original_max_position_embeddings,
+        beta_fast, short_factor, ...), named as transformers names them; stored read-only and
+        hashable (lists as tuples). partial_rotary_factor is kept here for the round trip (and
+        read by "proportional"); ``dim`` already holds its effect.
+    max_position_embeddings: the config's max_position_embeddings (read by "dynamic", and by
+        "yarn" / "longrope" when their factor is not given).
+    head_dim: the head's features (for ``describe``; None = not known).
+
+    The formula of each rope_type (s = factor, n0 = the trained length, n = the current
+    length = max position + 1):
+
+    - default: w_i = b^(-2i/d).
+    - linear: w_i = b^(-2i/d) / s (coordinates x -> x / s).
+    - dynamic: w_i = b'^(-2i/d), b' = b (s n' / n0 - (s - 1))^(d / (d - 2)),
+      n' = max(n, n0), n0 = max_position_embeddings.
+    - yarn: w_i = (1 - g_i) b^(-2i/d) + g_i b^(-2i/d) / s with the ramp
+      g_i = clamp((i - lo) / (hi - lo), 0, 1) between the dimensions
+      lo, hi = d ln(n0 / (2 pi beta)) / (2 ln b) at beta = beta_fast (32), beta_slow (1)
+      (floor / ceil when truncate, the default; clipped to [0, d - 1]), n0 =
+      original_max_position_embeddings; cos and sin times attention_factor, by default
+      m(s) = 0.1 ln s + 1, or m(s, mscale) / m(s, mscale_all_dim) when both are given.
+    - llama3: with the wavelength l_i = 2 pi / w_i of the default w_i and n0 =
+      original_max_position_embeddings: w_i if l_i < n0 / high_freq_factor, w_i / s if
+      l_i > n0 / low_freq_factor, else (1 - a_i) w_i / s + a_i w_i with
+      a_i = (n0 / l_i - low_freq_factor) / (high_freq_factor - low_freq_factor).
+    - longrope: w_i = b^(-2i/d) / f_i, f = short_factor for n <= n0 and long_factor for
+      n > n0 (n0 = original_max_position_embeddings); cos and sin times attention_factor, by
+      default sqrt(1 + ln s / ln n0) (1 for s <= 1; s = factor, or max_position_embeddings / n0).
+    - proportional: w_i = b^(-2i/D) / s for i < floor(p D / 2) and w_i = 0 up to D / 2
+      (D = head_dim = dim, p = partial_rotary_factor, s = factor, default 1).
+
+    Dynamic differs from transformers in one way: transformers' ``dynamic_rope_update`` is
+    stateful (it keeps the frequencies of the longest forward seen beyond n0 until a forward
+    shorter than n0 resets them), ours are a function of the current forward's length only.
+    The two agree for any sequence of forwards whose max position never decreases
+    (generation), and after every forward that does not go beyond n0.
+    """
+
+    dim: int
+    base: float
+    rope_type: str = "default"
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    max_position_embeddings: int | None = None
+    head_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"rope_type: unknown rope_type {self.rope_type!r}; "
+                             f"one of {', '.join(ROPE_TYPES)}")
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 2 \
+                or self.dim % 2:
+            raise ValueError(f"dim: the rotated features must be a positive even int, "
+                             f"got {self.dim!r}")
+        if not self.base > 0:
+            raise ValueError(f"rope_theta: the base must be > 0, got {self.base!r}")
+        params = _Parameters(self.parameters)
+        object.__setattr__(self, "parameters", params)
+        for key in _REQUIRED[self.rope_type]:
+            # yarn's factor may be None: then max_position_embeddings / original (as transformers)
+            if key not in params or (params[key] is None
+                                     and (self.rope_type, key) != ("yarn", "factor")):
+                raise ValueError(f"{key}: rope_type {self.rope_type!r} needs the parameter "
+                                 f"{key!r} in rope_parameters")
+        needs_length = self.rope_type == "dynamic" or (
+            self.rope_type in ("yarn", "longrope") and params.get("factor") is None)
+        if needs_length and self.max_position_embeddings is None:
+            raise ValueError(f"max_position_embeddings: rope_type {self.rope_type!r} needs "
+                             "max_position_embeddings here")
+        if self.rope_type == "longrope":
+            for key in ("short_factor", "long_factor"):
+                if len(params[key]) != self.dim // 2:
+                    raise ValueError(f"{key}: longrope needs dim // 2 = {self.dim // 2} "
+                                     f"factors, got {len(params[key])}")
+
+    # ------------------------------------------------------------------ config
+    @classmethod
+    def from_config(cls, config: Any, head_dim: int | None = None, *,
+                    layer_type: str | None = None) -> RotaryPositions:
+        """The rotary positions of a transformers config (LlamaConfig, Qwen2Config, ...).
+
+        Reads ``config.rope_parameters`` (transformers 5; ``layer_type`` picks one entry of a
+        per-layer-type dict such as Gemma3's "sliding_attention" / "full_attention"), the head
+        size (``head_dim`` if given, else config.head_dim or hidden_size //
+        num_attention_heads), partial_rotary_factor (in rope_parameters, else on the config)
+        and max_position_embeddings. ValueError naming the key for an unknown rope_type or a
+        missing parameter.
+        """
+        params = getattr(config, "rope_parameters", None)
+        if not params:
+            params = {}
+        if not isinstance(params, Mapping):
+            raise ValueError(f"rope_parameters: expected a dict, got {type(params).__name__}")
+        labels = (getattr(config, "_rope_type_labels", None) or getattr(config, "layer_types", None)
+                  or ())
+        nested = [k for k, v in params.items() if k in labels or isinstance(v, Mapping)]
+        if layer_type is not None:
+            if layer_type not in params or not isinstance(params[layer_type], Mapping):
+                raise ValueError(f"rope_parameters: no entry for layer_type {layer_type!r} "
+                                 f"(entries: {', '.join(nested) or 'none'})")
+            params = params[layer_type]
+        elif nested:
+            raise ValueError(f"rope_parameters: one entry per layer type "
+                             f"({', '.join(nested)}): pass layer_type=")
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(f"rope_type: unknown rope_type {rope_type!r} in rope_parameters; "
+                             f"one of {', '.join(ROPE_TYPES)}")
+        base = params.get("rope_theta", getattr(config, "rope_theta", None))
+        if base is None:
+            raise ValueError("rope_theta: missing from rope_parameters and the config")
+        if head_dim is None:
+            head_dim = getattr(config, "head_dim", None) or (
+                config.hidden_size // config.num_attention_heads)
+        factor = params.get("partial_rotary_factor")
+        if factor is None:
+            factor = getattr(config, "partial_rotary_factor", None)
+        factor = 1.0 if factor is None else factor
+        dim = head_dim if rope_type == "proportional" else int(head_dim * factor)
+        return cls(dim=dim, base=base, rope_type=rope_type,
+                   parameters={k: v for k, v in params.items()
+                               if k not in ("rope_type", "rope_theta")},
+                   max_position_embeddings=getattr(config, "max_position_embeddings", None),
+                   head_dim=head_dim)
+
+    def to_parameters(self) -> dict[str, Any]:
+        """The rope_parameters dict: rope_type, rope_theta and ``parameters`` (lists again)."""
+        out: dict[str, Any] = {"rope_type": self.rope_type, "rope_theta": self.base}
+        out.update({k: _thaw(v) for k, v in self.parameters.items()})
+        return out
+
+    # ------------------------------------------------------------------ frequencies
+    def _factor(self) -> float:
+        factor = self.parameters.get("factor")
+        if factor is None:  # yarn, longrope: the ratio of the lengths (DeepSeek-V3, Phi-3)
+            factor = (self.max_position_embeddings
+                      / self.parameters["original_max_position_embeddings"])
+        return factor
+
+    def inv_freq(self, length: int | torch.Tensor | None = None,
+                 device: torch.device | str | None = None) -> torch.Tensor:
+        """The frequencies w_i, (dim // 2,) float32, bitwise as transformers' init function
+        ``ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len=length)`` gives them (the
+        model's ``compute_default_rope_parameters`` for "default").
+
+        length: max position + 1 of the current forward (read by dynamic and longrope; None =
+        not beyond the trained length). A 0-d tensor follows transformers' tensor arithmetic
+        (dynamic's new base in the tensor's dtype, as its forward computes it); an int its
+        Python-float arithmetic.
+        """
+        p, dim, kind = self.parameters, self.dim, self.rope_type
+        if kind == "default":
+            return 1.0 / (self.base ** (torch.arange(0, dim, 2, dtype=torch.float,
+                                                     device=device) / dim))
+        if kind in ("linear", "llama3"):
+            inv = 1.0 / (self.base ** _exponents(dim, device))
+            if kind == "linear":
+                return inv / p["factor"]
+            return _llama3(inv, p["factor"], p["low_freq_factor"], p["high_freq_factor"],
+                           p["original_max_position_embeddings"])
+        if kind == "dynamic":
+            n0 = self.max_position_embeddings
+            assert n0 is not None
+            factor = p["factor"]
+            seq: int | torch.Tensor
+            if length is None:
+                seq = n0
+            elif isinstance(length, torch.Tensor):
+                seq = torch.maximum(length, torch.tensor(n0, dtype=length.dtype,
+                                                         device=length.device))
+            else:
+                seq = max(length, n0)
+            base = self.base * ((factor * seq / n0) - (factor - 1)) ** (dim / (dim - 2))
+            return 1.0 / (base ** _exponents(dim, device))
+        if kind == "yarn":
+            return self._yarn(device)
+        if kind == "longrope":
+            n0 = p["original_max_position_embeddings"]
+            beyond = length is not None and bool(length) and bool(length > n0)
+            ext = torch.tensor(p["long_factor"] if beyond else p["short_factor"],
+                               dtype=torch.float32, device=device)
+            shape = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
+            return 1.0 / (ext * self.base ** shape)
+        # proportional: the exponent over the whole head, zeros for the unrotated pairs
+        proportion = p.get("partial_rotary_factor", 1.0)
+        rotated = int(proportion * dim // 2)
+        inv = 1.0 / (self.base ** (torch.arange(0, 2 * rotated, 2, dtype=torch.int64)
+                                   .to(device=device, dtype=torch.float) / dim))
+        if dim // 2 > rotated:
+            inv = torch.cat((inv, torch.zeros(dim // 2 - rotated, dtype=torch.float32,
+                                              device=device)))
+        return inv / p.get("factor", 1.0)
+
+    def _yarn(self, device: torch.device | str | None) -> torch.Tensor:
+        p, dim, base = self.parameters, self.dim, self.base
+        factor = self._factor()
+        beta_fast = p.get("beta_fast") or 32
+        beta_slow = p.get("beta_slow") or 1
+        n0 = p["original_max_position_embeddings"]
+        truncate = p.get("truncate", True)
+
+        def correction_dim(rotations: float) -> float:
+            return (dim * math.log(n0 / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+        if truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # transformers' guard against a zero-width ramp
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low),
+                           0, 1)
+        pos_freqs = base ** (torch.arange(0, dim, 2).to(device=device, dtype=torch.float) / dim)
+        extrapolation = 1.0 / pos_freqs
+        interpolation = 1.0 / (factor * pos_freqs)
+        keep = 1 - ramp.to(device=device, dtype=torch.float)
+        return interpolation * (1 - keep) + extrapolation * keep
+
+    def attention_scaling(self, length: int | None = None) -> float:
+        """The factor transformers multiplies cos and sin by (so the scores by its square):
+        YaRN's temperature, longrope's scaling, 1 for the other types. ``length`` is unused
+        (no type's scaling depends on it) and kept for symmetry with ``inv_freq``."""
+        p = self.parameters
+        attention_factor = p.get("attention_factor")
+        if self.rope_type == "yarn":
+            if attention_factor is not None:
+                return attention_factor
+            factor = self._factor()
+            mscale, mscale_all_dim = p.get("mscale"), p.get("mscale_all_dim")
+            if mscale and mscale_all_dim:
+                return float(_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim))
+            return _yarn_mscale(factor)
+        if self.rope_type == "longrope":
+            if attention_factor is not None:
+                return attention_factor
+            factor = self._factor()
+            if factor <= 1.0:
+                return 1.0
+            n0 = p["original_max_position_embeddings"]
+            return math.sqrt(1 + math.log(factor) / math.log(n0))
+        return 1.0
+
+    def _forward_inv_freq(self, positions: torch.Tensor) -> torch.Tensor:
+        """The frequencies transformers' rotary module uses in a forward at ``positions``: its
+        init-time frequencies (computed on the CPU, then moved), or for dynamic beyond n0 and
+        longrope beyond n0 the ones its ``dynamic_rope_update`` computes on the device."""
+        device = positions.device
+        if self.rope_type in ("dynamic", "longrope"):
+            seq_len = torch.max(positions) + 1
+            if self.rope_type == "dynamic":
+                assert self.max_position_embeddings is not None
+                if bool(seq_len > self.max_position_embeddings):
+                    return self.inv_freq(seq_len, device=device)
+            elif bool(seq_len > self.parameters["original_max_position_embeddings"]):
+                return self.inv_freq(self.parameters["original_max_position_embeddings"] + 1,
+                                     device=device)
+        return _init_inv_freq(self).to(device)
+
+    def angles(self, positions: torch.Tensor,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the angles x w_i at the coordinates ``positions``, (B|1, 1, N, dim).
+
+        positions: (B, N) or (1, N) (or (N,)), integer ids or real coordinates. The float32
+        product x w_i, emb = cat(freqs, freqs), cos(emb) and sin(emb) times
+        ``attention_scaling``, then cast to ``dtype``: transformers' LlamaRotaryEmbedding
+        .forward exactly (float32 angles also for a float64 model). For dynamic and longrope
+        the frequencies are those of n = max position + 1.
+        """
+        if positions.dim() == 1:
+            positions = positions[None]
+        if positions.dim() != 2:
+            raise ValueError(f"positions must be (B, N) or (N,), got {tuple(positions.shape)}")
+        inv = self._forward_inv_freq(positions)
+        freqs = positions[..., None].float() * inv.to(device=positions.device,
+                                                      dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        scaling = self.attention_scaling()
+        cos = emb.cos() * scaling
+        sin = emb.sin() * scaling
+        return cos.to(dtype=dtype).unsqueeze(1), sin.to(dtype=dtype).unsqueeze(1)
+
+    # ------------------------------------------------------------------ report
+    def describe(self) -> str:
+        """One line: the type, base and features, and what the type does to the kernel."""
+        of = f" of {self.head_dim}" if self.head_dim is not None else ""
+        line = f"rope {self.rope_type}, base {self.base:.3g} on {self.dim}{of} features"
+        p, kind = self.parameters, self.rope_type
+        if kind == "default":
+            return line
+        if kind == "linear":
+            return f"{line}; linear: coordinates x -> x / {p['factor']:g}"
+        if kind == "dynamic":
+            return (f"{line}; dynamic NTK: base b -> b ({p['factor']:g} n / n0 - "
+                    f"{p['factor'] - 1:g})^(d/(d-2)) for n > n0 = {self.max_position_embeddings}")
+        if kind == "yarn":
+            return (f"{line}; yarn: coordinates x -> x / {self._factor():g} on the bands "
+                    f"turning under beta_slow = {p.get('beta_slow') or 1:g} times in n0 = "
+                    f"{p['original_max_position_embeddings']}, kept over beta_fast = "
+                    f"{p.get('beta_fast') or 32:g}, temperature {self.attention_scaling():.4g}")
+        if kind == "llama3":
+            return (f"{line}; llama3: frequencies / {p['factor']:g} for wavelengths over "
+                    f"n0 / {p['low_freq_factor']:g}, kept under n0 / "
+                    f"{p['high_freq_factor']:g}, smoothed between "
+                    f"(n0 = {p['original_max_position_embeddings']})")
+        if kind == "longrope":
+            return (f"{line}; longrope: per-frequency factors, short up to n0 = "
+                    f"{p['original_max_position_embeddings']}, long beyond, scaling "
+                    f"{self.attention_scaling():.4g}")
+        rotated = int(p.get("partial_rotary_factor", 1.0) * self.dim // 2)
+        return (f"{line}; proportional: {rotated} of {self.dim // 2} pairs rotate, "
+                f"coordinates x -> x / {p.get('factor', 1.0):g}")
+
+
+def _llama3(inv: torch.Tensor, factor: float, low_freq_factor: float,
+            high_freq_factor: float, n0: int) -> torch.Tensor:
+    """Llama 3.1's band-wise smoothing of the default frequencies ``inv`` (as transformers)."""
+    low_freq_wavelen = n0 / low_freq_factor
+    high_freq_wavelen = n0 / high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_freq_wavelen, inv / factor, inv)
+    smooth = (n0 / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+@lru_cache(maxsize=64)
+def _init_inv_freq(rope: RotaryPositions) -> torch.Tensor:
+    """The init-time frequencies (length None), on the CPU as transformers computes them; cached
+    per kernel (read only: callers move or copy them), as ordinary tensors even when first asked
+    for under inference_mode."""
+    with torch.inference_mode(False), torch.no_grad():
+        return rope.inv_freq(None)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """R_x x = x cos + rot(x) sin on the first d = cos.shape[-1] features, rot(x) = (-x2, x1) for
+    the halves x1, x2 of those features (the "rotate half" layout of Llama's
+    apply_rotary_pos_emb); the other features pass unchanged (partial rotary, as GPT-NeoX).
+    cos and sin (B|1, 1, N, d) broadcast against x (B, H, N, head_dim)."""
+    d = cos.shape[-1]
+    if d == x.shape[-1]:
+        return (x * cos) + (_rotate_half(x) * sin)
+    if d > x.shape[-1]:
+        raise ValueError(f"rotate_half: {d} rotary features but x has {x.shape[-1]}")
+    rot, rest = x[..., :d], x[..., d:]
+    return torch.cat(((rot * cos) + (_rotate_half(rot) * sin), rest), dim=-1)
