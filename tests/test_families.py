@@ -69,8 +69,10 @@ def test_every_reader_is_a_view_of_the_registry():
     for name, classes in MAPS.items():  # each map's own tuple is the live view of its records
         assert tuple(classes) == _registry()["maps"][name] and classes == tuple(classes)
     # the families of this version, in table order (verify lists their groups so)
-    assert list(fam.FAMILIES) == ["bert", "vit", "cvt", "timm", "gpt2"]
-    assert resolve.HF_TYPES == ("bert", "vit", "cvt", "gpt2")
+    assert list(fam.FAMILIES) == ["bert", "vit", "cvt", "timm", "gpt2", "llama", "mistral",
+                                  "qwen2", "qwen3", "gemma2", "gemma3"]
+    assert resolve.HF_TYPES == ("bert", "vit", "cvt", "gpt2", "llama", "mistral", "qwen2", "qwen3",
+                                "gemma2", "gemma3_text")
     assert repr(hf_bert.HF_CLASSES) == "('BertModel', 'BertForSequenceClassification')"
 
 
@@ -181,7 +183,9 @@ def test_an_unregistered_family_leaves_every_reader(tmp_path):
                                          r"'bert'\), got model_type 'toybert'"):
         _model_folder(str(tmp_path))
     with pytest.raises(ValueError, match=r"unknown base kind 'hf-toybert' \(expected 'hf-bert' or "
-                                         r"'hf-vit' or 'hf-cvt' or 'hf-gpt2'\)"):
+                                         r"'hf-vit' or 'hf-cvt' or 'hf-gpt2' or 'hf-llama' or "
+                                         r"'hf-mistral' or 'hf-qwen2' or 'hf-qwen3' or "
+                                         r"'hf-gemma2' or 'hf-gemma3'\)"):
         _rebuild({"kind": "hf-toybert", "source": {}})
     with pytest.raises(TypeError, match="from_hf supports"):
         splitformer.from_hf(type("ToyBertModel", (transformers.BertModel,), {})(
@@ -210,7 +214,8 @@ def test_derive_merges_the_deltas_and_register_refuses_a_clash():
         bert.derive(name="x", modality="audio")
     with pytest.raises(TypeError):
         toy.traits["toy"] = False  # a record is frozen, its deltas too
-    assert list(fam.FAMILIES) == ["bert", "vit", "cvt", "timm", "gpt2"]
+    assert list(fam.FAMILIES) == ["bert", "vit", "cvt", "timm", "gpt2", "llama", "mistral",
+                                  "qwen2", "qwen3", "gemma2", "gemma3"]
 
 
 def test_registry_tests_build_every_family():

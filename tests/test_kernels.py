@@ -388,7 +388,7 @@ def test_every_kernel_name_on_every_family_changes_the_output_or_refuses():
     from splitformer.operators.kernels import KERNEL_NAMES
 
     assert sorted(KERNEL_NAMES) == ["alibi", "gaussian", "linear", "rotary", "sinkhorn",
-                                    "softmax"]
+                                    "softcap", "softmax"]
     for family, (model, run) in _families().items():
         model.eval()
         ops = [o for o in model.modules() if isinstance(o, AttentionOperator)]
@@ -410,8 +410,9 @@ def test_every_kernel_name_on_every_family_changes_the_output_or_refuses():
                 d = (run(model) - ref).abs().max().item()
                 if name == "softmax":
                     assert d < 1e-12, (family, d)
-                else:
-                    assert d > 1e-6, (family, name, d)
+                else:  # softcap's default cap 50 (Gemma2's) bends only scores near 50:
+                    # on these small random weights a small change, but a change
+                    assert d > (1e-9 if name == "softcap" else 1e-6), (family, name, d)
                 set_kernel(model, "softmax")
                 assert (run(model) - ref).abs().max().item() < 1e-12, (family, name)
 

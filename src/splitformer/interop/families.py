@@ -368,3 +368,52 @@ GPT2 = register(ModelFamily(
     example={"vocab_size": 31, "n_positions": 12, "n_embd": 16, "n_layer": 2, "n_head": 2,
              "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 0,
              "eos_token_id": 0}))
+# The Llama family: one map (hf_llama), each relative a delta of the Llama record's traits
+# (read by hf_llama, never by class name). Example configs use odd sizes: head_dim != width /
+# heads, grouped key/value heads, untied heads.
+LLAMA = register(ModelFamily(
+    name="llama", label="Llama", classes=("LlamaModel", "LlamaForCausalLM"),
+    model_types=("llama",), modality="text", config="LlamaConfig", map="hf_llama",
+    source="HFLlamaConfig", model="CausalDecoderModel", store="hf-llama",
+    traits={"activation_key": "hidden_act", "window": None, "qk_norm": False,
+            "sandwich": False, "norm_offset": 0.0, "norm_eps_attr": "variance_epsilon",
+            "pre_attn_scalar": False, "softcap": False, "embed_scale": None,
+            "scale_embeds": True},
+    example={"vocab_size": 37, "hidden_size": 20, "intermediate_size": 28,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 6, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+             "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
+             "pad_token_id": None}))
+MISTRAL = register(LLAMA.derive(
+    name="mistral", label="Mistral", classes=("MistralModel", "MistralForCausalLM"),
+    model_types=("mistral",), config="MistralConfig", store="hf-mistral",
+    traits={"window": "all"}, example={"sliding_window": 3}))
+QWEN2 = register(LLAMA.derive(
+    name="qwen2", label="Qwen2", classes=("Qwen2Model", "Qwen2ForCausalLM"),
+    model_types=("qwen2",), config="Qwen2Config", store="hf-qwen2",
+    traits={"qkv_bias": True, "o_bias": False},
+    example={"hidden_size": 24, "num_attention_heads": 4, "head_dim": 6}))
+QWEN3 = register(LLAMA.derive(
+    name="qwen3", label="Qwen3", classes=("Qwen3Model", "Qwen3ForCausalLM"),
+    model_types=("qwen3",), config="Qwen3Config", store="hf-qwen3",
+    traits={"qk_norm": True}))
+GEMMA2 = register(LLAMA.derive(
+    name="gemma2", label="Gemma2", classes=("Gemma2Model", "Gemma2ForCausalLM"),
+    model_types=("gemma2",), config="Gemma2Config", store="hf-gemma2",
+    traits={"activation_key": "hidden_activation", "sandwich": True, "norm_offset": 1.0,
+            "norm_eps_attr": "eps", "pre_attn_scalar": True, "softcap": True,
+            "embed_scale": "float32", "scale_embeds": False},
+    example={"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 5,
+             "sliding_window": 3, "attn_logit_softcapping": 50.0,
+             "final_logit_softcapping": 30.0, "tie_word_embeddings": True}))
+GEMMA3 = register(GEMMA2.derive(
+    name="gemma3", label="Gemma3", classes=("Gemma3TextModel", "Gemma3ForCausalLM"),
+    model_types=("gemma3_text",), config="Gemma3TextConfig", store="hf-gemma3",
+    traits={"qk_norm": True},
+    example={"attn_logit_softcapping": None, "final_logit_softcapping": None,
+             "sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"],
+             "rope_parameters": {"sliding_attention": {"rope_type": "default",
+                                                       "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                    "rope_theta": 1e6}}}))

@@ -215,6 +215,7 @@ class CausalDecoderModel(EvolutionModel):
         additive_mask: bool = False,
         use_cache: bool = True,
         source: Mapping[str, Any] | None = None,
+        rotary: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.embedding = embedding
@@ -223,6 +224,9 @@ class CausalDecoderModel(EvolutionModel):
         self.additive_mask = bool(additive_mask)
         self.use_cache = bool(use_cache)
         self.source = source  # EvolutionModel.source keeps it (models.base.keep_source)
+        # name -> operators.rope.RotaryPositions: the rotary angles the attention operators
+        # read (Context.rotary), computed once per forward from the coordinates
+        self.rotary = dict(rotary) if rotary else {}
 
     def initial_condition(
         self,
@@ -255,16 +259,41 @@ class CausalDecoderModel(EvolutionModel):
                                seq=n, dtype=u0.dtype, device=u0.device,
                                additive=self.additive_mask, owner=type(self).__name__,
                                signature=self.evolution.signature())
-            ctx.readout.update(labels=labels, logits_to_keep=logits_to_keep)
-            return u0, keep_steps(ctx, output_hidden_states)
-        cache = self.use_cache if use_cache is None else bool(use_cache)
-        ctx = causal_context(attention_mask, position_ids, batch=b, seq=n, dtype=u0.dtype,
-                             device=u0.device, additive=self.additive_mask, packed=not cache,
-                             on_grid=on_token_grid(token_weights, token_coords))
-        ctx = with_token_grid(ctx, token_weights, token_coords, batch=b, seq=n,
-                              owner=type(self).__name__, dtype=u0.dtype)
+        else:
+            cache = self.use_cache if use_cache is None else bool(use_cache)
+            ctx = causal_context(attention_mask, position_ids, batch=b, seq=n, dtype=u0.dtype,
+                                 device=u0.device, additive=self.additive_mask,
+                                 packed=not cache,
+                                 on_grid=on_token_grid(token_weights, token_coords))
+            ctx = with_token_grid(ctx, token_weights, token_coords, batch=b, seq=n,
+                                  owner=type(self).__name__, dtype=u0.dtype)
+        if self.rotary:
+            ctx.rotary = self.rotary_angles(position_ids, ctx.token_coords, b, n, u0)
         ctx.readout.update(labels=labels, logits_to_keep=logits_to_keep)
         return u0, keep_steps(ctx, output_hidden_states)
+
+    def rotary_angles(self, position_ids: torch.Tensor | None, coords: torch.Tensor | None,
+                      b: int, n: int, u0: torch.Tensor
+                      ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """cos and sin of every rotary positions' angles at the nodes, once per forward: at the
+        coordinates x_j (``token_coords``), else at ``position_ids``, else at 0 .. N-1."""
+        if coords is not None:
+            x = coords if coords.dim() == 2 else coords.unsqueeze(0)
+        elif position_ids is not None:
+            if not isinstance(position_ids, torch.Tensor):
+                raise TypeError(f"position_ids must be a torch.Tensor, got "
+                                f"{type(position_ids).__name__}")
+            x = position_ids if position_ids.dim() == 2 else position_ids.unsqueeze(0)
+            if x.shape[-1] != n or x.shape[0] not in (1, b):
+                raise ValueError(f"position_ids must have shape (batch, seq) = ({b}, {n}), "
+                                 f"(1, {n}) or ({n},), got {tuple(position_ids.shape)}")
+            if x.is_floating_point():
+                raise TypeError("position_ids must be integers (real positions are "
+                                "token_coords)")
+        else:
+            x = torch.arange(n, device=u0.device).unsqueeze(0)
+        return {name: spec.angles(x.to(u0.device), u0.dtype)
+                for name, spec in self.rotary.items()}
 
     @staticmethod
     def _tape_positions(tape: KVTape, input_ids, inputs_embeds, position_ids, token_coords):
@@ -330,9 +359,14 @@ class CausalLM(CausalDecoderModel):
         additive_mask: bool = False,
         use_cache: bool = True,
         source: Mapping[str, Any] | None = None,
+        rotary: Mapping[str, Any] | None = None,
+        logit_softcap: float | None = None,
     ) -> None:
         super().__init__(embedding, evolution, final_norm=final_norm,
-                         additive_mask=additive_mask, use_cache=use_cache, source=source)
+                         additive_mask=additive_mask, use_cache=use_cache, source=source,
+                         rotary=rotary)
+        # Gemma2's read-out cap * tanh(logits / cap) (None: the plain logits)
+        self.logit_softcap = None if logit_softcap is None else float(logit_softcap)
         w = embedding.word.weight
         # tied: the head's own weight is never used, so none is allocated (meta device)
         self.lm_head = nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=w.dtype,
@@ -390,6 +424,9 @@ class CausalLM(CausalDecoderModel):
         keep = context.readout.get("logits_to_keep", 0)
         keep = slice(-keep, None) if isinstance(keep, int) else keep
         out.logits = self.lm_head(out.last_hidden_state[:, keep, :])
+        if self.logit_softcap is not None:
+            cap = self.logit_softcap
+            out.logits = torch.tanh(out.logits / cap) * cap
         labels = context.readout.get("labels")
         if labels is not None and (context.token_weights is not None
                                    or context.token_coords is not None):

@@ -32,7 +32,7 @@ from torch import nn
 from ..operators import LayerNormProjection
 from ..operators.token_grid import check_grid_tensor
 
-__all__ = ["TokenEmbedding", "sample_positions"]
+__all__ = ["TokenEmbedding", "WordEmbedding", "sample_positions"]
 
 
 def sample_positions(table: torch.Tensor, coords: torch.Tensor, *, name: str = "token_coords"
@@ -207,3 +207,49 @@ class TokenEmbedding(nn.Module):
         if self.norm is not None:
             e = self.norm(e)
         return self.dropout(e)
+
+
+class WordEmbedding(nn.Module):
+    """f = c E_w[ids]: the initial condition of a rotary decoder (Llama family), where the
+    positions enter the kernel (rotary angles at the coordinates), not the state.
+
+    ``scale`` c: 1 (Llama, Qwen, Mistral) or sqrt(d) (Gemma), multiplied in the state's dtype
+    as transformers does (a 0-dim tensor of that dtype); ``scale_embeds``: whether inputs_embeds
+    given by the caller are scaled too (Gemma2 scales them, Gemma3 does not). ``position_ids``
+    and ``token_coords`` are accepted and not read here: the model turns them into the rotary
+    angles (``Context.rotary``). There are no learned positions (``max_positions`` None).
+    """
+
+    max_positions = None
+
+    def __init__(self, vocab_size: int, dim: int, *, scale: float = 1.0,
+                 scale_embeds: bool = True, padding_idx: int | None = None, device=None,
+                 dtype=None) -> None:
+        super().__init__()
+        self.dim = dim
+        self.scale = float(scale)
+        self.scale_embeds = bool(scale_embeds)
+        self.word = nn.Embedding(vocab_size, dim, padding_idx=padding_idx, device=device,
+                                 dtype=dtype)
+        nn.init.normal_(self.word.weight, std=0.02)
+
+    def extra_repr(self) -> str:
+        extra = f", scale={self.scale:g}" if self.scale != 1.0 else ""
+        return f"vocab={self.word.num_embeddings}, dim={self.dim}{extra}"
+
+    _start = TokenEmbedding._start
+    _check_ids = staticmethod(TokenEmbedding._check_ids)
+
+    def forward(self, input_ids: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, *,
+                token_coords: torch.Tensor | None = None) -> torch.Tensor:
+        """c E_w[ids] (or c inputs_embeds when ``scale_embeds``)."""
+        if token_type_ids is not None:
+            raise ValueError("token_type_ids: this model has no token types (a rotary decoder "
+                             "of the Llama family); pass None")
+        e = self._start(input_ids, inputs_embeds)
+        if self.scale == 1.0 or (input_ids is None and not self.scale_embeds):
+            return e
+        return e * torch.tensor(self.scale, dtype=e.dtype, device=e.device)

@@ -1,11 +1,22 @@
 """Operators of the evolution equation: one module per mathematical object."""
 
-from .attention import AttentionOperator, CrossAttention, NonlocalAttention
+from .attention import (
+    AttentionOperator,
+    CrossAttention,
+    GroupedQueryAttention,
+    NonlocalAttention,
+)
 from .base import Context, Operator
-from .feature import FeatureIntegral, FeedForward
+from .feature import FeatureIntegral, FeedForward, GatedFeedForward
 from .kernels import Kernel, SoftmaxKernel
 from .merging import MergeTrace, TokenMerging
-from .projections import Activation, LayerNormProjection, ProjectionS2, SphereProjection
+from .projections import (
+    Activation,
+    LayerNormProjection,
+    ProjectionS2,
+    RMSNormProjection,
+    SphereProjection,
+)
 from .scaling import DiagonalScaling, LayerScale
 from .superposition import Superposition
 from .token_grid import KernelGrid, TokenGrid
@@ -19,6 +30,8 @@ __all__ = [
     "CrossAttention",
     "FeatureIntegral",
     "FeedForward",
+    "GatedFeedForward",
+    "GroupedQueryAttention",
     "Kernel",
     "KernelGrid",
     "LayerNormProjection",
@@ -26,6 +39,7 @@ __all__ = [
     "NonlocalAttention",
     "Operator",
     "ProjectionS2",
+    "RMSNormProjection",
     "SoftmaxKernel",
     "SphereProjection",
     "Superposition",

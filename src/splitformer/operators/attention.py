@@ -32,10 +32,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Context, Operator, apply_dropout
+from .kernel import expand_heads, window_support
 from .kernels import Kernel, SoftmaxKernel, kernel_class, warn_about_instance
+from .rope import rotate_half
 from .token_grid import KernelGrid, TokenGrid
 
-__all__ = ["AttentionOperator", "CrossAttention", "NonlocalAttention"]
+__all__ = ["AttentionOperator", "CrossAttention", "GroupedQueryAttention", "NonlocalAttention"]
 
 
 class AttentionOperator(Operator):
@@ -62,20 +64,26 @@ class AttentionOperator(Operator):
     reads_tape: ClassVar[bool] = True
 
     def __init__(self, dim: int, num_heads: int, *, kernel: Kernel | None,
-                 attn_dropout: float) -> None:
+                 attn_dropout: float, head_dim: int | None = None) -> None:
         super().__init__()
         if not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
         if not isinstance(num_heads, int) or num_heads <= 0:
             raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
-        if dim % num_heads != 0:
+        if head_dim is None and dim % num_heads != 0:
             raise ValueError(
                 f"num_heads={num_heads} must divide dim={dim} (the head coordinate splits the "
-                "feature grid into equal parts)"
+                "feature grid into equal parts; or give head_dim)"
             )
+        if head_dim is not None and (isinstance(head_dim, bool) or not isinstance(head_dim, int)
+                                     or head_dim <= 0):
+            raise ValueError(f"head_dim must be a positive int (or None: dim / num_heads), got "
+                             f"{head_dim!r}")
         self.dim = dim
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        # the head size is its own grid (docs/math.md 3.17): d_h = dim / H unless given
+        self.head_dim = dim // num_heads if head_dim is None else head_dim
+        self.inner_dim = self.num_heads * self.head_dim
         self.kernel: Kernel = kernel if kernel is not None else SoftmaxKernel()
         self.scale: float | None = self.kernel.scale
         if isinstance(attn_dropout, bool) or not isinstance(attn_dropout, numbers.Real) or not (
@@ -154,7 +162,7 @@ class AttentionOperator(Operator):
 
     def _add_output(self, bias: bool, dropout: float, **kw) -> None:
         """W_O (dim, dim), b_O and the output dropout (initialised by the subclass)."""
-        self.out_weight = nn.Parameter(torch.empty(self.dim, self.dim, **kw))
+        self.out_weight = nn.Parameter(torch.empty(self.dim, self.inner_dim, **kw))
         self.out_bias = nn.Parameter(torch.empty(self.dim, **kw)) if bias else None
         self.out_dropout = nn.Dropout(dropout)
 
@@ -221,7 +229,7 @@ class AttentionOperator(Operator):
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         b, n, _ = u.shape
         heads = self.head_outputs(u, context)
-        out = heads.transpose(1, 2).reshape(b, n, self.dim)
+        out = heads.transpose(1, 2).reshape(b, n, self.inner_dim)
         return apply_dropout(self.out_dropout, F.linear(out, self.out_weight, self.out_bias))
 
     @torch.no_grad()
@@ -350,3 +358,147 @@ class CrossAttention(NonlocalAttention):
         return ("its queries are tokens of u and its keys tokens of the memory m, two different "
                 "sequences (CrossAttention): put a relative-position kernel into the "
                 "self-attention operators one by one (op.set_kernel(name))")
+
+
+class GroupedQueryAttention(AttentionOperator):
+    """A[u] with H query heads and H_kv key/value heads: grouped-query attention.
+
+    Continuous form (docs/math.md 3.17), heads h = (g, j), g = h H_kv / H:
+
+        A[u](x) = sum_h W_O,h int_{S(x)} g_h(x, x') V_g(x') dx',
+        g_h(x, x') = softmax_x'( s <R_x N_Q Q_h(x), R_x' N_K K_g(x')> )
+
+    K and V are sampled on a coarser grid in the head coordinate than Q (each key/value head
+    serves H / H_kv query heads; MQA is H_kv = 1, MHA H_kv = H); the head size d_h is its own
+    grid (``head_dim``, not necessarily dim / H: Gemma, Qwen3). Options:
+
+    * ``q_norm`` / ``k_norm``: projections of each head's Q and K onto a sphere (QK-norm of
+      Qwen3 and Gemma3: ``RMSNormProjection(head_dim)``), N_Q and N_K above;
+    * ``rope``: the name of the rotary angles R_x in ``Context.rotary`` (computed once per
+      forward by the model: the kernel on coordinates of docs/math.md 3.18); None: no rotation;
+    * ``window``: the support S(x) = {x' : x - x' < W} within the causal support (a sliding
+      window, Mistral, Gemma2/3), on the token coordinates.
+
+    Weights as transformers stores them: ``q_weight`` (H d_h, dim), ``k_weight`` and
+    ``v_weight`` (H_kv d_h, dim), optional biases (Qwen2), ``out_weight`` W_O (dim, H d_h).
+    On a KV tape the H_kv heads are stored (rotated, as transformers' cache holds them).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        bias: bool = False,
+        out_bias: bool = False,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
+        rope: str | None = None,
+        window: int | None = None,
+        kernel: Kernel | None = None,
+        attn_dropout: float = 0.0,
+        out_dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(dim, num_heads, kernel=kernel, attn_dropout=attn_dropout,
+                         head_dim=head_dim)
+        kv = num_heads if num_kv_heads is None else num_kv_heads
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0 or num_heads % kv:
+            raise ValueError(f"num_kv_heads must be a positive int dividing num_heads="
+                             f"{num_heads} (each key/value head serves a group of query "
+                             f"heads), got {num_kv_heads!r}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                                   or window < 1):
+            raise ValueError(f"window must be None or an int >= 1 (the support x - x' < W), "
+                             f"got {window!r}")
+        if rope is not None and not isinstance(rope, str):
+            raise TypeError(f"rope must be None or the name of the rotary angles in "
+                            f"Context.rotary, got {type(rope).__name__}")
+        self.num_kv_heads = kv
+        self.rope = rope
+        self.window = window
+        kw = {"device": device, "dtype": dtype}
+        d_kv = kv * self.head_dim
+        self.q_weight = nn.Parameter(torch.empty(self.inner_dim, dim, **kw))
+        self.k_weight = nn.Parameter(torch.empty(d_kv, dim, **kw))
+        self.v_weight = nn.Parameter(torch.empty(d_kv, dim, **kw))
+        self.q_bias = nn.Parameter(torch.zeros(self.inner_dim, **kw)) if bias else None
+        self.k_bias = nn.Parameter(torch.zeros(d_kv, **kw)) if bias else None
+        self.v_bias = nn.Parameter(torch.zeros(d_kv, **kw)) if bias else None
+        self.q_norm = q_norm
+        self.k_norm = k_norm
+        self._add_output(out_bias, out_dropout, **kw)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for w in (self.q_weight, self.k_weight, self.v_weight):
+            nn.init.xavier_uniform_(w)
+        nn.init.xavier_uniform_(self.out_weight, gain=1.0 / math.sqrt(2.0))
+        for b in (self.q_bias, self.k_bias, self.v_bias, self.out_bias):
+            if b is not None:
+                nn.init.zeros_(b)
+
+    @property
+    def groups(self) -> int:
+        """H / H_kv: the query heads each key/value head serves."""
+        return self.num_heads // self.num_kv_heads
+
+    def extra_repr(self) -> str:
+        extra = "".join(f", {k}={v}" for k, v in (("rope", self.rope), ("window", self.window))
+                        if v is not None)
+        return (f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, kernel={self.kernel.name}, "
+                f"bias={self.q_bias is not None}, qk_norm={self.q_norm is not None}{extra}")
+
+    def qkv(self, u: torch.Tensor, context: Context | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q (B, H, N, d_h), K and V (B, H_kv, N, d_h): the feature integrals, the QK-norm
+        projections, the rotation at the nodes' coordinates."""
+        b, n, _ = u.shape
+        d = self.head_dim
+        q = F.linear(u, self.q_weight, self.q_bias).view(b, n, self.num_heads, d)
+        k = F.linear(u, self.k_weight, self.k_bias).view(b, n, self.num_kv_heads, d)
+        v = F.linear(u, self.v_weight, self.v_bias).view(b, n, self.num_kv_heads, d)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.rope is not None:
+            angles = None if context is None or context.rotary is None else \
+                context.rotary.get(self.rope)
+            if angles is None:
+                raise ValueError(f"{type(self).__name__}: rope={self.rope!r} needs the rotary "
+                                 f"angles Context.rotary[{self.rope!r}] (the model computes "
+                                 "them once per forward from the token coordinates)")
+            cos, sin = angles
+            q, k = rotate_half(q, cos, sin), rotate_half(k, cos, sin)
+        return q, k, v
+
+    def head_outputs(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        """int_{S(x)} g_h(x,x') V_g(x') dx' for every query head: (B, H, N_x, d_h)."""
+        q, k, v = self.qkv(u, context)
+        mask, causal = self.support(context)
+        p = self.attn_dropout if self.training else 0.0
+        if context is not None and context.tape is not None:
+            if mask is not None or not causal:
+                return self._on_tape(context, q, k, v, mask, causal, p)  # refuses, naming why
+            if p > 0.0:
+                return self._on_tape(context, q, k, v, mask, causal, p)
+            return context.tape.attend(self.kernel, q, k, v, window=self.window)
+        grid = self.kernel_grid(context, q.shape[-2], k.shape[-2], q.shape[0])
+        k, v = expand_heads(self.kernel, q, k, v)
+        if self.window is not None:
+            mask, causal = window_support(mask, causal, q.shape[-2], k.shape[-2], grid,
+                                          self.window, q.dtype, q.device)
+        if grid is None:
+            return self.kernel(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p)
+        if not self.kernel.grid_aware:
+            raise ValueError(
+                f"{type(self).__name__}: the kernel {type(self.kernel).__qualname__} does not "
+                "integrate against a token grid, and the context has token_weights or "
+                "token_coords: refused rather than silently ignored")
+        return self.kernel(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p, grid=grid)

@@ -15,6 +15,13 @@ The feed-forward vector field with J stages (docs/math.md section 3.4) is
 
 with s an activation applied pointwise on the lifted domain (ReLU = projection onto S2 of
 the hidden field). J = 2 is the standard FFN: G(u) = W_2 s(W_1 u + b_1) + b_2.
+
+The gated field (SwiGLU, GeGLU; docs/math.md 3.16) is a product of two feature integrals,
+
+    G(u)(x) = W_d ( s(W_g u(x) + b_g) * (W_u u(x) + b_u) ) + b_d,
+
+pointwise in x: a reaction term of degree two in the lifted features, not a projection and not
+globally Lipschitz (``GatedFeedForward``, with its Lipschitz bound on a ball).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from torch import nn
 from .base import Context, Operator, apply_dropout, tree_has_hooks
 from .projections import Activation
 
-__all__ = ["FeatureIntegral", "FeedForward"]
+__all__ = ["ACTIVATION_BOUNDS", "FeatureIntegral", "FeedForward", "GatedFeedForward"]
 
 
 class FeatureIntegral(Operator):
@@ -163,3 +170,78 @@ class FeedForward(Operator):
         last.weight.mul_(c)
         if last.bias is not None:
             last.bias.mul_(c)
+
+
+# sup |s'| and the growth bound c with |s(z)| <= c |z| of each activation a gated field takes
+# (SiLU: max s' = 1.0998 at z = 2.3994; GELU: max s' = 1.1289 at z = sqrt(2); tanh-GELU within
+# 1e-3 of it, bounded by 1.13; ReLU and identity 1)
+ACTIVATION_BOUNDS: dict[str, tuple[float, float]] = {
+    "silu": (1.0999, 1.0),
+    "gelu": (1.1290, 1.0),
+    "gelu_tanh": (1.1300, 1.0),
+    "relu": (1.0, 1.0),
+    "identity": (1.0, 1.0),
+}
+
+
+class GatedFeedForward(Operator):
+    """G(u) = W_d (s(W_g u + b_g) * (W_u u + b_u)) + b_d: the gated feature field.
+
+    SwiGLU (s = SiLU; Llama, Qwen, Mistral) and GeGLU (s = tanh-GELU; Gemma). Two lifts of u
+    onto the hidden grid of width N_h (``gate`` W_g, ``up`` W_u), multiplied pointwise, and one
+    feature integral back (``down`` W_d): pointwise in x. It is bilinear in the two lifts (a
+    reaction term), not a projection, and its Lipschitz constant grows with |u|: on the ball
+    |v| <= R, which a pre-norm's sphere lies in (``RMSNormProjection.radius``),
+
+        Lip(G) <= |W_d|_2 ( L_s |W_g|_2 (r_u R + |b_u|_inf) + c_s |W_u|_2 (r_g R + |b_g|_inf) ),
+
+    r_g, r_u the largest row norms of W_g, W_u, L_s = sup |s'|, |s(z)| <= c_s |z|
+    (``lipschitz_bound``): from DG(v) w = W_d (s'(a) (W_g w) b + s(a) (W_u w)), a = W_g v + b_g,
+    b = W_u v + b_u, with |a_i| <= r_g R + |b_g|_inf. The paper's FFN analysis (ReLU, a
+    projection of the lifted field) does not cover it.
+    """
+
+    kind = "field"
+    returns_new = True
+
+    def __init__(self, dim: int, hidden: int, *, activation: str = "silu", bias: bool = False,
+                 out_dropout: float = 0.0, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = {"bias": bias, "device": device, "dtype": dtype}
+        self.gate = FeatureIntegral(dim, hidden, **kw)
+        self.up = FeatureIntegral(dim, hidden, **kw)
+        self.down = FeatureIntegral(hidden, dim, **kw)
+        self.activation = Activation(activation)
+        self.out_dropout = nn.Dropout(out_dropout)
+        self.dim, self.hidden = dim, hidden
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, hidden={self.hidden}, activation={self.activation.name}"
+
+    def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        return apply_dropout(self.out_dropout,
+                             self.down(self.activation(self.gate(u)) * self.up(u)))
+
+    @torch.no_grad()
+    def scale_(self, c: float) -> None:
+        """G <- c G: W_d and b_d times c."""
+        self.down.scale_(c)
+
+    @torch.no_grad()
+    def lipschitz_bound(self, radius: float) -> float:
+        """An upper bound of the Lipschitz constant of G on the ball |v| <= ``radius`` (class
+        docstring); ValueError for an activation without known constants."""
+        if self.activation.name not in ACTIVATION_BOUNDS:
+            raise ValueError(f"no Lipschitz constants for the activation "
+                             f"{self.activation.name!r}; known: {sorted(ACTIVATION_BOUNDS)}")
+        slope, growth = ACTIVATION_BOUNDS[self.activation.name]
+        wg, wu, wd = (m.weight.double() for m in (self.gate, self.up, self.down))
+
+        def reach(stage: FeatureIntegral, w: torch.Tensor) -> float:
+            r = float(w.norm(dim=1).max()) * radius
+            return r + (float(stage.bias.abs().max()) if stage.bias is not None else 0.0)
+
+        def norm(w):
+            return (float(torch.linalg.matrix_norm(w, ord=2)))
+        return norm(wd) * (slope * norm(wg) * reach(self.up, wu)
+                           + growth * norm(wu) * reach(self.gate, wg))

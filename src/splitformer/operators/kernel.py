@@ -19,7 +19,19 @@ from torch import nn
 
 from .token_grid import KernelGrid
 
-__all__ = ["Kernel", "KernelSite", "check_scale", "support_is_causal"]
+__all__ = ["Kernel", "KernelSite", "check_scale", "expand_heads", "support_is_causal",
+           "window_support"]
+
+
+def expand_heads(kernel: Kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V as ``kernel`` takes them: as given when it declares ``grouped_heads`` or the
+    head counts agree, else each of the H_kv key/value heads repeated H / H_kv times (the
+    coarse quadrature in the head coordinate read on the fine one, transformers' repeat_kv)."""
+    h, h_kv = q.shape[-3], k.shape[-3]
+    if h == h_kv or kernel.grouped_heads:
+        return k, v
+    return k.repeat_interleave(h // h_kv, dim=-3), v.repeat_interleave(h // h_kv, dim=-3)
 
 
 def check_scale(scale: Any, owner: str) -> float | None:
@@ -76,12 +88,17 @@ class Kernel(nn.Module):
     takes_scale: ClassVar[bool] = False
     relative: ClassVar[bool] = False
     grid_aware: ClassVar[bool] = False
+    # forward takes K and V with fewer heads than Q (grouped-query attention, docs/math.md
+    # 3.17): H_kv divides H and key/value head g serves the query heads g H/H_kv .. (g+1)
+    # H/H_kv - 1; a kernel without it gets K and V repeated to H heads (``expand_heads``)
+    grouped_heads: ClassVar[bool] = False
 
     @property
     def causal_support(self) -> bool:
         """Whether the kernel is supported on x' <= x whatever ``is_causal`` says (a causal
         ALiBi kernel); False for the others."""
         return False
+
     scale: float | None = None
 
     # what a KV tape stores for a past node at one attention evaluation (operators.tape):
@@ -218,3 +235,29 @@ def _support_is_causal_on(grid: KernelGrid, attn_mask: torch.Tensor, n_q: int, n
     when a node is split (its copies, at one coordinate, see each other). One sync."""
     future = ~grid.causal(n_q, n_k, attn_mask.device)  # (B|1, 1, N_q, N_k)
     return bool((_off_support(attn_mask) | ~future).all())
+
+
+def window_support(attn_mask: torch.Tensor | None, is_causal: bool, n_q: int, n_k: int,
+                   grid: KernelGrid | None, window: int, dtype: torch.dtype,
+                   device: torch.device) -> tuple[torch.Tensor, bool]:
+    """The support intersected with the sliding window {x_q - x_k < W} (docs/math.md 3.17), as
+    (mask, False): the causal part x_k <= x_q folded in when ``is_causal``. The offsets are the
+    grid's coordinates, else the index with the queries bottom-right aligned. A boolean mask
+    stays boolean; a floating (additive) one gets finfo.min off the window, as transformers'
+    eager masks."""
+    if grid is not None and grid.has_coords:
+        xq, xk = grid.positions(n_q, n_k, torch.float64, device)
+    else:
+        xq = (torch.arange(n_q, dtype=torch.float64, device=device) + (n_k - n_q)).unsqueeze(0)
+        xk = torch.arange(n_k, dtype=torch.float64, device=device).unsqueeze(0)
+    off = xq[:, :, None] - xk[:, None, :]
+    band = off < window
+    if is_causal:
+        band = band & (off >= 0)
+    band = band.unsqueeze(1)  # (B|1, 1, N_q, N_k)
+    if attn_mask is None:
+        return band, False
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & band, False
+    low = torch.tensor(torch.finfo(attn_mask.dtype).min, dtype=attn_mask.dtype, device=device)
+    return torch.where(band, attn_mask, low), False

@@ -72,6 +72,7 @@ __all__ = [
     "LinearKernel",
     "RotaryKernel",
     "SinkhornKernel",
+    "SoftcapKernel",
     "SoftmaxKernel",
     "alibi_slopes",
     "check_scale",
@@ -87,6 +88,7 @@ class SoftmaxKernel(Kernel):
     name = "softmax"
     takes_scale = True
     grid_aware = True
+    grouped_heads = True  # sdpa's enable_gqa: no copy of K and V per query head
     caches = "keys_values"
 
     def __init__(self, scale: float | None = None) -> None:
@@ -98,6 +100,9 @@ class SoftmaxKernel(Kernel):
 
     def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0, grid=None):
         attn_mask, is_causal = _grid_sdpa_support(attn_mask, is_causal, q, k, grid)
+        if k.shape[-3] != q.shape[-3]:
+            return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=self.scale, enable_gqa=True)
         return sdpa(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
             scale=self.scale,
@@ -389,10 +394,50 @@ class LinearKernel(Kernel):
         return num / den.clamp_min(self.eps), (kv, ks)
 
 
+class SoftcapKernel(Kernel):
+    """g = softmax_x'( c tanh(<Q(x),K(x')> s / c) + m(x,x') + log w(x') ): soft-capped scores.
+
+    Gemma2's attention: the score a is squashed into (-c, c) before the softmax (c =
+    attn_logit_softcapping), which bounds every kernel value below by exp(-2c) / N: the kernel
+    cannot concentrate on one node more than that allows. The softmax is computed in float32
+    and cast back, as transformers' eager path does (float64 included, where exactness needs
+    it); K and V with fewer heads are repeated to the query heads.
+    """
+
+    name = "softcap"
+    takes_scale = True
+    grid_aware = True
+    caches = "keys_values"
+
+    def __init__(self, cap: float = 50.0, scale: float | None = None) -> None:
+        super().__init__()
+        if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not (
+                math.isfinite(float(cap)) and cap > 0):
+            raise ValueError(f"SoftcapKernel: cap must be a finite number > 0, got {cap!r}")
+        self.cap = float(cap)
+        self.scale = check_scale(scale, "SoftcapKernel")
+
+    def extra_repr(self) -> str:
+        return f"cap={self.cap}, scale={self.scale}"
+
+    def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0, grid=None):
+        s = self.scale if self.scale is not None else q.shape[-1] ** -0.5
+        a = torch.matmul(q, k.transpose(-2, -1)) * s
+        a = torch.tanh(a / self.cap) * self.cap
+        m = _grid_additive(attn_mask, is_causal, q, k, grid)
+        if m is not None:
+            # off the support: float32's lowest value, not -inf, so that a query whose whole
+            # support is padding averages instead of turning NaN (transformers' float64 eager
+            # path turns it NaN); every other row is unchanged (exp underflows to 0 either way)
+            a = (a + m).clamp_min(torch.finfo(torch.float32).min)
+        p = torch.softmax(a, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(_dropout(p, dropout_p), v)
+
+
 KERNELS: dict[str, type[Kernel]] = {
     cls.name: cls
     for cls in (SoftmaxKernel, SinkhornKernel, GaussianKernel, LinearKernel, ALiBiKernel,
-                RotaryKernel)
+                RotaryKernel, SoftcapKernel)
 }
 """The registry of kernel names: name -> class (``Kernel.for_operator`` builds one for an
 operator). The one source of the names that ``set_kernel`` accepts."""

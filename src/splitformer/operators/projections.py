@@ -36,7 +36,8 @@ from torch import nn
 
 from .base import Context, Operator, has_hooks
 
-__all__ = ["Activation", "LayerNormProjection", "ProjectionS2", "SphereProjection"]
+__all__ = ["Activation", "LayerNormProjection", "ProjectionS2", "RMSNormProjection",
+           "SphereProjection"]
 
 
 class SphereProjection(Operator):
@@ -147,6 +148,99 @@ class LayerNormProjection(Operator):
         if self.bias is not None:
             u = u + self.bias
         return u
+
+
+class RMSNormProjection(Operator):
+    """RMS(v) = g * v / sqrt(mean_y v^2 + eps): the projection onto a sphere, then a gain.
+
+    Without eps, v -> sqrt(N) v / |v| is the nearest point of the sphere {|v|^2 = N} (one
+    constraint; LayerNorm's S1 has two, the mean and the variance). With eps, v / sqrt(mean v^2
+    + eps) is exactly the first N coordinates of the projection of (v, sqrt(N eps)) onto the
+    sphere of radius sqrt(N) in R^(N+1) (the ghost feature point of LayerNorm's reading, without
+    the centring; ``ghost_projection``), docs/math.md 3.15. The gain is a pointwise affine
+    substep u -> g u, with g = ``offset`` + weight (Gemma stores g - 1: ``offset`` = 1).
+
+    Precision, as transformers computes it (exactness needs it): ``upcast`` computes the
+    normalisation in float32 whatever the input's dtype (float64 too: transformers' RMSNorm
+    casts to float32) and casts back before the gain (Llama, Qwen, Mistral); with
+    ``gain_in_float32`` the gain is applied in float32 before the cast (Gemma). ``upcast=False``
+    computes in the input's dtype (a float64 study of the evolution).
+    """
+
+    kind = "projection"
+
+    def __init__(self, dim: int, *, eps: float = 1e-6, offset: float = 0.0,
+                 elementwise_affine: bool = True, upcast: bool = True,
+                 gain_in_float32: bool = False, device=None, dtype=None) -> None:
+        super().__init__()
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0
+                and math.isfinite(eps)):
+            raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+        self.dim = dim
+        self.eps = float(eps)
+        self.offset = float(offset)
+        self.upcast = bool(upcast)
+        self.gain_in_float32 = bool(gain_in_float32)
+        init = 1.0 - self.offset
+        self.weight = nn.Parameter(torch.full((dim,), init, device=device, dtype=dtype)) \
+            if elementwise_affine else None
+
+    def extra_repr(self) -> str:
+        extra = f", offset={self.offset:g}" if self.offset else ""
+        return (f"dim={self.dim}, eps={self.eps}, affine={self.weight is not None}{extra}, "
+                f"upcast={self.upcast}")
+
+    def gain(self) -> torch.Tensor | None:
+        """g = offset + weight (None without a gain: g = 1)."""
+        if self.weight is None:
+            return None
+        return self.weight + self.offset if self.offset else self.weight
+
+    def forward(self, v: torch.Tensor, context: Context | None = None) -> torch.Tensor:
+        dtype = v.dtype
+        x = v.to(torch.float32) if self.upcast else v
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight is None:
+            return x.to(dtype)
+        if self.gain_in_float32:
+            w = self.weight.to(x.dtype)
+            return (x * (self.offset + w) if self.offset else x * w).to(dtype)
+        x = x.to(dtype)
+        return x * (self.offset + self.weight) if self.offset else self.weight * x
+
+    def ghost_projection(self, v: torch.Tensor) -> torch.Tensor:
+        """Project (v, sqrt(N eps)) onto |w| = sqrt(N) in R^(N+1) and keep the first N
+        coordinates: v / sqrt(mean v^2 + eps), written as the sphere projection."""
+        n = v.shape[-1]
+        ghost = torch.full_like(v[..., :1], math.sqrt(n * self.eps))
+        lifted = torch.cat([v, ghost], dim=-1)
+        return (math.sqrt(n) * lifted / lifted.norm(dim=-1, keepdim=True))[..., :n]
+
+    def affine(self, u: torch.Tensor) -> torch.Tensor:
+        """The gain substep u -> g u."""
+        g = self.gain()
+        return u if g is None else u * g
+
+    def tangent(self, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Pi_T(v) w on the eps = 0 constraint set {g z : |z|^2 = N}: the normal at v = g z is
+        z / g (the gradient of |v / g|^2), removed from w."""
+        g = self.gain()
+        n = v / g if g is not None else v
+        n = n / g if g is not None else n
+        e = n / n.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(n.dtype).tiny)
+        return w - (w * e).sum(-1, keepdim=True) * e
+
+    def distance(self, v: torch.Tensor) -> torch.Tensor:
+        """dist(v, {|v|^2 = N}) per token: | |v| - sqrt(N) | (the sphere before the gain)."""
+        return (v.norm(dim=-1) - math.sqrt(v.shape[-1])).abs()
+
+    def radius(self) -> float:
+        """A bound on |RMS(v)| for every v: sqrt(N) max_y |g(y)| (|v / rms_eps(v)| <= sqrt(N))."""
+        g = self.gain()
+        top = 1.0 if g is None else float(g.detach().abs().max())
+        return math.sqrt(self.dim) * top
 
 
 def _remove_normal(w: torch.Tensor, n1: torch.Tensor, n2: torch.Tensor) -> torch.Tensor:

@@ -218,13 +218,13 @@ class RotaryPositions:
         and max_position_embeddings. ValueError naming the key for an unknown rope_type or a
         missing parameter.
         """
-        params = getattr(config, "rope_parameters", None)
+        c = config.to_dict()  # a transformers config's settings (.get: a family lacks some)
+        params = c.get("rope_parameters")
         if not params:
             params = {}
         if not isinstance(params, Mapping):
             raise ValueError(f"rope_parameters: expected a dict, got {type(params).__name__}")
-        labels = (getattr(config, "_rope_type_labels", None) or getattr(config, "layer_types", None)
-                  or ())
+        labels = vars(config).get("_rope_type_labels") or c.get("layer_types") or ()
         nested = [k for k, v in params.items() if k in labels or isinstance(v, Mapping)]
         if layer_type is not None:
             if layer_type not in params or not isinstance(params[layer_type], Mapping):
@@ -238,21 +238,20 @@ class RotaryPositions:
         if rope_type not in ROPE_TYPES:
             raise ValueError(f"rope_type: unknown rope_type {rope_type!r} in rope_parameters; "
                              f"one of {', '.join(ROPE_TYPES)}")
-        base = params.get("rope_theta", getattr(config, "rope_theta", None))
+        base = params.get("rope_theta", c.get("rope_theta"))
         if base is None:
             raise ValueError("rope_theta: missing from rope_parameters and the config")
         if head_dim is None:
-            head_dim = getattr(config, "head_dim", None) or (
-                config.hidden_size // config.num_attention_heads)
+            head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
         factor = params.get("partial_rotary_factor")
         if factor is None:
-            factor = getattr(config, "partial_rotary_factor", None)
+            factor = c.get("partial_rotary_factor")
         factor = 1.0 if factor is None else factor
         dim = head_dim if rope_type == "proportional" else int(head_dim * factor)
         return cls(dim=dim, base=base, rope_type=rope_type,
                    parameters={k: v for k, v in params.items()
                                if k not in ("rope_type", "rope_theta")},
-                   max_position_embeddings=getattr(config, "max_position_embeddings", None),
+                   max_position_embeddings=c.get("max_position_embeddings"),
                    head_dim=head_dim)
 
     def to_parameters(self) -> dict[str, Any]:

@@ -28,6 +28,9 @@ What one evaluation stores is the kernel's declaration (``Kernel.caches``):
   mass-weighted coordinate, context extension rescales them), and an unrotated key can be put
   at any coordinate while a rotated one would have to be un-rotated first. The cost is one
   rotation of the cached keys per evaluation, the same order as the attention itself.
+  An operator that rotates Q and K itself with the angles its model computes once per
+  forward (``Context.rotary``: the Llama family's, docs/math.md 3.18) hands the tape rotated
+  keys, as transformers' cache holds them: a policy that moves coordinates un-rotates first.
 * ``"running_sums"``: the linear kernel's recurrent form, S = sum_j w_j phi(K_j) V_j^T and
   z = sum_j w_j phi(K_j): constant memory per token (``LinearKernel.recurrent``).
 * None: refused by name (causal Sinkhorn: its column sums run over the past queries, so a past
@@ -47,6 +50,7 @@ from typing import Any
 
 import torch
 
+from .kernel import expand_heads, window_support
 from .token_grid import KernelGrid
 
 __all__ = ["CACHE_KINDS", "KVTape", "TapeError"]
@@ -291,10 +295,15 @@ class KVTape:
         mask = causal & keep[:, None, None, :]
         return _Support(_finfo(mask, dtype) if additive else mask, False, grid)
 
-    def attend(self, kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-               ) -> torch.Tensor:
+    def attend(self, kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+               window: int | None = None) -> torch.Tensor:
         """The kernel at this evaluation: the new queries ``q`` over the past and new keys and
-        values (``k``, ``v`` of the new nodes are written to the tape), (B, H, n, d_v)."""
+        values (``k``, ``v`` of the new nodes are written to the tape), (B, H, n, d_v).
+
+        ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention): the tape
+        keeps the H_kv heads (the smaller cache is the point of GQA) and the kernel gets them
+        as it declares (``expand_heads``). ``window``: the support restricted to x_q - x_k < W
+        (a sliding window); the tape still keeps every past node."""
         if not self._new:
             raise TapeError("the tape has no forward open (a causal model's forward opens it; "
                             "pass the tape as its tape= argument)")
@@ -308,10 +317,18 @@ class KVTape:
         start = self.length
         if isinstance(entry, _KeysValues):
             k_all, v_all = entry.extend(k, v, start, self.capacity)
+            k_all, v_all = expand_heads(kernel, q, k_all, v_all)
+            mask, causal = s.mask, s.is_causal
+            if window is not None:
+                mask, causal = window_support(mask, causal, q.shape[-2], k_all.shape[-2],
+                                              s.grid, window, q.dtype, q.device)
             if s.grid is None:
-                return kernel(q, k_all, v_all, attn_mask=s.mask, is_causal=s.is_causal)
-            return kernel(q, k_all, v_all, attn_mask=s.mask, is_causal=s.is_causal,
-                          grid=s.grid)
+                return kernel(q, k_all, v_all, attn_mask=mask, is_causal=causal)
+            return kernel(q, k_all, v_all, attn_mask=mask, is_causal=causal, grid=s.grid)
+        if window is not None:
+            raise TapeError(f"{type(kernel).__name__} keeps running sums over the whole past: "
+                            "a sliding window (a support |x - x'| < W) has no such form")
+        k, v = expand_heads(kernel, q, k, v)
         end = start + self._new
         keep = None if self._keep is None else self._keep[:, start:end]
         weights = None if self._weights is None else self._weights[:, start:end]

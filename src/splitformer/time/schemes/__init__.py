@@ -19,11 +19,13 @@ inside it) followed by Lie.
 from .families import DECODER_POST_LN as DECODER_POST_LN
 from .families import DECODER_PRE_LN as DECODER_PRE_LN
 from .families import LAYERSCALE_LAYOUT as LAYERSCALE_LAYOUT
+from .families import SANDWICH_LAYOUT as SANDWICH_LAYOUT
 from .families import STOCHASTIC_DEPTH_LAYOUT as STOCHASTIC_DEPTH_LAYOUT
 from .families import cvt_scheme as cvt_scheme
 from .families import decoder_lie as decoder_lie
 from .families import decoder_prenorm as decoder_prenorm
 from .families import prenorm_layerscale as prenorm_layerscale
+from .families import prenorm_sandwich as prenorm_sandwich
 from .families import vit_scheme as vit_scheme
 from .layouts import POST_LN, PRE_LN, Field, pre_norm_layout
 from .layouts import Layout as Layout

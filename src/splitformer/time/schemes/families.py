@@ -8,6 +8,7 @@ modules of ``splitformer.models`` import them from here):
     prenorm_layerscale, vit_scheme     the ViT block with and without LayerScale (timm)
     STOCHASTIC_DEPTH_LAYOUT            pre-LN with stochastic depth D after each field
     cvt_scheme                         the CvT layer, with Hugging Face's drop_path placement
+    SANDWICH_LAYOUT, prenorm_sandwich  pre-norm with a norm after each field too (Gemma2/3)
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ __all__ = [
     "DECODER_POST_LN",
     "DECODER_PRE_LN",
     "LAYERSCALE_LAYOUT",
+    "SANDWICH_LAYOUT",
     "STOCHASTIC_DEPTH_LAYOUT",
     "cvt_scheme",
     "decoder_lie",
     "decoder_prenorm",
     "prenorm_layerscale",
+    "prenorm_sandwich",
     "vit_scheme",
 ]
 
@@ -96,3 +99,20 @@ def cvt_scheme(drop_path: bool) -> Scheme:
         # named schemes rebuilt on this one put D after each field (ordinary stochastic depth)
         meta={"layout": STOCHASTIC_DEPTH_LAYOUT},
     )
+
+
+# -- Gemma2 / Gemma3's sandwich norms (models/llama.py) -------------------------------------
+SANDWICH_LAYOUT: Layout = (
+    Field("attention", pre=("norm1",), post=("post_norm1",)),
+    Field("ffn", pre=("norm2",), post=("post_norm2",)),
+)
+
+
+def prenorm_sandwich() -> Scheme:
+    """Pre-norm with a projection after each field as well: u += tau Q1(A(P1 u));
+    u += tau Q2(G(P2 u)) (Gemma2's and Gemma3's four RMSNorms per layer)."""
+    s = lie(SANDWICH_LAYOUT)
+    return Scheme(s.stages, name="prenorm_sandwich",
+                  description="explicit Euler for u_t = Q1(A(P1 u)) + Q2(G(P2 u)): each field "
+                              "between two projections (sandwich norms)",
+                  order=1, meta=s.meta)
