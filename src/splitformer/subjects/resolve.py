@@ -11,7 +11,11 @@ MODEL is one of
 * a local Hugging Face folder (``config.json`` with ``model_type`` in ``HF_TYPES``, as
   ``save_pretrained`` writes it): ``subjects.hf``; nothing is downloaded, ever;
 * a ``splitformer compress`` result folder (``compress.json``): its default healed grid
-  (``compression.store.load_compressed``), text through the tokenizer it keeps.
+  (``compression.store.load_compressed``), text through the tokenizer it keeps;
+* a GGUF network (``interop.gguf``): a packaged one by its name (``"smollm2"``: the
+  SmolLM2-135M-Instruct that ``make data`` installs; the name wins over a folder of that name,
+  as a built-in's does) or a ``.gguf`` path, read by transformers and mapped by ``from_hf``;
+  text through the file's own tokenizer (and its chat template: ``Subject.chat``).
 
 Anything else is an ``InputError`` naming MODEL and what the folder holds. The subject's
 ``source`` records what MODEL was (the data's ``"source"``): its kind, the name or the path as
@@ -25,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ..interop.families import model_types
-from .hf import hf_subject, hf_text_subject, load_hf
+from ..interop.gguf import PACKAGED
+from .hf import hf_subject, hf_text_subject, load_hf, quiet_transformers
 from .subject import (
     CHARS,
     InputError,
@@ -103,13 +108,16 @@ def load_subject(spec: str) -> Subject:
     InputError otherwise)."""
     if spec in BUILTINS:
         return _builtin_subject(spec)
+    if spec in PACKAGED or spec.lower().endswith(".gguf"):
+        return _gguf_subject(spec)
     folder = Path(spec)
     if not folder.exists():
         raise InputError(f"argument MODEL: {spec!r} is neither a built-in model "
-                         f"({', '.join(BUILTINS)}) nor an existing folder")
+                         f"({', '.join(BUILTINS)}), a packaged GGUF ({', '.join(PACKAGED)}) "
+                         "nor an existing folder")
     if not folder.is_dir():
-        raise InputError(f"argument MODEL: {spec!r} is a file; expected a built-in model name "
-                         "or a model folder")
+        raise InputError(f"argument MODEL: {spec!r} is a file; expected a built-in model name, "
+                         "a model folder or a .gguf file")
     files = {p.name for p in folder.iterdir()}
     if "compress.json" in files:
         return _compressed_subject(spec, folder)
@@ -184,6 +192,38 @@ def _compressed_subject(spec: str, folder: Path) -> Subject:
     sub = hf_text_subject(model, tokenizer, _folder_name(folder), what,
                           f"compression folder {spec!r}", source_facts(model).config)
     sub.source = {"kind": "compressed", "path": str(folder), "description": what}
+    return sub
+
+
+def _gguf_subject(spec: str) -> Subject:
+    """A GGUF network (a packaged name or a ``.gguf`` path) through ``from_hf``: transformers
+    reads it, the family registry maps it; the file's tokenizer encodes and decodes."""
+    from ..interop.gguf import gguf_location
+    from ..interop.hf import from_hf
+
+    try:
+        folder, file = gguf_location(spec)
+    except (ValueError, FileNotFoundError) as e:
+        raise InputError(f"argument MODEL: {spec!r}: {e}") from None
+    path = folder / file
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise InputError("argument MODEL: a GGUF file needs transformers (pip install "
+                         "'splitformer[hf]')") from None
+    try:
+        with quiet_transformers(stderr=True):
+            model = from_hf(spec).eval()
+    except Exception as e:
+        raise InputError(f"argument MODEL: the GGUF {str(path)!r} does not load "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+    facts = source_facts(model)
+    packaged = f"; packaged model {spec!r} of {PACKAGED[spec][0]}" if spec in PACKAGED else ""
+    what = f"GGUF {file} ({facts.hf_class}{packaged})"
+    sub = hf_text_subject(model, path, spec if spec in PACKAGED else Path(file).stem, what,
+                          f"GGUF {spec!r}", facts.config, tokenizer=model.tokenizer)
+    sub.source = {"kind": "gguf", "path": str(path), "name": spec if packaged else None,
+                  "class": facts.hf_class, "description": what}
     return sub
 
 
