@@ -87,7 +87,7 @@ def test_the_mark_names_its_data_and_refuses_unknown_names():
     with pytest.raises(ValueError, match="name the data"):
         needs()
     assert {"minilm", "gensim", "onnx", "onnx-l3", "text", "fashion-mnist", "series",
-            "basic-motions", "wiki", "chromium"} == set(NEEDS)
+            "basic-motions", "wiki", "chromium", "smollm2"} == set(NEEDS)
 
 
 def test_without_the_data_a_marked_test_skips_before_its_fixture(tmp_path):

@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 import splitformer
-from splitformer.operators import AttentionOperator
 from splitformer.interop.families import families
 from splitformer.models import EvolutionModel, build_vit, causal_decoder, encoder_decoder
 from splitformer.models.bert import bert_model
 from splitformer.models.cvt import CvtStageSpec, build_cvt
+from splitformer.operators import AttentionOperator
 from splitformer.operators.kernels import KERNEL_NAMES
 from splitformer.time import FORMS, INTEGRATORS, scheme_names
 
