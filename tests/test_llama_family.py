@@ -339,3 +339,11 @@ def test_sliding_window_is_a_support_on_the_coordinates():
     part[:, :6] = u[:, :6]
     part[:, :5] += 1.0
     assert torch.equal(op(u, grid)[:, 7:], op(part, grid)[:, 7:])
+
+
+def test_to_hf_refuses_a_kernel_transformers_does_not_compute():
+    for name in ("llama", "gemma2"):
+        family = next(f for f in FAMILIES if f.name == name)
+        ours = splitformer.from_hf(reference(family, impl=implementations(family)[0]))
+        with pytest.raises(ValueError, match="kernel"):
+            splitformer.to_hf(ours.with_kernel("gaussian"))

@@ -285,6 +285,19 @@ def _kernels(cfg: HFLlamaConfig) -> list[Any] | None:
             for _ in range(cfg.num_layers)]
 
 
+def _check_softcap(evolution, cfg: HFLlamaConfig) -> None:
+    """Every step's kernel is the soft-capped one transformers computes (Gemma2)."""
+    from ..operators.kernels import SoftcapKernel
+
+    for n, theta in enumerate(evolution.controls):
+        k = theta["attention"].kernel
+        if type(k) is not SoftcapKernel or k.cap != cfg.attn_softcap or \
+                k.scale != cfg.attention_scale:
+            raise ValueError(f"to_hf needs the softcap kernel with cap {cfg.attn_softcap} and "
+                             f"scale {cfg.attention_scale} in step {n} attention (the "
+                             f"config's attn_logit_softcapping), got {k!r}")
+
+
 def build(cfg: HFLlamaConfig, *, device=None, dtype=None) -> CausalDecoderModel:
     """The splitformer rotary decoder of ``cfg`` with random weights; ``source`` = ``cfg``."""
     return rotary_decoder(
@@ -344,6 +357,8 @@ def to_hf_model(model: CausalDecoderModel) -> nn.Module:
         raise ValueError("lm_head tying differs from source.tie_word_embeddings")
     if cfg.attn_softcap is None:
         check_softmax(evo, "to_hf", scales=[cfg.attention_scale] * n)
+    else:
+        _check_softcap(evo, cfg)
     p = next(model.parameters())
     out = getattr(transformers, cfg.hf_class)(config).to(device=p.device, dtype=p.dtype)
     copy_table(weight_map(cfg, n), theirs=out, ours=model, into="theirs",
