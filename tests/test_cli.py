@@ -70,7 +70,8 @@ def test_python_dash_m_and_help():
 def test_verify_every_family(verify_rows):
     fams = {r["group"] for r in verify_rows if r["status"] == "PASS"}
     # timm runs here because the test set-up makes `import timm` work
-    assert fams == {"core", "bert", "vit", "cvt", "timm", "gpt2", "transformer"}
+    assert fams == {"core", "bert", "vit", "cvt", "timm", "gpt2", "llama", "mistral", "qwen2",
+                    "qwen3", "gemma2", "gemma3", "transformer"}
 
 
 def test_convergence_table(capsys):

@@ -149,7 +149,8 @@ def test_registry_aliases():
     assert hf.FAMILIES is hf.HF_CLASSES and hf.HF_CLASSES["BertModel"] == "hf_bert"
     assert verification.FAMILY_MODULES is verification.GROUPS
     assert verification.families() == verification.group_names() == [
-        "core", "bert", "vit", "cvt", "timm", "gpt2", "transformer"]
+        "core", "bert", "vit", "cvt", "timm", "gpt2", "llama", "mistral", "qwen2", "qwen3",
+        "gemma2", "gemma3", "transformer"]
     with pytest.raises(ValueError, match=r"group must be one of \['core'.*got 'nope'"):
         verification.register("nope", "a claim", "a reference")
     with pytest.raises(ValueError, match=r"group must be one of .*got 'nope'"):

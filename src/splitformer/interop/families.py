@@ -375,6 +375,7 @@ LLAMA = register(ModelFamily(
     name="llama", label="Llama", classes=("LlamaModel", "LlamaForCausalLM"),
     model_types=("llama",), modality="text", config="LlamaConfig", map="hf_llama",
     source="HFLlamaConfig", model="CausalDecoderModel", store="hf-llama",
+    verification="splitformer.verification.hf_llama",
     traits={"activation_key": "hidden_act", "window": None, "qk_norm": False,
             "sandwich": False, "norm_offset": 0.0, "norm_eps_attr": "variance_epsilon",
             "pre_attn_scalar": False, "softcap": False, "embed_scale": None,
