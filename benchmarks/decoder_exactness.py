@@ -78,7 +78,8 @@ def _generate_equal(family, impl) -> bool:
     with torch.no_grad():
         want = ref.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
                             pad_token_id=0, eos_token_id=None)
-        got = ours.generate(ids, attention_mask=mask, max_new_tokens=16, pad_token_id=0)
+        got = ours.generate(ids, attention_mask=mask, max_new_tokens=16, pad_token_id=0,
+                            eos_token_id=None)
     return torch.equal(want, got)
 
 
@@ -128,8 +129,10 @@ def smollm2_row() -> bool:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smollm2", action="store_true", help="also the packaged SmolLM2")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (>= 1)")
     args = p.parse_args()
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads must be >= 1, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     ok = family_table()

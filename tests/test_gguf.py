@@ -206,3 +206,25 @@ def test_generate_smollm2_chat_prints_transformers_greedy_answer(reference_answe
     assert rc == 0, err
     assert out == reference_answer + "\n", (out, reference_answer)
     assert "Paris" in out and "chat prompt (template)" in err
+
+
+@needs("smollm2")
+@needs_llama_map
+def test_save_keeps_the_gguf_tokenizer_and_load_gives_it_back(ours, reference_answer, tmp_path,
+                                                             capsys):
+    """splitformer.save writes the GGUF's tokenizer beside the model (DIR/tokenizer); load
+    re-attaches it; the saved folder generates the same chat answer."""
+    import splitformer
+
+    splitformer.save(ours, tmp_path / "saved")
+    assert (tmp_path / "saved" / "tokenizer").is_dir()
+    back = splitformer.load(tmp_path / "saved")
+    assert back.tokenizer("In the beginning")["input_ids"] == \
+        ours.tokenizer("In the beginning")["input_ids"]
+    ids = torch.tensor([ours.tokenizer("In the beginning God created")["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(ours(ids).logits, back(ids).logits)
+    rc, out, err = cli(["generate", str(tmp_path / "saved"), "--prompt", QUESTION, "--chat",
+                        "--max-new-tokens", "20"], capsys)
+    assert rc == 0, err
+    assert out.strip() == reference_answer.strip()

@@ -113,7 +113,8 @@ def test_round_trip_is_the_identity(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_generate_equals_transformers_greedy(name):
     """The tape and the cacheless oracle give transformers' greedy ids, left padding included
-    (Mistral's and Gemma's sliding windows are shorter than the prompt)."""
+    (Mistral's and Gemma's sliding windows are shorter than the prompt), with the defaults of
+    both: the config's eos stops a row (it does in some families here) and pad continues it."""
     family = next(f for f in FAMILIES if f.name == name)
     impl = implementations(family)[0]
     # transformers' eager float64 path is NaN on left-padded rows: Gemma2 runs in float32
@@ -122,7 +123,7 @@ def test_generate_equals_transformers_greedy(name):
     ids, mask = inputs(family, b=2, n=7)
     with torch.no_grad():
         want = ref.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
-                            pad_token_id=0, eos_token_id=None)
+                            pad_token_id=0)
         got = ours.generate(ids, attention_mask=mask, max_new_tokens=16, pad_token_id=0)
         oracle = ours.generate(ids, attention_mask=mask, max_new_tokens=16, pad_token_id=0,
                                use_cache=False)
@@ -347,3 +348,20 @@ def test_to_hf_refuses_a_kernel_transformers_does_not_compute():
         ours = splitformer.from_hf(reference(family, impl=implementations(family)[0]))
         with pytest.raises(ValueError, match="kernel"):
             splitformer.to_hf(ours.with_kernel("gaussian"))
+
+
+@pytest.mark.parametrize("change,word", [
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                          "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
+    ({"sliding_window": 0}, "sliding_window"),
+    ({"layer_types": ["weird", "full_attention"]}, "layer_types"),
+    ({"layer_types": ["full_attention"]}, "layer_types"),
+    ({"hidden_act": "tanh"}, "hidden_act"),
+])
+def test_unsupported_config_is_refused_naming_the_option(change, word):
+    family = next(f for f in FAMILIES if f.name == "qwen2")
+    model = family.reference(family.classes[1])
+    for key, value in change.items():  # set after construction (as a user may)
+        setattr(model.config, key, value)
+    with pytest.raises(ValueError, match=word):
+        splitformer.from_hf(model)

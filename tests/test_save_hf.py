@@ -296,8 +296,9 @@ def test_what_the_record_cannot_hold_is_refused_by_name(tmp_path):
 
 
 def test_models_from_elsewhere_are_refused_naming_from_hf(tmp_path):
-    with pytest.raises(ValueError, match=r"models made by splitformer.from_hf \(BERT, ViT, CvT "
-                                         r"or GPT-2\); this Encoder cannot be saved"):
+    with pytest.raises(ValueError, match=r"models made by splitformer.from_hf \(BERT, ViT, CvT, "
+                                         r"GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma2 or "
+                                         r"Gemma3\); this Encoder cannot be saved"):
         splitformer.save(splitformer.network_encoder(8, 2, 16, 1), tmp_path / "a")
 
 

@@ -83,8 +83,14 @@ def from_hf(model_or_local_dir: Any, *, gguf_file: str | os.PathLike | None = No
     and its tokenizer kept as the result's ``tokenizer``."""
     model = model_or_local_dir
     tokenizer = None
+    if gguf_file is not None and not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"gguf_file names a file in a folder: model_or_local_dir must then be "
+                        f"that folder, got a {type(model).__name__}")
     if is_gguf(model, gguf_file):
-        model, tokenizer = read_gguf(model, gguf_file)
+        try:
+            model, tokenizer = read_gguf(model, gguf_file)
+        except (TypeError, ValueError, OSError) as e:
+            raise type(e)(str(e).replace("path_or_name=", "model_or_local_dir=")) from None
     elif isinstance(model, (str, os.PathLike)):
         model = _load_local(model)
     name = type(model).__name__

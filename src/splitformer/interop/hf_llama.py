@@ -195,9 +195,33 @@ def check_config(config: Any, traits: dict[str, Any]) -> None:
     if impl not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"attn_implementation={impl!r} is not supported; supported: "
                          f"{ATTN_IMPLEMENTATIONS}")
-    tp = config.to_dict().get("pretraining_tp", 1)
+    c = config.to_dict()
+    tp = c.get("pretraining_tp", 1)
     if tp not in (1, None):
         raise ValueError(f"pretraining_tp={tp} is not supported (1 only)")
+    params = c.get("rope_parameters") or {}
+    partial = [p.get("partial_rotary_factor") for p in
+               ([params] if not any(isinstance(v, dict) for v in params.values())
+                else [v for v in params.values() if isinstance(v, dict)])]
+    partial.append(c.get("partial_rotary_factor"))
+    if any(f not in (None, 1, 1.0) for f in partial):
+        raise ValueError("partial_rotary_factor != 1 is not supported for this family: "
+                         "transformers' Llama-family rotary module ignores it for the default "
+                         "rope_type and fails for the others, so there is no one reading to "
+                         "reproduce")
+    w = c.get("sliding_window")
+    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+        raise ValueError(f"sliding_window={w!r} is not supported: an int >= 1 (the support "
+                         "x - x' < W) or None")
+    types = c.get("layer_types")
+    if types is not None:
+        bad = sorted({t for t in types} - {"full_attention", "sliding_attention"})
+        if bad:
+            raise ValueError(f"layer_types holds {bad}: each layer is 'full_attention' or "
+                             "'sliding_attention'")
+        if len(types) < c.get("num_hidden_layers", 0):
+            raise ValueError(f"layer_types lists {len(types)} layers but num_hidden_layers="
+                             f"{c['num_hidden_layers']}")
 
 
 def llama_config(model: nn.Module) -> HFLlamaConfig:
@@ -281,7 +305,7 @@ def _kernels(cfg: HFLlamaConfig) -> list[Any] | None:
         return None
     from ..operators.kernels import SoftcapKernel
 
-    return [SoftcapKernel(cfg.attn_softcap, scale=cfg.attention_scale)
+    return [SoftcapKernel(cfg.attn_softcap, scale=cfg.attention_scale, upcast=True)
             for _ in range(cfg.num_layers)]
 
 
@@ -350,8 +374,9 @@ def to_hf_model(model: CausalDecoderModel) -> nn.Module:
     if cfg.config.get("layer_types") is not None:
         if n != cfg.num_layers:
             raise ValueError(f"to_hf: this model has {n} steps but its source's layer_types "
-                             f"lists {cfg.num_layers} layers (sliding or full): coarsened "
-                             "models of a family with layer types are not exported")
+                             f"lists {cfg.num_layers} layers (sliding or full): a model with "
+                             "steps refined, coarsened or dropped is not exported for a family "
+                             "with layer types")
     config.tie_word_embeddings = cfg.tie_word_embeddings
     if cfg.lm_head and model.tied != cfg.tie_word_embeddings:
         raise ValueError("lm_head tying differs from source.tie_word_embeddings")

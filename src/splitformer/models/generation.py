@@ -172,18 +172,30 @@ def _config(max_new_tokens, do_sample, temperature, top_k, top_p, eos_token_id, 
                             pad_token_id)
 
 
+# nodes a tape preallocates beyond the prompt (it grows by doubling past them): a huge
+# max_new_tokens that eos ends early must not allocate its whole length up front
+PREALLOCATE = 1024
+
+
 def _check_length(model, n: int, cfg: GenerationConfig) -> None:
     limit = model.max_positions
     if limit is not None and n + cfg.max_new_tokens > limit:
         raise ValueError(f"max_new_tokens={cfg.max_new_tokens}: the prompt ({n} tokens) and the "
                          f"new tokens exceed the model's {limit} learned positions")
+    trained = model.trained_positions
+    if limit is None and trained is not None and n + cfg.max_new_tokens > trained:
+        warnings.warn(f"generate: the prompt ({n} tokens) and max_new_tokens="
+                      f"{cfg.max_new_tokens} go past the {trained} positions the rotary kernel "
+                      "was trained on: beyond them the model extrapolates (transformers does not "
+                      "refuse either; a rope_type of context extension changes the kernel)",
+                      UserWarning, stacklevel=4)
 
 
 def _steps(model, input_ids, mask, cfg: GenerationConfig, generator, use_cache: bool
            ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(next ids (B,), raw logits (B, V)) per new token, with the tape or without it."""
     b, n = input_ids.shape
-    tape = KVTape(capacity=n + cfg.max_new_tokens) if use_cache else None
+    tape = KVTape(capacity=n + min(cfg.max_new_tokens, PREALLOCATE)) if use_cache else None
     seq, cur = input_ids, input_ids
     positions = None if mask is None else _positions(mask)
     for _ in range(cfg.max_new_tokens):

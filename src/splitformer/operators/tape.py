@@ -327,7 +327,8 @@ class KVTape:
             return kernel(q, k_all, v_all, attn_mask=mask, is_causal=causal, grid=s.grid)
         if window is not None:
             raise TapeError(f"{type(kernel).__name__} keeps running sums over the whole past: "
-                            "a sliding window (a support |x - x'| < W) has no such form")
+                            "a sliding window (a support |x - x'| < W) has no such form; "
+                            "decode without the tape (generate(..., use_cache=False))")
         k, v = expand_heads(kernel, q, k, v)
         end = start + self._new
         keep = None if self._keep is None else self._keep[:, start:end]

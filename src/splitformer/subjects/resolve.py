@@ -5,7 +5,8 @@ MODEL is one of
 * a built-in model (``BUILTINS``: small random-weight models built in code, seeded with 0);
 * a folder written by ``splitformer.save`` (``model.json`` + ``model.safetensors``): a model
   of the training families, or one made by ``from_hf`` (images as its family's processor
-  prepares them; text through tokenizer files put beside, since ``save`` keeps none);
+  prepares them; text through DIR/tokenizer, which ``save`` writes for a GGUF's model, or
+  tokenizer files put beside);
 * a ``splitformer train`` run folder (``config.json`` and a checkpoint: ``latest`` /
   ``ckpt-*``): its newest complete checkpoint, rebuilt from the recorded source;
 * a local Hugging Face folder (``config.json`` with ``model_type`` in ``HF_TYPES``, as
@@ -165,7 +166,12 @@ def _saved_subject(spec: str, folder: Path, files: set[str]) -> Subject:
         raise InputError(f"argument MODEL: {kind} {spec!r} does not load: "
                          f"{' '.join(str(e).split())[:240]}") from None
     what = f"{kind} {str(folder)!r}"
-    if source_facts(model).hf_class:  # a model made by from_hf (training.model_record)
+    facts = source_facts(model)
+    words = vars(model).get("tokenizer")  # saved beside (DIR/tokenizer: a GGUF's)
+    if facts.hf_class and words is not None:
+        sub = hf_text_subject(model.eval(), folder, _folder_name(folder), what,
+                              f"{kind} {spec!r}", facts.config, tokenizer=words)
+    elif facts.hf_class:  # a model made by from_hf (training.model_record)
         sub = hf_subject(model.eval(), folder, _folder_name(folder), what, f"{kind} {spec!r}")
     else:
         sub = training_subject(model.eval(), _folder_name(folder), what)
@@ -204,7 +210,8 @@ def _gguf_subject(spec: str) -> Subject:
     try:
         folder, file = gguf_location(spec)
     except (ValueError, FileNotFoundError) as e:
-        raise InputError(f"argument MODEL: {spec!r}: {e}") from None
+        detail = str(e).replace(f"path_or_name={spec!r}", "").lstrip(": ")
+        raise InputError(f"argument MODEL: {spec!r}: {detail}") from None
     path = folder / file
     try:
         import transformers  # noqa: F401

@@ -482,6 +482,7 @@ def recorded_config(run_dir: str | os.PathLike) -> TrainConfig:
 
 # -- models on their own: splitformer.save / splitformer.load -------------------------------
 _MODEL_FILES = {"model.json", "model.safetensors"}
+TOKENIZER_DIR = "tokenizer"  # a from_hf model's text tokenizer (a GGUF's), when it keeps one
 
 
 def save_model(model: nn.Module, directory: str | os.PathLike) -> Path:
@@ -517,15 +518,18 @@ def save_model(model: nn.Module, directory: str | os.PathLike) -> Path:
         if not folder.is_dir():
             raise ValueError(f"directory {str(folder)!r} exists and is not a directory")
         present = {p.name for p in folder.iterdir()}
-        if present and present != _MODEL_FILES:
+        if present and present - {TOKENIZER_DIR} != _MODEL_FILES:
             raise ValueError(f"directory {str(folder)!r} holds other files "
                              f"({_listing(present - _MODEL_FILES or present)}); save writes "
                              f"into a new or empty folder or over an earlier save")
     weights, meta = _model_files(model, source, None, extra)
     folder.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer = vars(model).get("tokenizer")  # a GGUF's (interop.hf.from_hf keeps it)
     with atomic_folder(folder) as tmp:  # over an empty folder or an earlier save: swapped
         write_synced(tmp / "model.safetensors", weights)
         write_synced(tmp / "model.json", meta)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
     return folder
 
 
@@ -550,7 +554,14 @@ def load_model(directory: str | os.PathLike) -> nn.Module:
     meta_path = weights_path.parent / "model.json"
     source = meta["source"]
     if "evolutions" in meta:  # a model made by from_hf: its family's source and its changes
-        return _load_recorded(meta, tensors, weights_path, meta_path)
+        model = _load_recorded(meta, tensors, weights_path, meta_path)
+        words = weights_path.parent / TOKENIZER_DIR
+        if words.is_dir():
+            import transformers
+
+            model.tokenizer = transformers.AutoTokenizer.from_pretrained(
+                str(words), local_files_only=True)
+        return model
     if source is None:
         raise CheckpointError(f"{meta_path}: the model has no training source, so it cannot "
                               f"be rebuilt ({meta['source_note'] or 'not recorded'}); load its "

@@ -58,7 +58,8 @@ __all__ = ["check", "family_of", "rebuild", "record_of"]
 
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"training"}
 # not the model's own: Evolution's compiled steps (rebuilt on demand), torch.compile's marks
-_CACHES = frozenset({"_plans", "_is_torch_compile", "_compiled_call_impl"})
+_CACHES = frozenset({"_plans", "_is_torch_compile", "_compiled_call_impl",
+                     "tokenizer"})  # the text's tokenizer (a GGUF's): saved beside, not a control
 
 
 # -- which models ------------------------------------------------------------------------------

@@ -168,9 +168,11 @@ def check_generate(name: str, dtype: torch.dtype) -> float:
     ids, mask = _padded(f, b=2, n=7)
     if _nan_rows(f, dtype):
         mask = torch.ones_like(mask)  # unpadded prompts (module docstring)
-    kw = {"attention_mask": mask, "max_new_tokens": NEW_TOKENS, "pad_token_id": 0}
+    # no stop on either side: every row decodes NEW_TOKENS tokens (the eos default is a test)
+    kw = {"attention_mask": mask, "max_new_tokens": NEW_TOKENS, "pad_token_id": 0,
+          "eos_token_id": None}
     with torch.no_grad():
-        want = ref.generate(ids, do_sample=False, eos_token_id=None, output_logits=True,
+        want = ref.generate(ids, do_sample=False, output_logits=True,
                             return_dict_in_generate=True, **kw)
         tape = ours.generate(ids, return_logits=True, **kw)
         oracle = ours.generate(ids, use_cache=False, **kw)
