@@ -79,7 +79,7 @@ def family(name: str, kernel: str | None = None):
     if key not in _MODELS:
         if kernel is None:
             model, inputs = ALL[name]()
-            _MODELS[key] = (model.eval(), inputs)
+            _MODELS[key] = (_float64_softmax(model).eval(), inputs)
         else:
             model, inputs = family(name)
             try:
@@ -88,6 +88,18 @@ def family(name: str, kernel: str | None = None):
                 assert kernel in str(e) and type(model).__name__ in str(e), str(e)
                 _MODELS[key] = None
     return _MODELS[key]
+
+
+def _float64_softmax(model):
+    """Gemma2's map computes its soft-capped softmax in float32 (``upcast``), as transformers'
+    eager path does: exact against transformers, float32's precision. The grid's invariances
+    are checked at float64's (1e-10), so these kernels compute in the model's dtype here."""
+    from splitformer.operators.kernels import SoftcapKernel
+
+    for m in model.modules():
+        if isinstance(m, SoftcapKernel):
+            m.upcast = False
+    return model
 
 
 def outputs(out) -> dict[str, torch.Tensor]:

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..operators import Context, LayerNormProjection
+from ..operators.rope import RotaryAngles
 from ..operators.tape import KVTape
 from ..time import Evolution, TimeGrid
 from ..time.schemes import prenorm
@@ -268,32 +269,30 @@ class CausalDecoderModel(EvolutionModel):
             ctx = with_token_grid(ctx, token_weights, token_coords, batch=b, seq=n,
                                   owner=type(self).__name__, dtype=u0.dtype)
         if self.rotary:
-            ctx.rotary = self.rotary_angles(position_ids, ctx.token_coords, b, n, u0)
+            ctx.rotary = self.rotary_angles(position_ids, b, n, u0)
         ctx.readout.update(labels=labels, logits_to_keep=logits_to_keep)
         return u0, keep_steps(ctx, output_hidden_states)
 
-    def rotary_angles(self, position_ids: torch.Tensor | None, coords: torch.Tensor | None,
-                      b: int, n: int, u0: torch.Tensor
-                      ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """cos and sin of every rotary positions' angles at the nodes, once per forward: at the
-        coordinates x_j (``token_coords``), else at ``position_ids``, else at 0 .. N-1."""
-        if coords is not None:
-            x = coords if coords.dim() == 2 else coords.unsqueeze(0)
-        elif position_ids is not None:
+    def rotary_angles(self, position_ids: torch.Tensor | None, b: int, n: int,
+                      u0: torch.Tensor) -> RotaryAngles:
+        """The rotary angles of this forward (``operators.rope.RotaryAngles``): at the
+        context's coordinates when it has them, else at ``position_ids``, else at 0 .. N-1;
+        each named positions' cos and sin computed once, when first asked."""
+        if position_ids is not None:
             if not isinstance(position_ids, torch.Tensor):
                 raise TypeError(f"position_ids must be a torch.Tensor, got "
                                 f"{type(position_ids).__name__}")
             x = position_ids if position_ids.dim() == 2 else position_ids.unsqueeze(0)
-            if x.shape[-1] != n or x.shape[0] not in (1, b):
+            if x.dim() != 2 or x.shape[-1] != n or x.shape[0] not in (1, b):
                 raise ValueError(f"position_ids must have shape (batch, seq) = ({b}, {n}), "
                                  f"(1, {n}) or ({n},), got {tuple(position_ids.shape)}")
-            if x.is_floating_point():
+            if x.is_floating_point() or x.dtype == torch.bool:
                 raise TypeError("position_ids must be integers (real positions are "
                                 "token_coords)")
+            x = x.to(u0.device)
         else:
             x = torch.arange(n, device=u0.device).unsqueeze(0)
-        return {name: spec.angles(x.to(u0.device), u0.dtype)
-                for name, spec in self.rotary.items()}
+        return RotaryAngles(self.rotary, x)
 
     @staticmethod
     def _tape_positions(tape: KVTape, input_ids, inputs_embeds, position_ids, token_coords):
@@ -310,8 +309,27 @@ class CausalDecoderModel(EvolutionModel):
 
     @property
     def max_positions(self) -> int | None:
-        """The number of learned positions (the longest grid of index coordinates)."""
+        """The number of learned positions (the longest grid of index coordinates); None for
+        a rotary model (positions are angles, defined at every coordinate)."""
         return self.embedding.max_positions
+
+    @property
+    def trained_positions(self) -> int | None:
+        """The context length a rotary model was trained for (its positions'
+        max_position_embeddings; the smallest of several), None when not recorded or not
+        rotary: past it the kernel extrapolates."""
+        known = [p.max_position_embeddings for p in self.rotary.values()
+                 if p.max_position_embeddings is not None]
+        return min(known) if known else None
+
+    def generation_defaults(self) -> dict[str, Any]:
+        """eos_token_id and pad_token_id of the source's config (transformers' ``generate``
+        reads them there when not given), where the source records them."""
+        config = self.source.field("config", None) if self.source is not None else None
+        if not isinstance(config, Mapping):
+            return {}
+        return {k: config[k] for k in ("eos_token_id", "pad_token_id")
+                if config.get(k) is not None}
 
     def read_out(self, u: torch.Tensor, context: Context) -> CausalDecoderOutput:
         """last_hidden_state = P_f(u(T)) (the final norm; identity when None) and, when kept,
@@ -383,8 +401,11 @@ class CausalLM(CausalDecoderModel):
         """The prompt and up to ``max_new_tokens`` new ids, greedy or sampled, decoded on a KV
         tape (``models.generation.generate``: options do_sample, temperature, top_k, top_p,
         eos_token_id, pad_token_id, attention_mask, generator / seed, use_cache,
-        return_logits, streamer)."""
-        return generate(self, input_ids, max_new_tokens, **options)
+        return_logits, streamer). eos_token_id and pad_token_id default to the source
+        config's, as transformers' (``generation_defaults``; pass None to decode without a
+        stop)."""
+        return generate(self, input_ids, max_new_tokens,
+                        **{**self.generation_defaults(), **options})
 
     @staticmethod
     def lm_loss(logits: torch.Tensor, labels: torch.Tensor,

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Context, Operator, apply_dropout
+from .feature import StackedProduct, stack_rows_
 from .kernel import expand_heads, window_support
 from .kernels import Kernel, SoftmaxKernel, kernel_class, warn_about_instance
 from .rope import rotate_half
@@ -374,7 +375,7 @@ class GroupedQueryAttention(AttentionOperator):
 
     * ``q_norm`` / ``k_norm``: projections of each head's Q and K onto a sphere (QK-norm of
       Qwen3 and Gemma3: ``RMSNormProjection(head_dim)``), N_Q and N_K above;
-    * ``rope``: the name of the rotary angles R_x in ``Context.rotary`` (computed once per
+    * ``rope``: the name of the rotary positions R_x in ``Context.rotary`` (computed once per
       forward by the model: the kernel on coordinates of docs/math.md 3.18); None: no rotation;
     * ``window``: the support S(x) = {x' : x - x' < W} within the causal support (a sliding
       window, Mistral, Gemma2/3), on the token coordinates.
@@ -382,6 +383,10 @@ class GroupedQueryAttention(AttentionOperator):
     Weights as transformers stores them: ``q_weight`` (H d_h, dim), ``k_weight`` and
     ``v_weight`` (H_kv d_h, dim), optional biases (Qwen2), ``out_weight`` W_O (dim, H d_h).
     On a KV tape the H_kv heads are stored (rotated, as transformers' cache holds them).
+    W_Q, W_K and W_V (and their biases) lie one after the other in memory
+    (``feature.stack_rows_``): without autograd the three lifts can be one matrix product
+    [W_Q; W_K; W_V] u, Q and K then rotated in one call (``feature.StackedProduct``: where it
+    gives the bits of the three products; fewer calls).
     """
 
     def __init__(
@@ -431,6 +436,12 @@ class GroupedQueryAttention(AttentionOperator):
         self.q_norm = q_norm
         self.k_norm = k_norm
         self._add_output(out_bias, out_dropout, **kw)
+        self.q_weight, self.k_weight, self.v_weight = stack_rows_(
+            (self.q_weight, self.k_weight, self.v_weight))
+        if bias:
+            self.q_bias, self.k_bias, self.v_bias = stack_rows_(
+                (self.q_bias, self.k_bias, self.v_bias))
+        self._stack = StackedProduct()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -458,25 +469,52 @@ class GroupedQueryAttention(AttentionOperator):
         """Q (B, H, N, d_h), K and V (B, H_kv, N, d_h): the feature integrals, the QK-norm
         projections, the rotation at the nodes' coordinates."""
         b, n, _ = u.shape
-        d = self.head_dim
-        q = F.linear(u, self.q_weight, self.q_bias).view(b, n, self.num_heads, d)
-        k = F.linear(u, self.k_weight, self.k_bias).view(b, n, self.num_kv_heads, d)
-        v = F.linear(u, self.v_weight, self.v_bias).view(b, n, self.num_kv_heads, d)
+        d, h, g = self.head_dim, self.num_heads, self.num_kv_heads
+        lifted = self._stack(u, (self.q_weight, self.k_weight, self.v_weight),
+                             (self.q_bias, self.k_bias, self.v_bias))
+        if lifted is None:
+            q = F.linear(u, self.q_weight, self.q_bias).view(b, n, h, d)
+            k = F.linear(u, self.k_weight, self.k_bias).view(b, n, g, d)
+            v = F.linear(u, self.v_weight, self.v_bias).view(b, n, g, d)
+        elif self.rope is not None and self.q_norm is None and self.k_norm is None:
+            # Q's and K's heads rotated in one call, in the (B, N, heads, d_h) layout (the
+            # angles (B|1, 1, N, d_r) read with the token axis second): the same products
+            cos, sin = self._angles(context, n, lifted.dtype)
+            qk, v = lifted.view(b, n, h + 2 * g, d).split_with_sizes((h + g, g), dim=2)
+            q, k = rotate_half(qk, cos.transpose(1, 2), sin.transpose(1, 2)
+                               ).split_with_sizes((h, g), dim=2)
+            return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        else:
+            q, k, v = lifted.view(b, n, h + 2 * g, d).split_with_sizes((h, g, g), dim=2)
         if self.q_norm is not None:
             q = self.q_norm(q)
         if self.k_norm is not None:
             k = self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.rope is not None:
-            angles = None if context is None or context.rotary is None else \
-                context.rotary.get(self.rope)
-            if angles is None:
-                raise ValueError(f"{type(self).__name__}: rope={self.rope!r} needs the rotary "
-                                 f"angles Context.rotary[{self.rope!r}] (the model computes "
-                                 "them once per forward from the token coordinates)")
-            cos, sin = angles
+            cos, sin = self._angles(context, n, q.dtype)
             q, k = rotate_half(q, cos, sin), rotate_half(k, cos, sin)
         return q, k, v
+
+    def _angles(self, context: Context | None, n: int, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (B|1, 1, N, d_r) of the rotary positions ``rope`` at the context's
+        nodes (``Context.rotary``); ValueError when the context lacks them or they are at
+        another number of nodes than ``n``."""
+        if context is None or context.rotary is None or \
+                self.rope not in context.rotary.positions:
+            raise ValueError(f"{type(self).__name__}: rope={self.rope!r} needs the rotary "
+                             f"positions {self.rope!r} in Context.rotary (the model puts "
+                             "them there; the angles are computed once per forward)")
+        cos, sin = context.rotary.angles(self.rope, context.token_coords, dtype)
+        if cos.shape[-2] != n:
+            raise ValueError(f"{type(self).__name__}: the rotary angles are at "
+                             f"{cos.shape[-2]} nodes but the field has {n}")
+        return cos, sin
+
+    def _apply(self, fn, recurse: bool = True):
+        self._stack.clear()  # the parameters move: the stacked view would hold the old memory
+        return super()._apply(fn, recurse)
 
     def head_outputs(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         """int_{S(x)} g_h(x,x') V_g(x') dx' for every query head: (B, H, N_x, d_h)."""

@@ -73,11 +73,11 @@ class Context:
         encoder-decoder pair), (B, N_m, N_y), or None; ``memory_mask`` its kernel support
         (sdpa's convention), ``memory_weights`` / ``memory_coords`` its token grid ((N_m,) or
         (B, N_m); None = uniform / the index).
-    rotary: the rotary angles of this forward's nodes, {name: (cos, sin)}, each (B|1, 1, N,
-        d_rot): computed once per forward by the model from the token coordinates (its
-        ``operators.rope.RotaryPositions``, one per name: Gemma3 has a local and a global one)
-        and read by every attention operator whose ``rope`` names them (docs/math.md 3.18);
-        None = no rotary positions.
+    rotary: the rotary angles of this forward (``operators.rope.RotaryAngles``): every
+        named rotary positions' cos and sin at the nodes' coordinates (``token_coords``,
+        else the position ids the model gives), computed once per forward and read by every
+        attention operator whose ``rope`` names them (docs/math.md 3.18; Gemma3 has a local
+        and a global one); None = no rotary positions.
     grid_shape: (H, W) of a 2-D token grid read by convolutions in x (CvT); None = square.
     saveat: what the evolution keeps along the path for the read-out (a ``time.SaveAt``;
         set by a family's initial condition, e.g. for ``output_hidden_states``), and
@@ -100,7 +100,7 @@ class Context:
     memory_mask: torch.Tensor | None = None
     memory_weights: torch.Tensor | None = None
     memory_coords: torch.Tensor | None = None
-    rotary: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+    rotary: Any = None  # operators.rope.RotaryAngles (not imported here: rope imports nothing)
     grid_shape: tuple[int, int] | None = None
     saveat: Any = None
     trajectory: Any = None

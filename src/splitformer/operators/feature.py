@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Context, Operator, apply_dropout, tree_has_hooks
+from .base import Context, Operator, apply_dropout, has_hooks, tree_has_hooks
 from .projections import Activation
 
 __all__ = ["ACTIVATION_BOUNDS", "FeatureIntegral", "FeedForward", "GatedFeedForward"]
@@ -184,14 +184,133 @@ ACTIVATION_BOUNDS: dict[str, tuple[float, float]] = {
 }
 
 
+def stacked_rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The tensors as one, the rows of each after those of the one before, when they lie so in
+    memory (each contiguous, one after the other in one storage, one dtype and row shape): a
+    view of that memory, no copy; None otherwise."""
+    first = tensors[0]
+    if first.device.type == "meta":
+        return None
+    storage = first.untyped_storage().data_ptr()
+    tail, stride = first.shape[1:], first.stride()
+    ptr, rows = first.data_ptr(), 0
+    for t in tensors:
+        if t.data_ptr() != ptr or t.dtype != first.dtype or t.shape[1:] != tail \
+                or not t.is_contiguous() or t.untyped_storage().data_ptr() != storage:
+            return None
+        ptr += t.numel() * t.element_size()
+        rows += t.shape[0]
+    return first.detach().as_strided((rows, *tail), stride)
+
+
+def stack_rows_(params: Sequence[nn.Parameter]) -> list[nn.Parameter]:
+    """New parameters with the values of ``params``, stored one after the other in one block
+    of memory (``stacked_rows`` reads them as one); the values, shapes and the random numbers
+    drawn to initialise them are those of ``params``."""
+    with torch.no_grad():
+        block = torch.cat([p.detach() for p in params])
+    out, start = [], 0
+    for p in params:
+        out.append(nn.Parameter(block[start:start + p.shape[0]], requires_grad=p.requires_grad))
+        start += p.shape[0]
+    return out
+
+
+# (input and weight configuration) -> whether the stacked product gives the separate products'
+# bits there (``StackedProduct``); bounded: cleared when it holds _PROBED_MAX configurations
+_SAME_BITS: dict[tuple, bool] = {}
+_PROBED_MAX = 4096
+
+
+class StackedProduct:
+    """[W_1; ...; W_k] u + [b_1; ...; b_k]: the lifts of one input u by weights stored one
+    after the other (``stack_rows_``) as one matrix product, one call instead of k (a decode
+    step of a small network is mostly calls; a product with more rows also runs closer to the
+    matmul peak).
+
+    The product is used only where it gives the bits of the k products: whether it does depends
+    on the BLAS kernel the shapes select (how the output rows are tiled), so it is checked once
+    per configuration (the rows of each W_i, the input's rows, dtype, layout and alignment, the
+    thread count) on a random probe, and the k products are kept where the bits differ (float64
+    at small widths on this machine's BLAS, for one). Never while autograd records, nor under
+    torch.compile. The stacked view is kept while the parameters keep their memory (``clear``
+    drops it; ``Module.to`` moves parameters to new memory, and they are then taken one by
+    one)."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def __repr__(self) -> str:  # a cache: every one is the same (saved models compare reprs)
+        return "StackedProduct()"
+
+    def clear(self) -> None:
+        self._ptrs: tuple | None = None
+        self._weight: torch.Tensor | None = None
+        self._bias: torch.Tensor | None = None
+
+    def _stacked(self, weights, biases) -> bool:
+        ptrs = tuple(t.data_ptr() for t in weights) + tuple(
+            0 if b is None else b.data_ptr() for b in biases)
+        if ptrs != self._ptrs:
+            self._ptrs, self._weight, self._bias = ptrs, stacked_rows(weights), None
+            if self._weight is not None and any(b is not None for b in biases):
+                self._bias = None if any(b is None for b in biases) else stacked_rows(biases)
+                if self._bias is None:
+                    self._weight = None
+        return self._weight is not None
+
+    def __call__(self, u: torch.Tensor, weights: Sequence[torch.Tensor],
+                 biases: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+        """The stacked product (..., sum_i rows_i), or None (then the caller takes the k
+        products)."""
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() \
+                or not self._stacked(weights, biases):
+            return None
+        w, b = self._weight, self._bias
+        key = (u.numel() // u.shape[-1], u.shape[-1], tuple(t.shape[0] for t in weights),
+               b is not None, u.dtype, w.dtype, u.device, u.is_contiguous(),
+               u.data_ptr() % 64, torch.get_num_threads())
+        same = _SAME_BITS.get(key)
+        if same is None:
+            if len(_SAME_BITS) >= _PROBED_MAX:
+                _SAME_BITS.clear()
+            same = _SAME_BITS[key] = _same_bits(u, weights, biases, w, b)
+        return F.linear(u, w, b) if same else None
+
+
+def _same_bits(u: torch.Tensor, weights, biases, w: torch.Tensor, b: torch.Tensor | None
+               ) -> bool:
+    """Whether F.linear(x, w, b) equals the k products F.linear(x, W_i, b_i), concatenated,
+    bit for bit, on a random x laid out as ``u`` (its own generator: the global one is not
+    drawn from)."""
+    if u.is_contiguous():  # at the input's alignment
+        shift = (u.data_ptr() % 64) // u.element_size()
+        x = torch.empty(shift + u.numel(), dtype=u.dtype, device=u.device)[shift:].view(u.shape)
+    else:
+        x = torch.empty_like(u)
+    x.normal_(generator=torch.Generator(device=u.device).manual_seed(0))
+    apart = [F.linear(x, wi, bi) for wi, bi in zip(weights, biases, strict=True)]
+    return torch.equal(F.linear(x, w, b), torch.cat(apart, dim=-1))
+
+
+def _identity_dropout(d: nn.Module) -> bool:
+    """Whether ``apply_dropout(d, .)`` is the identity (an nn.Dropout of rate 0 or in eval
+    mode, without hooks)."""
+    return type(d) is nn.Dropout and (d.p == 0.0 or not d.training) and not has_hooks(d)
+
+
 class GatedFeedForward(Operator):
     """G(u) = W_d (s(W_g u + b_g) * (W_u u + b_u)) + b_d: the gated feature field.
 
     SwiGLU (s = SiLU; Llama, Qwen, Mistral) and GeGLU (s = tanh-GELU; Gemma). Two lifts of u
     onto the hidden grid of width N_h (``gate`` W_g, ``up`` W_u), multiplied pointwise, and one
-    feature integral back (``down`` W_d): pointwise in x. It is bilinear in the two lifts (a
-    reaction term), not a projection, and its Lipschitz constant grows with |u|: on the ball
-    |v| <= R, which a pre-norm's sphere lies in (``RMSNormProjection.radius``),
+    feature integral back (``down`` W_d): pointwise in x. W_g and W_u (and their biases) are
+    stored one after the other (``stack_rows_``), so that without autograd the two lifts can
+    be one matrix product [W_g; W_u] u (``StackedProduct``: where it gives the same bits).
+
+    It is bilinear in the two lifts (a reaction term), not a projection, and its Lipschitz
+    constant grows with |u|: on the ball |v| <= R, which a pre-norm's sphere lies in
+    (``RMSNormProjection.radius``),
 
         Lip(G) <= |W_d|_2 ( L_s |W_g|_2 (r_u R + |b_u|_inf) + c_s |W_u|_2 (r_g R + |b_g|_inf) ),
 
@@ -211,6 +330,10 @@ class GatedFeedForward(Operator):
         self.gate = FeatureIntegral(dim, hidden, **kw)
         self.up = FeatureIntegral(dim, hidden, **kw)
         self.down = FeatureIntegral(hidden, dim, **kw)
+        self.gate.weight, self.up.weight = stack_rows_((self.gate.weight, self.up.weight))
+        if bias:
+            self.gate.bias, self.up.bias = stack_rows_((self.gate.bias, self.up.bias))
+        self._stack = StackedProduct()
         self.activation = Activation(activation)
         self.out_dropout = nn.Dropout(out_dropout)
         self.dim, self.hidden = dim, hidden
@@ -219,8 +342,29 @@ class GatedFeedForward(Operator):
         return f"dim={self.dim}, hidden={self.hidden}, activation={self.activation.name}"
 
     def forward(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
-        return apply_dropout(self.out_dropout,
-                             self.down(self.activation(self.gate(u)) * self.up(u)))
+        lifted = self._lifts(u)
+        if lifted is None:
+            lifted = self.activation(self.gate(u)) * self.up(u)
+        return apply_dropout(self.out_dropout, self.down(lifted))
+
+    def _lifts(self, u: torch.Tensor) -> torch.Tensor | None:
+        """s(W_g u + b_g) * (W_u u + b_u) from one product [W_g; W_u] u (``StackedProduct``)
+        where ``gate`` and ``up`` are plain lifts (FeatureIntegral, no hook, dropout the
+        identity); None otherwise (then each lift is called)."""
+        gate, up = self.gate, self.up
+        if type(gate) is not FeatureIntegral or type(up) is not FeatureIntegral \
+                or has_hooks(gate) or has_hooks(up) or not (
+                    _identity_dropout(gate.dropout) and _identity_dropout(up.dropout)):
+            return None
+        both = self._stack(u, (gate.weight, up.weight), (gate.bias, up.bias))
+        if both is None:
+            return None
+        a, c = both.split_with_sizes((gate.out_dim, up.out_dim), dim=-1)
+        return self.activation(a) * c
+
+    def _apply(self, fn, recurse: bool = True):
+        self._stack.clear()  # the parameters move: the stacked view would hold the old memory
+        return super()._apply(fn, recurse)
 
     @torch.no_grad()
     def scale_(self, c: float) -> None:

@@ -57,6 +57,7 @@ class KernelSite(Protocol):
 
     num_heads: int
     head_dim: int
+    kernel: Kernel  # the kernel in force (a kernel built by name may inherit its settings)
 
     @property
     def relative_positions(self) -> bool:

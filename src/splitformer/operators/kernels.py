@@ -399,9 +399,11 @@ class SoftcapKernel(Kernel):
 
     Gemma2's attention: the score a is squashed into (-c, c) before the softmax (c =
     attn_logit_softcapping), which bounds every kernel value below by exp(-2c) / N: the kernel
-    cannot concentrate on one node more than that allows. The softmax is computed in float32
-    and cast back, as transformers' eager path does (float64 included, where exactness needs
-    it); K and V with fewer heads are repeated to the query heads.
+    cannot concentrate on one node more than that allows. The softmax is computed in the
+    scores' dtype (half precision: float32); ``upcast=True`` computes it in float32 whatever
+    the dtype, float64 included, as transformers' eager path does (the Gemma2 map sets it:
+    exactness against transformers needs it, at float32's precision). K and V with fewer
+    heads are repeated to the query heads.
     """
 
     name = "softcap"
@@ -409,16 +411,30 @@ class SoftcapKernel(Kernel):
     grid_aware = True
     caches = "keys_values"
 
-    def __init__(self, cap: float = 50.0, scale: float | None = None) -> None:
+    def __init__(self, cap: float = 50.0, scale: float | None = None,
+                 upcast: bool = False) -> None:
         super().__init__()
+        if not isinstance(upcast, bool):
+            raise TypeError(f"SoftcapKernel: upcast must be a bool, got {type(upcast).__name__}")
+        self.upcast = upcast
         if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not (
                 math.isfinite(float(cap)) and cap > 0):
             raise ValueError(f"SoftcapKernel: cap must be a finite number > 0, got {cap!r}")
         self.cap = float(cap)
         self.scale = check_scale(scale, "SoftcapKernel")
 
+    @classmethod
+    def for_operator(cls, op: KernelSite, **options) -> SoftcapKernel:
+        """A soft-capped kernel for ``op``: the cap and the precision of the operator's own
+        soft-capped kernel where it has one (as the score scale is inherited), else 50 and the
+        scores' dtype; ``options`` override."""
+        own = op.kernel
+        if isinstance(own, SoftcapKernel):
+            options = {"cap": own.cap, "upcast": own.upcast, **options}
+        return cls(**options)
+
     def extra_repr(self) -> str:
-        return f"cap={self.cap}, scale={self.scale}"
+        return f"cap={self.cap}, scale={self.scale}, upcast={self.upcast}"
 
     def forward(self, q, k, v, *, attn_mask=None, is_causal=False, dropout_p=0.0, grid=None):
         s = self.scale if self.scale is not None else q.shape[-1] ** -0.5
@@ -430,7 +446,9 @@ class SoftcapKernel(Kernel):
             # support is padding averages instead of turning NaN (transformers' float64 eager
             # path turns it NaN); every other row is unchanged (exp underflows to 0 either way)
             a = (a + m).clamp_min(torch.finfo(torch.float32).min)
-        p = torch.softmax(a, dim=-1, dtype=torch.float32).to(q.dtype)
+        wide = torch.float32 if self.upcast or q.dtype in (torch.float16, torch.bfloat16) \
+            else q.dtype
+        p = torch.softmax(a, dim=-1, dtype=wide).to(q.dtype)
         return torch.matmul(_dropout(p, dropout_p), v)
 
 

@@ -200,15 +200,17 @@ class RMSNormProjection(Operator):
 
     def forward(self, v: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         dtype = v.dtype
-        x = v.to(torch.float32) if self.upcast else v
+        x = v.to(torch.float32) if self.upcast and dtype != torch.float32 else v
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.weight is None:
-            return x.to(dtype)
+        w = self.weight
+        if w is None:
+            return x if x.dtype == dtype else x.to(dtype)
         if self.gain_in_float32:
-            w = self.weight.to(x.dtype)
+            w = w.to(x.dtype)
             return (x * (self.offset + w) if self.offset else x * w).to(dtype)
-        x = x.to(dtype)
-        return x * (self.offset + self.weight) if self.offset else self.weight * x
+        if x.dtype != dtype:
+            x = x.to(dtype)
+        return x * (self.offset + w) if self.offset else w * x
 
     def ghost_projection(self, v: torch.Tensor) -> torch.Tensor:
         """Project (v, sqrt(N eps)) onto |w| = sqrt(N) in R^(N+1) and keep the first N

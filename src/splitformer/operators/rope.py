@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ROPE_TYPES", "RotaryPositions", "rotate_half"]
+__all__ = ["ROPE_TYPES", "RotaryAngles", "RotaryPositions", "rotate_half"]
 
 #: the rope_type values of transformers 5.25 for 1-D token coordinates ("default" plus the keys
 #: of ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS``)
@@ -481,3 +481,42 @@ def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
         raise ValueError(f"rotate_half: {d} rotary features but x has {x.shape[-1]}")
     rot, rest = x[..., :d], x[..., d:]
     return torch.cat(((rot * cos) + (_rotate_half(rot) * sin), rest), dim=-1)
+
+
+class RotaryAngles:
+    """The rotary angles of one forward: cos and sin of every named ``RotaryPositions`` at the
+    nodes' coordinates, computed once per forward (the first attention evaluation that asks)
+    and shared by every later one (``Context.rotary``).
+
+    The coordinates are the context's ``token_coords`` when it has them, else ``positions``
+    (the position ids, or 0 .. N-1), given by the model. The angles follow the coordinates:
+    a context whose grid is changed (a node split, coordinates moved) gets angles at its own
+    coordinates, recomputed once for that grid (the cache is keyed on the coordinates tensor).
+    """
+
+    def __init__(self, positions: Mapping[str, RotaryPositions], at: torch.Tensor) -> None:
+        self.positions = dict(positions)
+        self.at = at
+        self._key: torch.Tensor | None = None
+        self._cache: dict[tuple[str, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __repr__(self) -> str:
+        return f"RotaryAngles({sorted(self.positions)}, nodes={self.at.shape[-1]})"
+
+    def angles(self, name: str, coords: torch.Tensor | None, dtype: torch.dtype
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (B|1, 1, N, d) of the positions ``name`` at ``coords`` (None: at
+        ``at``), in ``dtype``; KeyError naming the known names."""
+        if name not in self.positions:
+            raise KeyError(f"no rotary positions {name!r}; known: {sorted(self.positions)}")
+        x = self.at if coords is None else coords
+        if x is not self._key:
+            self._key, self._cache = x, {}
+        if (name, dtype) not in self._cache:
+            rows = x if x.dim() == 2 else x.unsqueeze(0)
+            self._cache[name, dtype] = self.positions[name].angles(rows, dtype)
+        return self._cache[name, dtype]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors computed so far (for an adjoint that needs the context's tensors)."""
+        return [self.at, *(t for pair in self._cache.values() for t in pair)]

@@ -210,7 +210,7 @@ def _context_tensors(context: Context | None) -> list[torch.Tensor]:
         return []
     values = [context.attn_mask, context.memory, context.memory_mask, context.memory_weights,
               context.memory_coords, context.token_weights, context.token_coords,
-              *[t for pair in (context.rotary or {}).values() for t in pair],
+              *(context.rotary.tensors() if context.rotary is not None else ()),
               *context.extra.values()]
     return [t for t in values if isinstance(t, torch.Tensor) and t.requires_grad]
 
