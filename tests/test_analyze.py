@@ -1140,3 +1140,137 @@ def test_analyze_minilm_in_under_a_minute(tmp_path, capsys):
     assert all(sub["relu_active"] is None and 0 < sub["negative_preactivation"] < 1
                for sub in ffn)  # GELU: a sign statistic, no active set
     check_numbers((tmp_path / "minilm" / "index.html").read_text(), data)
+
+
+# -- decoders of the Llama family -----------------------------------------------------------------
+def _tiny_decoder(name: str = "llama", dtype: Any = None):
+    """(the family's small random CausalLM read by from_hf, its family record)."""
+    import splitformer
+    from splitformer.interop.families import family
+
+    pytest.importorskip("transformers")
+    fam = family(name)
+    return splitformer.from_hf(fam.reference(fam.classes[1], dtype=dtype)).eval(), fam
+
+
+def test_a_tiny_llama_reports_the_attention_sink_and_the_gated_field_bound():
+    import torch
+
+    from splitformer.analysis.diagnostics import analyze
+
+    model, fam = _tiny_decoder()
+    ids = fam.example_inputs(batch=1, length=12)["input_ids"]
+    diag = analyze(model, {"input_ids": ids}, lipschitz_iterations=3)
+    data = json.loads(json.dumps(diag.as_dict()))
+    steps = data["evolutions"][0]["steps"]
+    assert len(steps) == fam.example["num_hidden_layers"]
+    uniform = sum(1 / (x + 1) for x in range(1, 12)) / 11  # causal: mean of 1 / (x + 1)
+    assert not [n for n in data["notes"] if "jvp/vjp failed" in n]  # grouped heads, rotary
+    for n, s in enumerate(steps):
+        theta = model.evolution.controls[n]
+        assert s["lipschitz"] > 0
+        g = s["gated_field"]
+        assert g["reading"] == "not a projection; Lipschitz on the sphere with this bound"
+        assert (g["operator"], g["projection"], g["activation"]) == ("ffn", "norm2", "silu")
+        assert g["radius"] == theta["norm2"].radius()
+        assert g["bound"] == theta["ffn"].lipschitz_bound(g["radius"])
+        assert 0 < g["state_norm_max"] <= g["radius"] * (1 + 1e-6)  # the ball holds the tokens
+        assert g["quotient_pairs"] == 12 * 11 // 2 and g["jacobian_tokens"][0] == 0
+        assert 0 < g["quotient"] <= g["measured"] and 0 < g["jacobian"] <= g["measured"]
+        assert g["measured"] <= g["bound"] and g["ratio"] == g["measured"] / g["bound"] <= 1
+        att = s["attention"][0]
+        assert s["attention_sink"] == att["first_token_mass"]
+        kernel = diag.kernels[0][n]  # (heads, N, N) of input 0: the mass on key 0, queries >= 1
+        assert att["first_token_mass"] == pytest.approx(float(kernel[:, 1:, 0].mean()), rel=1e-6)
+        assert att["first_token_mass_heads"] == pytest.approx(
+            kernel[:, 1:, 0].double().mean(-1).tolist(), rel=1e-6)
+        assert att["first_token_mass_uniform"] == pytest.approx(uniform, rel=1e-12)
+    text = diag.summary()
+    assert "attention sink (mass on the first token" in text
+    assert "gated field 'ffn' (silu): not a projection; Lipschitz on the sphere with this bound" \
+        in text
+    # the measured estimates, from their definitions
+    from splitformer.analysis.gated import difference_quotient, gated_apply, jacobian_norms
+
+    ffn = model.evolution.controls[0]["ffn"]
+    v = torch.randn(5, ffn.dim, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(gated_apply(ffn, v), ffn(v).double(), atol=1e-6)
+    exact = [float(torch.linalg.matrix_norm(torch.func.jacrev(
+        lambda y: gated_apply(ffn, y))(x.double()), ord=2)) for x in v]
+    assert jacobian_norms(ffn, v) == pytest.approx(exact, rel=1e-6)
+    q, pairs = difference_quotient(ffn, v)  # 5 points, in the ball of their largest norm
+    assert pairs == 10 and 0 < q <= ffn.lipschitz_bound(float(v.norm(dim=-1).max()))
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2"])
+def test_the_kernels_of_a_decoder_are_its_attention_probabilities(name):
+    """Grouped heads, rotary angles, a sliding window (Mistral, Gemma2) and a softcap (Gemma2):
+    the kernel analyze reads is the attention transformers computes."""
+    import torch
+
+    from splitformer.analysis.diagnostics import analyze
+
+    model, fam = _tiny_decoder(name, torch.float64)
+    ref = fam.reference(fam.classes[1], dtype=torch.float64)
+    ref.config._attn_implementation = "eager"
+    ids = fam.example_inputs(batch=1, length=10)["input_ids"]
+    with torch.no_grad():
+        probs = ref(input_ids=ids, output_attentions=True).attentions
+    diag = analyze(model, {"input_ids": ids}, lipschitz_iterations=1)
+    assert not [n for n in diag.notes if "gave no matrix" in n]
+    for n, kernel in enumerate(diag.kernels[0]):
+        torch.testing.assert_close(kernel, probs[n][0], atol=1e-6, rtol=0)
+
+
+@needs("text")
+def test_a_causal_lm_without_data_reads_the_offline_corpus(tmp_path, monkeypatch, capsys):
+    """No input: a causal language model that knows no data set reads the King James text
+    (a note); --corpus --tokens N cuts it; --tokens without --corpus is refused."""
+    import splitformer.commands.analyze as command
+    from splitformer.subjects.subject import Subject, char_encoder, unknown_mark
+
+    model, fam = _tiny_decoder()
+    vocab = [*" etaoinshrdlucmfwygpbvkxjqz.,;:", unknown_mark()]
+    vocab = [*vocab[:fam.example["vocab_size"] - 1], unknown_mark()]
+    sub = Subject(model, "tiny-llama", "a tiny random Llama", "text", max_len=64,
+                  label="model 'tiny-llama'",
+                  source={"kind": "builtin", "name": "tiny-llama", "description": "tiny"})
+    sub.encode = char_encoder(vocab, 64, lambda ids: {"input_ids": ids})
+    resolve = command._resolve
+    monkeypatch.setattr(command, "_resolve",
+                        lambda spec: sub if spec == "tiny-llama" else resolve(spec))
+    out = tmp_path / "tiny"
+    rc, stdout, err = cli(["analyze", "tiny-llama", "--out", str(out), "--json",
+                           "--lipschitz-iterations", "2"], capsys)
+    assert rc == 0, err
+    data = json.loads(stdout)
+    assert data["input"]["kind"] == "corpus" and data["input"]["tokens"] == 64
+    assert data["input"]["source"] == "the King James text (verses 1-100)"
+    assert any("reads the offline corpus" in n for n in data["notes"])
+    steps = data["evolutions"][0]["steps"]
+    assert all(s["gated_field"]["measured"] <= s["gated_field"]["bound"] for s in steps)
+    assert all(0 < s["attention_sink"] <= 1 for s in steps)
+    check_numbers((out / "index.html").read_text(), data)
+    data = analyze_json(["tiny-llama", "--corpus", "--tokens", "20", "--out", str(out),
+                         "--lipschitz-iterations", "1"], capsys)
+    assert data["input"]["tokens"] == 20 and data["model"]["evolutions"][0]["tokens"] == 20
+    rc, _, err = cli(["analyze", "tiny-llama", "--corpus", "--tokens", "65", "--out", str(out)],
+                     capsys)
+    assert rc == 2 and "argument --tokens" in err and "64 tokens" in err
+    rc, _, err = cli(["analyze", "vit-digits", "--tokens", "20", "--out", str(out)], capsys)
+    assert rc == 2 and "argument --tokens: only with --corpus" in err
+
+
+@pytest.mark.slow
+@needs("smollm2", "text")
+def test_analyze_smollm2_on_the_offline_corpus(tmp_path, capsys):
+    """The real SmolLM2 (docs/decoders-analysis.md): the corpus by default, every step's
+    attention sink and gated-field bound, the bound above the measured estimates."""
+    data = analyze_json(["smollm2", "--tokens", "32", "--lipschitz-iterations", "1", "--out",
+                         str(tmp_path / "smollm2")], capsys)
+    assert data["input"]["kind"] == "corpus" and data["input"]["tokens"] == 32
+    steps = data["evolutions"][0]["steps"]
+    assert len(steps) == 30
+    assert all(s["lipschitz"] is not None for s in steps)
+    assert all(0 < s["attention_sink"] <= 1 for s in steps)
+    assert all(s["gated_field"]["measured"] <= s["gated_field"]["bound"] for s in steps)

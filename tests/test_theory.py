@@ -867,3 +867,57 @@ def test_the_probe_turns_merging_off_in_its_copy_only(bert_probe):
     plain = Probe.from_model(sub.model, {"input_ids": ids})
     torch.testing.assert_close(probe.u0, plain.u0, rtol=0, atol=0)
     assert plain.merging is None and plain.scheme_text() == str(plain.evolution.scheme)
+
+
+# -- decoders of the Llama family (grouped heads, rotary angles, RMSNorm) -----------------------
+def _tiny_llama_probe(tokens: int = 16) -> Probe:
+    import splitformer
+    from splitformer.interop.families import family
+
+    pytest.importorskip("transformers")
+    fam = family("llama")
+    model = splitformer.from_hf(fam.reference(fam.classes[1])).eval()
+    ids = fam.example_inputs(batch=1, length=32)["input_ids"]
+
+    def at(n: int):
+        return {"input_ids": ids[:, :n]}
+
+    return Probe.from_model(model, at(tokens), lengths=at, max_tokens=32)
+
+
+def test_a_tiny_llama_runs_every_check_with_its_value_map_and_rms_sphere():
+    """The value map of grouped-query attention is W_O times each key/value head read for the
+    query heads it serves (equal tokens: A(U) = U M^T whatever the kernel); the sphere of the
+    projection reading is RMSNorm's; the causal kernel is not tested for double stochasticity."""
+    from splitformer.analysis.theory import run_checks, value_spectrum
+    from splitformer.analysis.theory.clustering import _maps, _sphere_theta, score_distance
+    from splitformer.operators.projections import RMSNormProjection
+
+    probe = _tiny_llama_probe()
+    att = probe.evolution.controls[0]["attention"]
+    m, b = _maps(att)
+    assert att.num_kv_heads < att.num_heads  # grouped
+    u = torch.randn(1, 1, att.dim, dtype=torch.float64).expand(1, 5, att.dim).contiguous()
+    ctx = probe.lengths(5)[1]  # the rotary angles of 5 tokens
+    with torch.no_grad():
+        torch.testing.assert_close(att(u, ctx), u @ m.T, atol=1e-12, rtol=0)
+    # the score at offset 0 (the rotations cancel): sum_h <W_Q,h x, W_K,g(h) x'> = x^T B x'
+    x, y = torch.randn(2, att.dim, dtype=torch.float64)
+    qh = (att.q_weight.detach().double() @ x).view(att.num_heads, att.head_dim)
+    kh = (att.k_weight.detach().double() @ y).view(att.num_kv_heads, att.head_dim)
+    kh = kh.repeat_interleave(att.groups, 0)
+    torch.testing.assert_close(x @ b @ y, (qh * kh).sum(), atol=1e-12, rtol=1e-12)
+    assert value_spectrum(att) is not None and 0 <= score_distance(att) <= 2
+    c = clustering(probe, t_max=4, k=2)
+    assert "RMSNorm" in c.run and any("RMSNorm" in a["detail"] for a in c.assumptions)
+    assert all("distance_from_identity" in r for r in c.data["steps"])
+    sphere = _sphere_theta(probe.evolution.controls[0], "attention", ())["sphere"]
+    assert isinstance(sphere, RMSNormProjection) and sphere.eps == 0.0
+    v = sphere(torch.randn(2, 3, att.dim, dtype=torch.float64))
+    torch.testing.assert_close(v.norm(dim=-1), torch.full((2, 3), att.dim ** 0.5,
+                                                         dtype=torch.float64))
+    for check in run_checks(probe, seed=0, t_max=4, refine=2, meta_t_max=2,
+                            betas=(0.5, 1.0, 2.0, 4.0), lengths=(8, 16, 32), reference_t_max=0):
+        assert check.verdict in ("pass", "fail", "inconclusive", "not applicable")
+    e = doubly_stochastic(probe, seed=0)
+    assert e.verdict == "not applicable" and "causal" in e.reason

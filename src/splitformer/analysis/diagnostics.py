@@ -45,9 +45,21 @@ t_end = t_{n+1}):
                     the substep's kernel, and "entropy_uniform": the same for the kernel that
                     is uniform over g's support (log N_x' without a mask; for a causal kernel
                     the mean over x of log(x + 1))
-    attention_operator, attention_entropy
-                    the label and the entropies of the step's first attention substep (the
-                    first record of "attention")
+                    and "first_token_mass" (with "first_token_mass_heads" per head and
+                    "first_token_mass_uniform" for the uniform kernel on g's support): the mass
+                    g puts on the first key token, mean over the batch, heads and queries
+                    x >= 1 (``geometry.first_token_mass``; query 0 of a causal kernel sees only
+                    key 0): the attention sink of trained decoders (docs/math.md 3.19)
+    attention_operator, attention_entropy, attention_sink
+                    the label, the entropies and the first-token mass of the step's first
+                    attention substep (the first record of "attention")
+    gated_field     for a step whose field substep holds a gated feature field G (SwiGLU,
+                    GeGLU; ``GatedFeedForward``) behind a pre-norm with a radius
+                    (``RMSNormProjection``): G's Lipschitz bound on the ball |v| <= R the
+                    pre-norm projects into beside the measured local estimates (the largest
+                    difference quotient over the tokens, the largest Jacobian norm at a few
+                    tokens) and the reading "not a projection; Lipschitz on the sphere with
+                    this bound" (docs/math.md 3.16; ``analysis.gated``); None otherwise
 
 and per substep j of the step (the scheme's top-level stages; the state before substep 0 is
 u^n, before substep j > 0 the state after substep j - 1):
@@ -145,7 +157,15 @@ from ..time.saveat import Substep
 from .capture import Call, capture, check_finite, check_inputs, family_of, nonfinite
 from .capture import capture as _capture  # noqa: F401 (moved to analysis.capture)
 from .checks import ArgumentError, check_seed, refuse_merging
-from .geometry import attention_entropy, cosine_similarity, difference, effective_rank, frob
+from .gated import gated_fields, gated_record
+from .geometry import (
+    attention_entropy,
+    cosine_similarity,
+    difference,
+    effective_rank,
+    first_token_mass,
+    frob,
+)
 from .lipschitz import (
     LIPSCHITZ_ITERATIONS,
     LIPSCHITZ_TOL,
@@ -215,6 +235,24 @@ DEFINITIONS = {
     "attention_operator": "the label of the step's first attention substep",
     "attention_entropy": "per head: the entropy of the step's first attention substep (the "
                          "first record of attention)",
+    "attention_sink": "first_token_mass of the step's first attention substep",
+    "first_token_mass": "the mass the kernel puts on the first key token, mean over the batch, "
+                        "the heads and the query tokens x >= 1 (query 0 of a causal kernel sees "
+                        "only key 0); a point mass there is the attention sink of trained "
+                        "decoders (docs/math.md 3.19)",
+    "first_token_mass_heads": "first_token_mass per head (mean over the batch and queries "
+                              "x >= 1)",
+    "first_token_mass_uniform": "first_token_mass of the kernel uniform over g's support (a "
+                                "causal kernel: the mean over x >= 1 of 1 / (x + 1))",
+    "gated_field": "the step's gated feature field G (SwiGLU, GeGLU) read on the ball its "
+                   "pre-norm P projects into (analysis.gated): radius R = sqrt(N) max |gain| "
+                   "bounds |P v|; bound = G.lipschitz_bound(R), an upper bound of Lip(G) on "
+                   "that ball; quotient = the largest |G(v_x) - G(v_x')| / |v_x - v_x'| over "
+                   "pairs of the tokens' v = P u (quotient_pairs pairs of quotient_tokens "
+                   "tokens, every input); jacobian = the largest spectral norm of DG(v_x) over "
+                   "the tokens jacobian_tokens of input kernel_input; measured = max(quotient, "
+                   "jacobian), a lower estimate of Lip(G) on the ball; ratio = measured / "
+                   "bound; state_norm_max = max |v_x|; float64; None for a step without one",
     "increment": "mean over the batch of ||after - before||_F of the substep",
     "share": "increment / sum of the step's increments",
     "constraint": "residuals of the state after a projection substep (or of the state entering "
@@ -322,9 +360,40 @@ def summary_text(data: Mapping[str, Any]) -> str:
         lines.append(f"  cosine similarity {_fmt(first['cosine_similarity'])} -> "
                      f"{_fmt(last.get('cosine_similarity'))}, effective rank "
                      f"{_fmt(first['effective_rank'])} -> {_fmt(last.get('effective_rank'))}")
+        lines += _decoder_lines(steps)
     a = data["activation"]
     lines.append(f"activation {a['name']}: {a['reading']} ({a['why']})")
     return "\n".join(lines)
+
+
+def _decoder_lines(steps: list[Mapping[str, Any]]) -> list[str]:
+    """The summary's lines on the attention sink and the gated fields (when measured)."""
+    lines = []
+    sinks = [(s["step"], s["attention_sink"]) for s in steps
+             if s.get("attention_sink") is not None]
+    if sinks:
+        top = max(sinks, key=lambda p: p[1])
+        first = next(s for s in steps if s.get("attention_sink") is not None)
+        uniform = first["attention"][0].get("first_token_mass_uniform")
+        lines.append(f"  attention sink (mass on the first token, mean over heads and queries "
+                     f"x >= 1): {_fmt(sinks[0][1])} at step {_fmt(sinks[0][0])}, "
+                     f"{_fmt(sinks[-1][1])} at step {_fmt(sinks[-1][0])}, at most "
+                     f"{_fmt(top[1])} (step {_fmt(top[0])}); a uniform kernel on the support "
+                     f"gives {_fmt(uniform)}")
+    gated = [s["gated_field"] for s in steps if s.get("gated_field") is not None]
+    if gated:
+        g = gated[0]
+        bounds = [r["bound"] for r in gated if r["bound"] is not None]
+        measured = [r["measured"] for r in gated if r["measured"] is not None]
+        ratios = [r["ratio"] for r in gated if r["ratio"] is not None]
+        lines.append(f"  gated field '{g['operator']}' ({g['activation']}): {g['reading']}: "
+                     f"bound {_span(bounds)} per step, measured {_span(measured)}, measured / "
+                     f"bound at most {_fmt(max(ratios)) if ratios else 'n/a'}")
+    return lines
+
+
+def _span(values: list[float]) -> str:
+    return f"{_fmt(min(values))} .. {_fmt(max(values))}" if values else "n/a"
 
 
 class _Notes:
@@ -351,7 +420,8 @@ class _Notes:
 def _attention_record(j: int, label: str, op, state: torch.Tensor, context, index: int,
                       where: str, notes: _Notes) -> tuple[dict[str, Any], torch.Tensor | None]:
     rec: dict[str, Any] = {"substep": j, "operator": label, "entropy": None,
-                           "entropy_uniform": None}
+                           "entropy_uniform": None, "first_token_mass": None,
+                           "first_token_mass_heads": None, "first_token_mass_uniform": None}
     try:
         g, support = kernel_and_support(op, state, context)
     except Exception as e:  # noqa: BLE001 - a kernel without a matrix form
@@ -364,7 +434,25 @@ def _attention_record(j: int, label: str, op, state: torch.Tensor, context, inde
     count = support.sum(-1).double()
     uniform = torch.log(torch.where(count > 0, count, torch.ones_like(count))).mean()
     rec["entropy_uniform"] = notes.num(uniform, where, f"entropy_uniform of '{label}'")
+    _sink(rec, g, support, label, where, notes)
     return rec, g[index].detach()
+
+
+def _sink(rec: dict[str, Any], g: torch.Tensor, support: torch.Tensor, label: str, where: str,
+          notes: _Notes) -> None:
+    """The attention sink of a kernel g (B, H, N_x, N_x'): the mass on the first key token per
+    head and on average (over the batch and the queries x >= 1), and that of the kernel uniform
+    over g's support."""
+    why = "a single query token (query 0 is left out: a causal kernel gives it mass 1)"
+    heads = first_token_mass(g).mean(0)
+    rec["first_token_mass_heads"] = [notes.num(m, where, f"first_token_mass[{h}] of '{label}'",
+                                               why) for h, m in enumerate(heads.tolist())]
+    rec["first_token_mass"] = notes.num(heads.mean(), where, f"first_token_mass of '{label}'",
+                                        why)
+    count = support.sum(-1, keepdim=True).double()  # the uniform kernel: 1 / |supp g(x, .)|
+    uniform = support.double() / torch.where(count > 0, count, torch.ones_like(count))
+    rec["first_token_mass_uniform"] = notes.num(first_token_mass(uniform).mean(), where,
+                                                f"first_token_mass_uniform of '{label}'", why)
 
 
 @dataclass
@@ -426,10 +514,12 @@ def _step_record(walk: _Walk, n: int, states: list[torch.Tensor], substeps: list
     subs_out: list[dict[str, Any]] = []
     attention: list[dict[str, Any]] = []
     step_kernels: dict[str, torch.Tensor] = {}
+    gated: list[dict[str, Any]] = []
     before = u_n
     for sub in substeps:
         subs_out.append(_substep_record(walk, sub, theta, before, where, attention,
                                         step_kernels))
+        gated += _gated_records(walk, sub, theta, before, where)
         before = sub.state
     _shares(subs_out, notes, where)
     if not attention:
@@ -448,11 +538,25 @@ def _step_record(walk: _Walk, n: int, states: list[torch.Tensor], substeps: list
                                     "the state is zero"),
         "attention_operator": first["operator"] if first is not None else None,
         "attention_entropy": first["entropy"] if first is not None else None,
+        "attention_sink": first["first_token_mass"] if first is not None else None,
+        "gated_field": gated[0] if gated else None,
         "attention": attention,
         "substeps": subs_out,
     }
     kernel = step_kernels.get(first["operator"]) if first is not None else None
     return record, kernel, step_kernels
+
+
+def _gated_records(walk: _Walk, sub: Substep, theta, before: torch.Tensor, where: str
+                   ) -> list[dict[str, Any]]:
+    """The records (``analysis.gated``) of the gated feature fields that see the state entering
+    substep ``sub`` (none for a scheme with its own doubled state)."""
+    if walk.own_state:
+        return []
+    seen, _ = entered(walk.evolution.scheme.stages[sub.stage])
+    return [gated_record(st, name, op, theta, before, walk.context, walk.index, walk.notes,
+                         f"{where} substep {sub.stage}")
+            for st, name, op in gated_fields(seen, theta)]
 
 
 def _lipschitz(walk: _Walk, n: int, u_n: torch.Tensor, where: str

@@ -8,6 +8,8 @@ the same numbers:
     effective_rank     exp(H(p)), p_i = s_i / sum_j s_j, s the singular values of u (Roy &
                        Vetterli 2007)
     attention_entropy  -sum_x' g(x, x') log g(x, x') of a kernel g
+    first_token_mass   mean over the queries x >= 1 of g(x, 0): the mass a kernel puts on the
+                       first token (the attention sink of trained decoders, docs/math.md 3.19)
     frob               ||u_b||_F per input b, in float64
     difference         after - before, a width-changing pair compared with zero padding
     block_influence    1 - mean_x cos(u_n(x), u_{n+1}(x)) per step (ShortGPT's BI)
@@ -22,7 +24,7 @@ from torch import nn
 from .checks import ArgumentError
 
 __all__ = ["angular_distance", "attention_entropy", "block_influence", "cosine_similarity",
-           "difference", "effective_rank", "frob"]
+           "difference", "effective_rank", "first_token_mass", "frob"]
 
 
 def _batched(u: torch.Tensor, what: str) -> torch.Tensor:
@@ -71,6 +73,20 @@ def attention_entropy(g: torch.Tensor) -> torch.Tensor:
     g = g.double()
     safe = torch.where(g > 0, g, torch.ones_like(g))
     return -torch.where(g > 0, g * torch.log(safe), torch.zeros_like(g)).sum(-1)
+
+
+def first_token_mass(g: torch.Tensor) -> torch.Tensor:
+    """The mass g(x, 0) a kernel puts on the first key token, averaged over the query tokens
+    x >= 1: (..., N_q, N_k) -> (...), float64. Query 0 is left out: under a causal support it
+    sees only key 0 (mass 1 whatever the weights). A kernel uniform over a causal support gives
+    mean_{x >= 1} 1 / (x + 1); a point mass at the first token (an attention sink) gives 1. NaN
+    with a single query."""
+    if not isinstance(g, torch.Tensor) or g.dim() < 2:
+        raise ArgumentError("g", f"expected a tensor (..., N_q, N_k), got {type(g).__name__}")
+    g = g.double()
+    if g.shape[-2] < 2:
+        return torch.full(g.shape[:-2], float("nan"), dtype=torch.float64, device=g.device)
+    return g[..., 1:, 0].mean(-1)
 
 
 def frob(t: torch.Tensor) -> torch.Tensor:

@@ -125,7 +125,12 @@ def _lanczos(evolution: Evolution, step: int, u: torch.Tensor, context, index: i
         _, vjp_fn = torch.func.vjp(f, x0)
         for k in range(1, cap + 1):
             basis.append(v)
-            _, jv = torch.func.jvp(f, (x0,), (v.to(x0.dtype).reshape(x0.shape),))
+            # grad mode on inside the jvp, as torch.func.vjp has it: the operators' fused
+            # lifts (operators.feature.StackedProduct) run only without grad mode and read the
+            # input's data pointer, which forward-mode's wrapped tensors do not have
+            with torch.enable_grad():
+                _, jv = torch.func.jvp(f, (x0,), (v.to(x0.dtype).reshape(x0.shape),))
+            jv = jv.detach()
             (w,) = vjp_fn(jv)
             w = w.detach().double().flatten()
             if not bool(torch.isfinite(w).all()):

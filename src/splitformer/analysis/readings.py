@@ -19,6 +19,7 @@ from torch import nn
 from ..operators.attention import AttentionOperator
 from ..operators.base import Context
 from ..operators.feature import FeedForward
+from ..operators.kernel import expand_heads, window_support
 from ..operators.projections import (
     Activation,
     LayerNormProjection,
@@ -79,13 +80,23 @@ def kernel_matrix(op: AttentionOperator, u: torch.Tensor, context: Context | Non
 def kernel_and_support(op, u: torch.Tensor, context: Context | None
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """(g, support): the kernel (B, H, N_x, N_x') and where the kernel at zero queries and keys
-    is positive (bool, same shape): the support of g (mask, causal)."""
+    is positive (bool, same shape): the support of g (mask, causal, and an operator's sliding
+    ``window``). Q and K come from the operator's own ``qkv`` (rotary angles from the context's
+    ``Context.rotary``, QK-norm); grouped key/value heads are read for the query heads they
+    serve (``expand_heads``), as ``head_outputs`` reads them."""
     with plain(op) as m:
         q, k, _ = m.qkv(u, context)
         mask, causal = m.support(context)
         n_k = k.shape[-2]
         eye = torch.eye(n_k, dtype=q.dtype, device=q.device).expand(*k.shape[:-2], n_k, n_k)
         eye = eye.contiguous()
+        # grouped heads (H_kv < H key/value heads) and a sliding window, as the operator's
+        # own head_outputs reads them (operators.attention.GroupedQueryAttention)
+        k, eye = expand_heads(m.kernel, q, k, eye)
+        window = getattr(m, "window", None)
+        if window is not None:
+            mask, causal = window_support(mask, causal, q.shape[-2], n_k, None, window,
+                                          q.dtype, q.device)
         g = m.kernel(q, k, eye, attn_mask=mask, is_causal=causal, dropout_p=0.0)
         g0 = m.kernel(torch.zeros_like(q), torch.zeros_like(k), eye, attn_mask=mask,
                       is_causal=causal, dropout_p=0.0)

@@ -25,8 +25,16 @@ checkpoint's ``preprocessor_config.json`` says: ``do_resize`` with ``size`` and 
 (the Pillow filter of that number: 0 nearest, 1 Lanczos, 2 bilinear, 3 bicubic, 4 box, 5
 Hamming), ``crop_pct``, ``do_rescale`` with ``rescale_factor``, ``do_normalize`` with
 ``image_mean`` and ``image_std``; without one, resized bilinearly to the model's input shape)
-and ``--sample N`` (the first N test examples of the model's data set, or of ``--data NAME``);
-without one, a model that knows its data set takes ``--sample 1``.
+``--sample N`` (the first N test examples of the model's data set, or of ``--data NAME``)
+and ``--corpus`` (real running text that ships offline: the King James text's first 100 verses,
+or gensim's Lee corpus, cut to ``--tokens N`` tokens, 256 by default;
+``subjects.inputs.default_text``); without one, a model that knows its data set takes
+``--sample 1`` and a causal language model that does not (a Llama-family decoder, a GGUF such as
+``smollm2``) takes ``--corpus`` (a note says so).
+
+For a decoder of the Llama family the diagnostics include, per step, the attention sink (the
+mass the first token receives) and the gated field's Lipschitz bound on the pre-norm's ball
+beside its measured local estimates (``analysis.diagnostics``, ``analysis.gated``).
 
 Nothing is changed or assumed silently: each of the following is a note, one line on stderr
 (``splitformer analyze: note: ...``) and a line of the data's ``"notes"``, with its facts in
@@ -84,6 +92,7 @@ HELP = ("diagnose a model's evolution (norms, velocities, Lipschitz estimates, r
         "attention) on real inputs into a self-contained HTML report")
 
 MAX_SAMPLES = 256
+DEFAULT_TOKENS = 256  # as subjects.inputs.DEFAULT_TOKENS (the --corpus tokens)
 LIPSCHITZ_ITERATIONS = 100  # as analysis.diagnostics (not imported here: torch loads late)
 LIPSCHITZ_TOL = 1e-4
 
@@ -120,6 +129,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      type=bounded_int(MAX_SAMPLES, "(samples)"),
                      help="the first N test examples of the model's data set (or --data); the "
                           "default for a model that knows its data is --sample 1")
+    src.add_argument("--corpus", action="store_true",
+                     help="offline running text (the King James text, or gensim's Lee corpus) "
+                          "cut to --tokens tokens; the default of a causal language model that "
+                          "knows no data set")
+    p.add_argument("--tokens", default=None, metavar="N", type=bounded_int(8192, "(tokens)"),
+                   help=f"tokens of --corpus (default {DEFAULT_TOKENS})")
     from ..training.data import DATASETS
 
     p.add_argument("--data", default=None, type=stripped, metavar="NAME",
@@ -167,9 +182,12 @@ def _sections(data: dict[str, Any], figs: list[Any]):
                                 "its velocity, the Lipschitz estimate of the step map (with the "
                                 "iterations it used and whether it converged), the mean cosine "
                                 "similarity between its tokens and its effective rank; then "
-                                "each attention substep's per-head entropy, and each substep's "
-                                "increment, share, constraint residuals and FFN reading "
-                                "(Definitions below).", data="evolutions"))
+                                "each attention substep's per-head entropy and the mass it "
+                                "puts on the first token (the attention sink), the gated "
+                                "field's Lipschitz bound beside its measured estimates (a "
+                                "decoder of the Llama family), and each substep's increment, "
+                                "share, constraint residuals and FFN reading (Definitions "
+                                "below).", data="evolutions"))
     if isinstance(data.get("lipschitz_settings"), dict):
         sections.append(Section("Lipschitz estimates", "How each step's Lipschitz estimate was "
                                 "computed. The product of the estimates over the steps "
@@ -261,7 +279,7 @@ def _run(args: argparse.Namespace, progress: Progress) -> int:
     with _usage():
         inputs, record = model_inputs(sub, text=args.text, image=args.image,
                                       sample=args.sample, data=args.data, model=args.model,
-                                      notes=notes)
+                                      notes=notes, corpus=args.corpus, tokens=args.tokens)
     return finish("analyze", lambda: _analysis(args, sub, inputs, record, notes.lines, out,
                                                progress),
                   progress, args.json, summary)
@@ -283,7 +301,8 @@ def _diagnose(args: argparse.Namespace, sub: Subject, inputs: Any) -> Any:
         if e.argument != "inputs":
             raise
         flag = ("--text" if args.text is not None else "--image" if args.image is not None
-                else "--sample")
+                else "--sample" if args.sample is not None or args.data is not None
+                else "--corpus")
         raise UsageError(f"argument {flag}: the model refuses this input: "
                          f"{' '.join(e.detail.split())[:240]}") from None
 

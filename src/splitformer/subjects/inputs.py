@@ -1,6 +1,13 @@
-"""The inputs of an analysis: ``--text``, ``--image`` or ``--sample`` made into what the
-subject's model takes (``model_inputs``), with the input record (kind, description and numbers,
-the data's ``"input"``).
+"""The inputs of an analysis: ``--text``, ``--image``, ``--sample`` or ``--corpus`` made into
+what the subject's model takes (``model_inputs``), with the input record (kind, description and
+numbers, the data's ``"input"``).
+
+``--corpus`` is real running text that ships offline (``default_text``: the King James text's
+first ``VERSES`` verses joined, or without it gensim's Lee corpus), cut to its first ``tokens``
+tokens (``DEFAULT_TOKENS`` by default; a special token the tokenizer puts last, such as BERT's
+[SEP], is kept last: ``cut_tokens``). A causal language model that knows no data set of its
+own (a Llama-family decoder, a GGUF) reads it when no input is given, with a note: a decoder
+reads running text.
 
 A text is encoded by the subject (its tokenizer, or the characters of its vocabulary) and
 truncated to the model's length (a warning); an image file is read and prepared
@@ -25,28 +32,46 @@ from .images import (
 )
 from .subject import Encoded, InputError, Notes, Subject, plural
 
-__all__ = ["check_utf8", "model_inputs"]
+__all__ = ["DEFAULT_TOKENS", "VERSES", "check_utf8", "cut_tokens", "default_text",
+           "model_inputs"]
+
+VERSES = 100  # King James verses joined into the default text
+DEFAULT_TOKENS = 256  # tokens of --corpus
 
 _NOUN = {"text": "text", "image": "images", "series": "series"}
 
 
 def model_inputs(sub: Subject, *, text: str | None = None, image: str | None = None,
                  sample: int | None = None, data: str | None = None, model: str = "",
-                 notes: Notes | None = None) -> tuple[Any, dict[str, Any]]:
+                 notes: Notes | None = None, corpus: bool = False,
+                 tokens: int | None = None) -> tuple[Any, dict[str, Any]]:
     """(inputs for analyze, the input record) from one of ``text`` (--text), ``image`` (a
-    file, --image) and ``sample`` (--sample N, of data set ``data`` or the subject's own);
-    ``data`` alone means ``sample=1``; ``model`` is MODEL as given, for a message. Each note
+    file, --image), ``sample`` (--sample N, of data set ``data`` or the subject's own) and
+    ``corpus`` (--corpus: the offline text cut to ``tokens`` tokens, module docstring);
+    ``data`` alone means ``sample=1``; ``model`` is MODEL as given, for a message. Without an
+    input a causal language model that knows no data set reads the corpus (a note). Each note
     on what was changed or assumed goes to ``notes``."""
     notes = Notes() if notes is None else notes
-    if data is not None and (text is not None or image is not None):
-        flag = "--text" if text is not None else "--image"
+    if data is not None and (text is not None or image is not None or corpus):
+        flag = "--text" if text is not None else "--image" if image is not None else "--corpus"
         raise InputError(f"argument --data: only with --sample (not with {flag})")
+    if tokens is not None and not corpus and (text is not None or image is not None
+                                              or sample is not None or data is not None
+                                              or not _reads_corpus(sub)):
+        raise InputError("argument --tokens: only with --corpus (the offline text; the "
+                         "default input of a causal language model)")
     if text is not None:
         return _text_input(sub, text, notes)
     if image is not None:
         return _image_input(sub, image, notes)
+    if corpus:
+        return _corpus_input(sub, tokens, "--corpus", notes)
     if data is not None:
         sample = sample or 1
+    if sample is None and _reads_corpus(sub):
+        notes.note(f"no input given: {sub.label} is a causal language model that knows no data "
+                   "set, so it reads the offline corpus (--corpus; --text T for another text)")
+        return _corpus_input(sub, tokens, "--corpus", notes)
     if sample is None:
         if sub.data is None:
             first = {"text": "--text T", "image": "--image FILE"}.get(sub.takes)
@@ -111,6 +136,84 @@ def _image_input(sub: Subject, image: str, notes: Notes) -> tuple[Any, dict[str,
     record["description"] = (f"--image {image}, {img.width} x {img.height} pixels, "
                              f"fed as {_shape_text(fed)} (channels x height x width)")
     return sub.inputs(x), record
+
+
+def _reads_corpus(sub: Subject) -> bool:
+    """Whether ``sub`` reads the corpus when no input is given: a causal language model over
+    text that knows no data set of its own."""
+    if sub.takes != "text" or sub.data is not None:
+        return False
+    from ..models.causal import CausalDecoderModel
+
+    return isinstance(sub.model, CausalDecoderModel)
+
+
+def default_text() -> tuple[str, str]:
+    """(text, what it is): the King James text's first ``VERSES`` verses joined, else gensim's
+    Lee corpus (its 50 documents joined); InputError when neither is installed."""
+    from ..experiments import text_benchmarks as tb
+    from ..training.data import DatasetError
+
+    try:
+        return " ".join(tb.kjv_verses()[:VERSES]), f"the King James text (verses 1-{VERSES})"
+    except DatasetError:
+        pass
+    try:
+        return " ".join(tb.lee_documents()), "gensim's Lee corpus (50 documents)"
+    except DatasetError:
+        raise InputError("argument --corpus: the offline text needs the King James text or "
+                         "gensim's test data (`make data`); give --text T") from None
+
+
+def _ids(inputs: Any) -> Any:
+    return inputs["input_ids"] if isinstance(inputs, dict) else inputs[0]
+
+
+def cut_tokens(sub: Subject, inputs: Any, n: int) -> Any:
+    """The encoded ``inputs`` (a dict or tuple of (B, L) tensors) cut to their first ``n``
+    tokens; a special last token that the subject's encoder puts after every text (two
+    one-word texts end with the same id: BERT's [SEP]) stays last."""
+    import torch
+
+    length = int(_ids(inputs).shape[-1])
+    a = _ids(sub.encode(["a"], "--corpus").inputs)[0]
+    b = _ids(sub.encode(["b"], "--corpus").inputs)[0]
+    suffix = len(a) >= 2 and int(a[-1]) == int(b[-1])
+    n = min(int(n), length)
+
+    def one(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor) or v.dim() != 2 or v.shape[-1] != length:
+            return v
+        return torch.cat([v[:, :n - 1], v[:, -1:]], dim=1) if suffix else v[:, :n]
+
+    if isinstance(inputs, dict):
+        return {k: one(v) for k, v in inputs.items()}
+    return tuple(one(v) for v in inputs)
+
+
+def _corpus_input(sub: Subject, tokens: int | None, flag: str, notes: Notes
+                  ) -> tuple[Any, dict[str, Any]]:
+    """The offline text (``default_text``) cut to ``tokens`` tokens, and its record."""
+    if sub.takes != "text":
+        raise InputError(f"argument {flag}: {sub.label} takes {_NOUN[sub.takes]}; use "
+                         f"{'--image FILE or ' if sub.takes == 'image' else ''}--sample N")
+    text, what = default_text()
+    enc = sub.encode([text], flag)
+    available = int(_ids(enc.inputs).shape[-1])
+    n = DEFAULT_TOKENS if tokens is None else int(tokens)
+    if tokens is not None and tokens > available:
+        most = (f" (the model reads at most {sub.max_len})" if available == sub.max_len
+                else "")
+        raise InputError(f"argument --tokens: {what} has {plural(available, 'token')}{most}, "
+                         f"got {tokens}")
+    n = min(n, available)
+    inputs = cut_tokens(sub, enc.inputs, n)
+    record = {"kind": "corpus", "description": "", "source": what, "tokens": n,
+              "available_tokens": available, "max_tokens": sub.max_len}
+    _unknown_record(record, enc, flag, notes)  # counted over the whole encoded text
+    record["description"] = (f"--corpus: {what}, its first {plural(n, 'token')} (of "
+                             f"{available})")
+    return inputs, record
 
 
 def _kind(ds: Any) -> str:

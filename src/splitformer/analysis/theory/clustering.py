@@ -8,8 +8,10 @@ resolved). The field is the step's attention, the theorems' setting (no FFN), in
 of the constraint:
 
 * ``sphere`` (the projection reading): "attention sphere:project", the state projected after
-  every substep onto S1 = {mean_y u = 0, var_y u = 1} (``SphereProjection``: no gain, no bias);
-  u(0) is projected first;
+  every substep onto S1 = {mean_y u = 0, var_y u = 1} (``SphereProjection``: no gain, no bias),
+  or, for a network that normalises with RMSNorm (the Llama family), onto the sphere
+  {|u|^2 = N} that RMSNorm projects onto (``RMSNormProjection`` without eps and gain,
+  docs/math.md 3.15); u(0) is projected first;
 * ``layernorm``: the attention field with the network's own LayerNorm where the layout puts it
   (post-LN "attention norm1:project", pre-LN "norm1>attention"). With a per-feature gain the
   refined post-LN path is dominated by the iterated LayerNorm (docs/math.md 3.11), so the
@@ -21,7 +23,8 @@ step is left.
 
 Clusters: the components of the graph cos(u(x), u(x')) > 0.99 (``core.cluster_count``). The
 limit geometry is compared with the spectrum of the value map M = W_O W_V (the map a token
-applies to the tokens it attends to; all heads together): V = I predicts the vertices of a
+applies to the tokens it attends to; all heads together, the key/value heads of grouped-query
+attention read once per query head they serve): V = I predicts the vertices of a
 polytope, a simple positive top eigenvalue at most 3 hyperplanes (Geshkovski et al. 2023, for
 one head on R^d); ``hyperplanes`` counts the groups of the final tokens' projections onto the
 top left eigenvector (gaps > 0.05 of the largest |projection|). The verdict is
@@ -49,8 +52,8 @@ from typing import Any
 
 import torch
 
-from ...operators.attention import AttentionOperator, NonlocalAttention
-from ...operators.projections import SphereProjection
+from ...operators.attention import AttentionOperator, GroupedQueryAttention, NonlocalAttention
+from ...operators.projections import RMSNormProjection, SphereProjection
 from ..readings import module_of
 from .core import (
     CLUSTER_COSINE,
@@ -99,18 +102,44 @@ CITATION_C = ("Geshkovski, Koubbi, Polyanskiy, Rigollet, 'Dynamic metastability 
 
 
 # -- the value map ------------------------------------------------------------------------------
-def value_spectrum(op: AttentionOperator) -> dict[str, Any] | None:
-    """The spectrum of M = W_O W_V (d x d) of a ``NonlocalAttention``: the eigenvalue of
-    largest real part and the next one, whether it is real, positive and simple, the distance
-    of M from a multiple of I (||M - (tr M / d) I||_F / ||M||_F), its prediction of the limit
-    geometry and the top left eigenvector (``direction``, not serialised). None for other
-    attention operators (no single value map)."""
+def _grouped(w: torch.Tensor, m: GroupedQueryAttention) -> torch.Tensor:
+    """A key/value weight (H_kv d_h, dim) read on the query heads: each key/value head's block
+    repeated for the H / H_kv query heads it serves, (H d_h, dim)."""
+    blocks = w.detach().double().view(m.num_kv_heads, m.head_dim, -1)
+    return blocks.repeat_interleave(m.groups, dim=0).reshape(m.num_heads * m.head_dim, -1)
+
+
+def _maps(op: AttentionOperator) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(M = W_O W_V, B = W_Q^T W_K or None) of an operator with one value map: a
+    ``NonlocalAttention`` (its qkv weight), or a ``GroupedQueryAttention`` (the key/value heads
+    read on the query heads, ``_grouped``; B is the score at offset x - x' = 0 of a rotary
+    operator, where the rotations cancel; None with QK-norm, whose score is not bilinear).
+    None for other attention operators."""
     m = module_of(op)
-    if not isinstance(m, NonlocalAttention) or type(m) is not NonlocalAttention:
+    if type(m) is NonlocalAttention:
+        d = m.dim
+        w = m.qkv_weight.detach().double()
+        return m.out_weight.detach().double() @ w[2 * d:3 * d], w[:d].T @ w[d:2 * d]
+    if isinstance(m, GroupedQueryAttention):
+        value = m.out_weight.detach().double() @ _grouped(m.v_weight, m)
+        score = None if m.q_norm is not None or m.k_norm is not None else (
+            m.q_weight.detach().double().T @ _grouped(m.k_weight, m))
+        return value, score
+    return None
+
+
+def value_spectrum(op: AttentionOperator) -> dict[str, Any] | None:
+    """The spectrum of M = W_O W_V (d x d) of a ``NonlocalAttention`` or a
+    ``GroupedQueryAttention`` (``_maps``): the eigenvalue of largest real part and the next
+    one, whether it is real, positive and simple, the distance of M from a multiple of I
+    (||M - (tr M / d) I||_F / ||M||_F), its prediction of the limit geometry and the top left
+    eigenvector (``direction``, not serialised). None for other attention operators (no single
+    value map)."""
+    maps = _maps(op)
+    if maps is None:
         return None
-    d = m.dim
-    w_v = m.qkv_weight.detach().double()[2 * d:3 * d]
-    mat = m.out_weight.detach().double() @ w_v
+    mat = maps[0]
+    d = mat.shape[0]
     eig = torch.linalg.eigvals(mat)
     order = torch.argsort(eig.real, descending=True)
     top, nxt = complex(eig[order[0]]), complex(eig[order[1]]) if d > 1 else complex(0)
@@ -138,15 +167,15 @@ def value_spectrum(op: AttentionOperator) -> dict[str, Any] | None:
 
 def score_distance(op: AttentionOperator) -> float | None:
     """||B - (tr B / d) I||_F / ||B||_F for the score map B = W_Q^T W_K of a
-    ``NonlocalAttention`` (the score of one head is <W_Q x, W_K x'> = x^T B x'; several heads:
-    B sums theirs): 0 when Q^T K is a multiple of I, the theorems' setting up to the
-    temperature. None for other attention operators."""
-    m = module_of(op)
-    if not isinstance(m, NonlocalAttention) or type(m) is not NonlocalAttention:
+    ``NonlocalAttention`` or a ``GroupedQueryAttention`` without QK-norm (the score of one head
+    is <W_Q x, W_K x'> = x^T B x'; several heads: B sums theirs; rotary: at offset 0): 0 when
+    Q^T K is a multiple of I, the theorems' setting up to the temperature. None for other
+    attention operators."""
+    maps = _maps(op)
+    if maps is None or maps[1] is None:
         return None
-    d = m.dim
-    w = m.qkv_weight.detach().double()
-    b = w[:d].T @ w[d:2 * d]
+    b = maps[1]
+    d = b.shape[0]
     norm = b.norm()
     if norm == 0:
         return float("nan")
@@ -184,10 +213,29 @@ def _scheme(op: str, pre: tuple[str, ...], post: tuple[str, ...], proj: str | No
     return s + (f" {proj}:project" if proj else "")
 
 
+def _rms(theta) -> bool:
+    return any(isinstance(module_of(o), RMSNormProjection) for o in theta.values())
+
+
+def _sphere(theta, dim: int):
+    """The sphere of the projection reading: RMSNorm's {|u|^2 = N} (no eps, no gain) for a
+    control set that normalises with RMSNorm, else S1 (``SphereProjection``)."""
+    if _rms(theta):
+        return RMSNormProjection(dim, eps=0.0, elementwise_affine=False, upcast=False).double()
+    return SphereProjection(dim).double()
+
+
+def sphere_name(theta) -> str:
+    """What the projection reading projects onto, in words (``_sphere``)."""
+    if _rms(theta):
+        return "the sphere |u|^2 = N of RMSNorm (RMSNormProjection without eps and gain)"
+    return "S1 (SphereProjection)"
+
+
 def _sphere_theta(theta, op: str, post: tuple[str, ...], attention=None) -> dict[str, Any]:
     dim = int(module_of(theta[op]).dim)
     out = {op: attention if attention is not None else theta[op],
-           "sphere": SphereProjection(dim).double()}
+           "sphere": _sphere(theta, dim)}
     for n in post:
         out[n] = theta[n]
     return out
@@ -256,7 +304,8 @@ def clustering(probe: Probe, t_max: int = 100, k: int = 10) -> Check:
     fit, constants = _clustering_fit(per_step, applicable, t_max, k, int(u0.shape[1]))
     constants["superposed_steps"] = superposed
     run = _clustering_run(len(per_step), t_max, k, int(u0.shape[1]), sphere_scheme, ln_scheme,
-                          proj) + (f" {_superposed(superposed)}." if superposed else "")
+                          proj, sphere_name(evo.controls[steps[0]])) + (
+        f" {_superposed(superposed)}." if superposed else "")
     data = {"steps": per_step, "sphere_scheme": sphere_scheme, "layernorm_scheme": ln_scheme}
     verdict, reason = _clustering_verdict(per_step, applicable, t_max,
                                           constants["max_time_to_one_cluster"])
@@ -313,8 +362,9 @@ def _clustering_assumptions(evo, op: str, u0, per_step: list[dict[str, Any]],
     return [
         assumption("autonomous field", True, "controls frozen at theta^n (one control set "
                    "repeated to t_max)"),
-        assumption("state on a sphere", True, "the sphere reading projects onto S1 after every "
-                   "substep; the layernorm reading is reported beside it"),
+        assumption("state on a sphere", True, f"the sphere reading projects onto "
+                   f"{sphere_name(evo.controls[first])} after every substep; the layernorm "
+                   "reading (the network's own norm) is reported beside it"),
         assumption("features d >= 3", u0.shape[-1] >= 3, f"d = {u0.shape[-1]}"),
         assumption("attracting value map (top eigenvalue of W_O W_V has positive real part)",
                    bool(applicable), f"{len(applicable)} of {len(per_step)} steps"),
@@ -360,12 +410,13 @@ def _clustering_fit(per_step: list[dict[str, Any]], applicable: list[dict[str, A
 
 
 def _clustering_run(steps: int, t_max: int, k: int, n_tokens: int, sphere_scheme: str,
-                    ln_scheme: str, proj: str | None) -> str:
+                    ln_scheme: str, proj: str | None, sphere: str = "S1 (SphereProjection)"
+                    ) -> str:
     """What check b ran, in a sentence."""
     return (f"Each of the {steps} steps frozen (controls fixed at theta^n) and continued "
             f"to t = {t_max} at tau = 1/{k} from the network's u(0) of one input ({n_tokens} "
-            f"tokens, float64): attention only, on the sphere ('{sphere_scheme}', "
-            f"SphereProjection) and with the network's LayerNorm ('{ln_scheme}')"
+            f"tokens, float64): attention only, on the sphere ('{sphere_scheme}', {sphere}) "
+            f"and with the network's own norm, LayerNorm or RMSNorm ('{ln_scheme}')"
             + (f", and the LayerNorm alone ('{proj}:project') as a control" if proj else "")
             + "; clusters counted at every unit of time.")
 
