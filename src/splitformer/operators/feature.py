@@ -232,10 +232,10 @@ class StackedProduct:
     on the BLAS kernel the shapes select (how the output rows are tiled), so it is checked once
     per configuration (the rows of each W_i, the input's rows, dtype, layout and alignment, the
     thread count) on a random probe, and the k products are kept where the bits differ (float64
-    at small widths on this machine's BLAS, for one). Never while autograd records, nor under
-    torch.compile. The stacked view is kept while the parameters keep their memory (``clear``
-    drops it; ``Module.to`` moves parameters to new memory, and they are then taken one by
-    one)."""
+    at small widths on this machine's BLAS, for one). Never while autograd records, under
+    torch.compile or under torch.func's transforms. The stacked view is kept while the
+    parameters keep their memory (``clear`` drops it; ``Module.to`` moves parameters to new
+    memory, and they are then taken one by one)."""
 
     def __init__(self) -> None:
         self.clear()
@@ -264,8 +264,9 @@ class StackedProduct:
         """The stacked product (..., sum_i rows_i), or None (then the caller takes the k
         products)."""
         if torch.is_grad_enabled() or torch.compiler.is_compiling() \
+                or torch._C._are_functorch_transforms_active() \
                 or not self._stacked(weights, biases):
-            return None
+            return None  # (torch.func's jvp / vmap: wrapped tensors have no data pointer)
         w, b = self._weight, self._bias
         key = (u.numel() // u.shape[-1], u.shape[-1], tuple(t.shape[0] for t in weights),
                b is not None, u.dtype, w.dtype, u.device, u.is_contiguous(),
