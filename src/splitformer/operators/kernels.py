@@ -442,13 +442,14 @@ class SoftcapKernel(Kernel):
         a = torch.tanh(a / self.cap) * self.cap
         m = _grid_additive(attn_mask, is_causal, q, k, grid)
         if m is not None:
-            # off the support: float32's lowest value, not -inf, so that a query whose whole
-            # support is padding averages instead of turning NaN (transformers' float64 eager
-            # path turns it NaN); every other row is unchanged (exp underflows to 0 either way)
-            a = (a + m).clamp_min(torch.finfo(torch.float32).min)
+            a = a + m
         wide = torch.float32 if self.upcast or q.dtype in (torch.float16, torch.bfloat16) \
             else q.dtype
-        p = torch.softmax(a, dim=-1, dtype=wide).to(q.dtype)
+        p = torch.softmax(a, dim=-1, dtype=wide)
+        # a query with an empty support (every score -inf: also finfo(float64).min cast to
+        # float32, where transformers' eager path turns NaN) integrates over nothing: 0, as
+        # sdpa gives; every other row is unchanged
+        p = torch.where(torch.isnan(p), torch.zeros((), dtype=p.dtype), p).to(q.dtype)
         return torch.matmul(_dropout(p, dropout_p), v)
 
 
