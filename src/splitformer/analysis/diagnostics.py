@@ -157,7 +157,7 @@ from ..time.saveat import Substep
 from .capture import Call, capture, check_finite, check_inputs, family_of, nonfinite
 from .capture import capture as _capture  # noqa: F401 (moved to analysis.capture)
 from .checks import ArgumentError, check_seed, refuse_merging
-from .gated import gated_fields, gated_record
+from .gated import decoder_lines, gated_fields, gated_record
 from .geometry import (
     attention_entropy,
     cosine_similarity,
@@ -360,40 +360,10 @@ def summary_text(data: Mapping[str, Any]) -> str:
         lines.append(f"  cosine similarity {_fmt(first['cosine_similarity'])} -> "
                      f"{_fmt(last.get('cosine_similarity'))}, effective rank "
                      f"{_fmt(first['effective_rank'])} -> {_fmt(last.get('effective_rank'))}")
-        lines += _decoder_lines(steps)
+        lines += decoder_lines(steps, _fmt)
     a = data["activation"]
     lines.append(f"activation {a['name']}: {a['reading']} ({a['why']})")
     return "\n".join(lines)
-
-
-def _decoder_lines(steps: list[Mapping[str, Any]]) -> list[str]:
-    """The summary's lines on the attention sink and the gated fields (when measured)."""
-    lines = []
-    sinks = [(s["step"], s["attention_sink"]) for s in steps
-             if s.get("attention_sink") is not None]
-    if sinks:
-        top = max(sinks, key=lambda p: p[1])
-        first = next(s for s in steps if s.get("attention_sink") is not None)
-        uniform = first["attention"][0].get("first_token_mass_uniform")
-        lines.append(f"  attention sink (mass on the first token, mean over heads and queries "
-                     f"x >= 1): {_fmt(sinks[0][1])} at step {_fmt(sinks[0][0])}, "
-                     f"{_fmt(sinks[-1][1])} at step {_fmt(sinks[-1][0])}, at most "
-                     f"{_fmt(top[1])} (step {_fmt(top[0])}); a uniform kernel on the support "
-                     f"gives {_fmt(uniform)}")
-    gated = [s["gated_field"] for s in steps if s.get("gated_field") is not None]
-    if gated:
-        g = gated[0]
-        bounds = [r["bound"] for r in gated if r["bound"] is not None]
-        measured = [r["measured"] for r in gated if r["measured"] is not None]
-        ratios = [r["ratio"] for r in gated if r["ratio"] is not None]
-        lines.append(f"  gated field '{g['operator']}' ({g['activation']}): {g['reading']}: "
-                     f"bound {_span(bounds)} per step, measured {_span(measured)}, measured / "
-                     f"bound at most {_fmt(max(ratios)) if ratios else 'n/a'}")
-    return lines
-
-
-def _span(values: list[float]) -> str:
-    return f"{_fmt(min(values))} .. {_fmt(max(values))}" if values else "n/a"
 
 
 class _Notes:

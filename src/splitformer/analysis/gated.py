@@ -30,6 +30,7 @@ cover a gated field: the record's ``reading`` says so.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -39,8 +40,8 @@ from ..operators.feature import GatedFeedForward
 from .lipschitz import _tridiagonal_top
 from .readings import compose, module_of, plain
 
-__all__ = ["JACOBIAN_TOKENS", "MAX_TOKENS", "READING", "difference_quotient", "gated_apply",
-           "gated_fields", "gated_record", "jacobian_norms"]
+__all__ = ["JACOBIAN_TOKENS", "MAX_TOKENS", "READING", "decoder_lines", "difference_quotient",
+           "gated_apply", "gated_fields", "gated_record", "jacobian_norms"]
 
 MAX_TOKENS = 512  # tokens of the difference quotients (all pairs among them)
 JACOBIAN_TOKENS = 8  # tokens whose Jacobian's spectral norm is computed
@@ -217,3 +218,34 @@ def gated_record(st, name: str, op, theta, before: torch.Tensor, context, index:
 def _finite(x: Any) -> float | None:
     v = float(x)
     return v if math.isfinite(v) else None
+
+
+def decoder_lines(steps: list[Mapping[str, Any]], fmt: Callable[[Any], str]) -> list[str]:
+    """The analyze summary's lines on the attention sink and the gated fields (when
+    measured), numbers shown by ``fmt``."""
+    lines = []
+    sinks = [(s["step"], s["attention_sink"]) for s in steps
+             if s.get("attention_sink") is not None]
+    if sinks:
+        top = max(sinks, key=lambda p: p[1])
+        first = next(s for s in steps if s.get("attention_sink") is not None)
+        uniform = first["attention"][0].get("first_token_mass_uniform")
+        lines.append(f"  attention sink (mass on the first token, mean over heads and queries "
+                     f"x >= 1): {fmt(sinks[0][1])} at step {fmt(sinks[0][0])}, "
+                     f"{fmt(sinks[-1][1])} at step {fmt(sinks[-1][0])}, at most "
+                     f"{fmt(top[1])} (step {fmt(top[0])}); a uniform kernel on the support "
+                     f"gives {fmt(uniform)}")
+    gated = [s["gated_field"] for s in steps if s.get("gated_field") is not None]
+    if gated:
+        g = gated[0]
+        bounds = [r["bound"] for r in gated if r["bound"] is not None]
+        measured = [r["measured"] for r in gated if r["measured"] is not None]
+        ratios = [r["ratio"] for r in gated if r["ratio"] is not None]
+        lines.append(f"  gated field '{g['operator']}' ({g['activation']}): {g['reading']}: "
+                     f"bound {_span(bounds, fmt)} per step, measured {_span(measured, fmt)}, "
+                     f"measured / bound at most {fmt(max(ratios)) if ratios else 'n/a'}")
+    return lines
+
+
+def _span(values: list[float], fmt: Callable[[Any], str]) -> str:
+    return f"{fmt(min(values))} .. {fmt(max(values))}" if values else "n/a"
