@@ -187,6 +187,10 @@ def generate(d: dict) -> None:
                   f"{r['decode_tokens_per_s']:,.1f} | {ratio} | "
                   f"{r['cache_bytes_per_token']:,.0f} | {'yes' if r['same_ids'] else 'no'} |")
         print()
+        notes = sorted({r["note"].split(";")[0] for r in pairs if r.get("weights")})
+        if notes:  # the Llama sizes say which weights they ran on
+            print(f"Weights: {', '.join(notes)}; prompt {pairs[0]['prompt']} tokens, "
+                  f"{pairs[0]['new_tokens']} new tokens.\n")
     lin = [r for r in rows if r["group"] == "linear decode"]
     if lin:
         print(header(["kernel", "prefix (tokens)", "decode step (ms)", "tokens/s",

@@ -195,3 +195,88 @@ def test_generate_suite_same_ids_same_cache_bytes_and_a_flat_linear_tape():
            if r["group"] == "linear decode"}
     assert lin[("linear", 8)] == lin[("linear", 16)]
     assert lin[("softmax", 16)] == 2 * lin[("softmax", 8)]
+
+
+MICRO_LLAMA = {"num_key_value_heads": 2, "head_dim": 8, "vocab_size": 100, "rope_theta": 1e4}
+
+
+def test_generate_suite_on_the_llama_family_same_ids_and_cache_bytes():
+    """The Llama rows (the smollm2 size's code path, at a micro shape with random weights):
+    both libraries generate the same ids in float32 and bfloat16 (transformers' rotary
+    frequencies kept in float32 by the cast, as from_pretrained keeps them) with the same
+    bytes of keys and values per token (the H_kv heads), and the rows say which weights."""
+    from splitformer.bench.generation import llama_rows
+
+    size = Size(48, 6, 2, 96, 2, 8, "micro-llama")
+    rows = llama_rows(size, OPTS, lambda text: None, extra=MICRO_LLAMA, packaged=False)
+    assert {(r["dtype"], r["name"]) for r in rows} == {
+        (d, n) for d in ("float32", "bfloat16") for n in ("splitformer", "transformers")}
+    for d in ("float32", "bfloat16"):
+        by = {r["name"]: r for r in rows if r["dtype"] == d}
+        assert by["splitformer"]["same_ids"]
+        width = 2 if d == "bfloat16" else 4
+        assert by["splitformer"]["cache_bytes_per_token"] == \
+            by["transformers"]["cache_bytes_per_token"] == 2 * 2 * 2 * 8 * width
+        assert by["splitformer"]["prefill_ratio"] == pytest.approx(
+            by["transformers"]["prefill_s"] / by["splitformer"]["prefill_s"])
+    assert {r["weights"] for r in rows} == {"random"}
+    with pytest.raises(ValueError, match="SmolLM2's shape"):
+        llama_rows(size, OPTS, lambda text: None, extra=MICRO_LLAMA, packaged=True)
+
+
+def test_smollm2_is_a_size_of_the_generate_suite_only(capsys):
+    from splitformer.bench.generation import SMOLLM2
+    from splitformer.commands.bench import _sizes_arg
+
+    assert _sizes_arg("smollm2") == [SMOLLM2] and SMOLLM2.seq == 512
+    assert main(["bench", "--list"]) == 0
+    assert "smollm2" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "encoder", "--size", "smollm2", "--repeats", "1"])
+    assert exit_.value.code == 2
+    assert "generate suite only" in capsys.readouterr().err
+
+
+def test_the_llama_speed_paths_give_the_bits_of_the_plain_ones(monkeypatch):
+    """What the generate suite's Llama rows time: the stacked lifts ([W_Q; W_K; W_V] u and
+    [W_g; W_u] u in one product each, Q and K rotated in one call) give the logits and ids of
+    the separate products bit for bit, in float32 and bfloat16; the stacked product is used
+    only where its probe found the same bits, and parameters moved by Module.to (no longer
+    stacked) take the separate products."""
+    from splitformer.interop import from_hf
+    from splitformer.operators import feature
+
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                                   num_hidden_layers=2, intermediate_size=256, vocab_size=97,
+                                   attn_implementation="sdpa")
+    ids = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(1))
+    used = []
+    stacked = feature.StackedProduct.__call__
+
+    def counted(self, u, weights, biases):
+        out = stacked(self, u, weights, biases)
+        used.append(out is not None)
+        return out
+
+    def run(model):
+        with torch.no_grad():
+            return model(ids).logits, model.generate(ids, 5)
+
+    monkeypatch.setattr(feature.StackedProduct, "__call__", counted)
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        ours = from_hf(transformers.LlamaForCausalLM(cfg).to(dtype).eval()).eval()
+        used.clear()
+        fast = run(ours)
+        assert any(used) or not any(feature._SAME_BITS.values())  # unused only where refused
+        with monkeypatch.context() as m:
+            m.setattr(feature, "_SAME_BITS", {})
+            m.setattr(feature, "_same_bits", lambda *a: False)
+            used.clear()
+            plain = run(ours)
+            assert used and not any(used)
+        assert torch.equal(fast[0], plain[0]) and torch.equal(fast[1], plain[1])
+    used.clear()
+    run(ours.to(torch.float64))  # Module.to: the parameters no longer lie stacked
+    assert used and not any(used)

