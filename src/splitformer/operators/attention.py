@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Context, Operator, apply_dropout
-from .feature import StackedProduct, stack_rows_
+from .feature import StackedProduct, _compose_linear_, stack_rows_
 from .kernel import expand_heads, window_support
 from .kernels import Kernel, SoftmaxKernel, kernel_class, warn_about_instance
 from .rope import rotate_half
@@ -239,6 +239,11 @@ class AttentionOperator(Operator):
         self.out_weight.mul_(c)
         if self.out_bias is not None:
             self.out_bias.mul_(c)
+
+    @torch.no_grad()
+    def compose_(self, m: torch.Tensor) -> None:
+        """A <- M A: W_O <- M W_O, b_O <- M b_O (``Operator.compose_``)."""
+        _compose_linear_(self.out_weight, self.out_bias, m)
 
     def head_sum(self, u: torch.Tensor, context: Context | None = None) -> torch.Tensor:
         """A(U) written as the head integral sum_h (g_h V_h) W_O,h + b_O (slow; for checks)."""

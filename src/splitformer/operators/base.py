@@ -187,6 +187,18 @@ class Operator(nn.Module):
         """Whether ``scale_`` is implemented (a field whose step size folds into weights)."""
         return type(self).scale_ is not Operator.scale_
 
+    def compose_(self, m: torch.Tensor) -> None:
+        """F <- M F in place, for a (N_y, N_y) matrix M acting on the output features (fields
+        whose output is W_O h + b_O: W_O <- M W_O, b_O <- M b_O). A fitted linear map after
+        the field folds into its weights exactly (docs/math.md 3.20: ReplaceMe's map)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot fold a linear map into its "
+                                  "output (it declares no compose_)")
+
+    @property
+    def has_compose(self) -> bool:
+        """Whether ``compose_`` is implemented."""
+        return type(self).compose_ is not Operator.compose_
+
 
 def _global_hooks() -> bool:
     return bool(_m._global_forward_hooks or _m._global_forward_pre_hooks

@@ -83,6 +83,11 @@ class FeatureIntegral(Operator):
         if self.bias is not None:
             self.bias.mul_(c)
 
+    @torch.no_grad()
+    def compose_(self, m: torch.Tensor) -> None:
+        """L <- M L: W <- M W, b <- M b (``Operator.compose_``)."""
+        _compose_linear_(self.weight, self.bias, m)
+
     @property
     def changes_width(self) -> bool:
         return self.in_dim != self.out_dim
@@ -171,6 +176,12 @@ class FeedForward(Operator):
         if last.bias is not None:
             last.bias.mul_(c)
 
+    @torch.no_grad()
+    def compose_(self, m: torch.Tensor) -> None:
+        """G <- M G: the last stage's W_J <- M W_J, b_J <- M b_J."""
+        last = self.stages[-1]
+        _compose_linear_(last.weight, last.bias, m)
+
 
 # sup |s'| and the growth bound c with |s(z)| <= c |z| of each activation a gated field takes
 # (SiLU: max s' = 1.0998 at z = 2.3994; GELU: max s' = 1.1289 at z = sqrt(2); tanh-GELU within
@@ -182,6 +193,21 @@ ACTIVATION_BOUNDS: dict[str, tuple[float, float]] = {
     "relu": (1.0, 1.0),
     "identity": (1.0, 1.0),
 }
+
+
+def _compose_linear_(weight: torch.Tensor, bias: torch.Tensor | None, m: torch.Tensor) -> None:
+    """W <- M W and b <- M b in place (M: (out, out), computed in the higher of the two
+    dtypes and float32, written back in W's dtype)."""
+    if not (isinstance(m, torch.Tensor) and m.dim() == 2
+            and m.shape == (weight.shape[0], weight.shape[0])):
+        raise ValueError(f"compose_(m): m must be a ({weight.shape[0]}, {weight.shape[0]}) "
+                         f"matrix on the output features, got "
+                         f"{tuple(getattr(m, 'shape', ())) or type(m).__name__}")
+    dtype = torch.promote_types(torch.promote_types(m.dtype, weight.dtype), torch.float32)
+    m = m.to(device=weight.device, dtype=dtype)
+    weight.copy_(m @ weight.to(dtype))
+    if bias is not None:
+        bias.copy_(m @ bias.to(dtype))
 
 
 def stacked_rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
@@ -371,6 +397,11 @@ class GatedFeedForward(Operator):
     def scale_(self, c: float) -> None:
         """G <- c G: W_d and b_d times c."""
         self.down.scale_(c)
+
+    @torch.no_grad()
+    def compose_(self, m: torch.Tensor) -> None:
+        """G <- M G: W_d <- M W_d, b_d <- M b_d."""
+        self.down.compose_(m)
 
     @torch.no_grad()
     def lipschitz_bound(self, radius: float) -> float:
