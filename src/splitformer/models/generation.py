@@ -23,23 +23,31 @@ transformers' sampling). A row that produced ``eos_token_id`` is finished: it is
 with ``pad_token_id``, and the loop stops when every row is. Left padding (0 in
 ``attention_mask`` before the prompt) gives every row the positions its tokens would have
 alone (transformers' rule: position = cumsum(mask) - 1).
+
+``cache_policy`` (an ``operators.cache_policy.CachePolicy``) coarsens the tape's past after the
+prompt's forward and after every new token (docs/cache.md); None keeps every node. ``score_stream``
+is the teacher-forced counterpart that ``splitformer cache`` measures: a text streamed through
+the model on one tape, in chunks (chunked prefill) and then one token at a time (decoding),
+with the log-likelihood of every token, the cache's peak bytes and the decoding speed.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from ..operators.cache_policy import CachePolicy
 from ..operators.tape import KVTape
 from .outputs import ModelOutput
 
-__all__ = ["GenerationConfig", "GenerationOutput", "generate", "generate_without_cache",
-           "next_tokens", "warp_scores"]
+__all__ = ["GenerationConfig", "GenerationOutput", "StreamScore", "generate",
+           "generate_without_cache", "next_tokens", "score_stream", "warp_scores"]
 
 
 @dataclass
@@ -191,11 +199,12 @@ def _check_length(model, n: int, cfg: GenerationConfig) -> None:
                       UserWarning, stacklevel=4)
 
 
-def _steps(model, input_ids, mask, cfg: GenerationConfig, generator, use_cache: bool
-           ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _steps(model, input_ids, mask, cfg: GenerationConfig, generator, use_cache: bool,
+           policy: CachePolicy | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(next ids (B,), raw logits (B, V)) per new token, with the tape or without it."""
     b, n = input_ids.shape
-    tape = KVTape(capacity=n + min(cfg.max_new_tokens, PREALLOCATE)) if use_cache else None
+    tape = KVTape(capacity=n + min(cfg.max_new_tokens, PREALLOCATE), policy=policy) \
+        if use_cache else None
     seq, cur = input_ids, input_ids
     positions = None if mask is None else _positions(mask)
     for _ in range(cfg.max_new_tokens):
@@ -223,14 +232,15 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 20, *,
              pad_token_id: int | None = None, attention_mask: torch.Tensor | None = None,
              generator: torch.Generator | None = None, seed: int | None = None,
              use_cache: bool = True, return_logits: bool = False,
-             streamer: Callable[[torch.Tensor], None] | None = None
+             streamer: Callable[[torch.Tensor], None] | None = None,
+             cache_policy: CachePolicy | None = None
              ) -> torch.Tensor | GenerationOutput:
     """The prompt ``input_ids`` (B, N) and up to ``max_new_tokens`` new ids, (B, N + new), as
     transformers' ``generate`` returns them (``return_logits``: a ``GenerationOutput`` with
     the raw logits of every new token too). ``use_cache=False`` runs the cacheless oracle
     (``generate_without_cache``). ``streamer(ids)`` is called with each new (B,) ids as they
     come (the CLI prints them). Greedy unless ``do_sample``; the module docstring says how a
-    token is chosen."""
+    token is chosen. ``cache_policy``: the tape's coarsening of the past (None: every node)."""
     cfg = _config(max_new_tokens, do_sample, temperature, top_k, top_p, eos_token_id,
                   pad_token_id)
     if not cfg.do_sample:
@@ -241,6 +251,13 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 20, *,
             warnings.warn(f"generate: {', '.join(ignored)} act(s) on sampling and do_sample is "
                           "False: greedy decoding ignores them (pass do_sample=True)",
                           UserWarning, stacklevel=3)
+    if cache_policy is not None:
+        if not isinstance(cache_policy, CachePolicy):
+            raise TypeError(f"cache_policy must be None or an operators.cache_policy."
+                            f"CachePolicy (e.g. cache_policy('streaming', 0.25)), got "
+                            f"{type(cache_policy).__name__}")
+        if not use_cache:
+            raise ValueError("cache_policy acts on the KV tape: use_cache=False has none")
     generator = _check_inputs(model, input_ids, attention_mask, generator, seed)
     _check_length(model, input_ids.shape[1], cfg)
     if streamer is not None and not callable(streamer):
@@ -253,7 +270,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 20, *,
     unfinished = torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     eos = torch.tensor(cfg.eos_token_id, dtype=input_ids.dtype, device=input_ids.device)
     with torch.no_grad():
-        for nxt, lg in _steps(model, input_ids, mask, cfg, generator, use_cache):
+        for nxt, lg in _steps(model, input_ids, mask, cfg, generator, use_cache, cache_policy):
             if cfg.eos_token_id:
                 pad = cfg.pad
                 nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad))
@@ -275,3 +292,80 @@ def generate_without_cache(model, input_ids: torch.Tensor, max_new_tokens: int =
     """The oracle: every token from a forward over the whole prefix (nanoGPT's ``generate``:
     no tape, O(N) work per token that the tape saves). Same options as ``generate``."""
     return generate(model, input_ids, max_new_tokens, use_cache=False, **options)
+
+
+@dataclass
+class StreamScore:
+    """What ``score_stream`` measured: ``tokens`` scored, ``nll`` (the sum of -log p of each
+    scored token given its prefix, nats), ``peak_bytes`` (the cache's largest size at the end
+    of a forward, ``KVTape.peak_bytes``), ``entries`` (cache entries per evaluation and
+    key/value head at the end), and the decoding part's token count and seconds."""
+
+    tokens: int
+    nll: float
+    peak_bytes: int
+    entries: int
+    decode_tokens: int
+    decode_seconds: float
+    prefill_seconds: float
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.nll / self.tokens) if self.tokens else math.nan
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else math.nan
+
+
+def score_stream(model, input_ids: torch.Tensor, *, policy: CachePolicy | None = None,
+                 chunk: int = 64, decode: int = 0,
+                 progress: Callable[[int, int], None] | None = None) -> StreamScore:
+    """The text ``input_ids`` (B, N) streamed through the causal ``model`` on one KV tape with
+    the cache ``policy``: the first N - ``decode`` tokens in forwards of ``chunk`` new nodes
+    (chunked prefill), the last ``decode`` one forward each (decoding, timed), the policy acting
+    after every forward. Token x_{i+1} is scored by the logits at x_i,
+
+        nll = - sum_{i=0}^{N-2} log p(id_{i+1} | id_0 .. id_i)
+
+    (teacher forcing: the model reads the text, not its own choices). ``progress(done, N)``
+    is called after every forward."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or \
+            input_ids.is_floating_point() or input_ids.shape[1] < 2:
+        raise ValueError(f"input_ids must be an integer tensor (batch, seq) with seq >= 2, got "
+                         f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
+    n = input_ids.shape[1]
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be an int >= 1 (new nodes per prefill forward), got "
+                         f"{chunk!r}")
+    if isinstance(decode, bool) or not isinstance(decode, int) or not 0 <= decode < n:
+        raise ValueError(f"decode must be an int in [0, {n}) (tokens decoded one at a time at "
+                         f"the end), got {decode!r}")
+    if model.training:
+        raise ValueError("score_stream: the model is in training mode; call model.eval()")
+    tape = KVTape(capacity=0 if policy is not None and policy.compresses else n, policy=policy)
+    nll = 0.0
+    scored = 0
+    decode_seconds = prefill_seconds = 0.0
+    start = 0
+    with torch.no_grad():
+        while start < n:
+            size = chunk if start < n - decode else 1
+            end = min(start + size, n - decode) if start < n - decode else start + 1
+            t0 = time.perf_counter()
+            logits = model(input_ids[:, start:end], tape=tape).logits
+            targets = input_ids[:, start + 1:end + 1]
+            lp = logits[:, :targets.shape[1]].float().log_softmax(-1)
+            nll -= float(lp.gather(-1, targets[..., None]).sum())
+            scored += targets.numel()
+            elapsed = time.perf_counter() - t0
+            if start >= n - decode:
+                decode_seconds += elapsed
+            else:
+                prefill_seconds += elapsed
+            start = end
+            if progress is not None:
+                progress(start, n)
+    return StreamScore(tokens=scored, nll=nll, peak_bytes=tape.peak_bytes,
+                       entries=tape.entries_per_head, decode_tokens=decode,
+                       decode_seconds=decode_seconds, prefill_seconds=prefill_seconds)

@@ -387,7 +387,9 @@ class GroupedQueryAttention(AttentionOperator):
 
     Weights as transformers stores them: ``q_weight`` (H d_h, dim), ``k_weight`` and
     ``v_weight`` (H_kv d_h, dim), optional biases (Qwen2), ``out_weight`` W_O (dim, H d_h).
-    On a KV tape the H_kv heads are stored (rotated, as transformers' cache holds them).
+    On a KV tape the H_kv heads are stored (rotated, as transformers' cache holds them), and
+    the tape is told the rotary positions that rotated them (a cache policy that merges keys
+    un-rotates and re-rotates them at the merged coordinate).
     W_Q, W_K and W_V (and their biases) lie one after the other in memory
     (``feature.stack_rows_``): without autograd the three lifts can be one matrix product
     [W_Q; W_K; W_V] u, Q and K then rotated in one call (``feature.StackedProduct``: where it
@@ -531,7 +533,11 @@ class GroupedQueryAttention(AttentionOperator):
                 return self._on_tape(context, q, k, v, mask, causal, p)  # refuses, naming why
             if p > 0.0:
                 return self._on_tape(context, q, k, v, mask, causal, p)
-            return context.tape.attend(self.kernel, q, k, v, window=self.window)
+            # the rotary positions that rotated K: a cache policy that merges keys un-rotates
+            # and re-rotates them at the merged coordinate (operators.cache_policy)
+            rotary = None if self.rope is None or context.rotary is None else \
+                context.rotary.positions.get(self.rope)
+            return context.tape.attend(self.kernel, q, k, v, window=self.window, rotary=rotary)
         grid = self.kernel_grid(context, q.shape[-2], k.shape[-2], q.shape[0])
         k, v = expand_heads(self.kernel, q, k, v)
         if self.window is not None:

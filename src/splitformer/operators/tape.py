@@ -41,16 +41,34 @@ the padding flags of the cached nodes (a padding node is a node outside every su
 that a later policy can drop (weight 0) or merge entries. Buffers are preallocated
 (``capacity``) and grow by doubling, as litgpt's KV cache; a forward writes past the committed
 length and only ``commit`` makes it part of the past.
+
+A cache policy (``policy=``, ``operators.cache_policy``) coarsens that past grid after every
+forward: once the budget is exceeded every evaluation's keys and values move to a compressed
+entry holding its own grid per key/value head (weights w_j, coordinates x_j), the policy drops
+or merges nodes, and the kernel integrates against the weights,
+
+    A_e[u](x) = sum_{x_j <= x} softmax_j(a(x, x_j) + log w_j) V_j     (docs/math.md 3.12, 3.19),
+
+with the causal support and a sliding window read on the coordinates. Until then (and always
+for ``FullCache``) it is the plain tape, bit for bit. A policy that observes attention (H2O,
+TOVA, SnapKV) gets the probabilities of the queries it asks for from every forward, so its
+entries are compressed ones from the first forward. ``length`` stays the number of tokens seen
+(the next node's index); ``peak_bytes`` is the largest cache held at the end of a forward,
+before the policy acted.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .cache_policy import GRID_DTYPE, CachedGrid, CachePolicy, FullCache, Rotation
 from .kernel import expand_heads, window_support
+from .kernels import SoftmaxKernel
+from .rope import RotaryPositions
 from .token_grid import KernelGrid
 
 __all__ = ["CACHE_KINDS", "KVTape", "TapeError"]
@@ -93,6 +111,7 @@ class _KeysValues:
         self.kernel = kernel  # the kernel that recorded it (class and settings)
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.rotary: RotaryPositions | None = None  # what rotated the keys (cache policies)
 
     def extend(self, k: torch.Tensor, v: torch.Tensor, start: int, cap: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,21 +168,67 @@ class _RunningSums:
         self.pending = None
 
 
+class _CompressedKeysValues:
+    """One evaluation's past as a ``CachedGrid`` (per key/value head: K, V, w_j, x_j) that a
+    cache policy coarsens; the forward's new nodes are appended to a pending grid, which
+    ``commit`` hands to the policy."""
+
+    kind = "keys_values"
+
+    def __init__(self, kernel: str = "", grid: CachedGrid | None = None) -> None:
+        self.kernel = kernel
+        self.grid = grid
+        self.pending: CachedGrid | None = None
+        self.rotation: Rotation | None = None  # the rotary positions of the stored keys
+
+    def extend(self, new: CachedGrid) -> CachedGrid:
+        if self.grid is not None:
+            old = self.grid.keys
+            k = new.keys
+            if old.shape[:2] != k.shape[:2] or old.dtype != k.dtype or old.device != k.device:
+                raise TapeError(f"the tape holds keys of shape (B, H) = {tuple(old.shape[:2])}, "
+                                f"{old.dtype} on {old.device}; this forward gives "
+                                f"{tuple(k.shape[:2])}, {k.dtype} on {k.device}")
+        self.pending = new if self.grid is None else self.grid.cat(new)
+        return self.pending
+
+    def nbytes(self, length: int) -> int:
+        return 0 if self.grid is None else self.grid.nbytes()
+
+    def pending_nbytes(self) -> int:
+        return self.nbytes(0) if self.pending is None else self.pending.nbytes()
+
+    def commit(self) -> None:
+        if self.pending is not None:
+            self.grid, self.pending = self.pending, None
+
+    def abort(self) -> None:
+        self.pending = None
+
+
 class KVTape:
     """The keys and values (or running sums) of the past nodes, one entry per attention
     evaluation of a forward in time order (module docstring), and the token grid of those
     nodes (weights, coordinates, padding flags).
 
     ``capacity``: nodes to preallocate (it grows by doubling when a forward needs more).
+    ``policy``: a ``cache_policy.CachePolicy`` that coarsens the past after every forward
+    (None or ``FullCache()``: every node kept, the plain tape).
     Build an empty one and pass it to a causal model's forward (``tape=``) again and again:
-    each forward appends its nodes. ``length`` is the number of committed nodes,
+    each forward appends its nodes. ``length`` is the number of committed nodes (tokens seen),
     ``num_evaluations`` the number of attention evaluations per forward (0 before the first).
     """
 
-    def __init__(self, capacity: int = 0) -> None:
+    def __init__(self, capacity: int = 0, policy: CachePolicy | None = None) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
             raise ValueError(f"KVTape: capacity must be an int >= 0 (nodes to preallocate), "
                              f"got {capacity!r}")
+        if policy is not None and not isinstance(policy, CachePolicy):
+            raise TypeError(f"KVTape: policy must be None or a cache_policy.CachePolicy (e.g. "
+                            f"cache_policy('streaming', 0.25)), got {type(policy).__name__}")
+        self.policy = policy if policy is not None else FullCache()
+        self.peak_bytes = 0
+        self._new_grid: tuple[torch.Tensor, torch.Tensor] | None = None
         self.capacity = capacity
         self.length = 0
         self.batch: int | None = None
@@ -198,8 +263,22 @@ class KVTape:
         return None if self._coords is None else self._coords[:, :self.length]
 
     def nbytes(self) -> int:
-        """Bytes of the stored keys and values (or running sums) of the committed nodes."""
+        """Bytes of the stored keys and values (or running sums) of the committed nodes; for
+        compressed entries their weights and coordinates too."""
         return sum(e.nbytes(self.length) for e in self.entries)
+
+    @property
+    def compressed(self) -> bool:
+        """Whether the entries are the policy's compressed grids (not the plain buffers)."""
+        return bool(self.entries) and isinstance(self.entries[0], _CompressedKeysValues)
+
+    @property
+    def entries_per_head(self) -> int:
+        """Cache entries per evaluation and key/value head (``length`` on the plain tape)."""
+        if self.compressed:
+            grid = self.entries[0].grid
+            return 0 if grid is None else len(grid)
+        return self.length
 
     def __repr__(self) -> str:
         kinds = sorted({e.kind for e in self.entries})
@@ -209,7 +288,7 @@ class KVTape:
 
     def reset(self) -> None:
         """Forget everything (the next forward records anew)."""
-        self.__init__(self.capacity)  # type: ignore[misc]
+        self.__init__(self.capacity, self.policy)  # type: ignore[misc]
 
     # -- one forward -------------------------------------------------------------------------
     def begin(self, n: int, batch: int, *, keep: torch.Tensor | None = None,
@@ -252,6 +331,18 @@ class KVTape:
                                     lambda a, b: torch.arange(a, b, dtype=dtype, device=device
                                                               ).expand(batch, b - a))
         self._new, self._cursor = n, 0
+        if self.policy.compresses:
+            if keep is not None and not bool(keep.all()):
+                self.abort()
+                raise TapeError(f"a cache policy ({self.policy.describe()}) with padding: "
+                                "compressed caches are kept per row without padding nodes "
+                                "(decode rows one by one, or without a policy)")
+            w = weights if weights is not None else torch.ones(n)
+            x = coords if coords is not None else torch.arange(start, end)
+            w = w.to(device=device, dtype=GRID_DTYPE)
+            x = x.to(device=device, dtype=GRID_DTYPE)
+            self._new_grid = (w.expand(batch, n) if w.dim() == 1 else w,
+                              x.expand(batch, n) if x.dim() == 1 else x)
         self._support = self._build_support(n, end, additive, dtype, device)
 
     def _append(self, buf, new, start, end, default):
@@ -296,14 +387,17 @@ class KVTape:
         return _Support(_finfo(mask, dtype) if additive else mask, False, grid)
 
     def attend(self, kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-               window: int | None = None) -> torch.Tensor:
+               window: int | None = None, rotary: RotaryPositions | None = None
+               ) -> torch.Tensor:
         """The kernel at this evaluation: the new queries ``q`` over the past and new keys and
         values (``k``, ``v`` of the new nodes are written to the tape), (B, H, n, d_v).
 
         ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention): the tape
         keeps the H_kv heads (the smaller cache is the point of GQA) and the kernel gets them
         as it declares (``expand_heads``). ``window``: the support restricted to x_q - x_k < W
-        (a sliding window); the tape still keeps every past node."""
+        (a sliding window); the plain tape still keeps every past node. ``rotary``: the rotary
+        positions the keys ``k`` were rotated with (a cache policy that merges keys un-rotates
+        and re-rotates with them); None: the keys are not rotated."""
         if not self._new:
             raise TapeError("the tape has no forward open (a causal model's forward opens it; "
                             "pass the tape as its tape= argument)")
@@ -315,7 +409,16 @@ class KVTape:
         self._cursor += 1
         s = self._support
         start = self.length
+        if isinstance(entry, _CompressedKeysValues):
+            if not isinstance(kernel, SoftmaxKernel):
+                raise TapeError(f"a cache policy ({self.policy.describe()}) integrates the "
+                                "softmax kernel against per-head weights (softmax(a + log w)); "
+                                f"{type(kernel).__name__} is not the softmax kernel")
+            if rotary is not None and entry.rotation is None:
+                entry.rotation = Rotation(rotary)
+            return self._attend_compressed(entry, kernel, q, k, v, window)
         if isinstance(entry, _KeysValues):
+            entry.rotary = rotary
             k_all, v_all = entry.extend(k, v, start, self.capacity)
             k_all, v_all = expand_heads(kernel, q, k_all, v_all)
             mask, causal = s.mask, s.is_causal
@@ -338,6 +441,43 @@ class KVTape:
                                               coords=coords)
         return out
 
+    def _attend_compressed(self, entry: _CompressedKeysValues, kernel: SoftmaxKernel,
+                           q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           window: int | None) -> torch.Tensor:
+        """softmax_j(a(x, x_j) + log w_j) over the compressed past and the new nodes, per
+        key/value head: the group's query heads ride along the query axis, so the per-head
+        weights and coordinates are one additive mask (B, H_kv, G n, N_k)."""
+        assert self._new_grid is not None
+        b, h, n, d = q.shape
+        h_kv = k.shape[1]
+        g = h // h_kv
+        w_new, x_new = self._new_grid
+        new = CachedGrid(k, v, w_new[:, None, :].expand(b, h_kv, n).contiguous(),
+                         x_new[:, None, :].expand(b, h_kv, n).contiguous())
+        grid = entry.extend(new)
+        xq = x_new[:, None, :, None]  # (B, 1, n, 1)
+        xk = grid.coords[:, :, None, :]  # (B, H_kv, 1, N_k)
+        allowed = xk <= xq
+        if window is not None:
+            allowed = allowed & (xq - xk < window)
+        log_w = grid.weights.double().log().to(q.dtype)[:, :, None, :]
+        bias = torch.where(allowed, log_w, torch.full((), -math.inf, dtype=q.dtype,
+                                                      device=q.device))
+        n_k = bias.shape[-1]
+        bias = bias[:, :, None].expand(b, h_kv, g, n, n_k).reshape(b, h_kv, g * n, n_k)
+        qg = q.reshape(b, h_kv, g * n, d)
+        observes = self.policy.observes
+        if observes is None:
+            out = kernel(qg, grid.keys, grid.values, attn_mask=bias, is_causal=False)
+        else:
+            scale = kernel.scale if kernel.scale is not None else d ** -0.5
+            p = torch.softmax(torch.matmul(qg, grid.keys.transpose(-1, -2)) * scale + bias, -1)
+            out = torch.matmul(p, grid.values)
+            m = self.policy.observed_queries(n)
+            received = p.view(b, h_kv, g, n, n_k)[:, :, :, n - m:].sum(3).mean(2)
+            self.policy.observe(grid, received)
+        return out.reshape(b, h, n, -1)
+
     def _entry(self, kind: str, name: str):
         i = self._cursor
         if i < len(self.entries):
@@ -353,7 +493,16 @@ class KVTape:
                             f"{len(self.entries)} times the tape recorded: the scheme, the "
                             "time grid or the integrator changed since the tape was recorded "
                             "(start a new KVTape)")
-        entry = _KeysValues(name) if kind == "keys_values" else _RunningSums(name)
+        if kind == "running_sums" and self.policy.compresses:
+            raise TapeError(f"a cache policy ({self.policy.describe()}) needs keys and values "
+                            "to drop or merge; this kernel keeps running sums over the whole "
+                            "past (the linear kernel's recurrent form): decode it without a "
+                            "policy")
+        if kind == "keys_values" and self.policy.compresses and \
+                self.policy.observes is not None:
+            entry: Any = _CompressedKeysValues(name)
+        else:
+            entry = _KeysValues(name) if kind == "keys_values" else _RunningSums(name)
         self.entries.append(entry)
         return entry
 
@@ -368,10 +517,45 @@ class KVTape:
                             f"recorded {len(self.entries)}: the scheme, the time grid or the "
                             "integrator changed since the tape was recorded (start a new "
                             "KVTape)")
+        held = sum(e.pending_nbytes() if isinstance(e, _CompressedKeysValues)
+                   else e.nbytes(self.length + self._new) for e in self.entries)
+        self.peak_bytes = max(self.peak_bytes, held)
         for e in self.entries:
             e.commit()
         self.length += self._new
         self._new, self._support, self._recording = 0, None, False
+        self._new_grid = None
+        if self.policy.compresses:
+            self._compress()
+
+    def _compress(self) -> None:
+        """The policy's coarsening of every evaluation's past, once it exceeds the budget
+        (the plain buffers become compressed entries the first time)."""
+        keep = self.policy.capacity(self.length)
+        if self.entries_per_head <= keep:
+            return
+        if not self.compressed:
+            self.entries = [self._compressed_copy(e) for e in self.entries]
+        for e in self.entries:
+            assert isinstance(e, _CompressedKeysValues) and e.grid is not None
+            if len(e.grid) > keep:
+                e.grid = self.policy.compress(e.grid, keep, e.rotation)
+
+    def _compressed_copy(self, e: Any) -> _CompressedKeysValues:
+        """A plain entry's committed nodes as a compressed entry (the tape's grid per head)."""
+        if not isinstance(e, _KeysValues):
+            raise TapeError("a cache policy needs keys and values at every evaluation")
+        n = self.length
+        k, v = e.k[:, :, :n].clone(), e.v[:, :, :n].clone()
+        b, h = k.shape[:2]
+        dev = k.device
+        w = self.weights if self.weights is not None else torch.ones(b, n, device=dev)
+        x = self.coords if self.coords is not None else torch.arange(n, device=dev).expand(b, n)
+        grid = CachedGrid(k, v, w.to(GRID_DTYPE)[:, None].expand(b, h, n).contiguous(),
+                          x.to(GRID_DTYPE)[:, None].expand(b, h, n).contiguous())
+        out = _CompressedKeysValues(e.kernel, grid)
+        out.rotation = None if e.rotary is None else Rotation(e.rotary)
+        return out
 
     def abort(self) -> None:
         """Drop the forward in progress: the tape is as it was before ``begin``."""
@@ -382,6 +566,7 @@ class KVTape:
             if self.length == 0:
                 self.batch = None
         self._new, self._support, self._recording = 0, None, False
+        self._new_grid = None
 
     @property
     def open(self) -> bool:

@@ -1,0 +1,468 @@
+"""Cache policies: coarsenings of the past part of the token grid (docs/math.md 3.12, 3.19).
+
+At an attention evaluation e the KV tape holds the past nodes x_j < x_new with their keys K_j,
+values V_j and quadrature weights w_j, and the kernel integrates against them,
+
+    A_e[u](x) = sum_{x_j <= x} softmax_j(a(x, x_j) + log w_j) V_j.
+
+A cache policy replaces that past grid by a coarser one of at most ``budget`` nodes per
+evaluation and per key/value head (``CachePolicy.capacity``), after every forward (chunked
+prefill and each decoding step alike):
+
+* eviction: node j gets weight 0, i.e. it is removed from the buffers (the memory shrinks);
+* merging (``QuadratureMerging``): nodes j, k become one node of weight w_j + w_k at the
+  mass-weighted coordinate x_m = (w_j x_j + w_k x_k) / (w_j + w_k) with the mass-weighted mean
+  unrotated key and value, rotated at x_m; splitting a node into two of half the weight at its
+  coordinate changes nothing (``split_entry``), which is the consistency of the quadrature;
+* value-only merging (``ValueMerging``, the rule of NVIDIA kvpress's MergingPress): evicted
+  values are blended into the most similar kept ones, keys and weights untouched.
+
+Policies are values (frozen dataclasses) with a declared protocol: ``name``, ``observes``
+(which attention probabilities the tape must hand over: None, ``"all"`` queries of the forward
+(H2O), the ``"last"`` query (TOVA), the last ``"window"`` queries (SnapKV)), ``capacity(seen)``
+and ``compress(grid, keep, rotation)``. They act per attention evaluation (the tape is indexed
+by evaluation in time, never by layer) and per key/value head: with grouped-query attention a
+key/value head g serves H / H_kv query heads, and the attention a node receives is the mean
+over those query heads (kvpress's convention). Each head keeps the same number of nodes, so
+the buffers stay tensors (B, H_kv, n, d).
+
+``budget``: a float in (0, 1] is the fraction of the tokens seen so far (ceil(b N) nodes after
+N tokens), an int >= 1 a count of nodes per evaluation and head.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from .rope import RotaryPositions, rotate_half
+
+__all__ = [
+    "POLICIES", "CachePolicy", "CachedGrid", "FullCache", "HeavyHitters", "QuadratureMerging",
+    "Rotation", "SnapKV", "StreamingLLM", "TOVA", "ValueMerging", "cache_policy",
+    "check_budget", "split_entry",
+]
+
+# dtype of the stored quadrature weights, coordinates and attention scores (counts and
+# positions are exact in float32 up to 2^24; the rotary angles are float32 anyway)
+GRID_DTYPE = torch.float32
+
+
+def check_budget(budget: object, name: str = "budget") -> float | int:
+    """A budget, checked: a float in (0, 1] (fraction of the tokens seen) or an int >= 1
+    (nodes per evaluation and key/value head). ValueError / TypeError naming ``name``."""
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
+        raise TypeError(f"{name} must be a fraction in (0, 1] of the tokens seen or a count "
+                        f"(int >= 1) of cache entries, got {type(budget).__name__} {budget!r}")
+    if isinstance(budget, numbers.Integral):
+        if budget < 1:
+            raise ValueError(f"{name} must be a fraction in (0, 1] or a count >= 1 of cache "
+                             f"entries, got {budget!r}")
+        return int(budget)
+    b = float(budget)
+    if not math.isfinite(b) or not 0.0 < b <= 1.0:
+        raise ValueError(f"{name} must be a fraction in (0, 1] of the tokens seen (or a count "
+                         f"int >= 1 of cache entries), got {budget!r}")
+    return b
+
+
+@dataclass
+class CachedGrid:
+    """The past of one attention evaluation as a token grid per key/value head.
+
+    ``keys`` and ``values`` (B, H_kv, n, d) as the operator hands them to the tape (rotated at
+    the coordinates for the Llama family); ``weights`` w_j and ``coords`` x_j (B, H_kv, n);
+    ``scores``: the attention each node received (what the policy observes; None if nothing).
+    Nodes are in increasing coordinate order."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    weights: torch.Tensor
+    coords: torch.Tensor
+    scores: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.keys.shape[-2]
+
+    def nbytes(self) -> int:
+        """Bytes held: keys, values, weights, coordinates (and scores)."""
+        ts = [self.keys, self.values, self.weights, self.coords]
+        if self.scores is not None:
+            ts.append(self.scores)
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    def take(self, index: torch.Tensor) -> CachedGrid:
+        """The nodes ``index`` (B, H_kv, m), in that order (a new grid; the buffers shrink)."""
+        d_k, d_v = self.keys.shape[-1], self.values.shape[-1]
+        return CachedGrid(
+            keys=self.keys.gather(2, index[..., None].expand(*index.shape, d_k)),
+            values=self.values.gather(2, index[..., None].expand(*index.shape, d_v)),
+            weights=self.weights.gather(2, index), coords=self.coords.gather(2, index),
+            scores=None if self.scores is None else self.scores.gather(2, index))
+
+    def cat(self, other: CachedGrid) -> CachedGrid:
+        """This grid followed by ``other`` along the node axis."""
+        scores = None
+        if self.scores is not None or other.scores is not None:
+            a = self.scores if self.scores is not None else self.weights.new_zeros(
+                self.weights.shape)
+            b = other.scores if other.scores is not None else other.weights.new_zeros(
+                other.weights.shape)
+            scores = torch.cat([a, b], dim=2)
+        return CachedGrid(torch.cat([self.keys, other.keys], 2),
+                          torch.cat([self.values, other.values], 2),
+                          torch.cat([self.weights, other.weights], 2),
+                          torch.cat([self.coords, other.coords], 2), scores)
+
+
+def split_entry(grid: CachedGrid, j: int) -> CachedGrid:
+    """Node j of every head split into two nodes at x_j with weight w_j / 2 each (the copies at
+    j and j + 1): the refinement under which the kernel's output is unchanged (3.12)."""
+    n = len(grid)
+    if not (isinstance(j, int) and not isinstance(j, bool) and 0 <= j < n):
+        raise ValueError(f"split_entry: j must be an entry index in [0, {n}), got {j!r}")
+    idx = torch.cat([torch.arange(j + 1), torch.tensor([j]), torch.arange(j + 1, n)]).to(
+        grid.keys.device)
+    b, h = grid.keys.shape[:2]
+    out = grid.take(idx.expand(b, h, n + 1).contiguous())
+    w = out.weights.clone()
+    w[..., j:j + 2] = w[..., j:j + 2] / 2
+    out.weights = w
+    return out
+
+
+class Rotation:
+    """The pure rotations R_x of the rotary positions ``positions`` (without transformers'
+    attention scaling, which a stored key keeps): ``rotate(k, x)`` = R_x k and
+    ``unrotate(k, x)`` = R_{-x} k at per-head coordinates x (B, H_kv, n). Frequencies as
+    ``RotaryPositions.angles`` at those coordinates (float32 angles)."""
+
+    def __init__(self, positions: RotaryPositions) -> None:
+        self.positions = positions
+
+    def _angles(self, x: torch.Tensor, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        b, h, n = x.shape
+        cos, sin = self.positions.angles(x.reshape(b * h, n), torch.float32)
+        s = self.positions.attention_scaling()
+        d = cos.shape[-1]
+        return ((cos / s).reshape(b, h, n, d).to(dtype), (sin / s).reshape(b, h, n, d).to(dtype))
+
+    def rotate(self, k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        cos, sin = self._angles(x, k.dtype)
+        return rotate_half(k, cos, sin)
+
+    def unrotate(self, k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        cos, sin = self._angles(x, k.dtype)
+        return rotate_half(k, cos, -sin)
+
+
+def _at(a: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Rows ``idx`` (B, H, m) of ``a`` (B, H, n, d) along the node axis."""
+    return a.gather(2, idx[..., None].expand(*idx.shape, a.shape[-1]))
+
+
+def _blend(wi: torch.Tensor, wj: torch.Tensor, ai: torch.Tensor, aj: torch.Tensor
+           ) -> torch.Tensor:
+    """The mass-weighted mean (w_i a_i + w_j a_j) / (w_i + w_j) of rows (B, H, m, d)."""
+    return (wi[..., None] * ai + wj[..., None] * aj) / (wi + wj)[..., None]
+
+
+def _ordered(index: torch.Tensor) -> torch.Tensor:
+    """Kept indices sorted (the grid stays in coordinate order)."""
+    return index.sort(dim=-1).values
+
+
+def _recent_and_top(grid: CachedGrid, keep: int, recent: int, scores: torch.Tensor
+                    ) -> CachedGrid:
+    """The last ``recent`` nodes and the ``keep - recent`` others of the highest ``scores``."""
+    n = len(grid)
+    recent = max(0, min(recent, keep))
+    b, h = grid.keys.shape[:2]
+    dev = grid.keys.device
+    tail = torch.arange(n - recent, n, device=dev).expand(b, h, recent)
+    top = keep - recent
+    if top <= 0:
+        return grid.take(tail.contiguous())
+    head = scores[..., :n - recent].topk(top, dim=-1).indices
+    return grid.take(_ordered(torch.cat([head, tail], dim=-1)))
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    """A coarsening of the past token grid, applied by the KV tape after every forward (module
+    docstring). Subclasses set ``name``, ``observes`` and ``compress``."""
+
+    budget: float | int = 1.0
+
+    name: ClassVar[str] = "policy"
+    # which attention probabilities the tape hands over: None, "all", "last" or "window"
+    observes: ClassVar[str | None] = None
+    # whether the policy moves coordinates or keys (needs the rotary positions of the keys)
+    merges_keys: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "budget", check_budget(self.budget))
+
+    def capacity(self, seen: int) -> int:
+        """Nodes kept per evaluation and key/value head after ``seen`` tokens."""
+        b = self.budget
+        return min(seen, b) if isinstance(b, int) else min(seen, math.ceil(b * seen))
+
+    @property
+    def compresses(self) -> bool:
+        """Whether the policy can drop or merge anything (False: the plain tape)."""
+        return not (isinstance(self.budget, float) and self.budget >= 1.0)
+
+    def observed_queries(self, n: int) -> int:
+        """How many of the last queries of a forward over ``n`` new nodes the policy observes:
+        all of them ("all"), the last one ("last"); SnapKV its window."""
+        return 1 if self.observes == "last" else n
+
+    def observe(self, grid: CachedGrid, received: torch.Tensor) -> None:
+        """Fold the attention ``received`` (B, H_kv, n) by the nodes of ``grid`` from the
+        observed queries of this forward (summed over them, mean over the group's query heads)
+        into ``grid.scores`` (default: replace)."""
+        grid.scores = received.to(GRID_DTYPE)
+
+    def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
+        """``grid`` with ``keep`` nodes per head (called when it has more)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"{self.name}(budget={self.budget})"
+
+
+@dataclass(frozen=True)
+class FullCache(CachePolicy):
+    """Every node kept: the plain tape (A_e as in the module docstring, w_j = 1)."""
+
+    name: ClassVar[str] = "full"
+
+    def capacity(self, seen: int) -> int:
+        return seen
+
+    @property
+    def compresses(self) -> bool:
+        return False
+
+    def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
+        return grid
+
+
+@dataclass(frozen=True)
+class StreamingLLM(CachePolicy):
+    """StreamingLLM (Xiao et al. 2023): the support of the kernel is the ``sinks`` first nodes
+    (the attention sink, a point mass of the measure, 3.19) and the most recent window,
+
+        A_e[u](x) = sum_{j in S} softmax_j(a(x, x_j)) V_j,
+        S = {the first sinks nodes} u {the last keep - sinks nodes},
+
+    every other node evicted (weight 0), positions kept (the rotary angles of the kept keys are
+    their original coordinates)."""
+
+    sinks: int = 4
+    name: ClassVar[str] = "streaming"
+
+    def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
+        n = len(grid)
+        s = min(self.sinks, keep)
+        b, h = grid.keys.shape[:2]
+        idx = torch.cat([torch.arange(s), torch.arange(n - (keep - s), n)]).to(grid.keys.device)
+        return grid.take(idx.expand(b, h, keep).contiguous())
+
+
+@dataclass(frozen=True)
+class HeavyHitters(CachePolicy):
+    """H2O (Zhang et al. 2023): the nodes of the largest accumulated attention
+    sum_{queries x so far} g(x, x_j) (mean over the query heads of the group) and a recent
+    window of ``recent`` times the budget; the others evicted."""
+
+    recent: float = 0.5
+    name: ClassVar[str] = "h2o"
+    observes: ClassVar[str | None] = "all"
+
+    def observe(self, grid: CachedGrid, received: torch.Tensor) -> None:
+        r = received.to(GRID_DTYPE)
+        if grid.scores is None:
+            grid.scores = r
+        else:
+            grid.scores = grid.scores + r
+
+    def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
+        assert grid.scores is not None
+        return _recent_and_top(grid, keep, int(self.recent * keep), grid.scores)
+
+
+@dataclass(frozen=True)
+class TOVA(CachePolicy):
+    """TOVA (Oren et al. 2024): the nodes the last query attends to most, g(x_last, x_j)
+    (mean over the query heads of the group); the others evicted."""
+
+    name: ClassVar[str] = "tova"
+    observes: ClassVar[str | None] = "last"
+
+    def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
+        assert grid.scores is not None
+        return _recent_and_top(grid, keep, 0, grid.scores)
+
+
+@dataclass(frozen=True)
+class SnapKV(CachePolicy):
+    """SnapKV (Li et al. 2024): the attention of the last ``window`` queries of the forward (the
+    observation window at the prompt's end; in streaming, every forward's end), summed over
+    those queries, averaged over the group's heads and pooled along the nodes (average pooling
+    of width ``kernel``); the window's own nodes and the best pooled others kept."""
+
+    window: int = 64
+    kernel: int = 5
+    name: ClassVar[str] = "snapkv"
+    observes: ClassVar[str | None] = "window"
+
+    def observed_queries(self, n: int) -> int:
+        return min(self.window, n)
+
+    def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
+        assert grid.scores is not None
+        b, h, n = grid.scores.shape
+        pooled = F.avg_pool1d(grid.scores.reshape(b * h, 1, n), self.kernel, stride=1,
+                              padding=self.kernel // 2).reshape(b, h, n)
+        return _recent_and_top(grid, keep, min(self.window, keep // 2), pooled)
+
+
+@dataclass(frozen=True)
+class ValueMerging(CachePolicy):
+    """Value-only merging, the rule of kvpress's MergingPress: the kept nodes are StreamingLLM's
+    (``sinks`` and the recent window); each evicted node e is folded into the kept node t of
+    most similar key (cosine), with w_e = max(cos, 0) |V_e| / (|V_e| + |V_t|):
+
+        V_t <- (V_t + sum_e w_e V_e) / (1 + sum_e w_e),
+
+    keys untouched ("to keep RoPE intact") and no weight in the logits."""
+
+    sinks: int = 4
+    name: ClassVar[str] = "merge-values"
+
+    def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
+        n = len(grid)
+        s = min(self.sinks, keep)
+        dev = grid.keys.device
+        b, h = grid.keys.shape[:2]
+        kept_idx = torch.cat([torch.arange(s), torch.arange(n - (keep - s), n)]).to(dev)
+        out_idx = torch.arange(s, n - (keep - s), device=dev)
+        kept = grid.take(kept_idx.expand(b, h, keep).contiguous())
+        if out_idx.numel() == 0:
+            return kept
+        gone = grid.take(out_idx.expand(b, h, out_idx.numel()).contiguous())
+        eps = 1e-6
+        ke = F.normalize(gone.keys.float(), dim=-1, eps=eps)
+        kk = F.normalize(kept.keys.float(), dim=-1, eps=eps)
+        sim, target = (ke @ kk.transpose(-1, -2)).max(dim=-1)  # (B, H, n_out)
+        ve, vt = gone.values.float(), kept.values.float()
+        ne = ve.norm(dim=-1)
+        nt = vt.gather(2, target[..., None].expand(*target.shape, vt.shape[-1])).norm(dim=-1)
+        w = sim.clamp(min=0) * ne / (ne + nt + eps)
+        acc_v = torch.zeros_like(vt).scatter_add_(2, target[..., None].expand_as(ve),
+                                                  w[..., None] * ve)
+        acc_w = torch.zeros(vt.shape[:-1], dtype=vt.dtype, device=dev).scatter_add_(2, target, w)
+        kept.values = ((vt + acc_v) / (1 + acc_w)[..., None]).to(grid.values.dtype)
+        return kept
+
+
+@dataclass(frozen=True)
+class QuadratureMerging(CachePolicy):
+    """Quadrature merging (ours, docs/math.md 3.12, 3.19): the ``sinks`` first nodes and a recent
+    window of ``recent`` times the rest of the budget are never merged; the nodes between are
+    coarsened by merging neighbours (in coordinate order) j, k into one node
+
+        w_m = w_j + w_k,   x_m = (w_j x_j + w_k x_k) / w_m,
+        K_m = R_{x_m} (w_j R_{-x_j} K_j + w_k R_{-x_k} K_k) / w_m,
+        V_m = (w_j V_j + w_k V_k) / w_m,
+
+    (keys merged unrotated and rotated at the merged coordinate, so the rotary kernel and the
+    causal support read x_m), and the kernel integrates against the weights,
+    softmax(a + log w). Partners: the neighbour pairs of least Ward cost
+    w_j w_k / (w_j + w_k) |K~_j - K~_k|^2 (K~ unrotated): the second-order error of replacing
+    w_j e^{<q, K_j>} + w_k e^{<q, K_k>} by w_m e^{<q, K_m>}, small for similar keys and light
+    nodes. Disjoint pairs are merged in rounds (local minima of the cost along the grid)."""
+
+    sinks: int = 4
+    recent: float = 0.5
+    name: ClassVar[str] = "quadrature"
+    merges_keys: ClassVar[bool] = True
+
+    def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
+        n = len(grid)
+        s = min(self.sinks, keep)
+        r = int(self.recent * (keep - s))
+        mid_keep = keep - s - r
+        if mid_keep <= 0:  # no room to merge into: the streaming support
+            return StreamingLLM(keep, sinks=s).compress(grid, keep, rotation)
+        dev = grid.keys.device
+        b, h = grid.keys.shape[:2]
+        sl = slice(s, n - r)
+        k, v = grid.keys[:, :, sl], grid.values[:, :, sl]
+        w = grid.weights[:, :, sl].double()
+        x = grid.coords[:, :, sl].double()
+        ku = k if rotation is None else rotation.unrotate(k, x)
+        work_k, work_v = ku.double(), v.double()
+        changed = torch.zeros(w.shape, dtype=torch.bool, device=dev)
+        while work_k.shape[2] > mid_keep:
+            m = work_k.shape[2]
+            wj, wk = w[..., :-1], w[..., 1:]
+            cost = wj * wk / (wj + wk) * (work_k[..., 1:, :] - work_k[..., :-1, :]).square().sum(-1)
+            inf = torch.full_like(cost[..., :1], math.inf)
+            left = torch.cat([inf, cost[..., :-1]], dim=-1)
+            right = torch.cat([cost[..., 1:], inf], dim=-1)
+            minimum = (cost < left) & (cost <= right)
+            t = min(m - mid_keep, int(minimum.sum(-1).min()))
+            pick = torch.where(minimum, cost, inf).topk(t, dim=-1, largest=False).indices
+            i, j = pick, pick + 1
+            wi, wj2 = w.gather(2, i), w.gather(2, j)
+            wm = wi + wj2
+            new_k = _blend(wi, wj2, _at(work_k, i), _at(work_k, j))
+            new_v = _blend(wi, wj2, _at(work_v, i), _at(work_v, j))
+            new_x = (wi * x.gather(2, i) + wj2 * x.gather(2, j)) / wm
+            work_k = work_k.scatter(2, i[..., None].expand_as(new_k), new_k)
+            work_v = work_v.scatter(2, i[..., None].expand_as(new_v), new_v)
+            x, w = x.scatter(2, i, new_x), w.scatter(2, i, wm)
+            changed = changed.scatter(2, i, True)
+            drop = torch.zeros_like(changed).scatter(2, j, True)
+            order = torch.argsort(drop.to(torch.int8), dim=-1, stable=True)[..., :m - t]
+            work_k, work_v, k = _at(work_k, order), _at(work_v, order), _at(k, order)
+            x, w, changed = x.gather(2, order), w.gather(2, order), changed.gather(2, order)
+        merged_k = work_k.to(grid.keys.dtype)
+        if rotation is not None:
+            merged_k = rotation.rotate(merged_k, x)
+        mid_k = torch.where(changed[..., None], merged_k, k)
+        middle = CachedGrid(mid_k, work_v.to(grid.values.dtype), w.to(GRID_DTYPE),
+                            x.to(GRID_DTYPE))
+        head = grid.take(torch.arange(s, device=dev).expand(b, h, s).contiguous())
+        tail = grid.take(torch.arange(n - r, n, device=dev).expand(b, h, r).contiguous())
+        head.scores = middle.scores = tail.scores = None
+        return head.cat(middle).cat(tail)
+
+
+POLICIES: dict[str, type[CachePolicy]] = {
+    cls.name: cls for cls in (FullCache, StreamingLLM, HeavyHitters, TOVA, SnapKV, ValueMerging,
+                              QuadratureMerging)
+}
+
+
+def cache_policy(name: str, budget: float | int = 1.0, **options: object) -> CachePolicy:
+    """The policy called ``name`` (``POLICIES``) with ``budget`` (and its own ``options``).
+    ValueError naming ``policy`` for an unknown name, ``budget`` for a bad budget."""
+    if not isinstance(name, str) or name not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {name!r}")
+    try:
+        return POLICIES[name](budget, **options)  # type: ignore[arg-type]
+    except TypeError as e:
+        if "budget" in str(e):
+            raise
+        raise ValueError(f"policy {name!r} does not take these options: {e}") from None
+
