@@ -25,6 +25,17 @@ u_0, u_4, u_5, u_6).
                    steps a .. a + L - N (a = (N - 1) // 2) run as one step of superposed
                    fields, u + sum_k F_k(u) (``parallel_steps``: the state frozen at the
                    stretch's start, the field's time integral exact; not exportable as a layer)
+    sleb           SLEB (Song et al. 2024), causal LMs: the L - N steps removed one at a time,
+                   each time the one whose removal gives the least next-token loss on the
+                   probe text (``rankings.sleb_order``)
+    pairs          L - N disjoint pairs of neighbouring steps (n, n + 1), chosen to minimise
+                   the sum of their merge errors e_n (``rankings.merge_errors``: the splitting
+                   error of one step of tau = 2 at the average controls, from u(t) alone);
+                   the grid keeps step n of each pair and drops n + 1, so step n absorbs
+                   [n, n + 2]: with ``fitting``'s absorb "average" it is the merged step
+                   (coarsen-linear's, for the chosen pairs only)
+
+keep-first is the LLM literature's "reverse order" (drop the last L - N layers).
 
 The block influence and angular distance are ``analysis.geometry``'s, on the fine model's
 trajectory over the probe inputs (``probe``: the keyword inputs of the model's forward, e.g.
@@ -42,7 +53,7 @@ import torch
 
 from ..analysis.geometry import angular_distance, block_influence
 
-__all__ = ["METHODS", "Coarsening", "method_names", "plan"]
+__all__ = ["DATA_DRIVEN", "METHODS", "Coarsening", "Probe", "method_names", "plan"]
 
 OPS = ("drop_steps", "parallel_steps", "refine", "coarsen", "with_controls_in_time",
        "with_token_merging")
@@ -138,7 +149,29 @@ def _jsonable(arg: Any) -> Any:
     return arg
 
 
-Probe = Callable[[], list[torch.Tensor]]
+class Probe:
+    """The probe text of the data-driven methods: ``inputs`` (the keyword inputs of the
+    model's forward) and, when called, the fine model's states u_0 .. u_L on them (computed
+    once)."""
+
+    def __init__(self, model, inputs: Mapping[str, Any] | None, method: str) -> None:
+        self.model, self.inputs, self.method = model, inputs, method
+        self._states: list[torch.Tensor] | None = None
+
+    def ids(self) -> torch.Tensor:
+        if self.inputs is None or "input_ids" not in self.inputs:
+            raise ValueError(f"{self.method}: needs probe input_ids (the fine model's "
+                             "next-token loss on healing text chooses the steps)")
+        return self.inputs["input_ids"]
+
+    def __call__(self) -> list[torch.Tensor]:
+        if self.inputs is None:
+            raise ValueError(f"{self.method}: needs probe inputs (the fine model's states on "
+                             "healing text choose the steps)")
+        if self._states is None:
+            with torch.no_grad():
+                self._states = list(self.model.trajectory(**dict(self.inputs)).state_list)
+        return self._states
 
 
 def _dropped(method: str, model, drop: list[int], note: dict | None = None) -> Coarsening:
@@ -221,6 +254,64 @@ def parallel(model, steps: int, probe: Probe) -> Coarsening:
     return Coarsening("parallel", L, (("parallel_steps", (group,)),), points)
 
 
+def _causal_lm(model, method: str) -> None:
+    from ..models.causal import CausalLM
+
+    if not isinstance(model, CausalLM):
+        raise ValueError(f"{method}: reads the next-token loss of a causal LM; "
+                         f"{type(model).__name__} is not one")
+
+
+def sleb(model, steps: int, probe: Probe) -> Coarsening:
+    from .rankings import sleb_order
+
+    _causal_lm(model, "sleb")
+    L = model.evolution.num_steps
+    found = sleb_order(model, probe.ids(), L - steps)
+    return _dropped("sleb", model, sorted(found["order"]),
+                    {"order": found["order"],
+                     "losses": [round(x, 6) for x in [found["loss"], *found["losses"]]]})
+
+
+def pairs(model, steps: int, probe: Probe) -> Coarsening:
+    from .rankings import merge_errors
+
+    L = model.evolution.num_steps
+    k = L - steps
+    if 2 * k > L:
+        raise ValueError(f"pairs: {k} disjoint pairs do not fit in {L} steps; steps must be "
+                         f"at least {(L + 1) // 2}")
+    e = merge_errors(model, probe.ids(), probe())
+    chosen = _least_pairs(e, k)
+    return _dropped("pairs", model, [n + 1 for n in chosen],
+                    {"merge_error": [round(x, 6) for x in e], "pairs": chosen})
+
+
+def _least_pairs(e: list[float], k: int) -> list[int]:
+    """The first indices n of k disjoint pairs (n, n + 1) minimising sum e_n (dynamic
+    programming over the steps)."""
+    L = len(e) + 1
+    inf = float("inf")
+    # best[i][j]: least sum using steps i .. L - 1 with j pairs; choice[i][j]: pair at i?
+    best = [[inf] * (k + 1) for _ in range(L + 2)]
+    take = [[False] * (k + 1) for _ in range(L + 2)]
+    for i in range(L + 1, -1, -1):
+        best[i][0] = 0.0
+    for i in range(L - 1, -1, -1):
+        for j in range(1, k + 1):
+            skip = best[i + 1][j]
+            pair = e[i] + best[i + 2][j - 1] if i + 1 < L else inf
+            best[i][j], take[i][j] = (pair, True) if pair < skip else (skip, False)
+    out, i, j = [], 0, k
+    while j:
+        if take[i][j]:
+            out.append(i)
+            i, j = i + 2, j - 1
+        else:
+            i += 1
+    return out
+
+
 METHODS: dict[str, Callable[[Any, int, Probe], Coarsening]] = {
     "keep-first": keep_first,
     "every-other": every_other,
@@ -229,7 +320,12 @@ METHODS: dict[str, Callable[[Any, int, Probe], Coarsening]] = {
     "coarsen": coarsen,
     "coarsen-linear": coarsen_linear,
     "parallel": parallel,
+    "sleb": sleb,
+    "pairs": pairs,
 }
+
+DATA_DRIVEN = ("drop", "angular", "sleb", "pairs")
+"""The methods that read the fine model on probe text."""
 
 
 def method_names() -> tuple[str, ...]:
@@ -255,13 +351,6 @@ def plan(method: str, model, steps: int, probe: Mapping[str, Any] | None = None
         raise ValueError(f"{method}: needs the network (tau = 1), got tau="
                          f"{model.evolution.tau:g}")
 
-    def states() -> list[torch.Tensor]:
-        if probe is None:
-            raise ValueError(f"{method}: needs probe inputs (the fine model's states on "
-                             "healing text choose the steps)")
-        with torch.no_grad():
-            return list(model.trajectory(**dict(probe)).state_list)
-
     if steps == L:  # the network itself (a depth of random-tau healing)
         return Coarsening(method, L, (), tuple(range(L + 1)))
-    return METHODS[method](model, steps, states)
+    return METHODS[method](model, steps, Probe(model, probe, method))
