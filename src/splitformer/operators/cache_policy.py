@@ -389,7 +389,9 @@ class QuadratureMerging(CachePolicy):
     softmax(a + log w). Partners: the neighbour pairs of least Ward cost
     w_j w_k / (w_j + w_k) |K~_j - K~_k|^2 (K~ unrotated): the second-order error of replacing
     w_j e^{<q, K_j>} + w_k e^{<q, K_k>} by w_m e^{<q, K_m>}, small for similar keys and light
-    nodes. Disjoint pairs are merged in rounds (local minima of the cost along the grid)."""
+    nodes. Disjoint pairs are merged in rounds (local minima of the cost along the grid).
+    With a budget below sinks + 2 nodes (a fraction budget early on) the sinks and the window
+    give way, so that the merged grid always carries the mass of every token seen."""
 
     sinks: int = 4
     recent: float = 0.5
@@ -398,11 +400,11 @@ class QuadratureMerging(CachePolicy):
 
     def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
         n = len(grid)
-        s = min(self.sinks, keep)
-        r = int(self.recent * (keep - s))
+        if keep < 2:  # no room to merge into: the streaming support
+            return StreamingLLM(keep, sinks=self.sinks).compress(grid, keep, rotation)
+        s = min(self.sinks, keep - 1)  # at least one node to merge into: the mass is kept
+        r = min(int(self.recent * (keep - s)), keep - s - 1)
         mid_keep = keep - s - r
-        if mid_keep <= 0:  # no room to merge into: the streaming support
-            return StreamingLLM(keep, sinks=s).compress(grid, keep, rotation)
         dev = grid.keys.device
         b, h = grid.keys.shape[:2]
         sl = slice(s, n - r)

@@ -1,0 +1,292 @@
+"""Cache policies on the KV tape (operators.cache_policy, docs/cache.md): the past token grid
+coarsened per attention evaluation and key/value head. Proved against transformers (greedy
+generate ids at full budget, StreamingLLM's support as a 4-D mask) and against the quadrature's
+own consistency (splitting an entry into two half-weight entries changes nothing; merging two
+copies at one coordinate is the inverse)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _optional_data import needs
+
+import splitformer
+from splitformer.models.generation import score_stream
+from splitformer.operators.cache_policy import (
+    POLICIES,
+    CachedGrid,
+    QuadratureMerging,
+    Rotation,
+    StreamingLLM,
+    cache_policy,
+    split_entry,
+)
+from splitformer.operators.rope import RotaryPositions, rotate_half
+from splitformer.operators.tape import KVTape, TapeError
+
+transformers = pytest.importorskip("transformers")
+
+TOL_SPLIT = {torch.float64: 1e-12, torch.float32: 1e-6}
+
+
+def llama(dtype=torch.float64, seed=0, layers=2, vocab=97):
+    """A random small Llama of transformers (grouped heads 4 / 2, rotary base 100) and ours."""
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48,
+                                   num_hidden_layers=layers, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=512,
+                                   rope_theta=100.0, attn_implementation="sdpa")
+    ref = transformers.LlamaForCausalLM(cfg).to(dtype).eval()
+    return ref, splitformer.from_hf(ref).eval()
+
+
+def ids(n=48, b=1, vocab=97, seed=1):
+    return torch.randint(0, vocab, (b, n), generator=torch.Generator().manual_seed(seed))
+
+
+def stream_logits(model, x, tape, chunk):
+    """The logits of every position of ``x``, forwards of ``chunk`` new nodes on ``tape``."""
+    out = []
+    with torch.no_grad():
+        for a in range(0, x.shape[1], chunk):
+            out.append(model(x[:, a:a + chunk], tape=tape).logits)
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_full_budget_policy_is_the_plain_tape_bitwise(name):
+    """Every policy at budget 1.0 (every token kept) is the plain tape, bit for bit, and gives
+    transformers' greedy ids."""
+    ref, ours = llama()
+    x = ids(9, b=2)
+    with torch.no_grad():
+        want = ref.generate(x, max_new_tokens=12, do_sample=False, pad_token_id=0)
+        plain = ours.generate(x, max_new_tokens=12, return_logits=True, pad_token_id=0)
+        got = ours.generate(x, max_new_tokens=12, return_logits=True, pad_token_id=0,
+                            cache_policy=cache_policy(name, 1.0))
+    assert torch.equal(want, plain.sequences)
+    assert torch.equal(got.sequences, plain.sequences)
+    for a, b in zip(got.logits, plain.logits, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["h2o", "tova", "snapkv"])
+def test_a_count_budget_above_the_length_keeps_the_plain_logits(name):
+    """An attention-observing policy runs on compressed entries from the first forward (its
+    probabilities are computed explicitly): with a count budget above the length nothing is
+    dropped, and the logits are the plain tape's to float64 round-off (not bitwise: the
+    explicit softmax is not sdpa's)."""
+    _, ours = llama()
+    x = ids(40)
+    plain = stream_logits(ours, x, KVTape(), 8)
+    tape = KVTape(policy=cache_policy(name, 1000))
+    got = stream_logits(ours, x, tape, 8)
+    assert tape.compressed and tape.entries_per_head == 40
+    assert (got - plain).abs().max() <= 1e-12
+
+
+def _streaming_mask(n, chunk, keep, sinks, dtype):
+    """StreamingLLM's support as transformers' 4-D additive mask: a query of the forward over
+    [a, a + chunk) sees the past the tape kept after a tokens and the chunk causally."""
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    for a in range(0, n, chunk):
+        past = list(range(a)) if a <= keep else \
+            list(range(sinks)) + list(range(a - (keep - sinks), a))
+        for t in range(a, min(a + chunk, n)):
+            allowed[t, past] = True
+            allowed[t, a:t + 1] = True
+    m = torch.zeros(n, n, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return m[None, None]
+
+
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_streaming_equals_transformers_with_the_kept_positions(chunk):
+    """StreamingLLM at a budget of 12 entries (4 sinks + 8 recent) equals transformers run on
+    the whole text with the same support as a 4-D mask and the original positions."""
+    ref, ours = llama()
+    x = ids(37)
+    tape = KVTape(policy=StreamingLLM(12))
+    got = stream_logits(ours, x, tape, chunk)
+    with torch.no_grad():
+        want = ref(x, attention_mask=_streaming_mask(37, chunk, 12, 4, torch.float64)).logits
+    assert tape.entries_per_head == 12
+    assert (got - want).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_splitting_an_entry_into_two_half_weight_entries_changes_nothing(dtype):
+    """The quadrature's consistency (docs/math.md 3.12, 3.19): after a prefill whose cache the
+    quadrature policy merged, split an entry (a sink, a merged node, a recent one) of every
+    evaluation into two entries of half its weight at its coordinate: the next forward's
+    logits move by <= 1e-12 (float64), 1e-6 (float32). Without halving the weights they move
+    (the control)."""
+    _, ours = llama(dtype)
+    x = ids(64)
+    tape = KVTape(policy=QuadratureMerging(0.5))
+    stream_logits(ours, x[:, :48], tape, 16)
+    grid = tape.entries[0].grid
+    assert bool((grid.weights > 1).any())  # merged nodes carry their count
+    base = stream_logits(ours, x[:, 48:52], copy.deepcopy(tape), 4)
+    for j in (0, 4, len(grid) - 1):
+        for halve in (True, False):
+            other = copy.deepcopy(tape)
+            for e in other.entries:
+                g = split_entry(e.grid, j)
+                if not halve:  # two copies of the full weight: a different grid
+                    g.weights[..., j:j + 2] = 2 * g.weights[..., j:j + 2]
+                e.grid = g
+            got = stream_logits(ours, x[:, 48:52], other, 4)
+            diff = float((got - base).abs().max())
+            if halve:
+                assert diff <= TOL_SPLIT[dtype], (j, diff)
+            else:
+                assert diff > 1e-4, (j, diff)
+
+
+def test_merging_two_copies_at_one_coordinate_is_the_inverse_of_splitting():
+    """A middle entry split in two, then coarsened back to the old count by the quadrature
+    policy: the least-cost pair is the two copies (Ward cost 0), and the grid is the old one
+    (weights and coordinates exactly, keys to the round-off of un-rotating and rotating)."""
+    _, ours = llama()
+    tape = KVTape(policy=QuadratureMerging(24))
+    stream_logits(ours, ids(40), tape, 8)
+    e = tape.entries[1]
+    grid = e.grid
+    back = QuadratureMerging(24).compress(split_entry(grid, 9), len(grid), e.rotation)
+    assert torch.equal(back.weights, grid.weights)
+    assert torch.equal(back.coords, grid.coords)
+    assert (back.keys - grid.keys).abs().max() <= 1e-6
+    assert (back.values - grid.values).abs().max() <= 1e-12
+
+
+def test_quadrature_keeps_the_mass_the_sinks_and_the_recent_window():
+    """After any number of merges: the weights of each head sum to the tokens seen (no mass
+    is lost), the coordinates increase and lie in the range of the merged nodes, the 4 sinks
+    and the recent window are the original nodes (weight 1 at their own coordinate)."""
+    _, ours = llama()
+    tape = KVTape(policy=QuadratureMerging(24))
+    x = ids(96)
+    stream_logits(ours, x, tape, 8)
+    keep = 24
+    for e in tape.entries:
+        g = e.grid
+        assert len(g) == keep
+        assert torch.allclose(g.weights.sum(-1).double(), torch.full((1, 2), 96.0,
+                                                                     dtype=torch.float64))
+        assert bool((g.coords.diff(dim=-1) > 0).all())
+        assert torch.equal(g.coords[..., :4], torch.arange(4.0).expand(1, 2, 4))
+        r = int(0.5 * (keep - 4))
+        assert torch.equal(g.coords[..., -r:], torch.arange(96.0 - r, 96.0).expand(1, 2, r))
+        assert bool((g.weights[..., :4] == 1).all() and (g.weights[..., -r:] == 1).all())
+
+
+def test_a_fraction_budget_keeps_the_mass_from_the_first_forward():
+    """A fraction budget is small early on (ceil(b N) nodes after N tokens, fewer than the
+    sinks): the sinks give way so that every token's weight is still in the grid."""
+    _, ours = llama()
+    tape = KVTape(policy=QuadratureMerging(0.25))
+    stream_logits(ours, ids(96), tape, 8)
+    for e in tape.entries:
+        assert len(e.grid) == 24
+        assert torch.equal(e.grid.weights.sum(-1), torch.full((1, 2), 96.0))
+
+
+def test_rotation_is_the_rotary_kernel_at_real_coordinates():
+    """R_x of ``Rotation`` is ``rotate_half`` with the rotary angles at x (the keys the tape
+    holds), and R_{-x} undoes it (to float32 angle round-off)."""
+    pos = RotaryPositions(dim=8, base=100.0)
+    k = torch.randn(1, 2, 5, 8, dtype=torch.float64)
+    x = torch.tensor([0.0, 1.0, 2.5, 7.0, 30.25]).expand(1, 2, 5)
+    cos, sin = pos.angles(x.reshape(2, 5), torch.float64)
+    want = rotate_half(k, cos.reshape(1, 2, 5, 8), sin.reshape(1, 2, 5, 8))
+    rot = Rotation(pos)
+    assert torch.equal(rot.rotate(k, x), want)
+    assert (rot.unrotate(want, x) - k).abs().max() <= 1e-6
+
+
+def test_the_cache_memory_shrinks_to_the_budget():
+    """Eviction and merging remove entries from the buffers: the bytes held follow the budget
+    (keys, values, weights and coordinates counted), the peak is the compressed past plus one
+    forward's nodes."""
+    _, ours = llama(torch.float32)
+    x = ids(128)
+    plain = score_stream(ours, x, chunk=16)
+    per_entry = plain.peak_bytes / 128  # keys and values of every evaluation, per token
+    for name in ("streaming", "h2o", "quadrature", "merge-values"):
+        got = score_stream(ours, x, policy=cache_policy(name, 0.25), chunk=16)
+        assert got.entries == 32
+        assert got.peak_bytes < 0.45 * plain.peak_bytes, name
+        assert got.peak_bytes >= (32 + 16) * per_entry, name  # past + a forward's new nodes
+
+
+def test_the_policies_run_on_a_tape_through_generate():
+    """generate(cache_policy=...) decodes with the policy acting after every token: the cache
+    holds ceil(b N) entries at the end."""
+    _, ours = llama()
+    x = ids(20)
+    for name in POLICIES:
+        if name == "full":
+            continue
+        with torch.no_grad():
+            out = ours.generate(x, max_new_tokens=10, eos_token_id=None,
+                                cache_policy=cache_policy(name, 0.5))
+        assert out.shape == (1, 30)
+
+
+@pytest.mark.parametrize("budget", [0, 0.0, -0.5, 1.5, float("nan"), float("inf"), -3])
+def test_bad_budgets_are_refused_naming_the_argument(budget):
+    with pytest.raises(ValueError, match="budget"):
+        cache_policy("streaming", budget)
+
+
+@pytest.mark.parametrize("budget", [True, "0.5", None])
+def test_budgets_of_the_wrong_type_are_refused_naming_the_argument(budget):
+    with pytest.raises(TypeError, match="budget"):
+        StreamingLLM(budget)
+
+
+def test_bad_policy_arguments_are_named():
+    with pytest.raises(ValueError, match="policy must be one of"):
+        cache_policy("lru", 0.5)
+    with pytest.raises(TypeError, match="policy"):
+        KVTape(policy="streaming")
+    _, ours = llama()
+    with pytest.raises(ValueError, match="cache_policy"):
+        ours.generate(ids(5), max_new_tokens=2, use_cache=False,
+                      cache_policy=cache_policy("tova", 0.5))
+    with pytest.raises(TypeError, match="cache_policy"):
+        ours.generate(ids(5), max_new_tokens=2, cache_policy="tova")
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, :2] = 0
+    with pytest.raises(TapeError, match="padding"), torch.no_grad():
+        ours.generate(ids(6, b=2), max_new_tokens=2, attention_mask=mask,
+                      cache_policy=cache_policy("streaming", 0.5))
+
+
+def test_split_entry_refuses_a_bad_index():
+    g = CachedGrid(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2), torch.ones(1, 1, 3),
+                   torch.arange(3.0).expand(1, 1, 3))
+    with pytest.raises(ValueError, match="j must be"):
+        split_entry(g, 3)
+
+
+@needs("smollm2")
+@pytest.mark.slow
+def test_smollm2_split_entry_changes_nothing():
+    """The consistency on the real SmolLM2 (30 evaluations, grouped heads 9 / 3, rotary base
+    1e5): 96 tokens merged to half, an entry of every evaluation split, 8 new tokens' logits
+    (float64: <= 1e-12; float32: <= 1e-6 is measured, not assumed: see the assertion)."""
+    model = splitformer.from_hf("smollm2").eval()
+    x = ids(104, vocab=49152, seed=3)
+    for dtype in (torch.float64, torch.float32):
+        m = model.to(dtype)
+        tape = KVTape(policy=QuadratureMerging(0.5))
+        stream_logits(m, x[:, :96], tape, 32)
+        base = stream_logits(m, x[:, 96:], copy.deepcopy(tape), 8)
+        other = copy.deepcopy(tape)
+        for e in other.entries:
+            e.grid = split_entry(e.grid, 10)
+        got = stream_logits(m, x[:, 96:], other, 8)
+        assert float((got - base).abs().max()) <= TOL_SPLIT[dtype]
