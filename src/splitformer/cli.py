@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "compress": "splitformer.commands.compress",
     "theory": "splitformer.commands.theory",
     "generate": "splitformer.commands.generate",
+    "cache": "splitformer.commands.cache",
 }
 
 

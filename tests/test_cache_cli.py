@@ -1,0 +1,122 @@
+"""`splitformer cache`: a text streamed through a causal LM under each cache policy and budget;
+the full row is transformers' perplexity on the same ids; refusals as one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from _cli import cli
+
+transformers = pytest.importorskip("transformers")
+
+TEXT = ("In the beginning God created the heaven and the earth. And the earth was without "
+        "form, and void; and darkness was upon the face of the deep. ") * 6
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory) -> Path:
+    """A tiny Llama (grouped heads 4 / 2, rotary) with a byte-level tokenizer, saved offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    folder = tmp_path_factory.mktemp("llama")
+    chars = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(chars)}
+    vocab["</s>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
+    fast.save_pretrained(folder)
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=48,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=1024,
+                                   rope_theta=100.0, eos_token_id=256, bos_token_id=256)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(folder)
+    (folder / "text.txt").write_text(TEXT, encoding="utf-8")
+    return folder
+
+
+def _json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_cache_json_rows_and_the_full_row_is_transformers_perplexity(llama_folder, capsys):
+    rc, out, err = cli(["cache", str(llama_folder), "--text", str(llama_folder / "text.txt"),
+                        "--policy", "full,streaming,quadrature", "--budget", "0.5,0.25",
+                        "--chunk", "16", "--decode", "8", "--json"], capsys)
+    assert rc == 0, err
+    got = _json(out)
+    rows = got["rows"]
+    assert [(r["policy"], r["budget"]) for r in rows] == [
+        ("full", 1.0), ("streaming", 0.5), ("streaming", 0.25), ("quadrature", 0.5),
+        ("quadrature", 0.25)]
+    for r in rows:
+        assert {"policy", "budget", "perplexity", "bits_per_byte", "cache_bytes",
+                "decode_tokens_per_s"} <= set(r)
+        assert r["decode_tokens_per_s"] > 0
+    n = got["tokens"]
+    tok = transformers.AutoTokenizer.from_pretrained(str(llama_folder))
+    ids = tok(TEXT, return_tensors="pt")["input_ids"]
+    assert n == ids.shape[1] == len(TEXT.encode())
+    hf = transformers.LlamaForCausalLM.from_pretrained(str(llama_folder)).eval()
+    with torch.no_grad():
+        loss = float(hf(ids, labels=ids).loss)
+    full = rows[0]
+    assert abs(math.log(full["perplexity"]) - loss) <= 1e-5
+    assert abs(full["bits_per_byte"] - loss * (n - 1) / math.log(2) / (n - 1)) <= 1e-5
+    # the cache's memory follows the budget: K and V of 2 evaluations x 2 heads x 8 features
+    plain = 2 * 2 * 2 * 8 * 4 * n
+    assert full["cache_bytes"] == plain
+    for r in rows[1:]:
+        assert r["entries"] == math.ceil(r["budget"] * n)
+        assert r["cache_bytes"] < (r["budget"] + 0.1) * plain
+    assert "splitformer cache:" in err
+
+
+def test_cache_prints_one_table(llama_folder, capsys):
+    rc, out, err = cli(["cache", str(llama_folder), "--text", str(llama_folder / "text.txt"),
+                        "--policy", "streaming,h2o", "--budget", "0.5", "--chunk", "32",
+                        "--decode", "4"], capsys)
+    assert rc == 0, err
+    assert "perplexity" in out and "bits/byte" in out and "h2o" in out
+    assert out.count("streaming") == 1
+
+
+@pytest.mark.parametrize("flags,word", [
+    (["--budget", "0"], "--budget"), (["--budget", "1.5"], "--budget"),
+    (["--budget", "-0.25"], "--budget"), (["--budget", "nan"], "--budget"),
+    (["--budget", "0.5,x"], "--budget"), (["--policy", "lru"], "--policy"),
+    (["--policy", "full,"], "--policy"), (["--chunk", "0"], "--chunk"),
+    (["--max-tokens", "-3"], "--max-tokens"), (["--decode", "-1"], "--decode"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(llama_folder, capsys, flags, word):
+    rc, out, err = cli(["cache", str(llama_folder), "--text", str(llama_folder / "text.txt"),
+                        *flags], capsys)
+    assert rc == 2
+    assert word in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_bad_text_and_model_are_refused(llama_folder, tmp_path, capsys):
+    rc, _, err = cli(["cache", str(llama_folder), "--text", str(tmp_path / "none.txt")], capsys)
+    assert rc == 2 and "--text" in err and "Traceback" not in err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    rc, _, err = cli(["cache", str(llama_folder), "--text", str(empty)], capsys)
+    assert rc == 2 and "--text" in err
+    rc, _, err = cli(["cache", str(llama_folder), "--text", str(llama_folder / "text.txt"),
+                      "--decode", "5000"], capsys)
+    assert rc == 2 and "--decode" in err
+    rc, _, err = cli(["cache", str(tmp_path / "nothing"), "--text",
+                      str(llama_folder / "text.txt")], capsys)
+    assert rc == 2 and "MODEL" in err and "Traceback" not in err
+
+
+def test_cache_help(capsys):
+    rc, out, _ = cli(["cache", "--help"], capsys)
+    assert rc == 0 and "--budget" in out and "quadrature" in out
