@@ -141,6 +141,11 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return pos.masked_fill(mask == 0, 1)
 
 
+def _shape(t: object) -> object:
+    """A tensor's shape, else the type's name (for error messages)."""
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
 def _check_inputs(model, input_ids, attention_mask, generator, seed):
     if model.training:
         raise ValueError("generate: the model is in training mode (dropout would act at every "
@@ -148,13 +153,13 @@ def _check_inputs(model, input_ids, attention_mask, generator, seed):
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or \
             input_ids.shape[1] < 1 or input_ids.is_floating_point():
         raise ValueError(f"input_ids must be an integer tensor of shape (batch, seq) with seq "
-                         f">= 1, got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
+                         f">= 1, got {_shape(input_ids)}")
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor) or \
                 tuple(attention_mask.shape) != tuple(input_ids.shape):
             raise ValueError(f"attention_mask must be a tensor of the shape of input_ids "
                              f"{tuple(input_ids.shape)}, got "
-                             f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
+                             f"{_shape(attention_mask)}")
         if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
             raise ValueError("attention_mask must hold 1 (token) and 0 (padding) only")
         if not bool(attention_mask[:, -1].bool().all()):
@@ -333,7 +338,7 @@ def score_stream(model, input_ids: torch.Tensor, *, policy: CachePolicy | None =
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or \
             input_ids.is_floating_point() or input_ids.shape[1] < 2:
         raise ValueError(f"input_ids must be an integer tensor (batch, seq) with seq >= 2, got "
-                         f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
+                         f"{_shape(input_ids)}")
     n = input_ids.shape[1]
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be an int >= 1 (new nodes per prefill forward), got "
