@@ -147,8 +147,9 @@ def test_splitting_an_entry_into_two_half_weight_entries_changes_nothing(dtype):
 
 def test_merging_two_copies_at_one_coordinate_is_the_inverse_of_splitting():
     """A middle entry (sinks 0-3, middle 4-8, recent 9-23) split in two, then coarsened back to
-    the old count by the quadrature policy: the least-cost pair is the two copies (Ward cost 0), and the grid is the old one
-    (weights and coordinates exactly, keys to the round-off of un-rotating and rotating)."""
+    the old count by the quadrature policy: the least-cost pair is the two copies (Ward cost
+    0), and the grid is the old one (weights and coordinates exactly, keys to the round-off of
+    un-rotating and rotating)."""
     _, ours = llama()
     tape = KVTape(policy=QuadratureMerging(24))
     stream_logits(ours, ids(40), tape, 8)
