@@ -39,7 +39,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import (
     UsageError,
@@ -54,6 +57,7 @@ from . import (
     stripped,
 )
 
+_DATA_DRIVEN = ("drop", "angular", "sleb", "pairs")  # compression.coarsenings.DATA_DRIVEN
 MAX_WINDOWS = 100_000  # (count, length) int64 ids: 410 MB at 512 tokens
 HELP = "coarsen a pretrained encoder in depth (and tokens) and heal it within a budget"
 EPILOG = ("exit status: 0 done, 1 the folder could not be written (a full disk: one line on "
@@ -129,23 +133,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
                    help="a local Hugging Face BERT folder (default: the packaged "
-                        "all-MiniLM-L6-v2, `make data`)")
-    p.add_argument("--steps", type=int_list(1, why="coarse N_t", repeats=False), default=(3,),
+                        "all-MiniLM-L6-v2, `make data`), or a causal LM of the Llama family: "
+                        "smollm2 (the packaged SmolLM2-135M-Instruct), a .gguf file or a "
+                        "local Llama/Mistral/Qwen/Gemma folder (docs/depth-llm.md)")
+    p.add_argument("--steps", type=int_list(1, why="coarse N_t", repeats=False), default=None,
                    help="the coarse number of steps; several (6,3,2): one healed network "
                         "serves each, the first is the one hf/ holds and load(DIR) builds "
-                        "(default 3)")
+                        "(default 3 for an encoder, 22 for a causal LM)")
     _add_recipe(p)
     p.add_argument("--method", type=stripped, choices=method_names(), default=None,
-                   help="how the coarse grid is chosen (default drop: ShortGPT's block "
-                        "influence)")
+                   help="how the coarse grid is chosen (default: drop, ShortGPT's block "
+                        "influence, for an encoder; angular for a causal LM); keep-first is "
+                        "the 'reverse order' baseline, sleb and pairs read a causal LM's "
+                        "next-token loss and merge errors (docs/depth-llm.md)")
+    p.add_argument("--fit", type=stripped, choices=("keep", "average", "linear", "step"),
+                   default=None,
+                   help="causal LMs: what a step that absorbs removed steps computes: keep "
+                        "(deletion), average (one step of tau = m at the average controls), "
+                        "linear (ReplaceMe's least-squares map, folded into the FFN's output; "
+                        "the default), step (the step fitted by AdamW on cached teacher "
+                        "states: local healing, --fit-budget)")
+    p.add_argument("--fit-budget", type=duration, default=None,
+                   help="with --fit step: seconds of the local fits, all absorbing steps "
+                        "together (default 4m; before the --budget of --heal)")
+    p.add_argument("--fit-steps", type=positive_int, default=None,
+                   help="with --fit step: AdamW steps of the local fits at most")
     p.add_argument("--probe", type=bounded_int(MAX_WINDOWS, "(probe windows)"), default=None,
                    help="healing windows the fine model is run on to choose the grid of drop "
                         "and angular (default 32, or all the windows if fewer; at most "
                         "--windows)")
-    p.add_argument("--heal", type=stripped, choices=("distill", "shoot", "none"),
+    p.add_argument("--heal", type=stripped, choices=("distill", "shoot", "kl", "none"),
                    default=None,
                    help="distill: match u(T); shoot: also the states at the coarse grid's "
-                        "times; none: training-free (default distill)")
+                        "times; kl (causal LMs, their default): the next-token "
+                        "distributions, KL to MODEL's; none: training-free (default distill "
+                        "for an encoder)")
     p.add_argument("--shooting", type=nonnegative_float, default=1.0,
                    help="weight of the shooting terms with --heal shoot (default 1)")
     p.add_argument("--embedding", type=nonnegative_float, default=None,
@@ -207,7 +229,7 @@ def _apply_recipe(args: argparse.Namespace) -> None:
             if getattr(args, key) is not None:
                 continue  # given beside the recipe: it wins
             if key == "probe":  # what drop and angular read: all the windows if fewer
-                if args.method not in ("drop", "angular"):
+                if args.method not in _DATA_DRIVEN:
                     continue
                 value = min(value, args.windows)
             setattr(args, key, value)
@@ -242,7 +264,7 @@ def _model_folder(arg: str | None) -> Path:
     if model_type is None:
         raise UsageError(f"argument MODEL: {folder / 'config.json'} has no model_type: not a "
                          "transformers model folder")
-    healed = compressible()  # the family records (interop.families) say which it heals
+    healed = compressible("encoder")  # the family records (interop.families) say which
     if not any(model_type in f.model_types for f in healed):
         labels = " or ".join(f.label for f in healed)
         types = ", ".join(repr(t) for f in healed for t in f.model_types)
@@ -334,7 +356,7 @@ def _check_grid(cfg, teacher, folder: Path) -> None:
         if cfg.method == "every-other" and n != layers and layers % n:
             raise UsageError(f"argument --steps: every-other needs N_t dividing the model's "
                              f"{layers} steps, got {n}")
-        if cfg.method not in ("drop", "angular"):  # the data-free grids: built now
+        if cfg.method not in _DATA_DRIVEN:  # the data-free grids: built now
             try:
                 plan(cfg.method, teacher, n)
             except ValueError as e:
@@ -359,8 +381,8 @@ def _check_windows(args: argparse.Namespace) -> None:
     if args.probe is not None and args.probe > args.windows:
         raise UsageError(f"argument --probe: at most --windows ({args.windows}) windows, got "
                          f"{args.probe}")
-    if args.probe is not None and args.method not in ("drop", "angular"):
-        raise UsageError(f"argument --probe: only drop and angular read a probe, but "
+    if args.probe is not None and args.method not in _DATA_DRIVEN:
+        raise UsageError(f"argument --probe: only {', '.join(_DATA_DRIVEN)} read a probe, but "
                          f"--method is {args.method}")
     if args.wiki and round(args.wiki * args.windows) == 0:
         raise UsageError(f"argument --wiki: {args.wiki:g} of --windows {args.windows} is no "
@@ -375,14 +397,31 @@ def _heal_config(args: argparse.Namespace):
     flags refused with --heal none (a flag left at None was not given), a budget or step
     count of 0 refused when healing, a batch no larger than the windows."""
     from ..compression.heal import HealConfig
+    from .compress_lm import HEALING_DEFAULTS, apply_defaults, is_decoder
 
+    decoder = is_decoder(args.model)
+    if decoder:
+        apply_defaults(args)
+        args.steps = args.steps or (22,)
+    else:
+        if args.heal == "kl":
+            raise UsageError("argument --heal: kl heals a causal LM's next-token "
+                             "distributions; MODEL is a text encoder (distill, shoot or none)")
+        for flag, key in (("--fit", "fit"), ("--fit-budget", "fit_budget"),
+                          ("--fit-steps", "fit_steps")):
+            if getattr(args, key) is not None:
+                raise UsageError(f"argument {flag}: fits the steps of a causal LM's dropped "
+                                 "grid; MODEL is a text encoder")
+        args.steps = args.steps or (3,)
+        args.fit = "keep"
     _apply_recipe(args)
     given = [flag for flag, key in _HEALING_FLAGS if getattr(args, key) is not None]
     if args.aligned:  # a switch: given when set
         given.append("--aligned")
+    defaults = {**_DEFAULTS, **HEALING_DEFAULTS} if decoder else _DEFAULTS
     for _, key in _HEALING_FLAGS:  # None: not given (so that a default typed out is seen)
         if getattr(args, key) is None:
-            setattr(args, key, _DEFAULTS[key])
+            setattr(args, key, defaults[key])
     if args.heal == "none":
         if given:
             raise UsageError(f"argument {given[0]}: sets the healing, but --heal is none "
@@ -418,7 +457,11 @@ def _heal_config(args: argparse.Namespace):
                          shooting=args.shooting if args.heal == "shoot" else 0.0,
                          embedding=args.embedding, relation=args.relation,
                          precision=args.precision, min_length=args.min_length,
-                         healed=args.healed, probe=probe)
+                         healed=args.healed, probe=probe,
+                         next_token=1.0 if args.heal == "kl" else 0.0,
+                         terminal=0.0 if args.heal == "kl" else 1.0, fit=args.fit,
+                         fit_budget=(args.fit_budget or 0.0) if decoder else 0.0,
+                         fit_steps=args.fit_steps if decoder else None)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -427,13 +470,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = _heal_config(args)
     # before MODEL: neither needs the other (nor the packaged MiniLM)
     out, finished = _check_out(args, cfg)
-    folder = _model_folder(args.model)
+    import tempfile
+
     import torch
 
-    from ..experiments.text_benchmarks import load_minilm
     from ..files import FolderLock, FolderLockedError, remove_path
-    from ..interop import from_hf
-    from ..training.data import DatasetError
 
     say = _say(args.json)
     clock = time.perf_counter()
@@ -441,43 +482,146 @@ def run(args: argparse.Namespace) -> int:
     def phase(text: str) -> None:
         say(f"  [{time.perf_counter() - clock:.0f} s] {text}")
 
-    say(f"compress: reading MODEL {folder}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="splitformer-tokenizer-") as scratch:
+        source = _source(args, cfg, say, Path(scratch))
+        teacher = source.teacher
+        say(_header(args, cfg, teacher, out, finished))
+        fresh = not out.exists()
+        killed = (out / ".lock").exists()  # a run that ended removed it: a kill left this one
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"argument --out: cannot make the folder {str(out)!r} "
+                             f"({e.strerror or e})") from None
+        lock = FolderLock(out, what="compression folder")
+        try:
+            lock.acquire()
+        except FolderLockedError as e:
+            raise UsageError(f"argument --out: {e}") from None
+        except OSError as e:  # a full disk: the lock's pid cannot be written
+            return _write_failed(e, out, fresh, None)
+        try:
+            if killed and not (out / "heal" / ".lock").exists() and not _has_checkpoint(out):
+                say("  starting over: the killed run left no checkpoint")
+            return _compress(args, cfg, source, out, say, phase, finished)
+        except OSError as e:  # a write failed (a full disk): one line, nothing of this run kept
+            return _write_failed(e, out, fresh, lock)
+        except BaseException:
+            if fresh and not any(p.name != ".lock" for p in out.iterdir()):
+                lock.release(remove=True)
+                remove_path(out)  # nothing of ours was written: leave no empty folder
+            raise
+        finally:
+            lock.release(remove=True)
+
+
+@dataclass
+class _Source:
+    """What the command compresses: the teacher, the folder its tokenizer files are copied
+    from, how the healing windows are cut, how the result is evaluated against the teacher
+    (N -> student -> measures) and the report's own keys."""
+
+    teacher: Any
+    tokenizer_from: Path | None
+    windows: Callable[[], Any]
+    evaluate: Callable[[dict[int, Any], Callable[[str], None]], dict[str, Any]]
+    report: dict[str, Any]
+
+
+def _source(args: argparse.Namespace, cfg, say, scratch: Path) -> _Source:
+    """The encoder (MiniLM, BERT) or causal LM (``compress_lm``) that MODEL names."""
+    from .compress_lm import is_decoder
+
+    if is_decoder(args.model):
+        from . import compress_lm
+
+        say(f"compress: reading MODEL {args.model}")
+        teacher, tokenizer = compress_lm.load(args.model)
+        _check_lm_grid(cfg, teacher)
+        tokenizer.save_pretrained(str(scratch))
+        return _Source(
+            teacher, scratch, lambda: compress_lm.windows(tokenizer, args, cfg),
+            lambda students, tell: compress_lm.evaluate(teacher, tokenizer, students, tell),
+            {"model": str(args.model), "measures": "lm_eval.LMEvaluation on the last pages "
+             "of gensim's Wikipedia extract (32 windows of 512 tokens)"})
+    from ..experiments import depth_eval
+    from ..experiments.text_benchmarks import load_minilm
+    from ..interop import from_hf
+    from ..training.data import DatasetError
+
+    folder = _model_folder(args.model)
+    say(f"compress: reading MODEL {folder}")
     try:
         minilm = load_minilm(folder)
     except (DatasetError, OSError, ValueError) as e:
         raise UsageError(f"argument MODEL: {' '.join(str(e).split())}") from None
     teacher = from_hf(minilm.model).eval()
     _check_grid(cfg, teacher, folder)
-    say(_header(args, cfg, teacher, out, finished))
-    fresh = not out.exists()
-    killed = (out / ".lock").exists()  # a run that ended removed it: a kill left this one
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"argument --out: cannot make the folder {str(out)!r} "
-                         f"({e.strerror or e})") from None
-    lock = FolderLock(out, what="compression folder")
-    try:
-        lock.acquire()
-    except FolderLockedError as e:
-        raise UsageError(f"argument --out: {e}") from None
-    except OSError as e:  # a full disk: the lock's pid cannot be written
-        return _write_failed(e, out, fresh, None)
-    try:
-        if killed and not (out / "heal" / ".lock").exists() and not _has_checkpoint(out):
-            say("  starting over: the killed run left no checkpoint")
-        return _compress(args, cfg, minilm, teacher, folder, out, say, phase, finished)
-    except OSError as e:  # a write failed (a full disk): one line, nothing of this run kept
-        return _write_failed(e, out, fresh, lock)
-    except BaseException:
-        if fresh and not any(p.name != ".lock" for p in out.iterdir()):
-            lock.release(remove=True)
-            remove_path(out)  # nothing of ours was written: leave no empty folder
-        raise
-    finally:
-        lock.release(remove=True)
+
+    def windows():
+        try:
+            return depth_eval.healing_windows(minilm.tokenizer, cfg.length, args.windows,
+                                              cfg.seed, news=args.news,
+                                              aligned=args.aligned, wiki=args.wiki or 0.0)
+        except DatasetError as e:
+            raise UsageError(f"the healing text is missing: {e}") from None
+        except ValueError as e:
+            raise UsageError(f"argument --length: {e}") from None
+
+    def evaluate(students, tell):
+        if not minilm.sentence_transformers:
+            tell("  MODEL has no sentence-transformers modules.json: the fidelity compares "
+                 "the masked means of u(T), normalised")
+        evaluation = depth_eval.Evaluation(minilm)
+        return {str(n): {k: v for k, v in evaluation(depth_eval.minilm_embed(student),
+                                                     full=False).items()
+                         if "cosine" in k or "fidelity" in k}
+                for n, student in students.items()}
+
+    embedding = ("sentence-transformers' modules" if minilm.sentence_transformers else
+                 "masked mean of u(T), normalised (MODEL has no sentence-transformers "
+                 "modules.json)")
+    return _Source(teacher, folder, windows, evaluate,
+                   {"model": str(args.model) if args.model else "all-MiniLM-L6-v2",
+                    "sentence_embedding": embedding})
+
+
+def _check_lm_grid(cfg, teacher) -> None:
+    """The coarse grids exist and the windows fit a causal LM (checked before anything is
+    written)."""
+    from ..compression.coarsenings import plan
+
+    layers = teacher.evolution.num_steps
+    bad = [n for n in cfg.steps if n >= layers]
+    if bad:
+        raise UsageError(f"argument --steps: expected fewer than the model's {layers} steps, "
+                         f"got {bad}")
+    for n in cfg.steps:
+        if cfg.method == "every-other" and layers % n:
+            raise UsageError(f"argument --steps: every-other needs N_t dividing the model's "
+                             f"{layers} steps, got {n}")
+        if cfg.method == "pairs" and 2 * (layers - n) > layers:
+            raise UsageError(f"argument --steps: pairs merges {layers - n} disjoint pairs, "
+                             f"which needs at least {(layers + 1) // 2} steps, got {n}")
+        if cfg.method not in _DATA_DRIVEN:
+            try:
+                plan(cfg.method, teacher, n)
+            except ValueError as e:
+                raise UsageError(f"argument --method: {e}") from None
+    if cfg.method == "parallel" or cfg.merge:
+        if cfg.fit != "keep":
+            raise UsageError(f"argument --fit: {cfg.fit} fits the absorbing steps of a grid of "
+                             f"kept steps; --method {cfg.method} is not one (use --fit keep)")
+    if cfg.fit != "keep" and cfg.method in ("coarsen", "coarsen-linear"):
+        raise UsageError(f"argument --fit: {cfg.fit} fits the absorbing steps of a grid of "
+                         f"kept steps; --method {cfg.method} refines and coarsens the time grid "
+                         "(use --method pairs for merged pairs, or --fit keep)")
+    trained = teacher.trained_positions
+    if trained is not None and not 2 <= cfg.length <= trained:
+        raise UsageError(f"argument --length: expected 2 to {trained} tokens (the model's "
+                         f"trained context), got {cfg.length}")
 
 
 def _has_checkpoint(out: Path) -> bool:
@@ -536,48 +680,32 @@ def _header(args, cfg, teacher, out: Path, finished: dict | None) -> str:
     return header
 
 
-def _compress(args, cfg, minilm, teacher, folder: Path, out: Path, say, phase,
+def _compress(args, cfg, source: _Source, out: Path, say, phase,
               finished: dict | None) -> int:
     from ..compression.store import healed_weights, write_result
-    from ..experiments import depth_eval
     from ..training.checkpoints import CheckpointError, remove_checkpoints
-    from ..training.data import DatasetError
 
     mixture = ", ".join(f"{k} {v:g}" for k, v in (("news", args.news), ("wiki", args.wiki))
                         if v)
     phase(f"healing text: {args.windows} windows of {cfg.length} tokens"
           + (f" ({mixture})" if mixture else ""))
-    try:
-        windows = depth_eval.healing_windows(minilm.tokenizer, cfg.length, args.windows,
-                                             cfg.seed, news=args.news,
-                                             aligned=args.aligned, wiki=args.wiki or 0.0)
-    except DatasetError as e:
-        raise UsageError(f"the healing text is missing: {e}") from None
-    except ValueError as e:
-        raise UsageError(f"argument --length: {e}") from None
+    windows = source.windows()
     healed = None
     if finished is not None:  # its checkpoints were removed: on from the healed parameters
         try:
             healed = healed_weights(out, finished)
         except (CheckpointError, ValueError, OSError) as e:
             raise UsageError(f"argument --out: {' '.join(str(e).split())}") from None
-    result = _heal(args, cfg, teacher, windows, out, say, phase, healed)
-    if not minilm.sentence_transformers and not args.no_eval:
-        say("  MODEL has no sentence-transformers modules.json: the fidelity compares the "
-            "masked means of u(T), normalised")
-    report = _report(args, cfg, minilm, result)
+    result = _heal(args, cfg, source.teacher, windows, out, say, phase, healed)
+    report = _report(args, cfg, source, result)
     if not args.no_eval:
         phase("evaluating on held-out text (the fidelity to MODEL)")
-        evaluation = depth_eval.Evaluation(minilm)
-        report["fidelity"] = {
-            str(n): {k: v for k, v in evaluation(depth_eval.minilm_embed(result.student(n)),
-                                                 full=False).items()
-                     if "cosine" in k or "fidelity" in k}
-            for n in cfg.steps}
+        report["fidelity"] = source.evaluate({n: result.student(n) for n in cfg.steps},
+                                             phase)
     phase(f"writing {out}")
     record = write_result(out, base=result.base, coarsenings=result.coarsenings,
                           default=cfg.steps[0], info={"heal": cfg.to_dict(), **report},
-                          tokenizer_from=folder)
+                          tokenizer_from=source.tokenizer_from)
     # a finished DIR is healed on from model.safetensors, not from them: the healing
     # checkpoints (the base's weights and AdamW's moments, three times model.safetensors)
     # serve nothing; config and metrics stay
@@ -592,12 +720,9 @@ def _compress(args, cfg, minilm, teacher, folder: Path, out: Path, say, phase,
     return 0
 
 
-def _report(args, cfg, minilm, result) -> dict:
+def _report(args, cfg, source: _Source, result) -> dict:
     """What compress.json and --json say of the run (the fidelity and the paths added)."""
-    embedding = ("sentence-transformers' modules" if minilm.sentence_transformers else
-                 "masked mean of u(T), normalised (MODEL has no sentence-transformers "
-                 "modules.json)")
-    return {"model": str(args.model) if args.model else "all-MiniLM-L6-v2",
+    return {"model": source.report["model"],
             "method": cfg.method, "steps": list(cfg.steps), "objective": args.heal,
             "recipe": args.recipe,
             "windows": {"count": args.windows, "length": cfg.length, "news": args.news,
@@ -606,7 +731,7 @@ def _report(args, cfg, minilm, result) -> dict:
             "metrics": result.metrics,
             "grids": {str(n): str(c) for n, c in result.coarsenings.items()},
             "notes": {str(n): dict(c.note or {}) for n, c in result.coarsenings.items()},
-            "sentence_embedding": embedding}
+            **{k: v for k, v in source.report.items() if k != "model"}}
 
 
 def _heal(args, cfg, teacher, windows, out: Path, say, phase, healed):
@@ -636,7 +761,8 @@ def _print_result(report: dict, result, out: Path) -> None:
     for n, c in result.coarsenings.items():
         print(f"{c}")
         for key, values in (c.note or {}).items():
-            print(f"  {key}: {', '.join(f'{v:.4f}' for v in values)}")
+            print(f"  {key}: "
+                  + ", ".join(f"{v:.4f}" if isinstance(v, float) else str(v) for v in values))
         for k, v in report.get("fidelity", {}).get(str(n), {}).items():
             print(f"  {k}: {v:.4f}")
     m = result.metrics

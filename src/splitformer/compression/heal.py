@@ -57,7 +57,8 @@ from ..control.healing import Distillation
 from ..files import LOCK_NAME, FolderLock, append_line, read_jsonl, write_atomic
 from ..training.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from ..training.loop import parameter_groups
-from .coarsenings import METHODS, Coarsening, plan
+from .coarsenings import DATA_DRIVEN, METHODS, Coarsening, plan
+from .fitting import ABSORB, FitConfig, fit
 
 __all__ = ["HEALED", "PRECISIONS", "RESUMABLE", "WARMUP_SHARE", "HealConfig", "HealResult",
            "check_resumable", "heal", "healed_copy", "more_steps", "student_of"]
@@ -99,7 +100,15 @@ class HealConfig:
     healing is an optimal-control problem in theta alone; on MiniLM it also spares AdamW the
     11.7M-entry token table: a shorter step, ``benchmarks/heal_step_time.py``);
     ``checkpoint_every`` / ``checkpoint_seconds``: a checkpoint after that many optimiser steps
-    or seconds since the last one, whichever comes first (a kill loses at most that much)."""
+    or seconds since the last one, whichever comes first (a kill loses at most that much);
+    ``next_token`` / ``terminal``: the weights of the next-token KL and of the terminal cost
+    (``Distillation``: a causal LM heals on its next-token laws); ``fit``: what the absorbing
+    steps of a dropped grid compute before the healing begins (``fitting.ABSORB``: "keep",
+    "average", "linear", "step"), fitted on the first ``fit_windows`` windows, "step" for
+    ``fit_budget`` seconds or ``fit_steps`` AdamW steps at ``fit_lr`` (the local phase:
+    multiple shooting, each absorbing step alone on cached teacher states; the budget is the
+    global phase's, after it). A run with a checkpoint resumes from it and does not fit
+    again (the checkpoint holds the fitted parameters: one is written as the fit ends)."""
 
     method: str = "drop"
     steps: tuple[int, ...] = (3,)
@@ -122,6 +131,13 @@ class HealConfig:
     log_every: int = 20
     probe: int = 32
     checkpoint_seconds: float = 60.0
+    next_token: float = 0.0
+    terminal: float = 1.0
+    fit: str = "keep"
+    fit_budget: float = 0.0
+    fit_steps: int | None = None
+    fit_lr: float = 2e-4
+    fit_windows: int = 64
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -135,12 +151,14 @@ class HealConfig:
             raise ValueError(f"steps must be distinct ints >= 1 (the N_t healed), got "
                              f"{self.steps!r}")
         object.__setattr__(self, "steps", steps)
-        for name in ("budget", "lr", "shooting", "embedding", "relation", "weight_decay"):
+        for name in ("budget", "lr", "shooting", "embedding", "relation", "weight_decay",
+                     "next_token", "terminal", "fit_budget", "fit_lr"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
                     math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
-        for name in ("batch_size", "length", "checkpoint_every", "log_every", "probe"):
+        for name in ("batch_size", "length", "checkpoint_every", "log_every", "probe",
+                     "fit_windows"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -163,17 +181,35 @@ class HealConfig:
         if self.relation and self.batch_size < 2:
             raise ValueError(f"relation needs batch_size >= 2 (pairs within a batch), got "
                              f"batch_size={self.batch_size}")
+        self.fit_config()  # the fit's own checks, by name
         v = self.checkpoint_seconds
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
                 math.isfinite(v) and v > 0):
             raise ValueError(f"checkpoint_seconds must be a finite number > 0, got {v!r}")
+
+    def fit_config(self) -> FitConfig:
+        """The ``fitting.FitConfig`` of the local phase."""
+        if self.fit not in ABSORB:
+            raise ValueError(f"fit must be one of {list(ABSORB)}, got {self.fit!r}")
+        if self.fit_steps is not None and (isinstance(self.fit_steps, bool) or not isinstance(
+                self.fit_steps, int) or self.fit_steps < 0):
+            raise ValueError(f"fit_steps must be None or an int >= 0, got {self.fit_steps!r}")
+        if self.fit == "step" and not (self.fit_budget or self.fit_steps):
+            raise ValueError("fit='step' fits the absorbing steps by AdamW: give fit_budget "
+                             "(seconds) or fit_steps")
+        if self.fit != "keep" and len(self.steps) != 1:
+            raise ValueError(f"fit={self.fit!r} fits the absorbing steps of one grid; steps "
+                             f"holds {len(self.steps)} depths")
+        return FitConfig(absorb=self.fit, budget=self.fit_budget, max_steps=self.fit_steps,
+                         lr=self.fit_lr or 2e-4, seed=self.seed)
 
     def objective(self, coarsening, base: nn.Module, teacher: nn.Module) -> Distillation:
         """The healing objective of ``coarsening`` of ``base`` against ``teacher``, with this
         config's weights."""
         return Distillation(coarsening.apply(base).eval(), teacher, coarsening.fine_points,
                             shooting=self.shooting, embedding=self.embedding,
-                            relation=self.relation)
+                            relation=self.relation, next_token=self.next_token,
+                            terminal=self.terminal)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -332,7 +368,9 @@ def heal(cfg: HealConfig, *, teacher: nn.Module, windows: torch.Tensor,
 
 
 _ADDED = {"precision": "float32", "min_length": None,  # HealConfig keys added 2026-12-03
-          "healed": "all", "checkpoint_seconds": 60.0}
+          "healed": "all", "checkpoint_seconds": 60.0,
+          "next_token": 0.0, "terminal": 1.0, "fit": "keep",  # added 2026-12-06
+          "fit_budget": 0.0, "fit_steps": None, "fit_lr": 2e-4, "fit_windows": 64}
 _FINGERPRINTS = "fingerprints"  # final.json's key of the teacher's and the windows' SHA-256
 
 
@@ -482,8 +520,8 @@ def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str |
     base = healed_copy(teacher, cfg.healed)
     identity = {"teacher": fingerprint(*teacher.state_dict().values()),
                 "windows": fingerprint(windows)}
-    if cfg.method in ("drop", "angular"):
-        tell(f"choosing the grid: {cfg.method} reads the fine model's states on "
+    if cfg.method in DATA_DRIVEN:
+        tell(f"choosing the grid: {cfg.method} reads the fine model on "
              f"{min(cfg.probe, len(windows))} probe windows")
     coarse = coarsenings_for(cfg, base, windows)
     problems = {n: cfg.objective(c, base, teacher) for n, c in coarse.items()}
@@ -495,15 +533,43 @@ def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str |
             run.folder.mkdir(parents=True, exist_ok=True)
             killed = (run.folder / LOCK_NAME).exists()  # a writer that ended well removed it
             lock = FolderLock(run.folder, what="healing folder").acquire()
+            fresh = latest_checkpoint(run.folder) is None and not (
+                run.folder / "final.json").exists()
             run.step, run.before, run.history, final, run.since = _resume(
                 run.folder, cfg, base, optimizer, identity, healed, tell, killed)
             if final is not None:
                 return HealResult(base, coarse, final, run.history)
+        else:
+            fresh = True
+        fitted = None
+        if fresh and cfg.fit != "keep":
+            fitted = _fit(cfg, base, teacher, coarse, windows, tell)
+            if cfg.fit == "step" and run.folder is not None and more_steps(cfg, 0, 0.0):
+                run.start = time.perf_counter()  # no healing second spent yet
+                run.checkpoint()  # a kill in the global phase resumes from the fitted steps
         metrics = run.loop(problems, windows, progress)
+        if fitted is not None:
+            metrics = {**metrics, "fit": fitted}
         return HealResult(base, coarse, metrics, run.history)
     finally:
         if lock is not None:
             lock.release(remove=True)
+
+
+def _fit(cfg: HealConfig, base: nn.Module, teacher: nn.Module,
+         coarse: dict[int, Coarsening], windows: torch.Tensor, tell: Callable[[str], None]
+         ) -> dict[str, Any]:
+    """The local phase (``fitting.fit``) on the one grid of ``cfg``."""
+    (coarsening,) = coarse.values()
+    tell(f"fitting the absorbing steps ({cfg.fit}: {ABSORB[cfg.fit]}) on "
+         f"{min(cfg.fit_windows, len(windows))} windows"
+         + (f", {cfg.fit_budget:g} s" if cfg.fit == "step" and cfg.fit_budget else "")
+         + (f", {cfg.fit_steps} AdamW steps" if cfg.fit == "step" and cfg.fit_steps else ""))
+    start = time.perf_counter()
+    report = fit(base, coarsening, cfg.fit_config(), teacher=teacher,
+                 calibration=windows[:cfg.fit_windows], say=tell)
+    report["seconds"] = round(time.perf_counter() - start, 3)
+    return report
 
 
 @dataclass

@@ -37,7 +37,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from ..files import atomic_folder, remove_path, write_atomic, write_synced
-from ..training.checkpoint_format import _file_entry, _read_checked, _tensors_from
+from ..training.checkpoint_format import _file_entry, _read_checked, _state_of, _tensors_from
 from ..training.checkpoints import load_model as load_training_model
 from .coarsenings import Coarsening
 
@@ -46,7 +46,7 @@ __all__ = ["FORMAT", "healed_weights", "load", "load_compressed", "tokenizer_fol
 
 FORMAT = "splitformer-compression/1"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
-                   "special_tokens_map.json")
+                   "special_tokens_map.json", "chat_template.jinja")
 
 
 def _base_record(model) -> dict[str, Any]:
@@ -84,13 +84,14 @@ def write_result(folder: str | os.PathLike, *, base, coarsenings: dict[int, Coar
     from ..interop import to_hf
 
     clash = sorted({"format", "base", "default_steps", "coarsenings", "hf", "hf_note",
-                    "tokenizer", "files"}
+                    "tokenizer", "files", "aliases"}
                    & set(info))
     if clash:
         raise ValueError(f"write_result(info): the keys {clash} are the record's own")
     folder = Path(folder)
     remove_path(folder / "compress.json")
-    tensors = {k: v.detach().contiguous().cpu() for k, v in base.state_dict().items()}
+    state, aliases = _state_of(base)  # tied tensors (a tied LM head) once
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     weights = save(tensors)
     write_atomic(folder / "model.safetensors", weights)
     student = coarsenings[default].apply(base).eval()
@@ -127,7 +128,7 @@ def write_result(folder: str | os.PathLike, *, base, coarsenings: dict[int, Coar
               "coarsenings": {str(n): c.to_dict() for n, c in coarsenings.items()},
               "hf": "hf" if exported is not None else None, "hf_note": hf_note,
               "tokenizer": tokenizer, "files": {"model.safetensors": _file_entry(weights)},
-              **info}
+              **({"aliases": aliases} if aliases else {}), **info}
     write_atomic(folder / "compress.json", json.dumps(record, indent=2) + "\n")
     return record
 
@@ -184,7 +185,10 @@ def healed_weights(folder: str | os.PathLike,
                       stacklevel=3)
         return load_file(str(weights))
     entry = files.get("model.safetensors") if isinstance(files, dict) else None
-    return _tensors_from(weights, _read_checked(weights, entry, folder / "compress.json"))
+    tensors = _tensors_from(weights, _read_checked(weights, entry, folder / "compress.json"))
+    for alias, name in (record.get("aliases") or {}).items():  # tied: stored once
+        tensors[alias] = tensors[name]
+    return tensors
 
 
 def load_compressed(folder: str | os.PathLike, steps: int | None = None):

@@ -3,7 +3,8 @@
 The fine network (the teacher, L steps) is the target; the coarse one (the student, N steps,
 sharing or copying the teacher's controls) is steered towards it:
 
-    min_theta  J = |u_c(T) - u_f(T)|^2 / |u_f(T)|^2                      (terminal cost)
+    min_theta  J = w_T |u_c(T) - u_f(T)|^2 / |u_f(T)|^2                  (terminal cost)
+                 + w_k mean_x KL(p_f(x) || p_c(x))                        (next-token laws)
                  + w_s sum_i |u_c(t_i) - u_f(s_i)|^2 / |u_f(s_i)|^2       (multiple shooting)
                  + w_e mean_b (1 - cos(e_c,b, e_f,b))                     (the sentence embedding)
                  + w_r mean_{b != b'} (cos(e_c,b, e_c,b') - cos(e_f,b, e_f,b'))^2   (relations)
@@ -14,6 +15,9 @@ point s_i (``Coarsening.fine_points``; points between fine ones are skipped), an
 e = sum_x m(x) u(x, T) / sum_x m(x) the masked mean of u(T) (sentence-transformers' pooling).
 The relation term asks the pair cosines between the embeddings of a batch to be the fine
 model's (what a similarity benchmark reads: the ranking of pair cosines, not each embedding).
+For a causal LM the read-out that matters is the next-token distribution p(x) = softmax of the
+logits at node x (docs/math.md 3.20): the KL term compares the student's with the teacher's at
+every node (float32 log-softmax), and w_T (default 1) may be 0 to heal on it alone.
 With w_s = w_e = 0 it is plain distillation of u(T) ("distil u(T) only"); w_s > 0 matches the
 states at the coarse grid's times as well (multiple shooting: each coarse step is asked to
 reproduce its stretch of the fine path, not only the end). The teacher runs in no_grad; the
@@ -32,7 +36,7 @@ from torch import nn
 from ..time import SaveAt
 from .problem import Objective
 
-__all__ = ["Distillation", "FineSolution"]
+__all__ = ["Distillation", "FineSolution", "next_token_kl"]
 
 
 def _relative_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -85,6 +89,27 @@ class FineSolution:
                 return self.model.trajectory(**inputs, saveat=SaveAt(steps=True)).state_list
             return [self.model.trajectory(**inputs, saveat=SaveAt()).final]
 
+    def read_out(self, inputs: Mapping[str, Any], *, every_step: bool
+                 ) -> tuple[Any, list[torch.Tensor]]:
+        """(the read-out, the path of ``path``) from one run of the fine model."""
+        with torch.no_grad():
+            out, traj = self.model.solve_along(**inputs, saveat=SaveAt(steps=every_step))
+            return out, list(traj.state_list) if every_step else [traj.final]
+
+
+def next_token_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                  mask: torch.Tensor | None) -> torch.Tensor:
+    """mean over the nodes (counted by ``mask``) of KL(p_f || p_c), p = softmax(logits),
+    in float32."""
+    with torch.autocast(student_logits.device.type, enabled=False):
+        logq = student_logits.float().log_softmax(-1)
+        logp = teacher_logits.float().log_softmax(-1)
+        kl = (logp.exp() * (logp - logq)).sum(-1)
+    if mask is None:
+        return kl.mean()
+    m = mask.to(kl.dtype)
+    return (kl * m).sum() / m.sum()
+
 
 class Distillation(nn.Module):
     """The healing objective of a student against a teacher (module doc).
@@ -92,20 +117,23 @@ class Distillation(nn.Module):
     student, teacher: splitformer models taking the same keyword inputs (``trajectory``);
     fine_points: for the student's grid points 0 .. N, the teacher's grid point each
     approximates, or None (``Coarsening.fine_points``); the last is the teacher's T.
-    shooting, embedding, relation: the weights w_s, w_e, w_r (floats >= 0; the relation term
-    needs batches of at least two inputs).
+    shooting, embedding, relation, next_token, terminal: the weights w_s, w_e, w_r, w_k, w_T
+    (floats >= 0; the relation term needs batches of at least two inputs; the next-token term
+    a causal LM, whose read-out has logits).
 
     forward(inputs) -> Objective with parts "terminal" and, where weighted, "shooting",
-    "embedding" and "relation"; ``inputs`` a mapping of keyword inputs, its "attention_mask"
-    (if any) the tokens that count.
+    "embedding", "relation" and "next_token"; ``inputs`` a mapping of keyword inputs, its
+    "attention_mask" (if any) the tokens that count.
     """
 
     def __init__(self, student: nn.Module, teacher: nn.Module,
                  fine_points: Sequence[int | None], *, shooting: float = 0.0,
-                 embedding: float = 0.0, relation: float = 0.0) -> None:
+                 embedding: float = 0.0, relation: float = 0.0, next_token: float = 0.0,
+                 terminal: float = 1.0) -> None:
         super().__init__()
         for name, w in (("shooting", shooting), ("embedding", embedding),
-                        ("relation", relation)):
+                        ("relation", relation), ("next_token", next_token),
+                        ("terminal", terminal)):
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0:
                 raise ValueError(f"Distillation: {name} must be a number >= 0, got {w!r}")
         points = list(fine_points)
@@ -125,6 +153,7 @@ class Distillation(nn.Module):
         self.fine_points = points
         self.shooting, self.embedding = float(shooting), float(embedding)
         self.relation = float(relation)
+        self.next_token, self.terminal = float(next_token), float(terminal)
 
     def interior(self) -> list[tuple[int, int]]:
         """(student point, teacher point) of the shooting targets."""
@@ -134,16 +163,25 @@ class Distillation(nn.Module):
         inputs = dict(inputs)
         mask = inputs.get("attention_mask")
         pairs = self.interior() if self.shooting else []
-        fine = self.target.path(inputs, every_step=bool(pairs))
-        if pairs:
-            coarse = self.student.trajectory(**inputs, saveat=SaveAt(steps=True)).state_list
-            final = coarse[-1]
+        if self.next_token:
+            fine_out, fine = self.target.read_out(inputs, every_step=bool(pairs))
+            out, traj = self.student.solve_along(**inputs, saveat=SaveAt(steps=bool(pairs)))
+            coarse = list(traj.state_list) if pairs else None
+            final = traj.final
         else:
-            final = self.student.trajectory(**inputs, saveat=SaveAt()).final
-            coarse = None
+            fine = self.target.path(inputs, every_step=bool(pairs))
+            if pairs:
+                coarse = self.student.trajectory(**inputs, saveat=SaveAt(steps=True)).state_list
+                final = coarse[-1]
+            else:
+                final = self.student.trajectory(**inputs, saveat=SaveAt()).final
+                coarse = None
         terminal = _relative_mse(final, fine[-1], mask)
         parts = {"terminal": terminal}
-        total = terminal
+        total = self.terminal * terminal
+        if self.next_token:
+            parts["next_token"] = next_token_kl(out.logits, fine_out.logits, mask)
+            total = total + self.next_token * parts["next_token"]
         if pairs:
             shoot = sum(_relative_mse(coarse[i], fine[p], mask) for i, p in pairs)
             parts["shooting"] = shoot

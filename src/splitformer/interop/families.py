@@ -99,7 +99,9 @@ class ModelFamily:
     verification: str | None = None  # the module registering the group ``name``
     processor: ImageProcessor | None = None  # image families read from a folder
     store: str | None = None  # the source kind a saved or compressed model records ("hf-bert")
-    compress: bool = False  # ``splitformer compress`` heals it (a text encoder)
+    # ``splitformer compress`` heals it: "encoder" (a text encoder, its sentence embeddings) or
+    # "causal-lm" (its next-token distributions, docs/depth-llm.md); None: not compressed
+    compress: str | None = None
     example: Mapping[str, Any] = field(default_factory=dict)  # a small config (kwargs of config)
     traits: Mapping[str, Any] = field(default_factory=dict)  # per-family deltas a shared map reads
 
@@ -110,6 +112,9 @@ class ModelFamily:
             raise ValueError(f"modality must be one of {MODALITIES}, got {self.modality!r}")
         if self.library not in LIBRARIES:
             raise ValueError(f"library must be one of {LIBRARIES}, got {self.library!r}")
+        if self.compress not in (None, "encoder", "causal-lm"):
+            raise ValueError(f"family {self.name!r}: compress must be None, 'encoder' or "
+                             f"'causal-lm', got {self.compress!r}")
         if self.compress and self.store is None:
             raise ValueError(f"family {self.name!r}: a family compress heals needs a store kind")
         for key in ("classes", "model_types"):
@@ -316,9 +321,10 @@ def verification_groups() -> dict[str, str]:
     return {f.name: f.verification for f in FAMILIES.values() if f.verification is not None}
 
 
-def compressible() -> list[ModelFamily]:
-    """The families ``splitformer compress`` heals."""
-    return [f for f in FAMILIES.values() if f.compress]
+def compressible(kind: str | None = None) -> list[ModelFamily]:
+    """The families ``splitformer compress`` heals (of ``kind``, "encoder" or "causal-lm",
+    when given)."""
+    return [f for f in FAMILIES.values() if f.compress and kind in (None, f.compress)]
 
 
 def stored() -> list[ModelFamily]:
@@ -332,7 +338,7 @@ BERT = register(ModelFamily(
     name="bert", label="BERT", classes=("BertModel", "BertForSequenceClassification"),
     model_types=("bert",), modality="text", config="BertConfig", map="hf_bert",
     source="HFBertConfig", model="BertEncoderModel",
-    verification="splitformer.verification.hf_bert", store="hf-bert", compress=True,
+    verification="splitformer.verification.hf_bert", store="hf-bert", compress="encoder",
     example={"vocab_size": 31, "hidden_size": 16, "num_hidden_layers": 2,
              "num_attention_heads": 2, "intermediate_size": 24,
              "max_position_embeddings": 12, "hidden_dropout_prob": 0.0,
@@ -375,7 +381,7 @@ LLAMA = register(ModelFamily(
     name="llama", label="Llama", classes=("LlamaModel", "LlamaForCausalLM"),
     model_types=("llama",), modality="text", config="LlamaConfig", map="hf_llama",
     source="HFLlamaConfig", model="CausalDecoderModel", store="hf-llama",
-    verification="splitformer.verification.hf_llama",
+    verification="splitformer.verification.hf_llama", compress="causal-lm",
     traits={"activation_key": "hidden_act", "window": None, "qk_norm": False,
             "sandwich": False, "norm_offset": 0.0, "norm_eps_attr": "variance_epsilon",
             "pre_attn_scalar": False, "softcap": False, "embed_scale": None,

@@ -1,0 +1,215 @@
+"""The measurements of docs/depth-llm.md: SmolLM2-135M (30 steps) coarsened to N = 26, 22, 15
+steps by every method, training-free and healed, and which diagnostic of the evolution
+predicts what a step is worth.
+
+    python -m splitformer.experiments.depth_llm free   [--out results/depth-llm]
+    python -m splitformer.experiments.depth_llm rank   [--out results/depth-llm]
+    python -m splitformer.experiments.depth_llm speed  [--out results/depth-llm]
+    python -m splitformer.experiments.depth_llm table  [--out results/depth-llm]
+
+``free`` evaluates every (method, absorb) of ``CONFIGS`` at every N (``compression``: the grid
+of ``coarsenings.plan``, the absorbing steps of ``fitting.fit``) with ``lm_eval.LMEvaluation``
+(32 held-out windows of 512 tokens from the end of gensim's Wikipedia extract; KL and top-1 on
+the first 8; 20 greedy continuations) and appends one JSON row per model to
+OUT/training-free.jsonl as it goes; a row already there is not recomputed (kill and rerun
+resumes). SLEB's order is computed once (15 removals) and its prefixes give the three grids.
+``rank`` writes OUT/rankings.json: per step, the measured perplexity of the model without that
+step alone (on the first 8 held-out windows) beside block influence, angular distance, the
+local removal error and the merge error (on 8 calibration windows, ``compression.rankings``),
+and the Spearman correlation of each diagnostic with the measured worth (scipy.stats).
+``speed`` writes OUT/speed.json: prefill (512 tokens) and decode (64 new) tokens per second of
+the coarse models against the 30-step one (``lm_eval.speed``). ``table`` prints the tables
+the docs quote. Healed rows come from ``splitformer compress`` runs (docs/depth-llm.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["CONFIGS", "STEPS", "main"]
+
+STEPS = (26, 22, 15)
+CONFIGS = (("drop", "keep"), ("angular", "keep"), ("keep-first", "keep"), ("sleb", "keep"),
+           ("pairs", "average"), ("drop", "linear"), ("angular", "linear"),
+           ("sleb", "linear"))
+"""(method, absorb) pairs of the training-free table: ShortGPT, Gromov, reverse order, SLEB,
+merged pairs, and ReplaceMe's least-squares map on three of the grids."""
+
+PROBE = (4, 256)  # SLEB's and the data-driven grids' probe: 4 calibration windows of 256
+FIT_WINDOWS = 32  # calibration windows (of 512) the least-squares maps are fitted on
+
+
+def _say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _append(path: Path, row: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+
+
+def _setup(threads: int | None):
+    import splitformer as sf
+
+    from . import lm_eval
+
+    if threads:
+        torch.set_num_threads(threads)
+    _say("loading SmolLM2")
+    teacher = sf.from_hf("smollm2").eval()
+    text = lm_eval.lm_text(teacher.tokenizer)
+    return teacher, text
+
+
+def _grids(teacher, text, steps: Sequence[int], method: str):
+    """{N: Coarsening} for ``method`` (SLEB's order computed once for the largest removal)."""
+    from ..compression.coarsenings import _dropped, plan
+    from ..compression.rankings import sleb_order
+
+    probe = {"input_ids": text.calibration[:PROBE[0], :PROBE[1]]}
+    L = teacher.evolution.num_steps
+    if method != "sleb":
+        return {n: plan(method, teacher, n, probe) for n in steps}
+    found = sleb_order(teacher, probe["input_ids"], L - min(steps), say=_say)
+    losses = [round(x, 6) for x in [found["loss"], *found["losses"]]]
+    return {n: _dropped("sleb", teacher, sorted(found["order"][:L - n]),
+                        {"order": found["order"][:L - n], "losses": losses[:L - n + 1]})
+            for n in steps}
+
+
+def free(out: Path, steps: Sequence[int], configs: Sequence[tuple[str, str]],
+         threads: int | None) -> None:
+    from ..compression.fitting import FitConfig, fit
+    from ..compression.heal import healed_copy
+    from . import lm_eval
+
+    path = out / "training-free.jsonl"
+    done = {(r["steps"], r["method"], r["absorb"]) for r in _rows(path)}
+    todo = [(n, m, a) for m, a in configs for n in steps if (n, m, a) not in done]
+    if not todo:
+        _say(f"{path}: every row is there")
+        return
+    teacher, text = _setup(threads)
+    _say("evaluating the teacher")
+    evaluation = lm_eval.LMEvaluation(teacher, text, say=None)
+    if ("teacher",) not in {(r.get("method"),) for r in _rows(path)}:
+        _append(path, {"steps": teacher.evolution.num_steps, "method": "teacher",
+                       "absorb": "keep", **evaluation(teacher)})
+    grids: dict[str, dict] = {}
+    for n, method, absorb in todo:
+        if method not in grids:
+            _say(f"choosing the grids of {method}")
+            grids[method] = _grids(teacher, text, steps, method)
+        coarsening = grids[method][n]
+        _say(f"N={n} {method} / {absorb}: {coarsening}")
+        start = time.perf_counter()
+        base = healed_copy(teacher)
+        report = fit(base, coarsening, FitConfig(absorb=absorb), teacher=teacher,
+                     calibration=text.calibration[:FIT_WINDOWS], say=_say)
+        student = coarsening.apply(base).eval()
+        fitted = time.perf_counter() - start
+        result = evaluation(student)
+        _say(f"  perplexity {result['perplexity']:.2f} ({result['perplexity_ratio']:.2f}x), "
+             f"kl {result['kl']:.3f}, top1 {result['top1']:.3f}, match "
+             f"{result.get('match_tokens', 0):.1f}")
+        _append(path, {"steps": n, "method": method, "absorb": absorb,
+                       "grid": coarsening.to_dict(), "fit": report,
+                       "fit_seconds": round(fitted, 1), **result})
+        del base, student
+
+
+def rank(out: Path, threads: int | None) -> None:
+    from scipy.stats import spearmanr
+
+    from ..compression.rankings import removal_losses, step_diagnostics
+
+    path = out / "rankings.json"
+    if path.is_file():
+        _say(f"{path} is there")
+        return
+    teacher, text = _setup(threads)
+    _say("measured: perplexity without each single step (8 held-out windows)")
+    measured = removal_losses(teacher, text.evaluation[:8], say=_say)
+    _say("diagnostics from u(t) on 8 calibration windows")
+    diag = step_diagnostics(teacher, text.calibration[:8], say=_say)
+    worth = [math.exp(x) for x in measured["removal"]]
+    rho = {}
+    for key in ("block_influence", "angular", "removal_error", "merge_error"):
+        r = spearmanr(diag[key], worth)
+        rho[key] = {"spearman": float(r.statistic), "p_value": float(r.pvalue)}
+    record = {"perplexity": math.exp(measured["loss"]), "removal_perplexity": worth,
+              **diag, "spearman": rho,
+              "text": {"measured": "lm_eval evaluation windows 0..7 (8 x 512)",
+                       "diagnostics": "lm_eval calibration windows 0..7 (8 x 512)"}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    _say(f"wrote {path}: " + ", ".join(f"{k} {v['spearman']:.3f}" for k, v in rho.items()))
+
+
+def speed(out: Path, steps: Sequence[int], threads: int | None) -> None:
+    from . import lm_eval
+
+    path = out / "speed.json"
+    teacher, text = _setup(threads)
+    rows = {}
+    for n in steps:
+        student = teacher.drop_steps(list(range(n, teacher.evolution.num_steps))).eval()
+        _say(f"speed: N={n} against 30 steps")
+        rows[str(n)] = lm_eval.speed(student, teacher, text, prompt=512, new=64, repeats=3)
+        _say(f"  prefill {rows[str(n)]['prefill_ratio']:.3f}x, decode "
+             f"{rows[str(n)]['decode_ratio']:.3f}x")
+    path.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": rows}, indent=1)
+                    + "\n")
+
+
+def table(out: Path) -> None:
+    rows = _rows(out / "training-free.jsonl")
+    print(f"{'N':>3} {'method':<11} {'absorb':<8} {'ppl':>8} {'x':>6} {'bpb':>6} {'KL':>6} "
+          f"{'top1':>6} {'match':>6}")
+    for r in sorted(rows, key=lambda r: (-r["steps"], r["perplexity"])):
+        print(f"{r['steps']:>3} {r['method']:<11} {r['absorb']:<8} {r['perplexity']:>8.2f} "
+              f"{r['perplexity_ratio']:>6.2f} {r['bits_per_byte']:>6.3f} {r['kl']:>6.3f} "
+              f"{r['top1']:>6.3f} {r.get('match_tokens', float('nan')):>6.1f}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m splitformer.experiments.depth_llm",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("phase", choices=("free", "rank", "speed", "table"))
+    p.add_argument("--out", type=Path, default=Path("results/depth-llm"))
+    p.add_argument("--steps", default=",".join(map(str, STEPS)))
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--configs", default=None,
+                   help="method/absorb pairs, comma-separated (default: CONFIGS)")
+    args = p.parse_args(argv)
+    steps = tuple(int(s) for s in args.steps.split(","))
+    configs = CONFIGS if args.configs is None else tuple(
+        tuple(c.split("/")) for c in args.configs.split(","))
+    if args.phase == "free":
+        free(args.out, steps, configs, args.threads)
+    elif args.phase == "rank":
+        rank(args.out, args.threads)
+    elif args.phase == "speed":
+        speed(args.out, steps, args.threads)
+    else:
+        table(args.out)
+
+
+if __name__ == "__main__":
+    main()
