@@ -144,7 +144,7 @@ class TeacherStates:
                  batch: int = 4, say: Callable[[str], None] | None = None) -> None:
         if not (isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point()):
             raise ValueError(f"ids must be (M, n) integer token ids, got "
-                             f"{getattr(ids, 'shape', type(ids).__name__)}")
+                             f"{_described(ids)}")
         self.ids = ids
         self.points = sorted(set(points))
         L = teacher.evolution.num_steps
@@ -292,7 +292,7 @@ def _step_(base: nn.Module, a: Absorber, states: TeacherStates, cfg: FitConfig,
             loss.backward()
             opt.step()
             count += 1
-            last = float(loss)
+            last = float(loss.detach())
             first = last if first is None else first
             if say is not None and count % 100 == 0:
                 say(f"fitting step {a.step} over [{a.start}, {a.end}]: {count} AdamW steps, "
@@ -345,3 +345,8 @@ def fit(base: nn.Module, coarsening: Coarsening, cfg: FitConfig, *,
         base.train(was)
     report["fits"] = fits
     return report
+
+
+def _described(x) -> str:
+    """A tensor's shape, or the type of anything else (for messages)."""
+    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__

@@ -54,7 +54,7 @@ class _Path:
         if not (isinstance(ids, torch.Tensor) and ids.dim() == 2
                 and not ids.is_floating_point() and ids.shape[1] >= 2):
             raise ValueError(f"ids must be (M, n >= 2) integer token ids, got "
-                             f"{getattr(ids, 'shape', type(ids).__name__)}")
+                             f"{_described(ids)}")
         self.model = model
         self.L = len(model.evolution.controls)
         self.batches = [ids[s:s + batch] for s in range(0, len(ids), batch)]
@@ -225,3 +225,8 @@ def step_diagnostics(model: nn.Module, ids: torch.Tensor, *, batch: int = 4,
         return {"block_influence": block_influences(states), "angular": angular(states),
                 "removal_error": removal_errors(states), "merge_error": merge,
                 "merge_errors": e}
+
+
+def _described(x) -> str:
+    """A tensor's shape, or the type of anything else (for messages)."""
+    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__

@@ -65,14 +65,13 @@ def _append(path: Path, row: dict) -> None:
 
 
 def _setup(threads: int | None):
-    import splitformer as sf
-
+    from ..interop import from_hf
     from . import lm_eval
 
     if threads:
         torch.set_num_threads(threads)
     _say("loading SmolLM2")
-    teacher = sf.from_hf("smollm2").eval()
+    teacher = from_hf("smollm2").eval()
     text = lm_eval.lm_text(teacher.tokenizer)
     return teacher, text
 

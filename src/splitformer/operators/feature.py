@@ -202,7 +202,7 @@ def _compose_linear_(weight: torch.Tensor, bias: torch.Tensor | None, m: torch.T
             and m.shape == (weight.shape[0], weight.shape[0])):
         raise ValueError(f"compose_(m): m must be a ({weight.shape[0]}, {weight.shape[0]}) "
                          f"matrix on the output features, got "
-                         f"{tuple(getattr(m, 'shape', ())) or type(m).__name__}")
+                         f"{tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__}")
     dtype = torch.promote_types(torch.promote_types(m.dtype, weight.dtype), torch.float32)
     m = m.to(device=weight.device, dtype=dtype)
     weight.copy_(m @ weight.to(dtype))

@@ -1,0 +1,215 @@
+"""Shrinking a causal LM in t (docs/depth-llm.md, docs/math.md 3.20): the fitted coarse steps,
+the step rankings and SLEB, the next-token healing objective, against transformers."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+
+import splitformer as sf  # noqa: E402
+from splitformer.compression.coarsenings import _least_pairs, plan  # noqa: E402
+from splitformer.compression.fitting import (  # noqa: E402
+    FitConfig,
+    absorbers,
+    fit,
+    relative_error,
+)
+from splitformer.compression.heal import HealConfig, heal, healed_copy  # noqa: E402
+from splitformer.compression.rankings import (  # noqa: E402
+    merge_errors,
+    removal_losses,
+    sleb_order,
+)
+from splitformer.control.healing import next_token_kl  # noqa: E402
+from splitformer.time import SaveAt  # noqa: E402
+
+torch.set_default_dtype(torch.float32)
+
+
+def tiny(layers: int = 4, seed: int = 0, tie: bool = True):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48,
+                                   num_hidden_layers=layers, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64,
+                                   tie_word_embeddings=tie)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # trained-looking layers: not all at their init scale
+        for p in hf.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return hf, sf.from_hf(hf).eval()
+
+
+def ids(m: int = 6, n: int = 20, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 96, (m, n), generator=torch.Generator().manual_seed(seed))
+
+
+def hf_without(hf, drop: list[int]):
+    """transformers' model with the layers ``drop`` deleted and the rest renumbered."""
+    out = copy.deepcopy(hf)
+    keep = [i for i in range(len(out.model.layers)) if i not in drop]
+    out.model.layers = torch.nn.ModuleList([out.model.layers[i] for i in keep])
+    for j, layer in enumerate(out.model.layers):
+        layer.self_attn.layer_idx = j
+    out.config.num_hidden_layers = len(keep)
+    return out
+
+
+def lm_loss(hf, x: torch.Tensor) -> float:
+    with torch.no_grad():
+        logits = hf(input_ids=x).logits
+    return float(F.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten()))
+
+
+def test_removal_losses_are_transformers_losses_without_that_layer():
+    hf, m = tiny()
+    x = ids()
+    found = removal_losses(m, x, batch=4)
+    assert found["loss"] == pytest.approx(lm_loss(hf, x), rel=1e-5)
+    for n in range(4):
+        assert found["removal"][n] == pytest.approx(lm_loss(hf_without(hf, [n]), x), rel=1e-5)
+
+
+def test_sleb_removes_the_step_of_least_loss_then_the_next_given_it():
+    hf, m = tiny(layers=5)
+    x = ids()
+    order = sleb_order(m, x, 2, batch=4)
+    first = min(range(5), key=lambda n: lm_loss(hf_without(hf, [n]), x))
+    assert order["order"][0] == first
+    second = min((n for n in range(5) if n != first),
+                 key=lambda n: lm_loss(hf_without(hf, [first, n]), x))
+    assert order["order"][1] == second
+    assert order["losses"][1] == pytest.approx(lm_loss(hf_without(hf, [first, second]), x),
+                                               rel=1e-5)
+    c = plan("sleb", m, 3, {"input_ids": x})
+    assert c.ops == (("drop_steps", tuple(sorted([first, second]))),)
+
+
+def test_least_pairs_is_the_least_sum_of_disjoint_neighbour_pairs():
+    rng = random.Random(0)
+    for _ in range(30):
+        L = rng.randint(2, 9)
+        e = [rng.random() for _ in range(L - 1)]
+        for k in range(1, L // 2 + 1):
+            got = _least_pairs(e, k)
+            assert len(got) == k and all(b - a >= 2 for a, b in itertools.pairwise(got))
+            best = min(sum(e[i] for i in c)
+                       for c in itertools.combinations(range(L - 1), k)
+                       if all(b - a >= 2 for a, b in itertools.pairwise(c)))
+            assert sum(e[i] for i in got) == pytest.approx(best)
+
+
+def test_a_merged_pair_is_one_step_of_tau_two_at_the_average_controls():
+    """absorb="average" on the pair (0, 1) of a 2-step network is coarsen-linear's step (the
+    controls at the midpoint of [0, 2], tau = 2), and its export is transformers' layer."""
+    hf, m = tiny(layers=2)
+    x = ids()
+    c = plan("keep-first", m, 1)  # keep step 0, drop 1: step 0 absorbs [0, 2]
+    assert absorbers(c)[0].span == 2
+    base = healed_copy(m)
+    fit(base, c, FitConfig(absorb="average"))
+    merged = c.apply(base).eval()
+    reference = m.with_controls_in_time("linear").coarsen(2).eval()
+    with torch.no_grad():
+        a, b = merged(input_ids=x).logits, reference(input_ids=x).logits
+        exported = sf.to_hf(merged).eval()
+        assert exported.config.num_hidden_layers == 1
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(exported(input_ids=x).logits, a, rtol=1e-5, atol=1e-5)
+
+
+def test_merge_error_is_the_relative_error_of_the_merged_step():
+    hf, m = tiny(layers=3)
+    x = ids()
+    e = merge_errors(m, x)
+    base = healed_copy(m)
+    c = plan("keep-first", m, 2)  # keep 0, 1; step 1 absorbs [1, 3]
+    fit(base, c, FitConfig(absorb="average"))
+    with torch.no_grad():
+        states = m.trajectory(input_ids=x, saveat=SaveAt(steps=True)).state_list
+        coarse = c.apply(base).trajectory(input_ids=x, saveat=SaveAt(steps=True)).state_list
+        assert e[1] == pytest.approx(float(relative_error(coarse[2].double(),
+                                                          states[3].double())), rel=1e-4)
+
+
+def test_least_squares_map_beats_the_kept_step_and_folds_exactly_into_w_d():
+    hf, m = tiny(layers=4)
+    x = ids(m=8, n=24)
+    c = plan("keep-first", m, 2)  # step 1 absorbs [1, 4]
+    base = healed_copy(m)
+    report = fit(base, c, FitConfig(absorb="linear", ridge=0.0), teacher=m, calibration=x)
+    (row,) = report["fits"].values()
+    assert row["relative_error_fitted"] < row["relative_error_kept"]
+    with torch.no_grad():
+        fine = m.trajectory(input_ids=x, saveat=SaveAt(steps=True)).state_list
+        coarse = c.apply(base).trajectory(input_ids=x, saveat=SaveAt(steps=True)).state_list
+    measured = float(relative_error(coarse[2].double(), fine[4].double()))
+    assert measured == pytest.approx(row["relative_error_fitted"], rel=1e-4)
+    # only the absorbing step's W_d changed, and the export is transformers' network
+    changed = [k for k, v in base.state_dict().items()
+               if not torch.equal(v, m.state_dict()[k])]
+    assert changed == ["evolution.controls.sets.1.ffn.down.weight"]
+    exported = sf.to_hf(c.apply(base)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=x).logits,
+                                   c.apply(base)(input_ids=x).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_fitted_step_lowers_its_shooting_error_and_touches_only_itself():
+    hf, m = tiny(layers=4)
+    x = ids(m=8, n=16)
+    c = plan("keep-first", m, 2)
+    base = healed_copy(m)
+    report = fit(base, c, FitConfig(absorb="step", budget=0, max_steps=40, lr=1e-3),
+                 teacher=m, calibration=x)
+    (row,) = report["fits"].values()
+    assert row["adam_steps"] == 40 and row["last_loss"] < 0.8 * row["first_loss"]
+    changed = {k.split(".")[3] for k, v in base.state_dict().items()
+               if not torch.equal(v, m.state_dict()[k])}
+    assert changed == {"1"}
+
+
+def test_next_token_kl_is_torch_kl_div_per_node():
+    g = torch.Generator().manual_seed(0)
+    s, t = torch.randn(2, 5, 11, generator=g), torch.randn(2, 5, 11, generator=g)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    per = F.kl_div(s.log_softmax(-1), t.log_softmax(-1), log_target=True,
+                   reduction="none").sum(-1)
+    assert float(next_token_kl(s, t, None)) == pytest.approx(float(per.mean()), rel=1e-6)
+    assert float(next_token_kl(s, t, mask)) == pytest.approx(
+        float(per[mask.bool()].mean()), rel=1e-6)
+
+
+def test_heal_on_next_token_kl_after_the_linear_fit():
+    hf, m = tiny(layers=4)
+    windows = ids(m=16, n=16, seed=3)
+    cfg = HealConfig(method="keep-first", steps=(2,), budget=600, max_steps=12, lr=3e-3,
+                     batch_size=4, length=16, next_token=1.0, terminal=0.0, fit="linear",
+                     warmup=0, log_every=1)
+    result = heal(cfg, teacher=m, windows=windows, out=None)
+    assert result.metrics["steps_taken"] == 12
+    assert result.metrics["fit"]["absorb"] == "linear"
+    first, last = result.history[0], result.history[-1]
+    assert last["next_token"] < first["next_token"]
+
+
+def test_fit_config_refuses_by_name():
+    with pytest.raises(ValueError, match="absorb must be one of"):
+        FitConfig(absorb="median")
+    with pytest.raises(ValueError, match="needs a budget"):
+        FitConfig(absorb="step", budget=0)
+    with pytest.raises(ValueError, match="fit must be one of"):
+        HealConfig(fit="median")
+    with pytest.raises(ValueError, match="one grid"):
+        HealConfig(fit="linear", steps=(3, 2))
+    hf, m = tiny(layers=4)
+    with pytest.raises(ValueError, match="grid of kept steps"):
+        absorbers(plan("coarsen", m, 2))
+    with pytest.raises(ValueError, match="pairs"):
+        plan("pairs", m, 1, {"input_ids": ids()})
