@@ -266,6 +266,19 @@ def test_bad_policy_arguments_are_named():
                       cache_policy=cache_policy("streaming", 0.5))
 
 
+@pytest.mark.parametrize("make,word", [
+    (lambda: StreamingLLM(0.5, sinks=-1), "sinks"),
+    (lambda: cache_policy("quadrature", 0.5, recent=1.5), "recent"),
+    (lambda: cache_policy("h2o", 0.5, recent=float("nan")), "recent"),
+    (lambda: cache_policy("snapkv", 0.5, kernel=4), "kernel"),
+    (lambda: cache_policy("snapkv", 0.5, window=0), "window"),
+    (lambda: cache_policy("tova", 0.5, sinks=4), "does not take"),
+])
+def test_bad_policy_options_are_named(make, word):
+    with pytest.raises(ValueError, match=word):
+        make()
+
+
 def test_split_entry_refuses_a_bad_index():
     g = CachedGrid(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2), torch.ones(1, 1, 3),
                    torch.arange(3.0).expand(1, 1, 3))

@@ -162,6 +162,11 @@ class Rotation:
         return rotate_half(k, cos, -sin)
 
 
+def _check_option(policy: str, name: str, value: object, ok: bool, what: str) -> None:
+    if isinstance(value, bool) or not ok:
+        raise ValueError(f"{policy}: {name} must be {what}, got {value!r}")
+
+
 def _at(a: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Rows ``idx`` (B, H, m) of ``a`` (B, H, n, d) along the node axis."""
     return a.gather(2, idx[..., None].expand(*idx.shape, a.shape[-1]))
@@ -269,6 +274,11 @@ class StreamingLLM(CachePolicy):
     sinks: int = 4
     name: ClassVar[str] = "streaming"
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_option(self.name, "sinks", self.sinks,
+                      isinstance(self.sinks, int) and self.sinks >= 0, "an int >= 0")
+
     def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
         n = len(grid)
         s = min(self.sinks, keep)
@@ -286,6 +296,11 @@ class HeavyHitters(CachePolicy):
     recent: float = 0.5
     name: ClassVar[str] = "h2o"
     observes: ClassVar[str | None] = "all"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_option(self.name, "recent", self.recent, isinstance(self.recent, float | int)
+                      and 0 <= self.recent <= 1, "a fraction in [0, 1] of the budget")
 
     def observe(self, grid: CachedGrid, received: torch.Tensor) -> None:
         r = received.to(GRID_DTYPE)
@@ -324,6 +339,13 @@ class SnapKV(CachePolicy):
     name: ClassVar[str] = "snapkv"
     observes: ClassVar[str | None] = "window"
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_option(self.name, "window", self.window,
+                      isinstance(self.window, int) and self.window >= 1, "an int >= 1")
+        _check_option(self.name, "kernel", self.kernel, isinstance(self.kernel, int)
+                      and self.kernel >= 1 and self.kernel % 2 == 1, "an odd int >= 1")
+
     def observed_queries(self, n: int) -> int:
         return min(self.window, n)
 
@@ -347,6 +369,11 @@ class ValueMerging(CachePolicy):
 
     sinks: int = 4
     name: ClassVar[str] = "merge-values"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_option(self.name, "sinks", self.sinks,
+                      isinstance(self.sinks, int) and self.sinks >= 0, "an int >= 0")
 
     def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
         n = len(grid)
@@ -398,6 +425,13 @@ class QuadratureMerging(CachePolicy):
     recent: float = 0.75
     name: ClassVar[str] = "quadrature"
     merges_keys: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_option(self.name, "sinks", self.sinks,
+                      isinstance(self.sinks, int) and self.sinks >= 0, "an int >= 0")
+        _check_option(self.name, "recent", self.recent, isinstance(self.recent, float | int)
+                      and 0 <= self.recent <= 1, "a fraction in [0, 1] of the budget")
 
     def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
         n = len(grid)
