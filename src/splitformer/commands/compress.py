@@ -30,6 +30,13 @@ fails (a full disk) is one line and exit status 1, and a folder this run made is
 the original on held-out text (mean cosine of the sentence embeddings, Lee-50 pair-cosine
 Spearman); ``--json`` prints one JSON object on the last line (and no progress): its "hf"
 is the path of hf/ or null, "hf_note" says why.
+
+Data parallel healing, for a model that outgrows one machine (docs/training.md), with the same
+flags: ``torchrun --nproc_per_node 2 -m splitformer compress MODEL --steps N ... --out DIR``.
+Every rank reads MODEL and cuts the same healing text; each optimiser step's global batch
+(``--batch-size``) is split over the ranks (``compression.heal``), which equals one process.
+Only rank 0 prints, takes DIR's lock, writes heal/, evaluates and writes DIR; the others exit 0
+when the healing ends (the process group ends there).
 """
 
 from __future__ import annotations
@@ -56,8 +63,8 @@ from . import (
     positive_int,
     stripped,
 )
+from .compress_checks import DATA_DRIVEN, check_grid, check_lm_grid, check_windows
 
-_DATA_DRIVEN = ("drop", "angular", "sleb", "pairs")  # compression.coarsenings.DATA_DRIVEN
 MAX_WINDOWS = 100_000  # (count, length) int64 ids: 410 MB at 512 tokens
 HELP = "coarsen a pretrained encoder in depth (and tokens) and heal it within a budget"
 EPILOG = ("exit status: 0 done, 1 the folder could not be written (a full disk: one line on "
@@ -229,7 +236,7 @@ def _apply_recipe(args: argparse.Namespace) -> None:
             if getattr(args, key) is not None:
                 continue  # given beside the recipe: it wins
             if key == "probe":  # what drop and angular read: all the windows if fewer
-                if args.method not in _DATA_DRIVEN:
+                if args.method not in DATA_DRIVEN:
                     continue
                 value = min(value, args.windows)
             setattr(args, key, value)
@@ -340,58 +347,6 @@ def _finished(out: Path, args: argparse.Namespace, cfg) -> dict:
     return record
 
 
-def _check_grid(cfg, teacher, folder: Path) -> None:
-    """The coarse grids exist and the windows fit the model: checked before anything is
-    written (the method's own refusal, named by its flag)."""
-    from ..compression.coarsenings import plan
-
-    layers = teacher.evolution.num_steps
-    bad = [n for n in cfg.steps if n > layers]
-    if bad:
-        raise UsageError(f"argument --steps: {bad} exceed the model's {layers} steps")
-    if len(cfg.steps) == 1 and cfg.steps[0] == layers and not cfg.merge:
-        raise UsageError(f"argument --steps: {layers} is the model itself; ask for fewer, or "
-                         "give --merge R to heal the merged network at full depth")
-    for n in cfg.steps:
-        if cfg.method == "every-other" and n != layers and layers % n:
-            raise UsageError(f"argument --steps: every-other needs N_t dividing the model's "
-                             f"{layers} steps, got {n}")
-        if cfg.method not in _DATA_DRIVEN:  # the data-free grids: built now
-            try:
-                plan(cfg.method, teacher, n)
-            except ValueError as e:
-                raise UsageError(f"argument --method: {e}") from None
-    positions = json.loads((folder / "config.json").read_text()).get(
-        "max_position_embeddings", 512)
-    if not 3 <= cfg.length <= positions:
-        raise UsageError(f"argument --length: expected 3 to {positions} tokens (the model's "
-                         f"learned positions; [CLS] and [SEP] included), got {cfg.length}")
-
-
-def _check_windows(args: argparse.Namespace) -> None:
-    """The flags of the healing windows (--batch-size, --aligned, --probe, --wiki, --news)
-    against each other and --windows: UsageError naming the flag."""
-    if args.batch_size > args.windows:
-        raise UsageError(f"argument --batch-size: at most --windows ({args.windows}) windows a "
-                         f"step, got {args.batch_size}")
-    if args.aligned and not args.news:
-        raise UsageError("argument --aligned: aligns the news windows, but --news is "
-                         + ("not given; add --news F" if args.news is None else
-                            "0 (no news window); give --news F > 0 or drop --aligned"))
-    if args.probe is not None and args.probe > args.windows:
-        raise UsageError(f"argument --probe: at most --windows ({args.windows}) windows, got "
-                         f"{args.probe}")
-    if args.probe is not None and args.method not in _DATA_DRIVEN:
-        raise UsageError(f"argument --probe: only {', '.join(_DATA_DRIVEN)} read a probe, but "
-                         f"--method is {args.method}")
-    if args.wiki and round(args.wiki * args.windows) == 0:
-        raise UsageError(f"argument --wiki: {args.wiki:g} of --windows {args.windows} is no "
-                         "window; give a larger fraction")
-    if args.news is not None and args.wiki and args.news + args.wiki > 1:
-        raise UsageError(f"argument --wiki: --news + --wiki must be at most 1 (fractions of "
-                         f"the windows), got {args.news:g} + {args.wiki:g}")
-
-
 def _heal_config(args: argparse.Namespace):
     """The HealConfig the flags ask for, checked before anything is loaded: the healing-only
     flags refused with --heal none (a flag left at None was not given), a budget or step
@@ -435,7 +390,7 @@ def _heal_config(args: argparse.Namespace):
         if max_steps == 0:
             raise UsageError("argument --max-steps: 0 heals nothing; use --heal none for the "
                              "training-free model, or give steps")
-    _check_windows(args)
+    check_windows(args)
     if args.method == "parallel" and min(args.steps) < 2:  # whatever the model: no data read
         raise UsageError(f"argument --method: parallel superposes the middle steps into one, so "
                          f"--steps {min(args.steps)} would superpose all of them; ask for at "
@@ -444,6 +399,11 @@ def _heal_config(args: argparse.Namespace):
     if args.min_length is not None and not 2 <= args.min_length <= args.length:
         raise UsageError(f"argument --min-length: expected an int in [2, --length="
                          f"{args.length}], got {args.min_length}")
+    from ..training.distributed import env_world_size
+
+    if args.relation and env_world_size() > 1:
+        raise UsageError("argument --relation: compares the pairs of a whole batch, which the "
+                         "ranks of torchrun split; heal with --relation in one process")
     if args.relation and args.batch_size < 2:
         raise UsageError(f"argument --relation: compares the pairs of a batch, which needs "
                          f"--batch-size >= 2, got {args.batch_size}")
@@ -467,6 +427,21 @@ def _heal_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    """Compress; under torchrun (``WORLD_SIZE`` > 1) the healing is data parallel, and only
+    rank 0 prints, takes DIR's lock, evaluates and writes DIR (the others heal, then exit 0;
+    on bad input with rank 0's status, silently)."""
+    from ..training import distributed
+
+    with distributed.session() as ranks:
+        try:
+            return _run(args, ranks.main)
+        except UsageError:
+            if not ranks.main:  # every rank finds the same error: rank 0 reports it
+                return 2
+            raise
+
+
+def _run(args: argparse.Namespace, main: bool) -> int:
     cfg = _heal_config(args)
     # before MODEL: neither needs the other (nor the packaged MiniLM)
     out, finished = _check_out(args, cfg)
@@ -474,9 +449,10 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..files import FolderLock, FolderLockedError, remove_path
+    from ..files import remove_path
+    from ..training.distributed import rank0_error
 
-    say = _say(args.json)
+    say = _say(args.json or not main)
     clock = time.perf_counter()
 
     def phase(text: str) -> None:
@@ -488,20 +464,24 @@ def run(args: argparse.Namespace) -> int:
         source = _source(args, cfg, say, Path(scratch))
         teacher = source.teacher
         say(_header(args, cfg, teacher, out, finished))
+        if not main:  # rank 0's lock taken (or its error), this rank heals its share
+            error = rank0_error(None, (UsageError,))
+            if error is not None:
+                return 2 if isinstance(error, UsageError) else 1
+            _healed(args, cfg, source, out, say, phase, finished)
+            return 0
         fresh = not out.exists()
         killed = (out / ".lock").exists()  # a run that ended removed it: a kill left this one
+        lock, error = None, None
         try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"argument --out: cannot make the folder {str(out)!r} "
-                             f"({e.strerror or e})") from None
-        lock = FolderLock(out, what="compression folder")
-        try:
-            lock.acquire()
-        except FolderLockedError as e:
-            raise UsageError(f"argument --out: {e}") from None
-        except OSError as e:  # a full disk: the lock's pid cannot be written
-            return _write_failed(e, out, fresh, None)
+            lock = _lock(out)
+        except (UsageError, OSError) as e:
+            error = e
+        rank0_error(error, (UsageError,))  # the other ranks, under torchrun, learn it
+        if isinstance(error, OSError):  # a full disk: the lock's pid cannot be written
+            return _write_failed(error, out, fresh, None)
+        if error is not None:
+            raise error
         try:
             if killed and not (out / "heal" / ".lock").exists() and not _has_checkpoint(out):
                 say("  starting over: the killed run left no checkpoint")
@@ -515,6 +495,21 @@ def run(args: argparse.Namespace) -> int:
             raise
         finally:
             lock.release(remove=True)
+
+
+def _lock(out: Path):
+    """DIR made and its lock taken (UsageError naming --out; OSError: the disk is full)."""
+    from ..files import FolderLock, FolderLockedError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"argument --out: cannot make the folder {str(out)!r} "
+                         f"({e.strerror or e})") from None
+    try:
+        return FolderLock(out, what="compression folder").acquire()
+    except FolderLockedError as e:
+        raise UsageError(f"argument --out: {e}") from None
 
 
 @dataclass
@@ -539,7 +534,7 @@ def _source(args: argparse.Namespace, cfg, say, scratch: Path) -> _Source:
 
         say(f"compress: reading MODEL {args.model}")
         teacher, tokenizer = compress_lm.load(args.model)
-        _check_lm_grid(cfg, teacher)
+        check_lm_grid(cfg, teacher)
         tokenizer.save_pretrained(str(scratch))
         return _Source(
             teacher, scratch, lambda: compress_lm.windows(tokenizer, args, cfg),
@@ -558,7 +553,7 @@ def _source(args: argparse.Namespace, cfg, say, scratch: Path) -> _Source:
     except (DatasetError, OSError, ValueError) as e:
         raise UsageError(f"argument MODEL: {' '.join(str(e).split())}") from None
     teacher = from_hf(minilm.model).eval()
-    _check_grid(cfg, teacher, folder)
+    check_grid(cfg, teacher, folder)
 
     def windows():
         try:
@@ -586,42 +581,6 @@ def _source(args: argparse.Namespace, cfg, say, scratch: Path) -> _Source:
     return _Source(teacher, folder, windows, evaluate,
                    {"model": str(args.model) if args.model else "all-MiniLM-L6-v2",
                     "sentence_embedding": embedding})
-
-
-def _check_lm_grid(cfg, teacher) -> None:
-    """The coarse grids exist and the windows fit a causal LM (checked before anything is
-    written)."""
-    from ..compression.coarsenings import plan
-
-    layers = teacher.evolution.num_steps
-    bad = [n for n in cfg.steps if n >= layers]
-    if bad:
-        raise UsageError(f"argument --steps: expected fewer than the model's {layers} steps, "
-                         f"got {bad}")
-    for n in cfg.steps:
-        if cfg.method == "every-other" and layers % n:
-            raise UsageError(f"argument --steps: every-other needs N_t dividing the model's "
-                             f"{layers} steps, got {n}")
-        if cfg.method == "pairs" and 2 * (layers - n) > layers:
-            raise UsageError(f"argument --steps: pairs merges {layers - n} disjoint pairs, "
-                             f"which needs at least {(layers + 1) // 2} steps, got {n}")
-        if cfg.method not in _DATA_DRIVEN:
-            try:
-                plan(cfg.method, teacher, n)
-            except ValueError as e:
-                raise UsageError(f"argument --method: {e}") from None
-    if cfg.method == "parallel" or cfg.merge:
-        if cfg.fit != "keep":
-            raise UsageError(f"argument --fit: {cfg.fit} fits the absorbing steps of a grid of "
-                             f"kept steps; --method {cfg.method} is not one (use --fit keep)")
-    if cfg.fit != "keep" and cfg.method in ("coarsen", "coarsen-linear"):
-        raise UsageError(f"argument --fit: {cfg.fit} fits the absorbing steps of a grid of "
-                         f"kept steps; --method {cfg.method} refines and coarsens the time grid "
-                         "(use --method pairs for merged pairs, or --fit keep)")
-    trained = teacher.trained_positions
-    if trained is not None and not 2 <= cfg.length <= trained:
-        raise UsageError(f"argument --length: expected 2 to {trained} tokens (the model's "
-                         f"trained context), got {cfg.length}")
 
 
 def _has_checkpoint(out: Path) -> bool:
@@ -680,10 +639,12 @@ def _header(args, cfg, teacher, out: Path, finished: dict | None) -> str:
     return header
 
 
-def _compress(args, cfg, source: _Source, out: Path, say, phase,
-              finished: dict | None) -> int:
-    from ..compression.store import healed_weights, write_result
-    from ..training.checkpoints import CheckpointError, remove_checkpoints
+def _healed(args, cfg, source: _Source, out: Path, say, phase, finished: dict | None):
+    """The healing text cut and healed on (``_heal``); under torchrun every rank's part,
+    after which the process group ends (rank 0 alone evaluates and writes DIR)."""
+    from ..compression.store import healed_weights
+    from ..training import distributed
+    from ..training.checkpoints import CheckpointError
 
     mixture = ", ".join(f"{k} {v:g}" for k, v in (("news", args.news), ("wiki", args.wiki))
                         if v)
@@ -697,6 +658,16 @@ def _compress(args, cfg, source: _Source, out: Path, say, phase,
         except (CheckpointError, ValueError, OSError) as e:
             raise UsageError(f"argument --out: {' '.join(str(e).split())}") from None
     result = _heal(args, cfg, source.teacher, windows, out, say, phase, healed)
+    distributed.cleanup()
+    return result
+
+
+def _compress(args, cfg, source: _Source, out: Path, say, phase,
+              finished: dict | None) -> int:
+    from ..compression.store import write_result
+    from ..training.checkpoints import remove_checkpoints
+
+    result = _healed(args, cfg, source, out, say, phase, finished)
     report = _report(args, cfg, source, result)
     if not args.no_eval:
         phase("evaluating on held-out text (the fidelity to MODEL)")

@@ -34,6 +34,26 @@ its last checkpoint, or, where the checkpoints were removed, from the healed par
 caller gives as ``healed``, AdamW's moments then starting afresh with a new warm-up); one
 writer per folder (``files.FolderLock``, its lock file removed when the run ends; one found at
 the start was left by a killed run: with no checkpoint ``notice`` says "starting over").
+
+Data parallel (``torchrun --nproc_per_node N -m splitformer compress ...``): when the caller
+has set up a process group of world > 1 (``training.distributed.session()``), every rank passes
+the same teacher and windows (their fingerprints and the coarse grids are checked across the
+ranks) and the ranks heal one problem, as ``training.loop`` trains: every rank draws the same
+global batch of ``batch_size`` windows (``_batch``, ``_cut``: seeded by (seed, step)), takes its
+contiguous shard (``distributed.shard_bounds``) and backpropagates its objective weighted by
+world * n_r / n; the gradients are summed over the ranks and divided by the world before
+AdamW's step (the parameters the grid leaves without a gradient are skipped on every rank); the
+loss and parts logged are the global batch's. Rank 0's clock decides for every rank (the stop
+at the budget, a budget's cosine), so that no rank waits at a collective. The local fit runs
+on rank 0 alone (``fit_budget`` is its clock's) and its parameters are broadcast. Only rank 0
+prints (``progress``, ``notice``), takes the folder's lock and writes it; the others load the
+same checkpoint and learn its errors. Exact where the objective is a mean over windows (the
+next-token KL on windows of one length, the embedding term): then N ranks take one process's
+steps to round-off (tests/test_heal_distributed.py). The relative squared errors (terminal,
+shooting) are ratios of sums over the batch's tokens, which each shard normalises by its own
+reference, so there the ranks descend the shards' weighted mean of relative errors, not
+the batch's ratio (equal when the shards' references are); ``relation`` (pairs across a
+batch) is refused under torchrun.
 """
 
 from __future__ import annotations
@@ -54,8 +74,14 @@ import torch
 from torch import nn
 
 from ..control.healing import Distillation
-from ..files import LOCK_NAME, FolderLock, append_line, read_jsonl, write_atomic
-from ..training.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..files import LOCK_NAME, FolderLock, FolderLockedError, append_line, read_jsonl, write_atomic
+from ..training import distributed
+from ..training.checkpoints import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from ..training.loop import parameter_groups
 from .coarsenings import DATA_DRIVEN, METHODS, Coarsening, plan
 from .fitting import ABSORB, FitConfig, fit
@@ -514,9 +540,56 @@ def _optimiser_step(problem: Distillation, optimizer: torch.optim.Optimizer,
     return {"loss": loss, **{k: float(v.detach()) for k, v in obj.parts.items()}}
 
 
+def _shard_step(problem: Distillation, optimizer: torch.optim.Optimizer, batch: torch.Tensor,
+                lr: float, step: int, precision: str, ranks: distributed.Ranks
+                ) -> dict[str, float]:
+    """``_optimiser_step`` under torchrun: this rank's contiguous shard of the global
+    ``batch`` (n_r of n windows) backpropagates its objective weighted by world * n_r / n, the
+    gradients are summed over the ranks and divided by the world (the global batch's mean
+    gradient: a rank with no window runs one with weight 0), the loss and its parts are the
+    global batch's (sum_r (n_r / n) value_r), and a loss that is not finite is refused on
+    every rank before the parameters change. The parameters without a gradient (the controls
+    of the steps the grid drops) are the same on every rank, and AdamW skips them as it does
+    in one process."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    lo, hi = distributed.shard_bounds(len(batch), ranks.rank, ranks.world)
+    weight = distributed.loss_weight(hi - lo, len(batch), ranks.world)
+    dtype = PRECISIONS[precision]
+    with torch.autocast(batch.device.type, dtype=dtype or torch.bfloat16,
+                        enabled=dtype is not None):
+        obj = problem({"input_ids": batch[lo:hi] if hi > lo else batch[:1]})
+    optimizer.zero_grad(set_to_none=True)
+    (obj.total * weight).backward()
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"]
+             if p.grad is not None]
+    share = (hi - lo) / len(batch)
+    values = distributed.all_reduce_sum(
+        [share * float(obj.total.detach()), *(share * float(v.detach())
+                                              for v in obj.parts.values()), len(grads)])
+    if int(values[-1]) != ranks.world * len(grads):
+        raise RuntimeError(f"heal: the ranks' gradients differ in number at step {step} (this "
+                           f"rank {len(grads)}, all {int(values[-1])})")
+    loss = float(values[0])
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"heal: the loss is {loss} at step {step}; lower lr")
+    distributed.all_reduce_sum_(grads)
+    for g in grads:
+        g.div_(ranks.world)
+    optimizer.step()
+    return {"loss": loss, **{k: float(v) for k, v in zip(obj.parts, values[1:-1],
+                                                          strict=True)}}
+
+
 def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str | Path | None,
           progress: Callable[[dict[str, Any]], None] | None, tell: Callable[[str], None],
           healed: dict[str, torch.Tensor] | None) -> HealResult:
+    ranks = distributed.Ranks.current()
+    if ranks.distributed and cfg.relation:  # every rank refuses it: no collective yet
+        raise ValueError("relation compares the pairs of a whole batch, which the ranks' "
+                         "shards split: heal with relation on one process")
+    if not ranks.main:  # only rank 0 prints
+        progress, tell = None, (lambda text: None)
     base = healed_copy(teacher, cfg.healed)
     identity = {"teacher": fingerprint(*teacher.state_dict().values()),
                 "windows": fingerprint(windows)}
@@ -524,26 +597,28 @@ def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str |
         tell(f"choosing the grid: {cfg.method} reads the fine model on "
              f"{min(cfg.probe, len(windows))} probe windows")
     coarse = coarsenings_for(cfg, base, windows)
+    if ranks.distributed:
+        distributed.same_on_every_rank(
+            {**identity, "grids": [str(c) for c in coarse.values()]},
+            "heal: under torchrun every rank heals the same teacher on the same windows "
+            "(and chooses the same grid)")
     problems = {n: cfg.objective(c, base, teacher) for n, c in coarse.items()}
     optimizer = torch.optim.AdamW(parameter_groups(base, cfg.weight_decay), lr=cfg.lr)
-    run = _Run(cfg, base, optimizer, None if out is None else Path(out), identity, tell)
+    folder = None if out is None else Path(out)
+    run = _Run(cfg, base, optimizer, folder if ranks.main else None, identity, tell,
+               ranks=ranks)
     lock = None
     try:
-        if run.folder is not None:
-            run.folder.mkdir(parents=True, exist_ok=True)
-            killed = (run.folder / LOCK_NAME).exists()  # a writer that ended well removed it
-            lock = FolderLock(run.folder, what="healing folder").acquire()
-            fresh = latest_checkpoint(run.folder) is None and not (
-                run.folder / "final.json").exists()
-            run.step, run.before, run.history, final, run.since = _resume(
-                run.folder, cfg, base, optimizer, identity, healed, tell, killed)
-            if final is not None:
-                return HealResult(base, coarse, final, run.history)
-        else:
-            fresh = True
+        lock, final, fresh = _open(run, folder, healed)
+        if final is not None:
+            return HealResult(base, coarse, final, run.history)
         fitted = None
         if fresh and cfg.fit != "keep":
-            fitted = _fit(cfg, base, teacher, coarse, windows, tell)
+            if ranks.main:  # the local phase: rank 0 alone, its parameters then broadcast
+                fitted = _fit(cfg, base, teacher, coarse, windows, tell)
+            if ranks.distributed:
+                fitted = distributed.broadcast_object(fitted)
+                distributed.broadcast_([*base.parameters(), *base.buffers()])
             if cfg.fit == "step" and run.folder is not None and more_steps(cfg, 0, 0.0):
                 run.start = time.perf_counter()  # no healing second spent yet
                 run.checkpoint()  # a kill in the global phase resumes from the fitted steps
@@ -554,6 +629,48 @@ def _heal(cfg: HealConfig, teacher: nn.Module, windows: torch.Tensor, out: str |
     finally:
         if lock is not None:
             lock.release(remove=True)
+
+
+def _open(run: _Run, folder: Path | None, healed: dict[str, torch.Tensor] | None
+          ) -> tuple[FolderLock | None, dict[str, Any] | None, bool]:
+    """(the folder's lock, the final metrics of a finished run or None, whether the run is
+    new): rank 0 takes the lock and resumes the run in ``folder`` (``_resume``); under
+    torchrun the others then learn its outcome (its error, raised on every rank, so that none
+    waits at a collective) and load the same checkpoint (the parameters and AdamW's moments),
+    or the same ``healed`` parameters."""
+    lock, final, fresh, error = None, None, True, None
+    if run.ranks.main and folder is not None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            killed = (folder / LOCK_NAME).exists()  # a writer that ended well removed it
+            lock = FolderLock(folder, what="healing folder").acquire()
+            fresh = latest_checkpoint(folder) is None and not (folder / "final.json").exists()
+            run.step, run.before, run.history, final, run.since = _resume(
+                folder, run.cfg, run.base, run.optimizer, run.identity, healed, run.tell,
+                killed)
+        except BaseException as e:  # told to every rank, then raised
+            if lock is not None:
+                lock.release(remove=True)
+            if not isinstance(e, Exception):  # Ctrl-C: the launcher ends every rank
+                raise
+            error = e
+    error = distributed.rank0_error(error, (CheckpointError, FolderLockedError))
+    if error is not None:
+        raise error
+    if not run.ranks.distributed:
+        return lock, final, fresh
+    shared = distributed.broadcast_object(
+        {"fresh": fresh, "final": final, "step": run.step, "before": run.before,
+         "since": run.since, "history": run.history,
+         "checkpoint": folder is not None and latest_checkpoint(folder) is not None})
+    if not run.ranks.main:
+        run.step, run.before, run.since = shared["step"], shared["before"], shared["since"]
+        run.history = shared["history"]
+        if shared["checkpoint"]:
+            load_checkpoint(folder, model=run.base, optimizer=run.optimizer, restore_rng=False)
+        elif shared["final"] is not None or shared["step"]:  # from the healed parameters
+            run.base.load_state_dict(healed, strict=True)
+    return lock, shared["final"], shared["fresh"]
 
 
 def _fit(cfg: HealConfig, base: nn.Module, teacher: nn.Module,
@@ -591,9 +708,18 @@ class _Run:
     start: float = 0.0
     saved_at: float = 0.0
     said_cut: bool = False
+    ranks: distributed.Ranks = dataclasses.field(default_factory=distributed.Ranks)
 
     def seconds(self) -> float:
         return self.before + time.perf_counter() - self.start
+
+    def now(self) -> float:
+        """The seconds spent, rank 0's on every rank (under torchrun the stop and the
+        learning rate follow one clock, so that every rank takes the same steps)."""
+        if not self.ranks.distributed:
+            return self.seconds()
+        mine = self.seconds() if self.ranks.main else 0.0
+        return float(distributed.all_reduce_sum([mine])[0])
 
     def checkpoint(self) -> None:
         if self.folder is not None:
@@ -617,8 +743,8 @@ class _Run:
                          f"{cfg.checkpoint_seconds:g} s" if self.folder is not None else ""))
         last: dict[str, float] = {}
         try:
-            while more_steps(cfg, self.step, self.seconds()):
-                last = self.one_step(problems, windows, progress, first)
+            while more_steps(cfg, self.step, now := self.now()):
+                last = self.one_step(problems, windows, progress, first, now)
         except KeyboardInterrupt:  # between optimiser steps the state is whole: keep it
             if self.step > first:
                 self.checkpoint()
@@ -632,13 +758,12 @@ class _Run:
         return metrics
 
     def one_step(self, problems: dict[int, Distillation], windows: torch.Tensor,
-                 progress: Callable[[dict[str, Any]], None] | None, first: int
+                 progress: Callable[[dict[str, Any]], None] | None, first: int, now: float
                  ) -> dict[str, float]:
-        """One optimiser step, its row logged (every log_every steps, and the first step of
-        this process to ``progress``) and a checkpoint when one is due."""
+        """One optimiser step at ``now`` seconds, its row logged (every log_every steps, and
+        the first step of this process to ``progress``) and a checkpoint when one is due."""
         cfg, step = self.cfg, self.step
         n = _draw(cfg, step)
-        now = self.seconds()
         lr = _progress_lr(cfg, step, now, self.since)
         if (_warm(cfg, step, now, self.since)[1] and step - self.since[0] < cfg.warmup
                 and not self.said_cut):
@@ -648,7 +773,9 @@ class _Run:
                       f"{WARMUP_SHARE:.0%} of the " + ("steps" if cfg.max_steps else "budget")
                       + " had passed (a short run does not end inside its warm-up)")
         batch = _cut(_batch(windows, cfg, step), cfg, step)
-        last = _optimiser_step(problems[n], self.optimizer, batch, lr, step, cfg.precision)
+        last = (_shard_step(problems[n], self.optimizer, batch, lr, step, cfg.precision,
+                            self.ranks) if self.ranks.distributed else
+                _optimiser_step(problems[n], self.optimizer, batch, lr, step, cfg.precision))
         self.step = step = step + 1
         row = {"step": step, "seconds": round(self.seconds(), 3), "lr": lr, "steps": n, **last}
         if step % cfg.log_every == 0:

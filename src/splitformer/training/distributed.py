@@ -38,7 +38,9 @@ from torch import nn
 __all__ = [
     "Ranks",
     "all_reduce_sum",
+    "all_reduce_sum_",
     "barrier",
+    "broadcast_",
     "broadcast_object",
     "cleanup",
     "env_world_size",
@@ -48,6 +50,8 @@ __all__ = [
     "local_rank",
     "loss_weight",
     "rank",
+    "rank0_error",
+    "same_on_every_rank",
     "session",
     "shard",
     "shard_bounds",
@@ -188,6 +192,72 @@ def broadcast_object(obj, src: int = 0):
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def all_reduce_sum_(tensors: Sequence[torch.Tensor], bucket: int = 2**24) -> None:
+    """Sum ``tensors`` over the ranks in place (gradients averaged by hand: sum, then divide):
+    packed into flat buffers of at most ``bucket`` elements of one dtype, one all-reduce each,
+    on this rank's device. Every rank passes tensors of the same shapes and dtypes in the same
+    order. Nothing for a single process."""
+    if not is_initialized() or dist.get_world_size() == 1:
+        return
+    dev = device()
+
+    def reduce(group: list[torch.Tensor]) -> None:
+        flat = torch.cat([t.detach().reshape(-1).to(dev) for t in group])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for t in group:
+            t.detach().copy_(flat[offset:offset + t.numel()].view(t.shape))
+            offset += t.numel()
+
+    group: list[torch.Tensor] = []
+    for t in tensors:
+        if group and (t.dtype != group[0].dtype
+                      or sum(g.numel() for g in group) + t.numel() > bucket):
+            reduce(group)
+            group = []
+        group.append(t)
+    if group:
+        reduce(group)
+
+
+def broadcast_(tensors: Sequence[torch.Tensor], src: int = 0) -> None:
+    """Overwrite ``tensors`` in place with rank ``src``'s (parameters after a phase that only
+    rank ``src`` ran). Nothing for a single process."""
+    if not is_initialized() or dist.get_world_size() == 1:
+        return
+    dev = device()
+    for t in tensors:
+        buf = t.detach().to(dev).contiguous()
+        dist.broadcast(buf, src=src)
+        if buf.data_ptr() != t.data_ptr():
+            t.detach().copy_(buf)
+
+
+def rank0_error(error: Exception | None, types: Sequence[type[Exception]] = ()
+                ) -> Exception | None:
+    """The error rank 0 met (None: none), on every rank, rebuilt on the others as the same
+    class where it is a ValueError, an OSError or one of ``types`` (RuntimeError else): a
+    phase that only rank 0 runs (taking a folder's lock, reading its run) tells the others, who
+    would otherwise wait at the next collective forever. ``error`` itself for one process."""
+    if not is_initialized() or dist.get_world_size() == 1:
+        return error
+    text = broadcast_object(None if error is None else [type(error).__name__, str(error)])
+    if text is None or error is not None:
+        return error
+    known = {e.__name__: e for e in (ValueError, OSError, *types)}
+    return known.get(text[0], RuntimeError)(text[1])
+
+
+def same_on_every_rank(values, what: str) -> None:
+    """ValueError on every rank (saying ``what`` should hold) when a rank's ``values`` (a small
+    picklable value: fingerprints, names) differ from rank 0's. Nothing for one process."""
+    if not is_initialized() or dist.get_world_size() == 1:
+        return
+    differ = int(all_reduce_sum([float(broadcast_object(values) != values)])[0])
+    if differ:
+        raise ValueError(f"{what}: {differ} rank(s) differ from rank 0")
 
 
 def shard_bounds(n: int, rank: int, world: int) -> tuple[int, int]:
