@@ -205,13 +205,15 @@ def test_derive_merges_the_deltas_and_register_refuses_a_clash():
         bert.derive(label="x")
     with pytest.raises(ValueError, match="class BertModel already belong to family 'bert'"):
         fam.register(bert.derive(name="bert2", model_types=("bert2",), store=None,
-                                 compress=False))
+                                 compress=None))
     with pytest.raises(ValueError, match="model_type bert already belong"):
         fam.register(toy.derive(name="toy3", classes=("Toy3Model",), model_types=("bert",)))
     with pytest.raises(ValueError, match="already registered"):
         fam.register(bert)
     with pytest.raises(ValueError, match="modality must be one of"):
         bert.derive(name="x", modality="audio")
+    with pytest.raises(ValueError, match="compress must be None, 'encoder' or 'causal-lm'"):
+        bert.derive(name="x", compress=True)
     with pytest.raises(TypeError):
         toy.traits["toy"] = False  # a record is frozen, its deltas too
     assert list(fam.FAMILIES) == ["bert", "vit", "cvt", "timm", "gpt2", "llama", "mistral",
