@@ -119,14 +119,18 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_text(gpt2_folder):
         [sys.executable, "-m", "splitformer.cli", "generate", str(gpt2_folder), "--prompt",
          "Hi", "--max-new-tokens", "4000", "--no-cache"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    # wait for the first streamed characters, then interrupt
-    deadline = time.monotonic() + 120
-    first = ""
-    while time.monotonic() < deadline and not first:
-        first = proc.stdout.read(3)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:  # wait for the first streamed characters, then interrupt
+        deadline = time.monotonic() + 120
+        first = ""
+        while time.monotonic() < deadline and not first:
+            first = proc.stdout.read(3)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:  # a failed wait leaves no 4000-token run behind
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130, err
     assert first.startswith("Hi") and (first + out).endswith("\n")
     assert err.strip().splitlines()[-1].startswith("splitformer generate: interrupted after")
