@@ -14,8 +14,8 @@ the first 8; 20 greedy continuations) and appends one JSON row per model to
 OUT/training-free.jsonl as it goes; a row already there is not recomputed (kill and rerun
 resumes). SLEB's order is computed once (15 removals) and its prefixes give the three grids.
 ``rank`` writes OUT/rankings.json: per step, the measured perplexity of the model without that
-step alone (on the first 8 held-out windows) beside block influence, angular distance, the
-local removal error and the merge error (on 8 calibration windows, ``compression.rankings``),
+step alone (on the first 4 held-out windows) beside block influence, angular distance, the
+local removal error and the merge error (on 4 calibration windows, ``compression.rankings``),
 and the Spearman correlation of each diagnostic with the measured worth (scipy.stats).
 ``speed`` writes OUT/speed.json: prefill (512 tokens) and decode (64 new) tokens per second of
 the coarse models against the 30-step one (``lm_eval.speed``). ``table`` prints the tables
@@ -45,6 +45,7 @@ merged pairs, and ReplaceMe's least-squares map on three of the grids."""
 
 PROBE = (4, 256)  # SLEB's and the data-driven grids' probe: 4 calibration windows of 256
 FIT_WINDOWS = 32  # calibration windows (of 512) the least-squares maps are fitted on
+RANK_WINDOWS = 4  # windows (of 512) of the single-step removals and of the diagnostics
 
 
 def _say(text: str) -> None:
@@ -146,10 +147,10 @@ def rank(out: Path, threads: int | None) -> None:
         _say(f"{path} is there")
         return
     teacher, text = _setup(threads)
-    _say("measured: perplexity without each single step (8 held-out windows)")
-    measured = removal_losses(teacher, text.evaluation[:8], say=_say)
-    _say("diagnostics from u(t) on 8 calibration windows")
-    diag = step_diagnostics(teacher, text.calibration[:8], say=_say)
+    _say(f"measured: perplexity without each single step ({RANK_WINDOWS} held-out windows)")
+    measured = removal_losses(teacher, text.evaluation[:RANK_WINDOWS], say=_say)
+    _say(f"diagnostics from u(t) on {RANK_WINDOWS} calibration windows")
+    diag = step_diagnostics(teacher, text.calibration[:RANK_WINDOWS], say=_say)
     worth = [math.exp(x) for x in measured["removal"]]
     rho = {}
     for key in ("block_influence", "angular", "removal_error", "merge_error"):
@@ -157,8 +158,10 @@ def rank(out: Path, threads: int | None) -> None:
         rho[key] = {"spearman": float(r.statistic), "p_value": float(r.pvalue)}
     record = {"perplexity": math.exp(measured["loss"]), "removal_perplexity": worth,
               **diag, "spearman": rho,
-              "text": {"measured": "lm_eval evaluation windows 0..7 (8 x 512)",
-                       "diagnostics": "lm_eval calibration windows 0..7 (8 x 512)"}}
+              "text": {"measured": f"lm_eval evaluation windows 0..{RANK_WINDOWS - 1} "
+                                   f"({RANK_WINDOWS} x 512)",
+                       "diagnostics": f"lm_eval calibration windows 0..{RANK_WINDOWS - 1} "
+                                      f"({RANK_WINDOWS} x 512)"}}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
     _say(f"wrote {path}: " + ", ".join(f"{k} {v['spearman']:.3f}" for k, v in rho.items()))
@@ -180,7 +183,30 @@ def speed(out: Path, steps: Sequence[int], threads: int | None) -> None:
                     + "\n")
 
 
+def healed_rows(out: Path) -> list[dict]:
+    """The healed runs' measures, from the compress.json of each ``splitformer compress`` run
+    copied into OUT/healed/ (docs/depth-llm.md quotes the command of each)."""
+    rows = []
+    for path in sorted((out / "healed").glob("*.json")):
+        record = json.loads(path.read_text())
+        heal = record["heal"]
+        for n, measures in (record.get("fidelity") or {}).items():
+            rows.append({"run": path.stem, "steps": int(n), "method": record["method"],
+                         "fit": heal.get("fit", "keep"), "heal": record["objective"],
+                         "fit_seconds": (record["metrics"].get("fit") or {}).get("seconds"),
+                         "heal_steps": record["metrics"]["steps_taken"],
+                         "heal_seconds": record["metrics"]["seconds"], **measures})
+    return rows
+
+
 def table(out: Path) -> None:
+    for r in healed_rows(out):
+        print(f"healed {r['run']}: N={r['steps']} {r['method']} fit {r['fit']} "
+              f"({r['fit_seconds']} s) + {r['heal']} ({r['heal_steps']} steps, "
+              f"{r['heal_seconds']:.0f} s): perplexity {r['perplexity']:.2f} "
+              f"({r['perplexity_ratio']:.2f}x), bpb {r['bits_per_byte']:.3f}, KL "
+              f"{r['kl']:.3f}, top1 {r['top1']:.3f}, match {r.get('match_tokens', 0):.1f} "
+              f"({r.get('match_full', 0)} whole)")
     rows = _rows(out / "training-free.jsonl")
     print(f"{'N':>3} {'method':<11} {'absorb':<8} {'ppl':>8} {'x':>6} {'bpb':>6} {'KL':>6} "
           f"{'top1':>6} {'match':>6}")
@@ -188,6 +214,25 @@ def table(out: Path) -> None:
         print(f"{r['steps']:>3} {r['method']:<11} {r['absorb']:<8} {r['perplexity']:>8.2f} "
               f"{r['perplexity_ratio']:>6.2f} {r['bits_per_byte']:>6.3f} {r['kl']:>6.3f} "
               f"{r['top1']:>6.3f} {r.get('match_tokens', float('nan')):>6.1f}")
+    ranks = out / "rankings.json"
+    if ranks.is_file():
+        record = json.loads(ranks.read_text())
+        worth = record["removal_perplexity"]
+        order = sorted(range(len(worth)), key=lambda n: worth[n])
+        print(f"rankings ({record['text']['measured']}; teacher {record['perplexity']:.2f}): "
+              "perplexity without one step, least first: "
+              + ", ".join(f"{n}: {worth[n]:.1f}" for n in order))
+        for key, v in record["spearman"].items():
+            print(f"  Spearman({key}, perplexity without the step) = {v['spearman']:+.3f} "
+                  f"(p = {v['p_value']:.2g})")
+    speed_file = out / "speed.json"
+    if speed_file.is_file():
+        record = json.loads(speed_file.read_text())
+        for n, row in record["rows"].items():
+            print(f"speed N={n} against 30 steps ({record['threads']} threads): prefill "
+                  f"{row['prefill_ratio']:.3f}x ({row['model']['prefill_tokens_per_s']:.0f} "
+                  f"tokens/s), decode {row['decode_ratio']:.3f}x "
+                  f"({row['model']['decode_tokens_per_s']:.1f} tokens/s)")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
