@@ -149,8 +149,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 3 for an encoder, 22 for a causal LM)")
     _add_recipe(p)
     p.add_argument("--method", type=stripped, choices=method_names(), default=None,
-                   help="how the coarse grid is chosen (default: drop, ShortGPT's block "
-                        "influence, for an encoder; angular for a causal LM); keep-first is "
+                   help="how the coarse grid is chosen (default drop: ShortGPT's block "
+                        "influence); keep-first is "
                         "the 'reverse order' baseline, sleb and pairs read a causal LM's "
                         "next-token loss and merge errors (docs/depth-llm.md)")
     p.add_argument("--fit", type=stripped, choices=("keep", "average", "linear", "step"),
