@@ -195,7 +195,8 @@ def healed_rows(out: Path) -> list[dict]:
                          "fit": heal.get("fit", "keep"), "heal": record["objective"],
                          "fit_seconds": (record["metrics"].get("fit") or {}).get("seconds"),
                          "heal_steps": record["metrics"]["steps_taken"],
-                         "heal_seconds": record["metrics"]["seconds"], **measures})
+                         "heal_seconds": record["metrics"]["seconds"],
+                         "fits": (record["metrics"].get("fit") or {}).get("fits"), **measures})
     return rows
 
 
@@ -207,6 +208,9 @@ def table(out: Path) -> None:
               f"({r['perplexity_ratio']:.2f}x), bpb {r['bits_per_byte']:.3f}, KL "
               f"{r['kl']:.3f}, top1 {r['top1']:.3f}, match {r.get('match_tokens', 0):.1f} "
               f"({r.get('match_full', 0)} whole)")
+        for step, f in sorted((r.get("fits") or {}).items(), key=lambda kv: int(kv[0])):
+            print(f"  absorbing step {step}: " + ", ".join(
+                f"{k} {v:.4g}" for k, v in f.items() if isinstance(v, (int, float))))
     rows = _rows(out / "training-free.jsonl")
     print(f"{'N':>3} {'method':<11} {'absorb':<8} {'ppl':>8} {'x':>6} {'bpb':>6} {'KL':>6} "
           f"{'top1':>6} {'match':>6}")
