@@ -118,7 +118,10 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_text(gpt2_folder):
     proc = subprocess.Popen(
         [sys.executable, "-m", "splitformer.cli", "generate", str(gpt2_folder), "--prompt",
          "Hi", "--max-new-tokens", "4000", "--no-cache"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        # Ctrl-C's default action in the child even when the tests run as a background job
+        # (started with SIGINT ignored, which Python keeps ignored: the child never stopped)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:  # wait for the first streamed characters, then interrupt
         deadline = time.monotonic() + 120
         first = ""
