@@ -15,7 +15,8 @@ for path, got in runs.items():
     rows = got["rows"]
     full = fulls.get(got["tokens"])
     print(f"{path}: {got['tokens']} tokens, chunk {got['chunk']}, decode {got['decode']}")
-    print("| policy | budget | perplexity | bits/byte | added loss | cache bytes (peak) | decode tokens/s |")
+    print("| policy | budget | perplexity | bits/byte | added loss | cache bytes (peak) "
+          "| decode tokens/s |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         added = "" if full is None else \

@@ -1,6 +1,6 @@
 # quadrature merging's recent window at 1024 KJV tokens of SmolLM2, the settings of focus.sh
-# (chunk 64, decode 8): nice -n 10 .venv/bin/python results/cache/variants1024.py > results/cache/variants-1024.log
-import math
+# (chunk 64, decode 8):
+#   nice -n 10 .venv/bin/python results/cache/variants1024.py > results/cache/variants-1024.log
 import time
 
 import torch
