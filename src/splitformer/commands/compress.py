@@ -135,6 +135,22 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="one JSON object on the last line of stdout (no progress lines)")
 
 
+def _add_fit(p: argparse.ArgumentParser) -> None:
+    """--fit, --fit-budget, --fit-steps: the absorbing steps of a causal LM's grid."""
+    p.add_argument("--fit", type=stripped, choices=("keep", "average", "linear", "step"),
+                   default=None,
+                   help="causal LMs: what a step that absorbs removed steps computes: keep "
+                        "(deletion), average (one step of tau = m at the average controls), "
+                        "linear (ReplaceMe's least-squares map, folded into the FFN's output; "
+                        "the default), step (the step fitted by AdamW on cached teacher "
+                        "states: local healing, --fit-budget)")
+    p.add_argument("--fit-budget", type=duration, default=None,
+                   help="with --fit step: seconds of the local fits, all absorbing steps "
+                        "together (default 4m; before the --budget of --heal)")
+    p.add_argument("--fit-steps", type=positive_int, default=None,
+                   help="with --fit step: AdamW steps of the local fits at most")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..compression import method_names
 
@@ -153,18 +169,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "influence); keep-first is "
                         "the 'reverse order' baseline, sleb and pairs read a causal LM's "
                         "next-token loss and merge errors (docs/depth-llm.md)")
-    p.add_argument("--fit", type=stripped, choices=("keep", "average", "linear", "step"),
-                   default=None,
-                   help="causal LMs: what a step that absorbs removed steps computes: keep "
-                        "(deletion), average (one step of tau = m at the average controls), "
-                        "linear (ReplaceMe's least-squares map, folded into the FFN's output; "
-                        "the default), step (the step fitted by AdamW on cached teacher "
-                        "states: local healing, --fit-budget)")
-    p.add_argument("--fit-budget", type=duration, default=None,
-                   help="with --fit step: seconds of the local fits, all absorbing steps "
-                        "together (default 4m; before the --budget of --heal)")
-    p.add_argument("--fit-steps", type=positive_int, default=None,
-                   help="with --fit step: AdamW steps of the local fits at most")
+    _add_fit(p)
     p.add_argument("--probe", type=bounded_int(MAX_WINDOWS, "(probe windows)"), default=None,
                    help="healing windows the fine model is run on to choose the grid of drop "
                         "and angular (default 32, or all the windows if fewer; at most "
@@ -352,23 +357,13 @@ def _heal_config(args: argparse.Namespace):
     flags refused with --heal none (a flag left at None was not given), a budget or step
     count of 0 refused when healing, a batch no larger than the windows."""
     from ..compression.heal import HealConfig
-    from .compress_lm import HEALING_DEFAULTS, apply_defaults, is_decoder
+    from .compress_lm import HEALING_DEFAULTS, apply_defaults, is_decoder, refuse_lm_flags
 
     decoder = is_decoder(args.model)
     if decoder:
         apply_defaults(args)
-        args.steps = args.steps or (22,)
     else:
-        if args.heal == "kl":
-            raise UsageError("argument --heal: kl heals a causal LM's next-token "
-                             "distributions; MODEL is a text encoder (distill, shoot or none)")
-        for flag, key in (("--fit", "fit"), ("--fit-budget", "fit_budget"),
-                          ("--fit-steps", "fit_steps")):
-            if getattr(args, key) is not None:
-                raise UsageError(f"argument {flag}: fits the steps of a causal LM's dropped "
-                                 "grid; MODEL is a text encoder")
-        args.steps = args.steps or (3,)
-        args.fit = "keep"
+        refuse_lm_flags(args)
     _apply_recipe(args)
     given = [flag for flag, key in _HEALING_FLAGS if getattr(args, key) is not None]
     if args.aligned:  # a switch: given when set

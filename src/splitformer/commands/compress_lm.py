@@ -68,6 +68,7 @@ def apply_defaults(args: argparse.Namespace) -> None:
     for key, value in DEFAULTS.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+    args.steps = args.steps or (22,)
     if args.fit == "step" and args.fit_budget is None and args.fit_steps is None:
         args.fit_budget = 240.0
     if args.fit != "step":
@@ -75,6 +76,21 @@ def apply_defaults(args: argparse.Namespace) -> None:
             if getattr(args, key) is not None:
                 raise UsageError(f"argument {flag}: sets the AdamW fit of --fit step, but "
                                  f"--fit is {args.fit}")
+
+
+def refuse_lm_flags(args: argparse.Namespace) -> None:
+    """For a text encoder: the causal-LM flags refused by name; its defaults (3 steps, the
+    absorbing steps kept) set."""
+    if args.heal == "kl":
+        raise UsageError("argument --heal: kl heals a causal LM's next-token distributions; "
+                         "MODEL is a text encoder (distill, shoot or none)")
+    for flag, key in (("--fit", "fit"), ("--fit-budget", "fit_budget"),
+                      ("--fit-steps", "fit_steps")):
+        if getattr(args, key) is not None:
+            raise UsageError(f"argument {flag}: fits the steps of a causal LM's dropped grid; "
+                             "MODEL is a text encoder")
+    args.steps = args.steps or (3,)
+    args.fit = "keep"
 
 
 def load(spec: str) -> tuple[Any, Any]:

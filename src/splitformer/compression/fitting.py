@@ -24,7 +24,7 @@ steps. Which map it computes there is the choice this module makes, as a value
               teacher's u(p_j) to u(p_(j+1)): the relative squared error
                   mean_x |S_theta(u_f(p_j))(x) - u_f(x, p_(j+1))|^2 / |u_f(x, p_(j+1))|^2
               on cached teacher states (each token relative to its own norm: the sink
-              token's norm is 100 times the others' in SmolLM2). This is multiple shooting:
+              token's norm grows far above the others'). This is multiple shooting:
               each absorbing step is fitted alone on its own interval, at the cost of one step,
               not of the network; the absorbing steps share nothing, so the budget is split
               between them
@@ -258,8 +258,8 @@ def _linear_(base: nn.Module, a: Absorber, states: TeacherStates, batch: int,
 
 def relative_error(u: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """mean_x |u(x) - u_f(x)|^2 / |u_f(x)|^2: the squared error relative to each token's own
-    norm (a trained LM's sink token has a norm 100 times the others': a ratio of means would
-    fit that one token)."""
+    norm (a trained LM's sink token grows a norm far above the others': a ratio of means
+    would fit that one token)."""
     return ((u - target).pow(2).sum(-1) / target.pow(2).sum(-1).clamp_min(1e-30)).mean()
 
 
@@ -272,10 +272,7 @@ def _step_(base: nn.Module, a: Absorber, states: TeacherStates, cfg: FitConfig,
     flags = [p.requires_grad for p in params]
     for p in params:
         p.requires_grad_(True)
-    decay = [p for p in params if p.dim() >= 2]
-    rest = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.0},
-                             {"params": rest, "weight_decay": 0.0}], lr=cfg.lr)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     u0, target = states.state(a.start), states.state(a.end)
     g = torch.Generator().manual_seed(cfg.seed * 1000 + a.step)
     count, start, first, last = 0, time.perf_counter(), None, None

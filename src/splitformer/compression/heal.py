@@ -227,7 +227,7 @@ class HealConfig:
             raise ValueError(f"fit={self.fit!r} fits the absorbing steps of one grid; steps "
                              f"holds {len(self.steps)} depths")
         return FitConfig(absorb=self.fit, budget=self.fit_budget, max_steps=self.fit_steps,
-                         lr=self.fit_lr or 2e-4, seed=self.seed)
+                         lr=self.fit_lr, seed=self.seed)
 
     def objective(self, coarsening, base: nn.Module, teacher: nn.Module) -> Distillation:
         """The healing objective of ``coarsening`` of ``base`` against ``teacher``, with this
