@@ -41,7 +41,7 @@ from torch import nn
 
 from ..models.causal import CausalDecoderModel, CausalLM
 from ..models.llama import rotary_decoder
-from ..operators.rope import RotaryPositions
+from ..operators.rope import OWN_ROPE_TYPES, RotaryPositions
 from ..time.schemes import prenorm, prenorm_sandwich
 from .families import classes_of, family_of_class
 from .hf import HFSource, attn_implementation, hf_config, hf_source, no_options
@@ -284,6 +284,25 @@ def llama_config(model: nn.Module) -> HFLlamaConfig:
     return cfg
 
 
+def _export_rotary(model: CausalDecoderModel, cfg: HFLlamaConfig, config: Any) -> None:
+    """The model's rotary kernels into ``config.rope_parameters`` where ``with_rope`` changed
+    them from the source's (one entry, or one per layer type); ValueError naming the rope_type
+    for splitformer's own types, which no transformers config holds."""
+    source = {k: _rotary_of(v) for k, v in cfg.rotary.items()}
+    if model.rotary == source:
+        return
+    own = sorted({r.rope_type for r in model.rotary.values() if r.rope_type in OWN_ROPE_TYPES})
+    if own:
+        raise ValueError(f"to_hf: rope_type {own[0]!r} is splitformer's own (with_rope); "
+                         "transformers has no such rope_type, so the exported model would read "
+                         "another kernel; export the model before with_rope, or a "
+                         "with_rope(...) of one of transformers' types")
+    if set(model.rotary) == {"rope"}:
+        config.rope_parameters = model.rotary["rope"].to_parameters()
+    else:
+        config.rope_parameters = {k: r.to_parameters() for k, r in model.rotary.items()}
+
+
 def _rotary_record(r: RotaryPositions) -> dict[str, Any]:
     return {"dim": r.dim, "base": r.base, "rope_type": r.rope_type,
             "parameters": r.to_parameters(), "max_position_embeddings":
@@ -371,6 +390,7 @@ def to_hf_model(model: CausalDecoderModel) -> nn.Module:
     n = len(evo.controls)
     config = hf_config(cfg)
     config.num_hidden_layers = n
+    _export_rotary(model, cfg, config)
     if cfg.config.get("layer_types") is not None:
         if n != cfg.num_layers:
             raise ValueError(f"to_hf: this model has {n} steps but its source's layer_types "

@@ -46,7 +46,7 @@ from ..operators.rope import RotaryAngles
 from ..operators.tape import KVTape
 from ..time import Evolution, TimeGrid
 from ..time.schemes import prenorm
-from .base import EvolutionModel, keep_steps, path_states
+from .base import EvolutionModel, keep_steps, path_states, shared_copy
 from .embeddings import TokenEmbedding
 from .encoder import encoder_controls
 from .generation import GenerationOutput, generate
@@ -321,6 +321,43 @@ class CausalDecoderModel(EvolutionModel):
         known = [p.max_position_embeddings for p in self.rotary.values()
                  if p.max_position_embeddings is not None]
         return min(known) if known else None
+
+    def with_rope(self, rope_type: str, **parameters: Any):
+        """The same model (shared parameters) reading its rotary kernel with another
+        ``rope_type`` (docs/context.md): every named rotary positions keeps its features, base
+        and trained length n0 = max_position_embeddings, and takes ``rope_type`` with
+        ``parameters`` (transformers' names: factor, beta_fast, low_freq_factor, ...;
+        original_max_position_embeddings defaults to n0 for the types that read it;
+        rope_theta, when given, replaces the base b: NTK-aware scaling as a fixed base).
+        ``rope_type`` is one of transformers' (linear: Position Interpolation, dynamic, yarn,
+        llama3, longrope, ...) or splitformer's "bandwidth" (``operators.rope``). Refused by
+        name: a model without rotary positions, an unknown type or parameter value."""
+        from ..operators.rope import RotaryPositions
+
+        if not self.rotary:
+            raise ValueError(f"with_rope: {type(self).__name__} has no rotary positions "
+                             "(learned or sinusoidal positions are a table, not a kernel on "
+                             "the coordinates)")
+        if not isinstance(rope_type, str):
+            raise TypeError(f"with_rope: rope_type must be a str, got "
+                            f"{type(rope_type).__name__}")
+        rotary = {}
+        for name, old in self.rotary.items():
+            params = dict(parameters)
+            base = params.pop("rope_theta", old.base)
+            if rope_type in ("yarn", "llama3", "longrope", "bandwidth") and \
+                    "original_max_position_embeddings" not in params:
+                if old.max_position_embeddings is None:
+                    raise ValueError(f"with_rope: rope_type {rope_type!r} needs "
+                                     "original_max_position_embeddings (the trained length), "
+                                     f"and the rotary positions {name!r} do not record it")
+                params["original_max_position_embeddings"] = old.max_position_embeddings
+            rotary[name] = RotaryPositions(
+                dim=old.dim, base=base, rope_type=rope_type, parameters=params,
+                max_position_embeddings=old.max_position_embeddings, head_dim=old.head_dim)
+        new = shared_copy(self)
+        new.rotary = rotary
+        return new
 
     def generation_defaults(self) -> dict[str, Any]:
         """eos_token_id and pad_token_id of the source's config (transformers' ``generate``

@@ -490,7 +490,8 @@ class GroupedQueryAttention(AttentionOperator):
             qk, v = lifted.view(b, n, h + 2 * g, d).split_with_sizes((h + g, g), dim=2)
             q, k = rotate_half(qk, cos.transpose(1, 2), sin.transpose(1, 2)
                                ).split_with_sizes((h, g), dim=2)
-            return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q = self._tempered(q.transpose(1, 2), context)
+            return q, k.transpose(1, 2), v.transpose(1, 2)
         else:
             q, k, v = lifted.view(b, n, h + 2 * g, d).split_with_sizes((h, g, g), dim=2)
         if self.q_norm is not None:
@@ -500,8 +501,15 @@ class GroupedQueryAttention(AttentionOperator):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.rope is not None:
             cos, sin = self._angles(context, n, q.dtype)
-            q, k = rotate_half(q, cos, sin), rotate_half(k, cos, sin)
+            q, k = self._tempered(rotate_half(q, cos, sin), context), rotate_half(k, cos, sin)
         return q, k, v
+
+    def _tempered(self, q: torch.Tensor, context: Context | None) -> torch.Tensor:
+        """q (B, H, N, d_h) times the rotary kernel's query temperature where it has one
+        (``RotaryAngles.temperature``: the bandwidth rule's log n factor), else q."""
+        assert context is not None and context.rotary is not None and self.rope is not None
+        factor = context.rotary.temperature(self.rope, context.token_coords, q.dtype)
+        return q if factor is None else q * factor
 
     def _angles(self, context: Context | None, n: int, dtype: torch.dtype
                 ) -> tuple[torch.Tensor, torch.Tensor]:

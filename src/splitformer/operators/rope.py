@@ -28,6 +28,16 @@ on a longer interval than the one it was trained on (n0 tokens):
   first fraction p of the pairs; the other pairs have frequency 0 (their angle is 0: they pass
   unrotated) and the result is divided by s.
 
+and one of splitformer's own (``OWN_ROPE_TYPES``; docs/context.md), derived from the kernel:
+
+- bandwidth: each frequency band keeps the phases it was trained on. On [0, n0) the band w_i
+  sweeps the phases [0, w_i n0); a band that turns at least once (w_i n0 >= 2 pi) has seen
+  every phase and keeps w_i (its resolution, the kernel's local bandwidth, unchanged); a band
+  that turns less than once is read at the coordinates x / s, w_i -> w_i / s, the largest
+  frequency whose phases on [0, s n0) stay inside the trained ones. And the log n temperature
+  of the softmax (3.14) at each query's own support: the query at x (x + 1 nodes x' <= x) is
+  scaled by max(1, ln(x + 1) / ln n0), so nothing changes on the trained interval.
+
 ``RotaryPositions`` holds one such kernel and computes its angles once per forward, for all
 layers (``angles``: cos and sin, (B|1, 1, N, d)); ``rotate_half`` applies them to a head's
 queries or keys. Both reproduce transformers 5's ``LlamaRotaryEmbedding`` and
@@ -45,13 +55,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["ROPE_TYPES", "RotaryAngles", "RotaryPositions", "rotate_half"]
+__all__ = ["OWN_ROPE_TYPES", "ROPE_TYPES", "RotaryAngles", "RotaryPositions", "rotate_half"]
 
 #: the rope_type values of transformers 5.25 for 1-D token coordinates ("default" plus the keys
 #: of ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS``)
 ROPE_TYPES: tuple[str, ...] = (
     "default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional",
 )
+#: splitformer's own rope types (no transformers config holds them: ``to_hf`` refuses them)
+OWN_ROPE_TYPES: tuple[str, ...] = ("bandwidth",)
 
 # the parameters each rope_type's formula reads without a default (transformers indexes them)
 _REQUIRED: dict[str, tuple[str, ...]] = {
@@ -63,6 +75,7 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
                "original_max_position_embeddings"),
     "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
     "proportional": (),
+    "bandwidth": ("factor", "original_max_position_embeddings"),
 }
 
 
@@ -130,7 +143,7 @@ class RotaryPositions:
     dim: the rotated features of a head (head_dim * partial_rotary_factor, even; for
         "proportional" the whole head_dim: its unrotated pairs carry frequency 0).
     base: rope_theta, b.
-    rope_type: one of ``ROPE_TYPES``.
+    rope_type: one of ``ROPE_TYPES`` or ``OWN_ROPE_TYPES``.
     parameters: the other rope_parameters (factor, original_max_position_embeddings,
         beta_fast, short_factor, ...), named as transformers names them; stored read-only and
         hashable (lists as tuples). partial_rotary_factor is kept here for the round trip (and
@@ -161,6 +174,9 @@ class RotaryPositions:
       default sqrt(1 + ln s / ln n0) (1 for s <= 1; s = factor, or max_position_embeddings / n0).
     - proportional: w_i = b^(-2i/D) / s for i < floor(p D / 2) and w_i = 0 up to D / 2
       (D = head_dim = dim, p = partial_rotary_factor, s = factor, default 1).
+    - bandwidth (ours): w_i = b^(-2i/d) if w_i n0 >= 2 pi, else b^(-2i/d) / s (n0 =
+      original_max_position_embeddings); queries at x times max(1, ln(x + 1) / ln n0)
+      (``query_temperature``; parameter temperature: "log", the default, or "none").
 
     Dynamic differs from transformers in one way: transformers' ``dynamic_rope_update`` is
     stateful (it keeps the frequencies of the longest forward seen beyond n0 until a forward
@@ -177,9 +193,9 @@ class RotaryPositions:
     head_dim: int | None = None
 
     def __post_init__(self) -> None:
-        if self.rope_type not in ROPE_TYPES:
+        if self.rope_type not in ROPE_TYPES + OWN_ROPE_TYPES:
             raise ValueError(f"rope_type: unknown rope_type {self.rope_type!r}; "
-                             f"one of {', '.join(ROPE_TYPES)}")
+                             f"one of {', '.join(ROPE_TYPES + OWN_ROPE_TYPES)}")
         if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 2 \
                 or self.dim % 2:
             raise ValueError(f"dim: the rotated features must be a positive even int, "
@@ -199,6 +215,18 @@ class RotaryPositions:
         if needs_length and self.max_position_embeddings is None:
             raise ValueError(f"max_position_embeddings: rope_type {self.rope_type!r} needs "
                              "max_position_embeddings here")
+        if self.rope_type == "bandwidth":
+            factor, n0 = params["factor"], params["original_max_position_embeddings"]
+            if isinstance(factor, bool) or not isinstance(factor, int | float) \
+                    or not factor >= 1 or math.isinf(factor):
+                raise ValueError(f"factor: rope_type 'bandwidth' needs a finite factor >= 1 "
+                                 f"(the new length over the trained one), got {factor!r}")
+            if isinstance(n0, bool) or not isinstance(n0, int) or n0 < 2:
+                raise ValueError(f"original_max_position_embeddings: rope_type 'bandwidth' "
+                                 f"needs the trained length, an int >= 2, got {n0!r}")
+            if params.get("temperature", "log") not in ("log", "none"):
+                raise ValueError(f"temperature: rope_type 'bandwidth' takes 'log' or 'none', "
+                                 f"got {params['temperature']!r}")
         if self.rope_type == "longrope":
             for key in ("short_factor", "long_factor"):
                 if len(params[key]) != self.dim // 2:
@@ -305,6 +333,10 @@ class RotaryPositions:
             return 1.0 / (base ** _exponents(dim, device))
         if kind == "yarn":
             return self._yarn(device)
+        if kind == "bandwidth":
+            inv = 1.0 / (self.base ** _exponents(dim, device))
+            turns = inv * p["original_max_position_embeddings"] / (2 * math.pi)
+            return torch.where(turns >= 1, inv, inv / p["factor"])
         if kind == "longrope":
             n0 = p["original_max_position_embeddings"]
             beyond = length is not None and bool(length) and bool(length > n0)
@@ -370,6 +402,20 @@ class RotaryPositions:
             n0 = p["original_max_position_embeddings"]
             return math.sqrt(1 + math.log(factor) / math.log(n0))
         return 1.0
+
+    def query_temperature(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """The factor each query is multiplied by, (B|1, 1, N, 1) float32, at ``positions``
+        ((B, N) or (N,)): max(1, ln(x + 1) / ln n0) for "bandwidth" (the log n correction at
+        the support x' <= x of the query at x, 3.14; 1 on the trained interval); None (no
+        factor) for every other type and for temperature "none"."""
+        if self.rope_type != "bandwidth" or self.parameters.get("temperature", "log") == "none":
+            return None
+        if positions.dim() == 1:
+            positions = positions[None]
+        n0 = self.parameters["original_max_position_embeddings"]
+        support = positions.to(torch.float32) + 1
+        factor = torch.log(support.clamp(min=n0)) / math.log(n0)
+        return factor[:, None, :, None]
 
     def _forward_inv_freq(self, positions: torch.Tensor) -> torch.Tensor:
         """The frequencies transformers' rotary module uses in a forward at ``positions``: its
@@ -437,6 +483,13 @@ class RotaryPositions:
             return (f"{line}; longrope: per-frequency factors, short up to n0 = "
                     f"{p['original_max_position_embeddings']}, long beyond, scaling "
                     f"{self.attention_scaling():.4g}")
+        if kind == "bandwidth":
+            n0 = p["original_max_position_embeddings"]
+            kept = int((self.inv_freq() * n0 >= 2 * math.pi).sum())
+            temp = ("queries times ln(x+1)/ln n0 past n0" if p.get("temperature", "log") == "log"
+                    else "no temperature")
+            return (f"{line}; bandwidth: {kept} of {self.dim // 2} bands turn once in n0 = {n0} "
+                    f"and are kept, the others at x / {p['factor']:g}; {temp}")
         rotated = int(p.get("partial_rotary_factor", 1.0) * self.dim // 2)
         return (f"{line}; proportional: {rotated} of {self.dim // 2} pairs rotate, "
                 f"coordinates x -> x / {p.get('factor', 1.0):g}")
@@ -499,6 +552,7 @@ class RotaryAngles:
         self.at = at
         self._key: torch.Tensor | None = None
         self._cache: dict[tuple[str, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._temperatures: dict[tuple[str, torch.dtype], torch.Tensor | None] = {}
 
     def __repr__(self) -> str:
         return f"RotaryAngles({sorted(self.positions)}, nodes={self.at.shape[-1]})"
@@ -511,12 +565,29 @@ class RotaryAngles:
             raise KeyError(f"no rotary positions {name!r}; known: {sorted(self.positions)}")
         x = self.at if coords is None else coords
         if x is not self._key:
-            self._key, self._cache = x, {}
+            self._key, self._cache, self._temperatures = x, {}, {}
         if (name, dtype) not in self._cache:
             rows = x if x.dim() == 2 else x.unsqueeze(0)
             self._cache[name, dtype] = self.positions[name].angles(rows, dtype)
         return self._cache[name, dtype]
 
+    def temperature(self, name: str, coords: torch.Tensor | None, dtype: torch.dtype
+                    ) -> torch.Tensor | None:
+        """The queries' factor (B|1, 1, N, 1) of the positions ``name`` at ``coords`` (None: at
+        ``at``) in ``dtype``, or None when that kernel has none
+        (``RotaryPositions.query_temperature``)."""
+        rope = self.positions[name]
+        if rope.rope_type not in OWN_ROPE_TYPES:
+            return None
+        x = self.at if coords is None else coords
+        if x is not self._key:
+            self._key, self._cache, self._temperatures = x, {}, {}
+        if (name, dtype) not in self._temperatures:
+            factor = rope.query_temperature(x if x.dim() == 2 else x.unsqueeze(0))
+            self._temperatures[name, dtype] = None if factor is None else factor.to(dtype)
+        return self._temperatures[name, dtype]
+
     def tensors(self) -> list[torch.Tensor]:
         """The tensors computed so far (for an adjoint that needs the context's tensors)."""
-        return [self.at, *(t for pair in self._cache.values() for t in pair)]
+        return [self.at, *(t for pair in self._cache.values() for t in pair),
+                *(t for t in self._temperatures.values() if t is not None)]

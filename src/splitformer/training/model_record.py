@@ -22,6 +22,9 @@ history of calls), each in a form that reads as it prints::
                            "proportional": true, "protect": 1, "unmerge": true}}],
     "kernels":    [{"kernel": "gaussian", "options": {"scale": null},
                     "operators": ["evolution.controls.sets.0.attention", ...]}, ...]
+    "rotary":     {"rope": {"dim": 64, "base": 100000.0, "rope_type": "bandwidth",  only when
+                            "parameters": {"factor": 4.0, ...},                     with_rope
+                            "max_position_embeddings": 8192, "head_dim": 64}}      changed it
 
 (the kernel of every attention operator, operators with one kernel grouped; a kernel without
 a score scale, e.g. linear, also records the operator's own ``operator_scale``, which it keeps
@@ -108,14 +111,18 @@ def record_of(model: nn.Module) -> dict[str, Any]:
     except TypeError as e:
         raise ValueError(str(e)) from None
     doc = {"source": source, "evolutions": evolutions, "kernels": kernels}
+    rotary = _describe_rotary(model, base)
+    if rotary is not None:
+        doc["rotary"] = rotary
     try:
-        rebuilt = _applied(base, evolutions, kernels)
+        rebuilt = _applied(base, evolutions, kernels, rotary)
         meta = _has_meta_values(rebuilt)  # a buffer that is not saved: compare its values
     except Exception:  # noqa: BLE001 - what fails on the meta device is tried for real
         meta = True
     if meta:
         try:
-            rebuilt = _applied(_build(family, base_record, "cpu", dtype), evolutions, kernels)
+            rebuilt = _applied(_build(family, base_record, "cpu", dtype), evolutions, kernels,
+                               rotary)
         except Exception as e:  # noqa: BLE001 - named in the refusal
             raise ValueError(f"its record does not rebuild ({type(e).__name__}: {e})") from None
     differences = _differences(model, rebuilt)
@@ -149,7 +156,7 @@ def rebuild(doc: Mapping[str, Any], path: Path, dtype: torch.dtype | None = None
                               f"({kinds})")
     try:
         base = _build(family, source, "cpu", dtype)
-        return _applied(base, doc["evolutions"], doc["kernels"])
+        return _applied(base, doc["evolutions"], doc["kernels"], doc.get("rotary"))
     except Exception as e:
         raise CheckpointError(f"{path}: the model it records does not rebuild: "
                               f"{type(e).__name__}: {e}") from None
@@ -196,9 +203,29 @@ def _build(family, record: Mapping[str, Any], device: str, dtype: torch.dtype | 
             return family.rebuild(record, device="cpu", dtype=dtype)
 
 
-def _applied(model: nn.Module, evolutions: list[dict], kernels: list[dict]) -> nn.Module:
+def _describe_rotary(model: nn.Module, base: nn.Module) -> dict[str, Any] | None:
+    """The rotary kernels of a model whose ``with_rope`` changed them from its base's (each
+    ``RotaryPositions``' fields), else None."""
+    rotary = vars(model).get("rotary")
+    if not rotary or rotary == vars(base).get("rotary"):
+        return None
+    return {name: {"dim": r.dim, "base": r.base, "rope_type": r.rope_type,
+                   "parameters": {k: _plain(v) for k, v in r.parameters.items()},
+                   "max_position_embeddings": r.max_position_embeddings,
+                   "head_dim": r.head_dim} for name, r in rotary.items()}
+
+
+def _plain(value: Any) -> Any:
+    """A frozen rope parameter as JSON holds it (tuples as lists)."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _applied(model: nn.Module, evolutions: list[dict], kernels: list[dict],
+             rotary: Mapping[str, Any] | None = None) -> nn.Module:
     """``model`` (a base model, changed in place) running the recorded evolutions and
-    kernels."""
+    kernels, and reading the recorded rotary kernels (``with_rope``) when there are some."""
     with warnings.catch_warnings():  # the saved model's own warnings were seen when it was made
         warnings.simplefilter("ignore")
         owners = model.evolution_owners()
@@ -214,6 +241,13 @@ def _applied(model: nn.Module, evolutions: list[dict], kernels: list[dict]) -> n
         for entry in kernels:
             for path in entry["operators"]:
                 _install(model.get_submodule(path), entry)
+        if rotary is not None:
+            from ..operators.rope import RotaryPositions
+
+            if set(rotary) != set(vars(model).get("rotary") or {}):
+                raise ValueError(f"the record's rotary kernels {sorted(rotary)} are not the "
+                                 f"model's {sorted(vars(model).get('rotary') or {})}")
+            model.rotary = {name: RotaryPositions(**rec) for name, rec in rotary.items()}
     return model
 
 

@@ -1,0 +1,235 @@
+"""The measurements of docs/context.md: SmolLM2-135M (trained context n0 = 8,192) read at 2x and
+4x its context by every rope rule, training-free, on long offline text.
+
+    python -m splitformer.experiments.context run   [--out results/context] [--docs kjv,wiki]
+    python -m splitformer.experiments.context table [--out results/context]
+
+``run`` streams each document's first s n0 tokens (s = 2, 4) through the model on one KV tape
+(chunked prefill, ``--chunk`` tokens a forward; the rotary kernel computed per forward at the
+absolute positions, as transformers' cache does) under each rule, and appends one JSON row per
+(document, length, rule) to OUT/rows.jsonl: the summed negative log-likelihood of every token
+given the ones before it, over all tokens and over the tokens past n0. The reference row
+("windows") scores the same tokens in independent windows of n0 with the trained kernel: the
+n0 figure on the same text. ``short`` rows score 16 windows of 512 tokens of the same text
+under each rule at factor 4 (is the trained range unchanged?). A row already in the file is not
+recomputed (kill and rerun resumes). ``table`` prints the tables the docs quote.
+
+The documents: "kjv", the held-out King James books (Hebrews to Revelation,
+``depth_eval.kjv_split()[1]``) joined with newlines; "wiki", gensim's Wikipedia extract, its
+articles joined with blank lines (``lm_eval.wiki_ids``). The rules (``RULES``): the trained
+kernel extrapolated ("default"), Position Interpolation ("linear"), NTK-aware "dynamic" as one
+forward over the whole text computes it (the base of n = s n0 for every token: a fixed base;
+transformers' dynamic under a cache changes the base as the text grows, with earlier keys
+rotated at the old one: "dynamic-chunked"), "yarn", and splitformer's "bandwidth" (with and
+without its log n temperature).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["RULES", "main", "rule_model"]
+
+RULES = ("bandwidth", "yarn", "dynamic", "linear", "default", "bandwidth-notemp",
+         "dynamic-chunked")
+FACTORS = (2, 4)
+SHORT = (16, 512)  # short-context check: 16 windows of 512 tokens
+
+
+def _say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _append(path: Path, row: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+
+
+def rule_model(model, rule: str, factor: float, length: int):
+    """``model`` (shared parameters) reading its rotary kernel by ``rule`` at ``factor`` for a
+    text of ``length`` tokens (module doc)."""
+    rope = next(iter(model.rotary.values()))
+    n0 = rope.max_position_embeddings
+    if rule == "default":
+        return model
+    if rule == "linear":
+        return model.with_rope("linear", factor=float(factor))
+    if rule == "dynamic":  # one forward over n tokens: b' = b (s n / n0 - (s - 1))^(d / (d - 2))
+        d = rope.dim
+        base = rope.base * ((factor * max(length, n0) / n0) - (factor - 1)) ** (d / (d - 2))
+        return model.with_rope("default", rope_theta=base)
+    if rule == "dynamic-chunked":
+        return model.with_rope("dynamic", factor=float(factor))
+    if rule == "yarn":
+        return model.with_rope("yarn", factor=float(factor))
+    if rule == "bandwidth":
+        return model.with_rope("bandwidth", factor=float(factor))
+    if rule == "bandwidth-notemp":
+        return model.with_rope("bandwidth", factor=float(factor), temperature="none")
+    raise ValueError(f"rule: one of {', '.join(RULES)}, got {rule!r}")
+
+
+def stream_nll(model, ids: torch.Tensor, *, chunk: int, split: int) -> dict:
+    """Summed nll of ids[1:] given their prefixes, streamed on one tape in ``chunk``-token
+    forwards: over all tokens and over the targets at positions >= ``split``."""
+    from ..operators.tape import KVTape
+
+    n = ids.shape[1]
+    tape = KVTape(capacity=n)
+    total = past = heads = 0.0  # heads: targets at split, 2 split, ... (a window's first)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for start in range(0, n, chunk):
+            end = min(start + chunk, n)
+            logits = model(ids[:, start:end], tape=tape).logits
+            targets = ids[:, start + 1:end + 1]
+            lp = logits[:, :targets.shape[1]].float().log_softmax(-1)
+            nll = -lp.gather(-1, targets[..., None])[..., 0][0]
+            positions = torch.arange(start + 1, start + 1 + targets.shape[1])
+            total += float(nll.sum())
+            past += float(nll[positions >= split].sum())
+            heads += float(nll[positions % split == 0].sum())
+            del logits, lp
+    return {"nll": total, "tokens": n - 1, "nll_past": past, "nll_heads": heads,
+            "tokens_past": max(0, n - split), "seconds": time.perf_counter() - t0}
+
+
+def _documents(tokenizer, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    from . import lm_eval
+    from .depth_eval import kjv_split
+
+    out = {}
+    for name in names:
+        if name == "kjv":
+            _, held = kjv_split()
+            out[name] = torch.tensor(lm_eval._encode(tokenizer, "\n".join(held)))
+        elif name == "wiki":
+            out[name] = lm_eval.wiki_ids(tokenizer)
+        else:
+            raise ValueError(f"--docs: 'kjv' or 'wiki', got {name!r}")
+    return out
+
+
+def run(out: Path, docs: Sequence[str], rules: Sequence[str], factors: Sequence[int],
+        chunk: int) -> None:
+    from ..interop import from_hf
+
+    model = from_hf("smollm2").eval()
+    n0 = model.trained_positions
+    path = out / "rows.jsonl"
+    done = {(r["doc"], r["kind"], r["length"], r["rule"]) for r in _rows(path)}
+    texts = _documents(model.tokenizer, docs)
+    for doc, ids in texts.items():
+        _say(f"{doc}: {ids.numel()} tokens")
+        if ids.numel() < max(factors) * n0:
+            raise SystemExit(f"{doc}: {ids.numel()} tokens, fewer than {max(factors) * n0}")
+    work = []
+    for doc in texts:  # the cheap rows first: the n0 reference and the short-context check
+        work.append((doc, "windows", max(factors) * n0, "default", 1))
+        work += [(doc, "short", SHORT[1], r, max(factors)) for r in ("default", *rules)
+                 if r != "default"]
+    for factor in sorted(factors):
+        for doc in texts:
+            work += [(doc, "long", factor * n0, r, factor) for r in rules]
+    for doc, kind, length, rule, factor in work:
+        if (doc, kind, length, rule) in done:
+            continue
+        ids = texts[doc]
+        m = rule_model(model, rule, factor, length)
+        _say(f"{doc} {kind} {length} {rule} x{factor}")
+        if kind == "windows":
+            parts = [stream_nll(m, ids[None, s:s + n0], chunk=chunk, split=n0)
+                     for s in range(0, length, n0)]
+            # the window reference scores token n0 k (each window's first) with no context:
+            # its nll is kept apart so that the long rows' and these targets are the same
+            row = {"nll": sum(p["nll"] for p in parts), "tokens": sum(p["tokens"] for p in parts),
+                   "windows": [p["nll"] for p in parts],
+                   "seconds": sum(p["seconds"] for p in parts)}
+        elif kind == "short":
+            parts = [stream_nll(m, ids[None, s:s + length], chunk=length, split=length)
+                     for s in range(0, SHORT[0] * length, length)]
+            row = {"nll": sum(p["nll"] for p in parts), "tokens": sum(p["tokens"] for p in parts),
+                   "seconds": sum(p["seconds"] for p in parts)}
+        else:
+            row = stream_nll(m, ids[None, :length], chunk=chunk, split=n0)
+        row.update(doc=doc, kind=kind, length=length, rule=rule, factor=factor, chunk=chunk,
+                   threads=torch.get_num_threads())
+        _append(path, row)
+        _say(f"  ppl {math.exp(row['nll'] / row['tokens']):.3f} in {row['seconds']:.0f} s")
+
+
+def table(out: Path) -> None:
+    rows = _rows(out / "rows.jsonl")
+    ref = {r["doc"]: r for r in rows if r["kind"] == "windows"}
+    for doc in sorted({r["doc"] for r in rows}):
+        short = {r["rule"]: r for r in rows if r["doc"] == doc and r["kind"] == "short"}
+        if short:
+            base = math.exp(short["default"]["nll"] / short["default"]["tokens"]) \
+                if "default" in short else None
+            print(f"\n{doc}: {SHORT[0]} windows of {SHORT[1]} tokens (factor 4)")
+            print("| rule | perplexity | change |\n|---|---|---|")
+            for rule, r in short.items():
+                p = math.exp(r["nll"] / r["tokens"])
+                change = f"{100 * (p / base - 1):+.2f}%" if base else ""
+                print(f"| {rule} | {p:.3f} | {change} |")
+        print("\n(perplexity: over the targets the windows score, i.e. without the tokens at "
+              "n0, 2 n0, ...; past n0: the targets at positions >= n0)")
+        for length in sorted({r["length"] for r in rows if r["doc"] == doc
+                              and r["kind"] == "long"}):
+            w = ref.get(doc)
+            n0 = 8192
+            # the reference on the same targets: the first length tokens in windows of n0
+            k = length // n0
+            wref = None
+            if w is not None and len(w.get("windows", [])) >= k:
+                wref = math.exp(sum(w["windows"][:k]) / (k * (n0 - 1)))
+            print(f"\n{doc}: {length} tokens (s = {length // n0}); in windows of {n0}: "
+                  f"{'' if wref is None else f'{wref:.3f}'}")
+            print("| rule | perplexity | vs windows | past n0 | seconds |\n|---|---|---|---|---|")
+            for r in rows:
+                if r["doc"] != doc or r["kind"] != "long" or r["length"] != length:
+                    continue
+                p = math.exp((r["nll"] - r["nll_heads"]) / (r["tokens"] - k + 1))
+                pp = (math.exp(r["nll_past"] / r["tokens_past"]) if r["tokens_past"]
+                      else float("nan"))
+                vs = f"{100 * (p / wref - 1):+.1f}%" if wref else ""
+                print(f"| {r['rule']} | {p:.3f} | {vs} | {pp:.3f} | {r['seconds']:.0f} |")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m splitformer.experiments.context")
+    p.add_argument("what", choices=("run", "table"))
+    p.add_argument("--out", type=Path, default=Path("results/context"))
+    p.add_argument("--docs", default="kjv,wiki")
+    p.add_argument("--rules", default=",".join(RULES))
+    p.add_argument("--factors", default="2,4")
+    p.add_argument("--chunk", type=int, default=1024)
+    p.add_argument("--threads", type=int, default=None)
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.what == "table":
+        table(a.out)
+        return
+    run(a.out, a.docs.split(","), a.rules.split(","), [int(f) for f in a.factors.split(",")],
+        a.chunk)
+
+
+if __name__ == "__main__":
+    main()
