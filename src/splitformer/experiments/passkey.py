@@ -1,0 +1,157 @@
+"""The passkey test of docs/cache.md: retrieval, where eviction hurts.
+
+    python -m splitformer.experiments.passkey run   [--out results/cache] [--lengths 1024,2048,4096]
+                                                    [--placements 10] [--budgets 0.25]
+                                                    [--policies full,streaming,...]
+    python -m splitformer.experiments.passkey table [--out results/cache]
+
+A 5-digit number is stated once in filler text (the sentences of Mohtashami and Jaggi's
+passkey test, 2023), at ``placements`` depths spread evenly from the start to the end of the
+filler, and asked for at the end. Each prompt has exactly ``length`` tokens (SmolLM2's
+tokenizer; the filler cut to fit). The prompts of one length are one batch, streamed through
+the model on one KV tape under the cache policy (forwards of ``--chunk`` tokens, the policy
+acting after each), then decoded greedily for 8 tokens; a row is right when the decoded text
+holds the number. One JSON row per (length, policy, budget) is appended to
+OUT/passkey.jsonl (a row already there is not recomputed: kill and rerun resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["main", "prompts"]
+
+FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back "
+          "again. ")
+NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = " What is the pass key? The pass key is"
+NEW_TOKENS = 8
+
+
+def _say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def prompts(tokenizer, length: int, placements: int, seed: int = 0
+            ) -> tuple[torch.Tensor, list[str]]:
+    """``placements`` prompts of exactly ``length`` tokens, (placements, length), and their
+    keys: filler, the needle at depth i / (placements - 1) of the filler, filler, the
+    question."""
+    gen = torch.Generator().manual_seed(seed + length)
+    keys = [str(int(k)) for k in torch.randint(10000, 100000, (placements,), generator=gen)]
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    unit = enc(FILLER)
+    question = enc(QUESTION)
+    rows = []
+    for i, key in enumerate(keys):
+        needle = enc(NEEDLE.format(key=key))
+        room = length - len(needle) - len(question)
+        if room < 2 * len(unit):
+            raise ValueError(f"length {length} is too short for the needle and the question")
+        filler = (unit * (room // len(unit) + 1))[:room]
+        depth = 0 if placements == 1 else round(i * room / (placements - 1))
+        depth -= depth % len(unit) if depth < room else 0  # the needle between two sentences
+        rows.append(filler[:depth] + needle + filler[depth:] + question)
+    return torch.tensor(rows), keys
+
+
+def run_row(model, ids: torch.Tensor, keys: Sequence[str], policy, chunk: int) -> dict:
+    """Prefill ``ids`` (B, L) on one tape under ``policy`` in ``chunk``-token forwards, decode
+    greedily; which rows name their key."""
+    from ..operators.tape import KVTape
+
+    tokenizer = model.tokenizer
+    tape = KVTape(capacity=0 if policy is not None and policy.compresses
+                  else ids.shape[1] + NEW_TOKENS, policy=policy)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for start in range(0, ids.shape[1], chunk):
+            logits = model(ids[:, start:start + chunk], tape=tape).logits
+        new = []
+        for _ in range(NEW_TOKENS):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            new.append(nxt)
+            logits = model(nxt, tape=tape).logits
+    out = torch.cat(new, dim=1)
+    texts = [tokenizer.decode(r, skip_special_tokens=True) for r in out.tolist()]
+    right = [key in text for key, text in zip(keys, texts, strict=True)]
+    return {"right": right, "accuracy": sum(right) / len(right), "answers": texts,
+            "keys": list(keys), "peak_bytes": tape.peak_bytes,
+            "seconds": time.perf_counter() - t0}
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[str],
+        budgets: Sequence[float], chunk: int) -> None:
+    from ..interop import from_hf
+    from ..operators.cache_policy import cache_policy
+
+    model = from_hf("smollm2").eval()
+    path = out / "passkey.jsonl"
+    done = {(r["length"], r["policy"], r["budget"], r["placements"]) for r in _rows(path)}
+    for length in lengths:
+        ids, keys = prompts(model.tokenizer, length, placements)
+        for name in policies:
+            for budget in ([1.0] if name == "full" else budgets):
+                if (length, name, budget, placements) in done:
+                    continue
+                _say(f"{length} tokens, {name} {budget}")
+                row = run_row(model, ids, keys, cache_policy(name, budget), chunk)
+                row.update(length=length, policy=name, budget=budget, placements=placements,
+                           chunk=chunk, threads=torch.get_num_threads())
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with open(path, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                _say(f"  accuracy {row['accuracy']:.2f} in {row['seconds']:.0f} s")
+
+
+def table(out: Path) -> None:
+    rows = _rows(out / "passkey.jsonl")
+    lengths = sorted({r["length"] for r in rows})
+    keys = sorted({(r["policy"], r["budget"]) for r in rows}, key=lambda k: (-k[1], k[0]))
+    print("| policy | budget | " + " | ".join(f"{n} tokens" for n in lengths) + " |")
+    print("|---|---|" + "---|" * len(lengths))
+    for policy, budget in keys:
+        cells = []
+        for n in lengths:
+            r = [x for x in rows if (x["policy"], x["budget"], x["length"]) == (policy, budget, n)]
+            cells.append(f"{sum(r[0]['right'])}/{len(r[0]['right'])}" if r else "")
+        print(f"| {policy} | {budget:g} | " + " | ".join(cells) + " |")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from ..operators.cache_policy import POLICIES
+
+    p = argparse.ArgumentParser(prog="python -m splitformer.experiments.passkey")
+    p.add_argument("what", choices=("run", "table"))
+    p.add_argument("--out", type=Path, default=Path("results/cache"))
+    p.add_argument("--lengths", default="1024,2048,4096")
+    p.add_argument("--placements", type=int, default=10)
+    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--budgets", default="0.25")
+    p.add_argument("--chunk", type=int, default=256)
+    p.add_argument("--threads", type=int, default=None)
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.what == "table":
+        table(a.out)
+        return
+    run(a.out, [int(x) for x in a.lengths.split(",")], a.placements, a.policies.split(","),
+        [float(x) for x in a.budgets.split(",")], a.chunk)
+
+
+if __name__ == "__main__":
+    main()
