@@ -100,12 +100,13 @@ def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[s
 
     model = from_hf("smollm2").eval()
     path = out / "passkey.jsonl"
-    done = {(r["length"], r["policy"], r["budget"], r["placements"]) for r in _rows(path)}
+    done = {(r["length"], r["policy"], r["budget"], r["placements"], r["chunk"])
+            for r in _rows(path)}
     for length in lengths:
         ids, keys = prompts(model.tokenizer, length, placements)
         for name in policies:
             for budget in ([1.0] if name == "full" else budgets):
-                if (length, name, budget, placements) in done:
+                if (length, name, budget, placements, chunk) in done:
                     continue
                 _say(f"{length} tokens, {name} {budget}")
                 row = run_row(model, ids, keys, cache_policy(name, budget), chunk)
@@ -118,17 +119,26 @@ def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[s
 
 
 def table(out: Path) -> None:
+    """One table per prefill chunk: right answers per policy, budget and length."""
+    from ..operators.cache_policy import POLICIES
+
     rows = _rows(out / "passkey.jsonl")
-    lengths = sorted({r["length"] for r in rows})
-    keys = sorted({(r["policy"], r["budget"]) for r in rows}, key=lambda k: (-k[1], k[0]))
-    print("| policy | budget | " + " | ".join(f"{n} tokens" for n in lengths) + " |")
-    print("|---|---|" + "---|" * len(lengths))
-    for policy, budget in keys:
-        cells = []
-        for n in lengths:
-            r = [x for x in rows if (x["policy"], x["budget"], x["length"]) == (policy, budget, n)]
-            cells.append(f"{sum(r[0]['right'])}/{len(r[0]['right'])}" if r else "")
-        print(f"| {policy} | {budget:g} | " + " | ".join(cells) + " |")
+    order = list(POLICIES)
+    for chunk in sorted({r["chunk"] for r in rows}):
+        these = [r for r in rows if r["chunk"] == chunk]
+        lengths = sorted({r["length"] for r in these})
+        keys = sorted({(r["policy"], r["budget"]) for r in these},
+                      key=lambda k: (-k[1], order.index(k[0])))
+        print(f"\nprefill in chunks of {chunk} tokens (the policy acting after each)")
+        print("| policy | budget | " + " | ".join(f"{n} tokens" for n in lengths) + " |")
+        print("|---|---|" + "---|" * len(lengths))
+        for policy, budget in keys:
+            cells = []
+            for n in lengths:
+                r = [x for x in these
+                     if (x["policy"], x["budget"], x["length"]) == (policy, budget, n)]
+                cells.append(f"{sum(r[0]['right'])}/{len(r[0]['right'])}" if r else "")
+            print(f"| {policy} | {budget:g} | " + " | ".join(cells) + " |")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
