@@ -16,6 +16,7 @@ import splitformer
 from splitformer.models.generation import score_stream
 from splitformer.operators.cache_policy import (
     POLICIES,
+    AdaptiveQuadrature,
     CachedGrid,
     QuadratureMerging,
     Rotation,
@@ -115,8 +116,9 @@ def test_streaming_equals_transformers_with_the_kept_positions(chunk):
     assert (got - want).abs().max() <= 1e-10
 
 
+@pytest.mark.parametrize("policy", [QuadratureMerging, AdaptiveQuadrature])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-def test_splitting_an_entry_into_two_half_weight_entries_changes_nothing(dtype):
+def test_splitting_an_entry_into_two_half_weight_entries_changes_nothing(dtype, policy):
     """The quadrature's consistency (docs/math.md 3.12, 3.19): after a prefill whose cache the
     quadrature policy merged, split an entry (a sink, a merged node, a recent one) of every
     evaluation into two entries of half its weight at its coordinate: the next forward's
@@ -124,7 +126,7 @@ def test_splitting_an_entry_into_two_half_weight_entries_changes_nothing(dtype):
     (the control)."""
     _, ours = llama(dtype)
     x = ids(64)
-    tape = KVTape(policy=QuadratureMerging(0.5))
+    tape = KVTape(policy=policy(0.5))
     stream_logits(ours, x[:, :48], tape, 16)
     grid = tape.entries[0].grid
     assert bool((grid.weights > 1).any())  # merged nodes carry their count
@@ -181,6 +183,44 @@ def test_quadrature_keeps_the_mass_the_sinks_and_the_recent_window():
         r = int(0.75 * (keep - 4))
         assert torch.equal(g.coords[..., -r:], torch.arange(96.0 - r, 96.0).expand(1, 2, r))
         assert bool((g.weights[..., :4] == 1).all() and (g.weights[..., -r:] == 1).all())
+
+
+def test_adaptive_quadrature_keeps_the_most_attended_nodes_whole():
+    """Adaptive quadrature on a grid of 40 nodes with observed attention, down to 24: the mass
+    of every token stays on the grid, the coordinates increase, the sinks and the window are
+    the original nodes, and the protect x (merged stretch's budget) middle nodes of largest
+    pooled attention are kept whole (their key, value, weight and coordinate), the rest
+    merged. On a model's tape it differs from plain quadrature merging."""
+    gen = torch.Generator().manual_seed(0)
+    n, keep = 40, 24
+    grid = CachedGrid(torch.randn(1, 2, n, 8, generator=gen, dtype=torch.float64),
+                      torch.randn(1, 2, n, 8, generator=gen, dtype=torch.float64),
+                      torch.ones(1, 2, n), torch.arange(float(n)).expand(1, 2, n).contiguous(),
+                      torch.rand(1, 2, n, generator=gen))
+    policy = AdaptiveQuadrature(keep, protect=0.5, kernel=3)
+    out = policy.compress(grid, keep, None)
+    r = int(0.75 * (keep - 4))
+    mid = keep - 4 - r
+    assert len(out) == keep
+    assert torch.equal(out.weights.sum(-1), torch.full((1, 2), float(n)))
+    assert bool((out.coords.diff(dim=-1) > 0).all())
+    assert torch.equal(out.coords[..., :4], grid.coords[..., :4])
+    assert torch.equal(out.coords[..., -r:], grid.coords[..., -r:])
+    pooled = torch.nn.functional.avg_pool1d(grid.scores[0, :, 4:n - r][:, None], 3, stride=1,
+                                            padding=1)[:, 0]
+    for head in range(2):
+        top = pooled[head].topk(int(0.5 * mid)).indices + 4
+        for j in top.tolist():
+            at = (out.coords[0, head] == j).nonzero()
+            assert at.numel() == 1, (head, j)
+            assert out.weights[0, head, at] == 1
+            assert torch.equal(out.keys[0, head, at[0, 0]], grid.keys[0, head, j])
+    assert bool((out.weights[..., 4:4 + mid] > 1).any())
+    _, ours = llama()
+    tapes = [KVTape(policy=QuadratureMerging(24)), KVTape(policy=AdaptiveQuadrature(24))]
+    for t in tapes:
+        stream_logits(ours, ids(96), t, 8)
+    assert not torch.equal(tapes[0].entries[0].grid.coords, tapes[1].entries[0].grid.coords)
 
 
 def test_a_fraction_budget_keeps_the_mass_from_the_first_forward():
@@ -269,6 +309,8 @@ def test_bad_policy_arguments_are_named():
 @pytest.mark.parametrize("make,word", [
     (lambda: StreamingLLM(0.5, sinks=-1), "sinks"),
     (lambda: cache_policy("quadrature", 0.5, recent=1.5), "recent"),
+    (lambda: cache_policy("adaptive", 0.5, protect=1.0), "protect"),
+    (lambda: cache_policy("adaptive", 0.5, kernel=4), "kernel"),
     (lambda: cache_policy("h2o", 0.5, recent=float("nan")), "recent"),
     (lambda: cache_policy("snapkv", 0.5, kernel=4), "kernel"),
     (lambda: cache_policy("snapkv", 0.5, window=0), "window"),

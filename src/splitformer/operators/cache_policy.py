@@ -43,9 +43,9 @@ import torch.nn.functional as F
 from .rope import RotaryPositions, rotate_half
 
 __all__ = [
-    "POLICIES", "CachePolicy", "CachedGrid", "FullCache", "HeavyHitters", "QuadratureMerging",
-    "Rotation", "SnapKV", "StreamingLLM", "TOVA", "ValueMerging", "cache_policy",
-    "check_budget", "split_entry",
+    "POLICIES", "AdaptiveQuadrature", "CachePolicy", "CachedGrid", "FullCache", "HeavyHitters",
+    "QuadratureMerging", "Rotation", "SnapKV", "StreamingLLM", "TOVA", "ValueMerging",
+    "cache_policy", "check_budget", "split_entry",
 ]
 
 # dtype of the stored quadrature weights, coordinates and attention scores (counts and
@@ -442,52 +442,111 @@ class QuadratureMerging(CachePolicy):
         mid_keep = keep - s - r
         dev = grid.keys.device
         b, h = grid.keys.shape[:2]
-        sl = slice(s, n - r)
-        k, v = grid.keys[:, :, sl], grid.values[:, :, sl]
-        w = grid.weights[:, :, sl].double()
-        x = grid.coords[:, :, sl].double()
-        ku = k if rotation is None else rotation.unrotate(k, x)
-        work_k, work_v = ku.double(), v.double()
-        changed = torch.zeros(w.shape, dtype=torch.bool, device=dev)
-        while work_k.shape[2] > mid_keep:
-            m = work_k.shape[2]
-            wj, wk = w[..., :-1], w[..., 1:]
-            cost = wj * wk / (wj + wk) * (work_k[..., 1:, :] - work_k[..., :-1, :]).square().sum(-1)
-            inf = torch.full_like(cost[..., :1], math.inf)
-            left = torch.cat([inf, cost[..., :-1]], dim=-1)
-            right = torch.cat([cost[..., 1:], inf], dim=-1)
-            minimum = (cost < left) & (cost <= right)
-            t = min(m - mid_keep, int(minimum.sum(-1).min()))
-            pick = torch.where(minimum, cost, inf).topk(t, dim=-1, largest=False).indices
-            i, j = pick, pick + 1
-            wi, wj2 = w.gather(2, i), w.gather(2, j)
-            wm = wi + wj2
-            new_k = _blend(wi, wj2, _at(work_k, i), _at(work_k, j))
-            new_v = _blend(wi, wj2, _at(work_v, i), _at(work_v, j))
-            new_x = (wi * x.gather(2, i) + wj2 * x.gather(2, j)) / wm
-            work_k = work_k.scatter(2, i[..., None].expand_as(new_k), new_k)
-            work_v = work_v.scatter(2, i[..., None].expand_as(new_v), new_v)
-            x, w = x.scatter(2, i, new_x), w.scatter(2, i, wm)
-            changed = changed.scatter(2, i, True)
-            drop = torch.zeros_like(changed).scatter(2, j, True)
-            order = torch.argsort(drop.to(torch.int8), dim=-1, stable=True)[..., :m - t]
-            work_k, work_v, k = _at(work_k, order), _at(work_v, order), _at(k, order)
-            x, w, changed = x.gather(2, order), w.gather(2, order), changed.gather(2, order)
-        merged_k = work_k.to(grid.keys.dtype)
-        if rotation is not None:
-            merged_k = rotation.rotate(merged_k, x)
-        mid_k = torch.where(changed[..., None], merged_k, k)
-        middle = CachedGrid(mid_k, work_v.to(grid.values.dtype), w.to(GRID_DTYPE),
-                            x.to(GRID_DTYPE))
+        middle = grid.take(torch.arange(s, n - r, device=dev).expand(b, h, n - r - s)
+                           .contiguous())
+        middle = self._coarsen_middle(middle, mid_keep, rotation)
         head = grid.take(torch.arange(s, device=dev).expand(b, h, s).contiguous())
         tail = grid.take(torch.arange(n - r, n, device=dev).expand(b, h, r).contiguous())
         head.scores = middle.scores = tail.scores = None
         return head.cat(middle).cat(tail)
 
+    def _coarsen_middle(self, middle: CachedGrid, keep: int, rotation: Rotation | None
+                        ) -> CachedGrid:
+        """The nodes between the sinks and the window merged down to ``keep``."""
+        return _merge_neighbours(middle, keep, rotation)
+
+
+def _merge_neighbours(grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
+    """``grid`` (in coordinate order) coarsened to ``keep`` nodes per head by merging disjoint
+    neighbour pairs of least Ward cost in rounds (``QuadratureMerging``)."""
+    k, v = grid.keys, grid.values
+    w = grid.weights.double()
+    x = grid.coords.double()
+    ku = k if rotation is None else rotation.unrotate(k, x)
+    work_k, work_v = ku.double(), v.double()
+    changed = torch.zeros(w.shape, dtype=torch.bool, device=k.device)
+    while work_k.shape[2] > keep:
+        m = work_k.shape[2]
+        wj, wk = w[..., :-1], w[..., 1:]
+        cost = wj * wk / (wj + wk) * (work_k[..., 1:, :] - work_k[..., :-1, :]).square().sum(-1)
+        inf = torch.full_like(cost[..., :1], math.inf)
+        left = torch.cat([inf, cost[..., :-1]], dim=-1)
+        right = torch.cat([cost[..., 1:], inf], dim=-1)
+        minimum = (cost < left) & (cost <= right)
+        t = min(m - keep, int(minimum.sum(-1).min()))
+        pick = torch.where(minimum, cost, inf).topk(t, dim=-1, largest=False).indices
+        i, j = pick, pick + 1
+        wi, wj2 = w.gather(2, i), w.gather(2, j)
+        wm = wi + wj2
+        new_k = _blend(wi, wj2, _at(work_k, i), _at(work_k, j))
+        new_v = _blend(wi, wj2, _at(work_v, i), _at(work_v, j))
+        new_x = (wi * x.gather(2, i) + wj2 * x.gather(2, j)) / wm
+        work_k = work_k.scatter(2, i[..., None].expand_as(new_k), new_k)
+        work_v = work_v.scatter(2, i[..., None].expand_as(new_v), new_v)
+        x, w = x.scatter(2, i, new_x), w.scatter(2, i, wm)
+        changed = changed.scatter(2, i, True)
+        drop = torch.zeros_like(changed).scatter(2, j, True)
+        order = torch.argsort(drop.to(torch.int8), dim=-1, stable=True)[..., :m - t]
+        work_k, work_v, k = _at(work_k, order), _at(work_v, order), _at(k, order)
+        x, w, changed = x.gather(2, order), w.gather(2, order), changed.gather(2, order)
+    merged_k = work_k.to(grid.keys.dtype)
+    if rotation is not None:
+        merged_k = rotation.rotate(merged_k, x)
+    return CachedGrid(torch.where(changed[..., None], merged_k, k),
+                      work_v.to(grid.values.dtype), w.to(GRID_DTYPE), x.to(GRID_DTYPE))
+
+
+@dataclass(frozen=True)
+class AdaptiveQuadrature(QuadratureMerging):
+    """Adaptive quadrature (ours): ``QuadratureMerging`` where the integrand is large stays
+    fine. The attention of the forward's last ``window`` queries (SnapKV's observation window;
+    mean over the group's query heads, average-pooled along the nodes with width ``kernel``)
+    marks the ``protect`` fraction of the merged stretch's budget that receives the most; those
+    nodes are kept whole, and the others are merged with their neighbours among themselves
+    (least Ward cost, as ``QuadratureMerging``), so that the mass of every token stays on the
+    grid. An adaptive rule refines where the integrand is largest; here the integrand is the
+    kernel row of the queries just seen."""
+
+    protect: float = 0.5
+    window: int = 64
+    kernel: int = 5
+    name: ClassVar[str] = "adaptive"
+    observes: ClassVar[str | None] = "window"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_option(self.name, "protect", self.protect, isinstance(self.protect, float | int)
+                      and 0 <= self.protect < 1, "a fraction in [0, 1) of the merged budget")
+        _check_option(self.name, "window", self.window,
+                      isinstance(self.window, int) and self.window >= 1, "an int >= 1")
+        _check_option(self.name, "kernel", self.kernel, isinstance(self.kernel, int)
+                      and self.kernel >= 1 and self.kernel % 2 == 1, "an odd int >= 1")
+
+    def observed_queries(self, n: int) -> int:
+        return min(self.window, n)
+
+    def _coarsen_middle(self, middle: CachedGrid, keep: int, rotation: Rotation | None
+                        ) -> CachedGrid:
+        n = len(middle)
+        p = min(int(self.protect * keep), keep - 1)
+        if p <= 0 or middle.scores is None:
+            return _merge_neighbours(middle, keep, rotation)
+        b, h, _ = middle.scores.shape
+        pooled = F.avg_pool1d(middle.scores.reshape(b * h, 1, n), self.kernel, stride=1,
+                              padding=self.kernel // 2).reshape(b, h, n)
+        top = pooled.topk(p, dim=-1).indices
+        chosen = torch.zeros(b, h, n, dtype=torch.bool, device=pooled.device).scatter(2, top, True)
+        rest = torch.argsort(chosen.to(torch.int8), dim=-1, stable=True)[..., :n - p]
+        fine = middle.take(_ordered(top))
+        coarse = _merge_neighbours(middle.take(rest.contiguous()), keep - p, rotation)
+        both = fine.cat(coarse)
+        both.scores = None
+        return both.take(torch.argsort(both.coords, dim=-1, stable=True))
+
 
 POLICIES: dict[str, type[CachePolicy]] = {
     cls.name: cls for cls in (FullCache, StreamingLLM, HeavyHitters, TOVA, SnapKV, ValueMerging,
-                              QuadratureMerging)
+                              QuadratureMerging, AdaptiveQuadrature)
 }
 
 
