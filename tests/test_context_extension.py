@@ -128,6 +128,12 @@ def test_theorem_bandwidth_phases_stay_inside_the_trained_ones():
         assert 0 < int(turned.sum()) < dim // 2  # both kinds of band occur in these kernels
         assert torch.equal(ours[turned], default[turned].float().double())
         assert bool((ours[~turned] * s * n0 <= default[~turned] * n0 * (1 + 1e-6)).all())
+        # turns=T keeps the bands that turned at least T times (yarn's beta_fast is 32)
+        many = RotaryPositions(dim, base, "bandwidth", {
+            "factor": s, "original_max_position_embeddings": n0, "turns": 32}).inv_freq()
+        fast = default * n0 >= 2 * math.pi * 32
+        assert torch.equal(many.double()[fast], default[fast].float().double())
+        assert torch.allclose(many.double()[~fast], default[~fast] / s, rtol=1e-6)
         assert bool((linear * s * n0 <= default * n0 * (1 + 1e-6)).all())
         assert bool((linear[turned] < default[turned]).all())
 
@@ -160,6 +166,9 @@ def test_refusals_name_the_argument(pair):
     for bad in (0.5, float("inf"), float("nan"), True, "4"):
         with pytest.raises(ValueError, match="factor: rope_type 'bandwidth' needs a finite"):
             ours.with_rope("bandwidth", factor=bad)
+    for bad in (0, -1.0, float("inf"), True):
+        with pytest.raises(ValueError, match="turns: rope_type 'bandwidth' keeps the bands"):
+            ours.with_rope("bandwidth", factor=2.0, turns=bad)
     with pytest.raises(ValueError, match="temperature: rope_type 'bandwidth' takes"):
         ours.with_rope("bandwidth", factor=2.0, temperature="sqrt")
     with pytest.raises(TypeError, match="rope_type must be a str"):

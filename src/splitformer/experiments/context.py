@@ -21,7 +21,8 @@ kernel extrapolated ("default"), Position Interpolation ("linear"), NTK-aware "d
 forward over the whole text computes it (the base of n = s n0 for every token: a fixed base;
 transformers' dynamic under a cache changes the base as the text grows, with earlier keys
 rotated at the old one: "dynamic-chunked"), "yarn", and splitformer's "bandwidth" (with and
-without its log n temperature).
+without its log n temperature; "bandwidth-32": the bands kept from 32 turns on, yarn's
+beta_fast, as an ablation).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import torch
 __all__ = ["RULES", "main", "rule_model"]
 
 RULES = ("bandwidth", "yarn", "dynamic", "linear", "default", "bandwidth-notemp",
-         "dynamic-chunked")
+         "dynamic-chunked", "bandwidth-32")
 FACTORS = (2, 4)
 SHORT = (16, 512)  # short-context check: 16 windows of 512 tokens
 
@@ -82,6 +83,8 @@ def rule_model(model, rule: str, factor: float, length: int):
         return model.with_rope("bandwidth", factor=float(factor))
     if rule == "bandwidth-notemp":
         return model.with_rope("bandwidth", factor=float(factor), temperature="none")
+    if rule == "bandwidth-32":  # the ablation: bands kept from yarn's beta_fast = 32 turns on
+        return model.with_rope("bandwidth", factor=float(factor), turns=32)
     raise ValueError(f"rule: one of {', '.join(RULES)}, got {rule!r}")
 
 

@@ -176,7 +176,8 @@ class RotaryPositions:
       (D = head_dim = dim, p = partial_rotary_factor, s = factor, default 1).
     - bandwidth (ours): w_i = b^(-2i/d) if w_i n0 >= 2 pi, else b^(-2i/d) / s (n0 =
       original_max_position_embeddings); queries at x times max(1, ln(x + 1) / ln n0)
-      (``query_temperature``; parameter temperature: "log", the default, or "none").
+      (``query_temperature``; parameter temperature: "log", the default, or "none"; turns:
+      the turns in n0 from which a band is kept, default 1).
 
     Dynamic differs from transformers in one way: transformers' ``dynamic_rope_update`` is
     stateful (it keeps the frequencies of the longest forward seen beyond n0 until a forward
@@ -224,6 +225,12 @@ class RotaryPositions:
             if isinstance(n0, bool) or not isinstance(n0, int) or n0 < 2:
                 raise ValueError(f"original_max_position_embeddings: rope_type 'bandwidth' "
                                  f"needs the trained length, an int >= 2, got {n0!r}")
+            turns = params.get("turns", 1)
+            if isinstance(turns, bool) or not isinstance(turns, int | float) or not turns > 0 \
+                    or math.isinf(turns):
+                raise ValueError(f"turns: rope_type 'bandwidth' keeps the bands that turn at "
+                                 f"least this many times in n0, a finite number > 0, got "
+                                 f"{turns!r}")
             if params.get("temperature", "log") not in ("log", "none"):
                 raise ValueError(f"temperature: rope_type 'bandwidth' takes 'log' or 'none', "
                                  f"got {params['temperature']!r}")
@@ -336,7 +343,7 @@ class RotaryPositions:
         if kind == "bandwidth":
             inv = 1.0 / (self.base ** _exponents(dim, device))
             turns = inv * p["original_max_position_embeddings"] / (2 * math.pi)
-            return torch.where(turns >= 1, inv, inv / p["factor"])
+            return torch.where(turns >= p.get("turns", 1), inv, inv / p["factor"])
         if kind == "longrope":
             n0 = p["original_max_position_embeddings"]
             beyond = length is not None and bool(length) and bool(length > n0)
@@ -485,11 +492,13 @@ class RotaryPositions:
                     f"{self.attention_scaling():.4g}")
         if kind == "bandwidth":
             n0 = p["original_max_position_embeddings"]
-            kept = int((self.inv_freq() * n0 >= 2 * math.pi).sum())
+            turns = p.get("turns", 1)
+            kept = int((self.inv_freq() * n0 >= 2 * math.pi * turns).sum())
             temp = ("queries times ln(x+1)/ln n0 past n0" if p.get("temperature", "log") == "log"
                     else "no temperature")
-            return (f"{line}; bandwidth: {kept} of {self.dim // 2} bands turn once in n0 = {n0} "
-                    f"and are kept, the others at x / {p['factor']:g}; {temp}")
+            times = "once" if turns == 1 else f"{turns:g} times"
+            return (f"{line}; bandwidth: {kept} of {self.dim // 2} bands turn {times} in n0 = "
+                    f"{n0} and are kept, the others at x / {p['factor']:g}; {temp}")
         rotated = int(p.get("partial_rotary_factor", 1.0) * self.dim // 2)
         return (f"{line}; proportional: {rotated} of {self.dim // 2} pairs rotate, "
                 f"coordinates x -> x / {p.get('factor', 1.0):g}")
