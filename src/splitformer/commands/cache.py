@@ -38,7 +38,7 @@ from . import UsageError, bounded_int, positive_int
 HELP = "stream a text through a causal LM under KV cache policies (perplexity, memory, speed)"
 EPILOG = ("MODEL: as for `splitformer generate` (smollm2: the packaged SmolLM2-135M-Instruct, "
           "`make data`). Policies: full, streaming, h2o, tova, snapkv, merge-values, "
-          "quadrature (docs/cache.md). Exit status 130 after Ctrl-C (the rows done are "
+          "quadrature, adaptive (docs/cache.md). Exit status 130 after Ctrl-C (the rows done are "
           "printed).")
 
 
@@ -76,9 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "key/value head (default 0.5,0.25,0.125)")
     p.add_argument("--policy", type=_policies, metavar="P,P,...",
                    default=("full", "streaming", "h2o", "tova", "snapkv", "merge-values",
-                            "quadrature"),
+                            "quadrature", "adaptive"),
                    help="cache policies (default: all of full, streaming, h2o, tova, snapkv, "
-                   "merge-values, quadrature)")
+                   "merge-values, quadrature, adaptive)")
     p.add_argument("--chunk", type=positive_int, default=64, metavar="N",
                    help="new tokens per prefill forward (default 64)")
     p.add_argument("--max-tokens", type=positive_int, default=2048, metavar="N",

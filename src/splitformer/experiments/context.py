@@ -179,7 +179,11 @@ def run(out: Path, docs: Sequence[str], rules: Sequence[str], factors: Sequence[
 
 def table(out: Path) -> None:
     rows = _rows(out / "rows.jsonl")
-    ref = {r["doc"]: r for r in rows if r["kind"] == "windows"}
+    ref: dict[str, dict] = {}  # per document, the windows row of the most windows
+    for r in rows:
+        if r["kind"] == "windows" and len(r["windows"]) > len(ref.get(r["doc"], {}).get(
+                "windows", [])):
+            ref[r["doc"]] = r
     for doc in sorted({r["doc"] for r in rows}):
         short = {r["rule"]: r for r in rows if r["doc"] == doc and r["kind"] == "short"}
         if short:
