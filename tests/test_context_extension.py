@@ -177,3 +177,78 @@ def test_refusals_name_the_argument(pair):
         n_embd=32, n_layer=1, n_head=2, vocab_size=50, n_positions=16)))
     with pytest.raises(ValueError, match="with_rope: .* has no rotary positions"):
         gpt2.with_rope("linear", factor=2.0)
+
+
+def _one_layer():
+    torch.manual_seed(0)
+    cfg = _config()
+    cfg.num_hidden_layers = 1
+    ref = transformers.LlamaForCausalLM(cfg).double().eval()
+    return splitformer.from_hf(ref).eval()
+
+
+@pytest.mark.parametrize("rule", [("bandwidth", {"factor": None}), ("dynamic", {"factor": 2.0})],
+                         ids=["bandwidth-follow", "dynamic"])
+def test_theorem_a_tape_that_follows_the_length_holds_one_forwards_keys(rule):
+    """For a kernel whose frequencies follow the length n (bandwidth without a factor: s =
+    max(1, n / n0); dynamic NTK), KVTape(follow_length=True) re-rotates the stored keys to each
+    forward's frequencies: with one attention evaluation the chunked logits are one forward's
+    over the whole prefix, bitwise (float64), chunk by chunk past n0; the plain tape (keys at
+    the frequencies they were rotated with, transformers' cache) is not."""
+    from splitformer.operators.tape import KVTape
+
+    name, params = rule
+    m = _one_layer().with_rope(name, **params)
+    assert next(iter(m.rotary.values())).follows_length
+    ids = torch.randint(0, VOCAB, (1, 4 * N0), generator=torch.Generator().manual_seed(6))
+    follow, plain = KVTape(follow_length=True), KVTape()
+    worst_plain = 0.0
+    with torch.no_grad():
+        for s in range(0, ids.shape[1], 24):
+            whole = m(ids[:, :s + 24]).logits[:, s:]
+            assert torch.equal(m(ids[:, s:s + 24], tape=follow).logits, whole), s
+            worst_plain = max(worst_plain, float((m(ids[:, s:s + 24], tape=plain).logits
+                                                  - whole).abs().max()))
+    assert worst_plain > 1e-6
+
+
+def test_theorem_a_length_dependent_kernel_is_not_volterra(pair):
+    """With two evaluations the past nodes' states themselves depend on the kernel of the
+    length they were read at: appending nodes changes them (the kernel changes with the grid's
+    extent), so no cache is exact (docs/math.md 3.19 needs a kernel independent of the length):
+    the following tape and one forward over the prefix differ past n0, and agree before."""
+    from splitformer.operators.tape import KVTape
+
+    _, ours = pair
+    m = ours.with_rope("bandwidth", factor=None)
+    ids = torch.randint(0, VOCAB, (1, 3 * N0), generator=torch.Generator().manual_seed(7))
+    tape = KVTape(follow_length=True)
+    with torch.no_grad():
+        first = m(ids[:, :N0 - 8], tape=tape).logits
+        assert torch.equal(first, m(ids[:, :N0 - 8]).logits)
+        m(ids[:, N0 - 8:2 * N0], tape=tape)
+        late = m(ids[:, 2 * N0:], tape=tape).logits
+        whole = m(ids).logits[:, 2 * N0:]
+    assert float((late - whole).abs().max()) > 1e-6
+
+
+def test_bandwidth_without_a_factor_reads_the_current_length():
+    rope = RotaryPositions(64, 1e5, "bandwidth", {"factor": None,
+                                                  "original_max_position_embeddings": 8192})
+    fixed = RotaryPositions(64, 1e5, "bandwidth", {"factor": 4.0,
+                                                   "original_max_position_embeddings": 8192})
+    default = RotaryPositions(64, 1e5)
+    assert torch.equal(rope.forward_frequencies(8192), default.inv_freq())
+    assert torch.equal(rope.forward_frequencies(4 * 8192), fixed.inv_freq())
+    assert rope.follows_length and not fixed.follows_length
+    assert "x / n / n0 (the current length n)" in rope.describe()
+
+
+def test_follow_length_refusals():
+    from splitformer.operators.cache_policy import cache_policy
+    from splitformer.operators.tape import KVTape
+
+    with pytest.raises(TypeError, match="follow_length must be a bool"):
+        KVTape(follow_length=1)
+    with pytest.raises(ValueError, match="follow_length re-rotates"):
+        KVTape(policy=cache_policy("streaming", 0.5), follow_length=True)

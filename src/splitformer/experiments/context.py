@@ -22,7 +22,9 @@ forward over the whole text computes it (the base of n = s n0 for every token: a
 transformers' dynamic under a cache changes the base as the text grows, with earlier keys
 rotated at the old one: "dynamic-chunked"), "yarn", and splitformer's "bandwidth" (with and
 without its log n temperature; "bandwidth-32": the bands kept from 32 turns on, yarn's
-beta_fast, as an ablation).
+beta_fast, as an ablation; "bandwidth-follow": s = max(1, n / n0) from the current length n,
+on a tape that re-rotates the stored keys to each forward's frequencies, so that every token
+is read at its own length and the trained interval is untouched).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ import torch
 __all__ = ["RULES", "main", "rule_model"]
 
 RULES = ("bandwidth", "yarn", "dynamic", "linear", "default", "bandwidth-notemp",
-         "dynamic-chunked", "bandwidth-32")
+         "dynamic-chunked", "bandwidth-32", "bandwidth-follow")
+FOLLOW = ("bandwidth-follow",)  # scored on a tape that re-rotates the keys (follow_length)
 FACTORS = (2, 4)
 SHORT = (16, 512)  # short-context check: 16 windows of 512 tokens
 
@@ -83,18 +86,22 @@ def rule_model(model, rule: str, factor: float, length: int):
         return model.with_rope("bandwidth", factor=float(factor))
     if rule == "bandwidth-notemp":
         return model.with_rope("bandwidth", factor=float(factor), temperature="none")
+    if rule == "bandwidth-follow":  # s = max(1, n / n0) from the current length
+        return model.with_rope("bandwidth", factor=None)
     if rule == "bandwidth-32":  # the ablation: bands kept from yarn's beta_fast = 32 turns on
         return model.with_rope("bandwidth", factor=float(factor), turns=32)
     raise ValueError(f"rule: one of {', '.join(RULES)}, got {rule!r}")
 
 
-def stream_nll(model, ids: torch.Tensor, *, chunk: int, split: int) -> dict:
+def stream_nll(model, ids: torch.Tensor, *, chunk: int, split: int,
+               follow_length: bool = False) -> dict:
     """Summed nll of ids[1:] given their prefixes, streamed on one tape in ``chunk``-token
-    forwards: over all tokens and over the targets at positions >= ``split``."""
+    forwards: over all tokens and over the targets at positions >= ``split``.
+    ``follow_length``: the tape re-rotates its keys to each forward's frequencies."""
     from ..operators.tape import KVTape
 
     n = ids.shape[1]
-    tape = KVTape(capacity=n)
+    tape = KVTape(capacity=n, follow_length=follow_length)
     total = past = heads = 0.0  # heads: targets at split, 2 split, ... (a window's first)
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -170,7 +177,8 @@ def run(out: Path, docs: Sequence[str], rules: Sequence[str], factors: Sequence[
             row = {"nll": sum(p["nll"] for p in parts), "tokens": sum(p["tokens"] for p in parts),
                    "seconds": sum(p["seconds"] for p in parts)}
         else:
-            row = stream_nll(m, ids[None, :length], chunk=chunk, split=n0)
+            row = stream_nll(m, ids[None, :length], chunk=chunk, split=n0,
+                             follow_length=rule in FOLLOW)
         row.update(doc=doc, kind=kind, length=length, rule=rule, factor=factor, chunk=chunk,
                    threads=torch.get_num_threads())
         _append(path, row)

@@ -175,7 +175,8 @@ class RotaryPositions:
     - proportional: w_i = b^(-2i/D) / s for i < floor(p D / 2) and w_i = 0 up to D / 2
       (D = head_dim = dim, p = partial_rotary_factor, s = factor, default 1).
     - bandwidth (ours): w_i = b^(-2i/d) if w_i n0 >= 2 pi, else b^(-2i/d) / s (n0 =
-      original_max_position_embeddings); queries at x times max(1, ln(x + 1) / ln n0)
+      original_max_position_embeddings; s = factor, or max(1, n / n0) when factor is None);
+      queries at x times max(1, ln(x + 1) / ln n0)
       (``query_temperature``; parameter temperature: "log", the default, or "none"; turns:
       the turns in n0 from which a band is kept, default 1).
 
@@ -207,8 +208,9 @@ class RotaryPositions:
         object.__setattr__(self, "parameters", params)
         for key in _REQUIRED[self.rope_type]:
             # yarn's factor may be None: then max_position_embeddings / original (as transformers)
-            if key not in params or (params[key] is None
-                                     and (self.rope_type, key) != ("yarn", "factor")):
+            # bandwidth's: then s = max(1, n / n0) from the current length n
+            if key not in params or (params[key] is None and (self.rope_type, key) not in (
+                    ("yarn", "factor"), ("bandwidth", "factor"))):
                 raise ValueError(f"{key}: rope_type {self.rope_type!r} needs the parameter "
                                  f"{key!r} in rope_parameters")
         needs_length = self.rope_type == "dynamic" or (
@@ -218,10 +220,12 @@ class RotaryPositions:
                              "max_position_embeddings here")
         if self.rope_type == "bandwidth":
             factor, n0 = params["factor"], params["original_max_position_embeddings"]
-            if isinstance(factor, bool) or not isinstance(factor, int | float) \
-                    or not factor >= 1 or math.isinf(factor):
+            if factor is not None and (isinstance(factor, bool)
+                                       or not isinstance(factor, int | float)
+                                       or not factor >= 1 or math.isinf(factor)):
                 raise ValueError(f"factor: rope_type 'bandwidth' needs a finite factor >= 1 "
-                                 f"(the new length over the trained one), got {factor!r}")
+                                 f"(the new length over the trained one), or None (s = n / n0 "
+                                 f"from the current length n), got {factor!r}")
             if isinstance(n0, bool) or not isinstance(n0, int) or n0 < 2:
                 raise ValueError(f"original_max_position_embeddings: rope_type 'bandwidth' "
                                  f"needs the trained length, an int >= 2, got {n0!r}")
@@ -342,8 +346,12 @@ class RotaryPositions:
             return self._yarn(device)
         if kind == "bandwidth":
             inv = 1.0 / (self.base ** _exponents(dim, device))
-            turns = inv * p["original_max_position_embeddings"] / (2 * math.pi)
-            return torch.where(turns >= p.get("turns", 1), inv, inv / p["factor"])
+            n0 = p["original_max_position_embeddings"]
+            factor = p["factor"]
+            if factor is None:  # s = max(1, n / n0) from the current length
+                factor = 1.0 if length is None else max(1.0, float(length) / n0)
+            turns = inv * n0 / (2 * math.pi)
+            return torch.where(turns >= p.get("turns", 1), inv, inv / factor)
         if kind == "longrope":
             n0 = p["original_max_position_embeddings"]
             beyond = length is not None and bool(length) and bool(length > n0)
@@ -410,6 +418,21 @@ class RotaryPositions:
             return math.sqrt(1 + math.log(factor) / math.log(n0))
         return 1.0
 
+    @property
+    def follows_length(self) -> bool:
+        """Whether the frequencies depend on the current length n = max position + 1 (dynamic,
+        longrope, bandwidth without a factor): keys rotated in an earlier, shorter forward are
+        then at other frequencies than the current forward's (``KVTape(follow_length=True)``
+        re-rotates them)."""
+        return self.rope_type in ("dynamic", "longrope") or (
+            self.rope_type == "bandwidth" and self.parameters["factor"] is None)
+
+    def forward_frequencies(self, length: int, device: torch.device | str | None = None
+                            ) -> torch.Tensor:
+        """The frequencies (dim // 2,) float32 of a forward whose last position is
+        ``length`` - 1: those ``angles`` uses there."""
+        return self._forward_inv_freq(torch.tensor([length - 1], device=device))
+
     def query_temperature(self, positions: torch.Tensor) -> torch.Tensor | None:
         """The factor each query is multiplied by, (B|1, 1, N, 1) float32, at ``positions``
         ((B, N) or (N,)): max(1, ln(x + 1) / ln n0) for "bandwidth" (the log n correction at
@@ -429,6 +452,8 @@ class RotaryPositions:
         init-time frequencies (computed on the CPU, then moved), or for dynamic beyond n0 and
         longrope beyond n0 the ones its ``dynamic_rope_update`` computes on the device."""
         device = positions.device
+        if self.rope_type == "bandwidth" and self.parameters["factor"] is None:
+            return self.inv_freq(int(torch.max(positions)) + 1, device=device)
         if self.rope_type in ("dynamic", "longrope"):
             seq_len = torch.max(positions) + 1
             if self.rope_type == "dynamic":
@@ -497,8 +522,9 @@ class RotaryPositions:
             temp = ("queries times ln(x+1)/ln n0 past n0" if p.get("temperature", "log") == "log"
                     else "no temperature")
             times = "once" if turns == 1 else f"{turns:g} times"
+            scale = "n / n0 (the current length n)" if p["factor"] is None else f"{p['factor']:g}"
             return (f"{line}; bandwidth: {kept} of {self.dim // 2} bands turn {times} in n0 = "
-                    f"{n0} and are kept, the others at x / {p['factor']:g}; {temp}")
+                    f"{n0} and are kept, the others at x / {scale}; {temp}")
         rotated = int(p.get("partial_rotary_factor", 1.0) * self.dim // 2)
         return (f"{line}; proportional: {rotated} of {self.dim // 2} pairs rotate, "
                 f"coordinates x -> x / {p.get('factor', 1.0):g}")

@@ -68,7 +68,7 @@ import torch
 from .cache_policy import GRID_DTYPE, CachedGrid, CachePolicy, FullCache, Rotation
 from .kernel import expand_heads, window_support
 from .kernels import SoftmaxKernel
-from .rope import RotaryPositions
+from .rope import RotaryPositions, rotate_half
 from .token_grid import KernelGrid
 
 __all__ = ["CACHE_KINDS", "KVTape", "TapeError"]
@@ -112,6 +112,8 @@ class _KeysValues:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self.rotary: RotaryPositions | None = None  # what rotated the keys (cache policies)
+        # the frequencies the stored keys are rotated with (KVTape(follow_length=True))
+        self.frequencies: torch.Tensor | None = None
 
     def extend(self, k: torch.Tensor, v: torch.Tensor, start: int, cap: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,13 +221,25 @@ class KVTape:
     ``num_evaluations`` the number of attention evaluations per forward (0 before the first).
     """
 
-    def __init__(self, capacity: int = 0, policy: CachePolicy | None = None) -> None:
+    def __init__(self, capacity: int = 0, policy: CachePolicy | None = None, *,
+                 follow_length: bool = False) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
             raise ValueError(f"KVTape: capacity must be an int >= 0 (nodes to preallocate), "
                              f"got {capacity!r}")
         if policy is not None and not isinstance(policy, CachePolicy):
             raise TypeError(f"KVTape: policy must be None or a cache_policy.CachePolicy (e.g. "
                             f"cache_policy('streaming', 0.25)), got {type(policy).__name__}")
+        if not isinstance(follow_length, bool):
+            raise TypeError(f"KVTape: follow_length must be a bool, got {follow_length!r}")
+        if follow_length and policy is not None and policy.compresses:
+            raise ValueError("KVTape: follow_length re-rotates the stored keys of the plain "
+                             "tape; a cache policy that drops or merges them is not supported "
+                             "with it")
+        # a rotary kernel whose frequencies follow the length (RotaryPositions.follows_length):
+        # re-rotate the stored keys to each forward's frequencies, so that every query and key
+        # of a forward read one kernel (one forward over the whole prefix); False: keys keep
+        # the frequencies they were rotated with, as transformers' cache keeps them
+        self.follow_length = follow_length
         self.policy = policy if policy is not None else FullCache()
         self.peak_bytes = 0
         self._new_grid: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -419,6 +433,8 @@ class KVTape:
             return self._attend_compressed(entry, kernel, q, k, v, window)
         if isinstance(entry, _KeysValues):
             entry.rotary = rotary
+            if self.follow_length and rotary is not None and rotary.follows_length:
+                self._follow_length(entry, rotary, start, k.device)
             k_all, v_all = entry.extend(k, v, start, self.capacity)
             k_all, v_all = expand_heads(kernel, q, k_all, v_all)
             mask, causal = s.mask, s.is_causal
@@ -477,6 +493,34 @@ class KVTape:
             received = p.view(b, h_kv, g, n, n_k)[:, :, :, n - m:].sum(3).mean(2)
             self.policy.observe(grid, received)
         return out.reshape(b, h, n, -1)
+
+    def _follow_length(self, entry: _KeysValues, rotary: RotaryPositions, start: int,
+                       device: torch.device) -> None:
+        """Re-rotate the stored keys [0, start) of ``entry`` from the frequencies they were
+        rotated with to this forward's (``rotary.forward_frequencies`` of the length after it):
+        K_j <- R^new_{x_j} (R^old_{x_j})^{-1} K_j, each R with the float32 angles x w that
+        ``RotaryPositions.angles`` computes (the inverse divided by cos^2 + sin^2, so that it
+        is exact in the keys' dtype): the keys one forward at this length would hold, in the
+        first attention evaluation; later evaluations' keys also carry the states their
+        tokens had when they were read (module docstring of docs/context.md)."""
+        new = rotary.forward_frequencies(start + self._new, device=device)
+        old, entry.frequencies = entry.frequencies, new
+        if old is None or start == 0 or entry.k is None or torch.equal(old, new):
+            return
+        x = (torch.arange(start, device=device)[None] if self._coords is None
+             else self._coords[:, :start])
+        k = entry.k[:, :, :start]
+
+        def cos_sin(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            f = x[..., None].float() * w.float()
+            emb = torch.cat((f, f), dim=-1)[:, None]  # (B|1, 1, start, d)
+            return emb.cos().to(k.dtype), emb.sin().to(k.dtype)
+
+        c, s_ = cos_sin(old)
+        d = c.shape[-1]  # the rotated features (partial rotary: the others pass)
+        k0 = rotate_half(k[..., :d], c, -s_) / (c * c + s_ * s_)
+        c, s_ = cos_sin(new)
+        entry.k[:, :, :start, :d] = rotate_half(k0, c, s_)
 
     def _entry(self, kind: str, name: str):
         i = self._cursor
