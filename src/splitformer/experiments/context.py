@@ -211,20 +211,27 @@ def table(out: Path) -> None:
             n0 = 8192
             # the reference on the same targets: the first length tokens in windows of n0
             k = length // n0
-            wref = None
+            wref = wfirst = wpast = None
             if w is not None and len(w.get("windows", [])) >= k:
                 wref = math.exp(sum(w["windows"][:k]) / (k * (n0 - 1)))
-            print(f"\n{doc}: {length} tokens (s = {length // n0}); in windows of {n0}: "
-                  f"{'' if wref is None else f'{wref:.3f}'}")
-            print("| rule | perplexity | vs windows | past n0 | seconds |\n|---|---|---|---|---|")
+                wfirst = math.exp(w["windows"][0] / (n0 - 1))
+                wpast = math.exp(sum(w["windows"][1:k]) / ((k - 1) * (n0 - 1)))
+            fmt = (lambda v: "" if v is None else f"{v:.3f}")  # noqa: E731
+            print(f"\n{doc}: {length} tokens (s = {k}); in windows of {n0}: {fmt(wref)} "
+                  f"(first window {fmt(wfirst)}, the others {fmt(wpast)})")
+            print("| rule | perplexity | vs windows | first n0 | past n0 | past n0 vs windows |")
+            print("|---|---|---|---|---|---|")
             for r in rows:
                 if r["doc"] != doc or r["kind"] != "long" or r["length"] != length:
                     continue
                 p = math.exp((r["nll"] - r["nll_heads"]) / (r["tokens"] - k + 1))
-                pp = (math.exp(r["nll_past"] / r["tokens_past"]) if r["tokens_past"]
-                      else float("nan"))
+                first = math.exp((r["nll"] - r["nll_past"]) / (n0 - 1))
+                # past n0 without the window heads (the targets the other windows score)
+                heads = r["nll_heads"]
+                past = math.exp((r["nll_past"] - heads) / (r["tokens_past"] - (k - 1)))
                 vs = f"{100 * (p / wref - 1):+.1f}%" if wref else ""
-                print(f"| {r['rule']} | {p:.3f} | {vs} | {pp:.3f} | {r['seconds']:.0f} |")
+                vp = f"{100 * (past / wpast - 1):+.1f}%" if wpast else ""
+                print(f"| {r['rule']} | {p:.3f} | {vs} | {first:.3f} | {past:.3f} | {vp} |")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
