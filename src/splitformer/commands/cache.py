@@ -91,9 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(_interrupted="")
 
 
-def _text_ids(sub: Any, args: argparse.Namespace):
-    from ..subjects.subject import InputError
-
+def _read_text(args: argparse.Namespace) -> str:
+    """The --text file's text (read before the model loads: a bad path fails at once)."""
     path = Path(args.text)
     if not path.is_file():
         raise UsageError(f"argument --text: {args.text!r} is not a file")
@@ -104,6 +103,12 @@ def _text_ids(sub: Any, args: argparse.Namespace):
                          ) from None
     if not text.strip():
         raise UsageError(f"argument --text: {args.text!r} holds no text")
+    return text
+
+
+def _text_ids(sub: Any, args: argparse.Namespace, text: str):
+    from ..subjects.subject import InputError
+
     try:
         enc = sub.encode([text], "--text")
     except InputError as e:
@@ -166,9 +171,10 @@ def run(args: argparse.Namespace) -> int:
 
     from .generate import _load
 
+    text = _read_text(args)
     t0 = time.perf_counter()
     sub = _load(args.model)
-    ids = _text_ids(sub, args)
+    ids = _text_ids(sub, args, text)
     sys.stderr.write(f"splitformer cache: {sub.what}; {ids.shape[1]} tokens of {args.text} "
                      f"(loaded in {time.perf_counter() - t0:.1f} s), chunk {args.chunk}, "
                      f"decode {args.decode}\n")

@@ -42,8 +42,9 @@ import torch
 __all__ = ["RULES", "main", "rule_model"]
 
 RULES = ("bandwidth", "yarn", "dynamic", "linear", "default", "bandwidth-notemp",
-         "dynamic-chunked", "bandwidth-32", "bandwidth-follow")
-FOLLOW = ("bandwidth-follow",)  # scored on a tape that re-rotates the keys (follow_length)
+         "dynamic-chunked", "bandwidth-32", "bandwidth-follow", "bandwidth-follow-32")
+# the rules scored on a tape that re-rotates the keys (KVTape(follow_length=True))
+FOLLOW = ("bandwidth-follow", "bandwidth-follow-32")
 FACTORS = (2, 4)
 SHORT = (16, 512)  # short-context check: 16 windows of 512 tokens
 
@@ -88,6 +89,8 @@ def rule_model(model, rule: str, factor: float, length: int):
         return model.with_rope("bandwidth", factor=float(factor), temperature="none")
     if rule == "bandwidth-follow":  # s = max(1, n / n0) from the current length
         return model.with_rope("bandwidth", factor=None)
+    if rule == "bandwidth-follow-32":
+        return model.with_rope("bandwidth", factor=None, turns=32)
     if rule == "bandwidth-32":  # the ablation: bands kept from yarn's beta_fast = 32 turns on
         return model.with_rope("bandwidth", factor=float(factor), turns=32)
     raise ValueError(f"rule: one of {', '.join(RULES)}, got {rule!r}")
@@ -215,7 +218,8 @@ def table(out: Path) -> None:
             if w is not None and len(w.get("windows", [])) >= k:
                 wref = math.exp(sum(w["windows"][:k]) / (k * (n0 - 1)))
                 wfirst = math.exp(w["windows"][0] / (n0 - 1))
-                wpast = math.exp(sum(w["windows"][1:k]) / ((k - 1) * (n0 - 1)))
+                wpast = (math.exp(sum(w["windows"][1:k]) / ((k - 1) * (n0 - 1))) if k > 1
+                         else None)
             fmt = (lambda v: "" if v is None else f"{v:.3f}")  # noqa: E731
             print(f"\n{doc}: {length} tokens (s = {k}); in windows of {n0}: {fmt(wref)} "
                   f"(first window {fmt(wfirst)}, the others {fmt(wpast)})")
@@ -228,29 +232,66 @@ def table(out: Path) -> None:
                 first = math.exp((r["nll"] - r["nll_past"]) / (n0 - 1))
                 # past n0 without the window heads (the targets the other windows score)
                 heads = r["nll_heads"]
-                past = math.exp((r["nll_past"] - heads) / (r["tokens_past"] - (k - 1)))
+                past = (math.exp((r["nll_past"] - heads) / (r["tokens_past"] - (k - 1)))
+                        if r["tokens_past"] > k - 1 else float("nan"))
                 vs = f"{100 * (p / wref - 1):+.1f}%" if wref else ""
                 vp = f"{100 * (past / wpast - 1):+.1f}%" if wpast else ""
                 print(f"| {r['rule']} | {p:.3f} | {vs} | {first:.3f} | {past:.3f} | {vp} |")
 
 
+def _names(allowed: Sequence[str], what: str):
+    def parse(text: str) -> list[str]:
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [n for n in names if n not in allowed]
+        if not names or bad:
+            raise argparse.ArgumentTypeError(f"expected {what} among {', '.join(allowed)} "
+                                             f"separated by commas, got {text!r}")
+        return names
+    return parse
+
+
+def _ints(least: int, what: str):
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(t) for t in text.split(",")]
+        except ValueError:
+            values = []
+        if not values or any(v < least for v in values):
+            raise argparse.ArgumentTypeError(f"expected {what} (ints >= {least}) separated by "
+                                             f"commas, got {text!r}")
+        return values
+    return parse
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m splitformer.experiments.context")
-    p.add_argument("what", choices=("run", "table"))
-    p.add_argument("--out", type=Path, default=Path("results/context"))
-    p.add_argument("--docs", default="kjv,wiki")
-    p.add_argument("--rules", default=",".join(RULES))
-    p.add_argument("--factors", default="2,4")
-    p.add_argument("--chunk", type=int, default=1024)
-    p.add_argument("--threads", type=int, default=None)
+    p = argparse.ArgumentParser(
+        prog="python -m splitformer.experiments.context",
+        description="SmolLM2 read at 2x and 4x its trained context by each rope rule "
+                    "(docs/context.md): run appends rows to OUT/rows.jsonl (resumable), table "
+                    "prints the tables the docs quote.")
+    p.add_argument("what", choices=("run", "table"), help="run the measurements or print them")
+    p.add_argument("--out", type=Path, default=Path("results/context"),
+                   help="folder of rows.jsonl (default results/context)")
+    p.add_argument("--docs", type=_names(("kjv", "wiki"), "documents"), default=["kjv", "wiki"],
+                   help="documents: kjv (the held-out King James books), wiki (gensim's "
+                        "Wikipedia extract); default kjv,wiki")
+    p.add_argument("--rules", type=_names(RULES, "rules"), default=list(RULES),
+                   help=f"rope rules (default all: {', '.join(RULES)})")
+    p.add_argument("--factors", type=_ints(2, "factors"), default=list(FACTORS),
+                   help="lengths as multiples of the trained 8192 (default 2,4)")
+    p.add_argument("--chunk", type=_ints(1, "a chunk"), default=[1024],
+                   help="tokens per forward of the chunked prefill (default 1024)")
+    p.add_argument("--threads", type=_ints(1, "threads"), default=None,
+                   help="torch threads (default: torch's choice)")
     a = p.parse_args(argv)
     if a.threads:
-        torch.set_num_threads(a.threads)
+        torch.set_num_threads(a.threads[0])
     if a.what == "table":
+        if not (a.out / "rows.jsonl").is_file():
+            p.error(f"--out: no rows.jsonl in {str(a.out)!r} (run first)")
         table(a.out)
         return
-    run(a.out, a.docs.split(","), a.rules.split(","), [int(f) for f in a.factors.split(",")],
-        a.chunk)
+    run(a.out, a.docs, a.rules, a.factors, a.chunk[0])
 
 
 if __name__ == "__main__":

@@ -143,24 +143,48 @@ def table(out: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     from ..operators.cache_policy import POLICIES
+    from .context import _ints, _names
 
-    p = argparse.ArgumentParser(prog="python -m splitformer.experiments.passkey")
-    p.add_argument("what", choices=("run", "table"))
-    p.add_argument("--out", type=Path, default=Path("results/cache"))
-    p.add_argument("--lengths", default="1024,2048,4096")
-    p.add_argument("--placements", type=int, default=10)
-    p.add_argument("--policies", default=",".join(POLICIES))
-    p.add_argument("--budgets", default="0.25")
-    p.add_argument("--chunk", type=int, default=256)
-    p.add_argument("--threads", type=int, default=None)
+    def budgets(text: str) -> list[float]:
+        try:
+            values = [float(t) for t in text.split(",")]
+        except ValueError:
+            values = []
+        if not values or not all(0 < v <= 1 for v in values):
+            raise argparse.ArgumentTypeError(f"expected fractions in (0, 1] separated by "
+                                             f"commas, got {text!r}")
+        return values
+
+    p = argparse.ArgumentParser(
+        prog="python -m splitformer.experiments.passkey",
+        description="The passkey test of docs/cache.md on SmolLM2: run appends rows to "
+                    "OUT/passkey.jsonl (resumable), table prints them.")
+    p.add_argument("what", choices=("run", "table"), help="run the test or print the rows")
+    p.add_argument("--out", type=Path, default=Path("results/cache"),
+                   help="folder of passkey.jsonl (default results/cache)")
+    p.add_argument("--lengths", type=_ints(128, "prompt lengths"), default=[1024, 2048, 4096],
+                   help="prompt lengths in tokens (default 1024,2048,4096)")
+    p.add_argument("--placements", type=_ints(1, "a count"), default=[10],
+                   help="needle depths per length, one batch (default 10)")
+    p.add_argument("--policies", type=_names(tuple(POLICIES), "policies"),
+                   default=list(POLICIES), help=f"cache policies (default all: "
+                                                f"{', '.join(POLICIES)})")
+    p.add_argument("--budgets", type=budgets, default=[0.25],
+                   help="budgets, fractions of the tokens seen (default 0.25)")
+    p.add_argument("--chunk", type=_ints(1, "a chunk"), default=[256],
+                   help="tokens per prefill forward, the policy acting after each (default "
+                        "256; the prompt's length: compress once, after the question)")
+    p.add_argument("--threads", type=_ints(1, "threads"), default=None,
+                   help="torch threads (default: torch's choice)")
     a = p.parse_args(argv)
     if a.threads:
-        torch.set_num_threads(a.threads)
+        torch.set_num_threads(a.threads[0])
     if a.what == "table":
+        if not (a.out / "passkey.jsonl").is_file():
+            p.error(f"--out: no passkey.jsonl in {str(a.out)!r} (run first)")
         table(a.out)
         return
-    run(a.out, [int(x) for x in a.lengths.split(",")], a.placements, a.policies.split(","),
-        [float(x) for x in a.budgets.split(",")], a.chunk)
+    run(a.out, a.lengths, a.placements[0], a.policies, a.budgets, a.chunk[0])
 
 
 if __name__ == "__main__":

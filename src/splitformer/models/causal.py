@@ -322,6 +322,21 @@ class CausalDecoderModel(EvolutionModel):
                  if p.max_position_embeddings is not None]
         return min(known) if known else None
 
+    @property
+    def context_positions(self) -> int | None:
+        """The length the rotary kernel is read for: the trained length for "default", times
+        the factor for a type that scales the coordinates or frequencies (linear, yarn, llama3,
+        longrope, bandwidth, ...), None when the kernel follows the current length (dynamic,
+        bandwidth without a factor) or nothing is recorded; the smallest of several."""
+        lengths = []
+        for p in self.rotary.values():
+            n0 = p.max_position_embeddings
+            if n0 is None or p.follows_length:
+                continue
+            factor = p.parameters.get("factor") if p.rope_type != "default" else None
+            lengths.append(int(n0 * factor) if factor else n0)
+        return min(lengths) if lengths else None
+
     def with_rope(self, rope_type: str, **parameters: Any):
         """The same model (shared parameters) reading its rotary kernel with another
         ``rope_type`` (docs/context.md): every named rotary positions keeps its features, base
@@ -331,8 +346,10 @@ class CausalDecoderModel(EvolutionModel):
         rope_theta, when given, replaces the base b: NTK-aware scaling as a fixed base).
         ``rope_type`` is one of transformers' (linear: Position Interpolation, dynamic, yarn,
         llama3, longrope, ...) or splitformer's "bandwidth" (``operators.rope``). Refused by
-        name: a model without rotary positions, an unknown type or parameter value."""
-        from ..operators.rope import RotaryPositions
+        name: a model without rotary positions, an unknown type, a parameter the type does not
+        read (a misspelling), a factor that is not a finite number >= 1, a base that is not a
+        finite number > 0 (``operators.rope.check_extension``)."""
+        from ..operators.rope import RotaryPositions, check_extension
 
         if not self.rotary:
             raise ValueError(f"with_rope: {type(self).__name__} has no rotary positions "
@@ -341,6 +358,7 @@ class CausalDecoderModel(EvolutionModel):
         if not isinstance(rope_type, str):
             raise TypeError(f"with_rope: rope_type must be a str, got "
                             f"{type(rope_type).__name__}")
+        check_extension(rope_type, parameters)
         rotary = {}
         for name, old in self.rotary.items():
             params = dict(parameters)

@@ -195,12 +195,13 @@ def _check_length(model, n: int, cfg: GenerationConfig) -> None:
     if limit is not None and n + cfg.max_new_tokens > limit:
         raise ValueError(f"max_new_tokens={cfg.max_new_tokens}: the prompt ({n} tokens) and the "
                          f"new tokens exceed the model's {limit} learned positions")
-    trained = model.trained_positions
-    if limit is None and trained is not None and n + cfg.max_new_tokens > trained:
+    context = model.context_positions
+    if limit is None and context is not None and n + cfg.max_new_tokens > context:
         warnings.warn(f"generate: the prompt ({n} tokens) and max_new_tokens="
-                      f"{cfg.max_new_tokens} go past the {trained} positions the rotary kernel "
-                      "was trained on: beyond them the model extrapolates (transformers does not "
-                      "refuse either; a rope_type of context extension changes the kernel)",
+                      f"{cfg.max_new_tokens} go past the {context} positions the rotary kernel "
+                      "is read for (trained, or extended by its rope_type's factor): beyond them "
+                      "the model extrapolates (transformers does not refuse either; "
+                      "model.with_rope(...) reads the kernel on a longer interval)",
                       UserWarning, stacklevel=4)
 
 

@@ -55,7 +55,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["OWN_ROPE_TYPES", "ROPE_TYPES", "RotaryAngles", "RotaryPositions", "rotate_half"]
+__all__ = ["OWN_ROPE_TYPES", "ROPE_TYPES", "RotaryAngles", "RotaryPositions", "check_extension",
+           "rotate_half"]
 
 #: the rope_type values of transformers 5.25 for 1-D token coordinates ("default" plus the keys
 #: of ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS``)
@@ -77,6 +78,57 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "proportional": (),
     "bandwidth": ("factor", "original_max_position_embeddings"),
 }
+
+
+# the parameters each rope_type reads (transformers' names; rope_theta for every type)
+_READS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast",
+             "beta_slow", "mscale", "mscale_all_dim", "truncate"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor", "factor", "original_max_position_embeddings",
+                 "attention_factor"),
+    "proportional": ("factor", "partial_rotary_factor"),
+    "bandwidth": ("factor", "original_max_position_embeddings", "temperature", "turns"),
+}
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_extension(rope_type: str, parameters: Mapping[str, Any]) -> None:
+    """The user's side of a change of rope (``with_rope``): ValueError naming the parameter
+    for one the type does not read (a misspelling would be kept and ignored), a factor that is
+    not a finite number >= 1 (None where the type reads the length instead: yarn, longrope,
+    bandwidth), a rope_theta that is not a finite number > 0, a trained length that is not an
+    int >= 1. The formulas' own checks follow in ``RotaryPositions``."""
+    if not isinstance(rope_type, str) or rope_type not in _READS:
+        raise ValueError(f"rope_type: unknown rope_type {rope_type!r}; one of "
+                         f"{', '.join(ROPE_TYPES + OWN_ROPE_TYPES)}")
+    allowed = (*_READS[rope_type], "rope_theta")
+    for key in parameters:
+        if key not in allowed:
+            raise ValueError(f"{key}: rope_type {rope_type!r} does not read {key!r}; it reads "
+                             f"{', '.join(allowed)}")
+    if "factor" in parameters:
+        factor = parameters["factor"]
+        none_ok = rope_type in ("yarn", "longrope", "bandwidth")
+        if not ((factor is None and none_ok) or (_real(factor) and factor >= 1)):
+            raise ValueError(f"factor: rope_type {rope_type!r} needs a finite factor >= 1 "
+                             f"(the new length over the trained one)"
+                             f"{', or None' if none_ok else ''}, got {factor!r}")
+    if "rope_theta" in parameters:
+        base = parameters["rope_theta"]
+        if not (_real(base) and base > 0):
+            raise ValueError(f"rope_theta: the base must be a finite number > 0, got {base!r}")
+    n0 = parameters.get("original_max_position_embeddings", 1)
+    if isinstance(n0, bool) or not isinstance(n0, int) or n0 < 1:
+        raise ValueError(f"original_max_position_embeddings: the trained length, an int >= 1, "
+                         f"got {n0!r}")
 
 
 class _Parameters(Mapping[str, Any]):
@@ -427,6 +479,14 @@ class RotaryPositions:
         return self.rope_type in ("dynamic", "longrope") or (
             self.rope_type == "bandwidth" and self.parameters["factor"] is None)
 
+    @property
+    def keys_follow_length(self) -> bool:
+        """Whether a KV tape must re-rotate its stored keys to each forward's frequencies for
+        this kernel (declared: splitformer's own types whose frequencies follow the length;
+        transformers' dynamic and longrope keep transformers' cache semantics, stale keys,
+        unless the tape is built with ``follow_length=True``)."""
+        return self.follows_length and self.rope_type in OWN_ROPE_TYPES
+
     def forward_frequencies(self, length: int, device: torch.device | str | None = None
                             ) -> torch.Tensor:
         """The frequencies (dim // 2,) float32 of a forward whose last position is
@@ -522,7 +582,8 @@ class RotaryPositions:
             temp = ("queries times ln(x+1)/ln n0 past n0" if p.get("temperature", "log") == "log"
                     else "no temperature")
             times = "once" if turns == 1 else f"{turns:g} times"
-            scale = "n / n0 (the current length n)" if p["factor"] is None else f"{p['factor']:g}"
+            scale = ("s, s = max(1, n / n0) at the current length n" if p["factor"] is None
+                     else f"{p['factor']:g}")
             return (f"{line}; bandwidth: {kept} of {self.dim // 2} bands turn {times} in n0 = "
                     f"{n0} and are kept, the others at x / {scale}; {temp}")
         rotated = int(p.get("partial_rotary_factor", 1.0) * self.dim // 2)

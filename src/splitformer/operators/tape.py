@@ -238,7 +238,8 @@ class KVTape:
         # a rotary kernel whose frequencies follow the length (RotaryPositions.follows_length):
         # re-rotate the stored keys to each forward's frequencies, so that every query and key
         # of a forward read one kernel (one forward over the whole prefix); False: keys keep
-        # the frequencies they were rotated with, as transformers' cache keeps them
+        # the frequencies they were rotated with, as transformers' cache keeps them, except
+        # for a kernel that declares keys_follow_length (splitformer's own types)
         self.follow_length = follow_length
         self.policy = policy if policy is not None else FullCache()
         self.peak_bytes = 0
@@ -428,12 +429,18 @@ class KVTape:
                 raise TapeError(f"a cache policy ({self.policy.describe()}) integrates the "
                                 "softmax kernel against per-head weights (softmax(a + log w)); "
                                 f"{type(kernel).__name__} is not the softmax kernel")
+            if rotary is not None and rotary.keys_follow_length:
+                raise TapeError(f"a cache policy ({self.policy.describe()}) merges or drops "
+                                f"keys rotated by a kernel whose frequencies follow the length "
+                                f"({rotary.describe()}); re-rotating a compressed grid is not "
+                                "supported: give the rope a factor, or decode without a policy")
             if rotary is not None and entry.rotation is None:
                 entry.rotation = Rotation(rotary)
             return self._attend_compressed(entry, kernel, q, k, v, window)
         if isinstance(entry, _KeysValues):
             entry.rotary = rotary
-            if self.follow_length and rotary is not None and rotary.follows_length:
+            if rotary is not None and rotary.follows_length and (
+                    self.follow_length or rotary.keys_follow_length):
                 self._follow_length(entry, rotary, start, k.device)
             k_all, v_all = entry.extend(k, v, start, self.capacity)
             k_all, v_all = expand_heads(kernel, q, k_all, v_all)
