@@ -1,6 +1,6 @@
 """docs/cache.md's table: the rows of `splitformer cache --json` runs (results/cache/*.json), with
 the loss added to the full cache's per token, ln(ppl) / ln(ppl_full) - 1 (the full row of any of
-the files on the same number of tokens: the full cache is exact whatever the chunking).
+the files on the same text and number of tokens: the full cache is exact whatever the chunking).
 
     python results/cache/table.py results/cache/kjv-0-1024.json [...]
 """
@@ -10,10 +10,13 @@ import math
 import sys
 
 runs = {p: json.loads(open(p).read().strip().splitlines()[-1]) for p in sys.argv[1:]}
-fulls = {g["tokens"]: r for g in runs.values() for r in g["rows"] if r["policy"] == "full"}
+# the full row of the same text and length (any file: the full cache is exact whatever the
+# chunking)
+fulls = {(g["text"], g["tokens"]): r for g in runs.values() for r in g["rows"]
+         if r["policy"] == "full"}
 for path, got in runs.items():
     rows = got["rows"]
-    full = fulls.get(got["tokens"])
+    full = fulls.get((got["text"], got["tokens"]))
     print(f"{path}: {got['tokens']} tokens, chunk {got['chunk']}, decode {got['decode']}")
     print("| policy | budget | perplexity | bits/byte | added loss | cache bytes (peak) "
           "| decode tokens/s |")

@@ -1,0 +1,35 @@
+"""docs/cache.md's cross-text table: every policy at every budget on 1024 tokens of several texts
+(``results/cache/sweep2.sh``: results/cache/*-1024-all.json), the loss each adds to the full
+cache's per token (ln ppl / ln ppl_full - 1), its mean and spread over the texts, and on how many
+texts it adds less than StreamingLLM.
+
+    python results/cache/summary.py results/cache/*-1024-all.json
+"""
+
+import json
+import math
+import statistics
+import sys
+
+runs = [json.loads(open(p).read().strip().splitlines()[-1]) for p in sys.argv[1:]]
+texts = [r["text"].split("/")[-1].removesuffix(".txt") for r in runs]
+added: dict[tuple[str, float], list[float]] = {}
+for got in runs:
+    full = next(r for r in got["rows"] if r["policy"] == "full")
+    for r in got["rows"]:
+        if r["policy"] != "full":
+            added.setdefault((r["policy"], r["budget"]), []).append(
+                100 * (math.log(r["perplexity"]) / math.log(full["perplexity"]) - 1))
+print(f"{len(runs)} texts: {', '.join(texts)}; 1024 tokens each, chunk 64, decode 8")
+print("| budget | policy | " + " | ".join(texts) + " | mean | std | below streaming |")
+print("|---|---|" + "---|" * len(texts) + "---|---|---|")
+for budget in sorted({b for _, b in added}, reverse=True):
+    order = sorted((p for p, b in added if b == budget),
+                   key=lambda p: statistics.mean(added[p, budget]))
+    stream = added[("streaming", budget)]
+    for p in order:
+        xs = added[p, budget]
+        wins = sum(x < s for x, s in zip(xs, stream, strict=True))
+        cells = " | ".join(f"{x:+.2f}%" for x in xs)
+        print(f"| {budget:g} | {p} | {cells} | {statistics.mean(xs):+.2f}% | "
+              f"{statistics.stdev(xs) if len(xs) > 1 else 0:.2f} | {wins}/{len(xs)} |")
