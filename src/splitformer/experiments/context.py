@@ -30,14 +30,14 @@ is read at its own length and the trained interval is untouched).
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+
+from .rows import append_row, read_rows, say
 
 __all__ = ["RULES", "main", "rule_model"]
 
@@ -47,23 +47,6 @@ RULES = ("bandwidth", "yarn", "dynamic", "linear", "default", "bandwidth-notemp"
 FOLLOW = ("bandwidth-follow", "bandwidth-follow-32")
 FACTORS = (2, 4)
 SHORT = (16, 512)  # short-context check: 16 windows of 512 tokens
-
-
-def _say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
-def _rows(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _append(path: Path, row: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
 
 
 def rule_model(model, rule: str, factor: float, length: int):
@@ -146,10 +129,10 @@ def run(out: Path, docs: Sequence[str], rules: Sequence[str], factors: Sequence[
     model = from_hf("smollm2").eval()
     n0 = model.trained_positions
     path = out / "rows.jsonl"
-    done = {(r["doc"], r["kind"], r["length"], r["rule"]) for r in _rows(path)}
+    done = {(r["doc"], r["kind"], r["length"], r["rule"]) for r in read_rows(path)}
     texts = _documents(model.tokenizer, docs)
     for doc, ids in texts.items():
-        _say(f"{doc}: {ids.numel()} tokens")
+        say(f"{doc}: {ids.numel()} tokens")
         if ids.numel() < max(factors) * n0:
             raise SystemExit(f"{doc}: {ids.numel()} tokens, fewer than {max(factors) * n0}")
     work = []
@@ -165,7 +148,7 @@ def run(out: Path, docs: Sequence[str], rules: Sequence[str], factors: Sequence[
             continue
         ids = texts[doc]
         m = rule_model(model, rule, factor, length)
-        _say(f"{doc} {kind} {length} {rule} x{factor}")
+        say(f"{doc} {kind} {length} {rule} x{factor}")
         if kind == "windows":
             parts = [stream_nll(m, ids[None, s:s + n0], chunk=chunk, split=n0)
                      for s in range(0, length, n0)]
@@ -184,12 +167,12 @@ def run(out: Path, docs: Sequence[str], rules: Sequence[str], factors: Sequence[
                              follow_length=rule in FOLLOW)
         row.update(doc=doc, kind=kind, length=length, rule=rule, factor=factor, chunk=chunk,
                    threads=torch.get_num_threads())
-        _append(path, row)
-        _say(f"  ppl {math.exp(row['nll'] / row['tokens']):.3f} in {row['seconds']:.0f} s")
+        append_row(path, row)
+        say(f"  ppl {math.exp(row['nll'] / row['tokens']):.3f} in {row['seconds']:.0f} s")
 
 
 def table(out: Path) -> None:
-    rows = _rows(out / "rows.jsonl")
+    rows = read_rows(out / "rows.jsonl")
     ref: dict[str, dict] = {}  # per document, the windows row of the most windows
     for r in rows:
         if r["kind"] == "windows" and len(r["windows"]) > len(ref.get(r["doc"], {}).get(
@@ -263,6 +246,18 @@ def _ints(least: int, what: str):
     return parse
 
 
+def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None,
+          rows: str) -> argparse.Namespace:
+    """The experiment's arguments: --threads set, and for ``table`` the row file ``rows`` in
+    --out (a usage error naming --out when it is missing)."""
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads[0])
+    if a.what == "table" and not (a.out / rows).is_file():
+        p.error(f"--out: no {rows} in {str(a.out)!r} (run first)")
+    return a
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m splitformer.experiments.context",
@@ -283,12 +278,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="tokens per forward of the chunked prefill (default 1024)")
     p.add_argument("--threads", type=_ints(1, "threads"), default=None,
                    help="torch threads (default: torch's choice)")
-    a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads[0])
+    a = parse(p, argv, "rows.jsonl")
     if a.what == "table":
-        if not (a.out / "rows.jsonl").is_file():
-            p.error(f"--out: no rows.jsonl in {str(a.out)!r} (run first)")
         table(a.out)
         return
     run(a.out, a.docs, a.rules, a.factors, a.chunk[0])

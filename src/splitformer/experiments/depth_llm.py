@@ -27,12 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+
+from .rows import append_row, read_rows, say
 
 __all__ = ["CONFIGS", "STEPS", "main"]
 
@@ -48,30 +49,13 @@ FIT_WINDOWS = 32  # calibration windows (of 512) the least-squares maps are fitt
 RANK_WINDOWS = 4  # windows (of 512) of the single-step removals and of the diagnostics
 
 
-def _say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
-def _rows(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _append(path: Path, row: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-
-
 def _setup(threads: int | None):
     from ..interop import from_hf
     from . import lm_eval
 
     if threads:
         torch.set_num_threads(threads)
-    _say("loading SmolLM2")
+    say("loading SmolLM2")
     teacher = from_hf("smollm2").eval()
     text = lm_eval.lm_text(teacher.tokenizer)
     return teacher, text
@@ -86,7 +70,7 @@ def _grids(teacher, text, steps: Sequence[int], method: str):
     L = teacher.evolution.num_steps
     if method != "sleb":
         return {n: plan(method, teacher, n, probe) for n in steps}
-    found = sleb_order(teacher, probe["input_ids"], L - min(steps), say=_say)
+    found = sleb_order(teacher, probe["input_ids"], L - min(steps), say=say)
     losses = [round(x, 6) for x in [found["loss"], *found["losses"]]]
     return {n: _dropped("sleb", teacher, sorted(found["order"][:L - n]),
                         {"order": found["order"][:L - n], "losses": losses[:L - n + 1]})
@@ -100,38 +84,38 @@ def free(out: Path, steps: Sequence[int], configs: Sequence[tuple[str, str]],
     from . import lm_eval
 
     path = out / "training-free.jsonl"
-    done = {(r["steps"], r["method"], r["absorb"]) for r in _rows(path)}
+    done = {(r["steps"], r["method"], r["absorb"]) for r in read_rows(path)}
     todo = [(n, m, a) for n in steps for m, a in configs if (n, m, a) not in done]
     if not todo:
-        _say(f"{path}: every row is there")
+        say(f"{path}: every row is there")
         return
     teacher, text = _setup(threads)
-    _say("evaluating the teacher")
+    say("evaluating the teacher")
     evaluation = lm_eval.LMEvaluation(teacher, text, say=None)
-    if ("teacher",) not in {(r.get("method"),) for r in _rows(path)}:
+    if ("teacher",) not in {(r.get("method"),) for r in read_rows(path)}:
         # the teacher against itself: kl 0, top-1 1, every continuation whole (by definition)
-        _append(path, {"steps": teacher.evolution.num_steps, "method": "teacher",
+        append_row(path, {"steps": teacher.evolution.num_steps, "method": "teacher",
                        "absorb": "keep", **evaluation.teacher, "perplexity_ratio": 1.0,
                        "kl": 0.0, "top1": 1.0, "match_tokens": float(lm_eval.NEW_TOKENS),
                        "match_full": lm_eval.PROMPTS})
     grids: dict[str, dict] = {}
     for n, method, absorb in todo:
         if method not in grids:
-            _say(f"choosing the grids of {method}")
+            say(f"choosing the grids of {method}")
             grids[method] = _grids(teacher, text, steps, method)
         coarsening = grids[method][n]
-        _say(f"N={n} {method} / {absorb}: {coarsening}")
+        say(f"N={n} {method} / {absorb}: {coarsening}")
         start = time.perf_counter()
         base = healed_copy(teacher)
         report = fit(base, coarsening, FitConfig(absorb=absorb), teacher=teacher,
-                     calibration=text.calibration[:FIT_WINDOWS], say=_say)
+                     calibration=text.calibration[:FIT_WINDOWS], say=say)
         student = coarsening.apply(base).eval()
         fitted = time.perf_counter() - start
         result = evaluation(student)
-        _say(f"  perplexity {result['perplexity']:.2f} ({result['perplexity_ratio']:.2f}x), "
+        say(f"  perplexity {result['perplexity']:.2f} ({result['perplexity_ratio']:.2f}x), "
              f"kl {result['kl']:.3f}, top1 {result['top1']:.3f}, match "
              f"{result.get('match_tokens', 0):.1f}")
-        _append(path, {"steps": n, "method": method, "absorb": absorb,
+        append_row(path, {"steps": n, "method": method, "absorb": absorb,
                        "grid": coarsening.to_dict(), "fit": report,
                        "fit_seconds": round(fitted, 1), **result})
         del base, student
@@ -144,13 +128,13 @@ def rank(out: Path, threads: int | None) -> None:
 
     path = out / "rankings.json"
     if path.is_file():
-        _say(f"{path} is there")
+        say(f"{path} is there")
         return
     teacher, text = _setup(threads)
-    _say(f"measured: perplexity without each single step ({RANK_WINDOWS} held-out windows)")
-    measured = removal_losses(teacher, text.evaluation[:RANK_WINDOWS], say=_say)
-    _say(f"diagnostics from u(t) on {RANK_WINDOWS} calibration windows")
-    diag = step_diagnostics(teacher, text.calibration[:RANK_WINDOWS], say=_say)
+    say(f"measured: perplexity without each single step ({RANK_WINDOWS} held-out windows)")
+    measured = removal_losses(teacher, text.evaluation[:RANK_WINDOWS], say=say)
+    say(f"diagnostics from u(t) on {RANK_WINDOWS} calibration windows")
+    diag = step_diagnostics(teacher, text.calibration[:RANK_WINDOWS], say=say)
     worth = [math.exp(x) for x in measured["removal"]]
     rho = {}
     for key in ("block_influence", "angular", "removal_error", "merge_error"):
@@ -164,7 +148,7 @@ def rank(out: Path, threads: int | None) -> None:
                                       f"({RANK_WINDOWS} x 512)"}}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
-    _say(f"wrote {path}: " + ", ".join(f"{k} {v['spearman']:.3f}" for k, v in rho.items()))
+    say(f"wrote {path}: " + ", ".join(f"{k} {v['spearman']:.3f}" for k, v in rho.items()))
 
 
 def speed(out: Path, steps: Sequence[int], threads: int | None) -> None:
@@ -175,9 +159,9 @@ def speed(out: Path, steps: Sequence[int], threads: int | None) -> None:
     rows = {}
     for n in steps:
         student = teacher.drop_steps(list(range(n, teacher.evolution.num_steps))).eval()
-        _say(f"speed: N={n} against 30 steps")
+        say(f"speed: N={n} against 30 steps")
         rows[str(n)] = lm_eval.speed(student, teacher, text, prompt=512, new=64, repeats=3)
-        _say(f"  prefill {rows[str(n)]['prefill_ratio']:.3f}x, decode "
+        say(f"  prefill {rows[str(n)]['prefill_ratio']:.3f}x, decode "
              f"{rows[str(n)]['decode_ratio']:.3f}x")
     path.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": rows}, indent=1)
                     + "\n")
@@ -211,7 +195,7 @@ def table(out: Path) -> None:
         for step, f in sorted((r.get("fits") or {}).items(), key=lambda kv: int(kv[0])):
             print(f"  absorbing step {step}: " + ", ".join(
                 f"{k} {v:.4g}" for k, v in f.items() if isinstance(v, (int, float))))
-    rows = _rows(out / "training-free.jsonl")
+    rows = read_rows(out / "training-free.jsonl")
     print(f"{'N':>3} {'method':<11} {'absorb':<8} {'ppl':>8} {'x':>6} {'bpb':>6} {'KL':>6} "
           f"{'top1':>6} {'match':>6}")
     for r in sorted(rows, key=lambda r: (-r["steps"], r["perplexity"])):

@@ -18,13 +18,13 @@ OUT/passkey.jsonl (a row already there is not recomputed: kill and rerun resumes
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+
+from .rows import append_row, read_rows, say
 
 __all__ = ["main", "prompts"]
 
@@ -33,10 +33,6 @@ FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. T
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = " What is the pass key? The pass key is"
 NEW_TOKENS = 8
-
-
-def _say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
 def prompts(tokenizer, length: int, placements: int, seed: int = 0
@@ -87,12 +83,6 @@ def run_row(model, ids: torch.Tensor, keys: Sequence[str], policy, chunk: int) -
             "seconds": time.perf_counter() - t0}
 
 
-def _rows(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[str],
         budgets: Sequence[float], chunk: int) -> None:
     from ..interop import from_hf
@@ -101,28 +91,26 @@ def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[s
     model = from_hf("smollm2").eval()
     path = out / "passkey.jsonl"
     done = {(r["length"], r["policy"], r["budget"], r["placements"], r["chunk"])
-            for r in _rows(path)}
+            for r in read_rows(path)}
     for length in lengths:
         ids, keys = prompts(model.tokenizer, length, placements)
         for name in policies:
             for budget in ([1.0] if name == "full" else budgets):
                 if (length, name, budget, placements, chunk) in done:
                     continue
-                _say(f"{length} tokens, {name} {budget}")
+                say(f"{length} tokens, {name} {budget}")
                 row = run_row(model, ids, keys, cache_policy(name, budget), chunk)
                 row.update(length=length, policy=name, budget=budget, placements=placements,
                            chunk=chunk, threads=torch.get_num_threads())
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                _say(f"  accuracy {row['accuracy']:.2f} in {row['seconds']:.0f} s")
+                append_row(path, row)
+                say(f"  accuracy {row['accuracy']:.2f} in {row['seconds']:.0f} s")
 
 
 def table(out: Path) -> None:
     """One table per prefill chunk: right answers per policy, budget and length."""
     from ..operators.cache_policy import POLICIES
 
-    rows = _rows(out / "passkey.jsonl")
+    rows = read_rows(out / "passkey.jsonl")
     order = list(POLICIES)
     for chunk in sorted({r["chunk"] for r in rows}):
         these = [r for r in rows if r["chunk"] == chunk]
@@ -143,7 +131,7 @@ def table(out: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     from ..operators.cache_policy import POLICIES
-    from .context import _ints, _names
+    from .context import _ints, _names, parse
 
     def budgets(text: str) -> list[float]:
         try:
@@ -176,12 +164,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "256; the prompt's length: compress once, after the question)")
     p.add_argument("--threads", type=_ints(1, "threads"), default=None,
                    help="torch threads (default: torch's choice)")
-    a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads[0])
+    a = parse(p, argv, "passkey.jsonl")
     if a.what == "table":
-        if not (a.out / "passkey.jsonl").is_file():
-            p.error(f"--out: no passkey.jsonl in {str(a.out)!r} (run first)")
         table(a.out)
         return
     run(a.out, a.lengths, a.placements[0], a.policies, a.budgets, a.chunk[0])

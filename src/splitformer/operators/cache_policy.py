@@ -341,20 +341,30 @@ class SnapKV(CachePolicy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_option(self.name, "window", self.window,
-                      isinstance(self.window, int) and self.window >= 1, "an int >= 1")
-        _check_option(self.name, "kernel", self.kernel, isinstance(self.kernel, int)
-                      and self.kernel >= 1 and self.kernel % 2 == 1, "an odd int >= 1")
+        _check_window(self.name, self.window, self.kernel)
 
     def observed_queries(self, n: int) -> int:
         return min(self.window, n)
 
     def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
         assert grid.scores is not None
-        b, h, n = grid.scores.shape
-        pooled = F.avg_pool1d(grid.scores.reshape(b * h, 1, n), self.kernel, stride=1,
-                              padding=self.kernel // 2).reshape(b, h, n)
-        return _recent_and_top(grid, keep, min(self.window, keep // 2), pooled)
+        return _recent_and_top(grid, keep, min(self.window, keep // 2),
+                               _pooled(grid.scores, self.kernel))
+
+
+def _check_window(policy: str, window: object, kernel: object) -> None:
+    """An observation window (an int >= 1 of last queries) and a pooling width (odd int)."""
+    _check_option(policy, "window", window, isinstance(window, int) and window >= 1,
+                  "an int >= 1")
+    _check_option(policy, "kernel", kernel, isinstance(kernel, int) and kernel >= 1
+                  and kernel % 2 == 1, "an odd int >= 1")
+
+
+def _pooled(scores: torch.Tensor, kernel: int) -> torch.Tensor:
+    """The observed attention (B, H, n) average-pooled along the nodes, width ``kernel``."""
+    b, h, n = scores.shape
+    return F.avg_pool1d(scores.reshape(b * h, 1, n), kernel, stride=1,
+                        padding=kernel // 2).reshape(b, h, n)
 
 
 @dataclass(frozen=True)
@@ -517,10 +527,7 @@ class AdaptiveQuadrature(QuadratureMerging):
         super().__post_init__()
         _check_option(self.name, "protect", self.protect, isinstance(self.protect, float | int)
                       and 0 <= self.protect < 1, "a fraction in [0, 1) of the merged budget")
-        _check_option(self.name, "window", self.window,
-                      isinstance(self.window, int) and self.window >= 1, "an int >= 1")
-        _check_option(self.name, "kernel", self.kernel, isinstance(self.kernel, int)
-                      and self.kernel >= 1 and self.kernel % 2 == 1, "an odd int >= 1")
+        _check_window(self.name, self.window, self.kernel)
 
     def observed_queries(self, n: int) -> int:
         return min(self.window, n)
@@ -532,10 +539,8 @@ class AdaptiveQuadrature(QuadratureMerging):
         if p <= 0 or middle.scores is None:
             return _merge_neighbours(middle, keep, rotation)
         b, h, _ = middle.scores.shape
-        pooled = F.avg_pool1d(middle.scores.reshape(b * h, 1, n), self.kernel, stride=1,
-                              padding=self.kernel // 2).reshape(b, h, n)
-        top = pooled.topk(p, dim=-1).indices
-        chosen = torch.zeros(b, h, n, dtype=torch.bool, device=pooled.device).scatter(2, top, True)
+        top = _pooled(middle.scores, self.kernel).topk(p, dim=-1).indices
+        chosen = torch.zeros(b, h, n, dtype=torch.bool, device=top.device).scatter(2, top, True)
         rest = torch.argsort(chosen.to(torch.int8), dim=-1, stable=True)[..., :n - p]
         fine = middle.take(_ordered(top))
         coarse = _merge_neighbours(middle.take(rest.contiguous()), keep - p, rotation)
