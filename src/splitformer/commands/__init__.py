@@ -10,6 +10,7 @@ whitespace (``stripped``), as a scheme name is."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 __all__ = ["UsageError", "bounded_int", "duration", "int_list", "nonnegative_float",
@@ -143,3 +144,31 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds (600, 1e3) or a duration like 90s, "
                                          f"10m, 1h, got {text!r}")
     return value
+
+
+def cache_policies(text: str) -> tuple[str, ...]:
+    """argparse type: cache policy names (``operators.cache_policy.POLICIES``) separated by
+    commas (``splitformer cache --policy``, ``splitformer bench --policies``)."""
+    from ..operators.cache_policy import POLICIES
+
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",")))
+    bad = [n for n in names if n not in POLICIES]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected policies among {', '.join(POLICIES)} "
+                                         f"separated by commas, got {text!r}")
+    return names
+
+
+def cache_budgets(text: str) -> tuple[float, ...]:
+    """argparse type: cache budgets, fractions in (0, 1] separated by commas."""
+    out = []
+    for t in text.split(","):
+        try:
+            b = float(t)
+        except ValueError:
+            b = math.nan
+        if not (math.isfinite(b) and 0 < b <= 1):
+            raise argparse.ArgumentTypeError(f"expected fractions in (0, 1] of the cache "
+                                             f"separated by commas, got {text!r}")
+        out.append(b)
+    return tuple(dict.fromkeys(out))

@@ -28,7 +28,15 @@ import tempfile
 from pathlib import Path
 
 from ..files import write_atomic
-from . import UsageError, bounded_int, int_list, positive_int, stripped
+from . import (
+    UsageError,
+    bounded_int,
+    cache_budgets,
+    cache_policies,
+    int_list,
+    positive_int,
+    stripped,
+)
 
 HELP = ("time and memory of splitformer against torch.nn, Hugging Face BERT, timm ViT and "
         "x-transformers, pairs interleaved in one process")
@@ -112,16 +120,6 @@ def _rs_arg(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys((0, *int_list(0, MAX_R)(text))))
 
 
-def _cache_policies(text: str) -> tuple[str, ...]:
-    from .cache import _policies
-    return _policies(text)
-
-
-def _cache_budgets(text: str) -> tuple[float, ...]:
-    from .cache import _budgets
-    return _budgets(text)
-
-
 def _paths_arg(text: str) -> tuple[str, ...]:
     from ..bench.timing import PATHS
     values = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
@@ -190,11 +188,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=(4096, 8192), metavar="N,...",
                    help="generate suite, Llama family (--size smollm2): tokens before the timed "
                         "decode steps of the cache rows (default 4096,8192)")
-    p.add_argument("--policies", type=_cache_policies, default=("streaming", "quadrature"),
+    p.add_argument("--policies", type=cache_policies, default=("streaming", "quadrature"),
                    metavar="NAME,...",
                    help="generate suite, Llama family: cache policies of the cache rows, beside "
                         "the full cache (default streaming,quadrature; docs/cache.md)")
-    p.add_argument("--budgets", type=_cache_budgets, default=(0.5, 0.25, 0.125),
+    p.add_argument("--budgets", type=cache_budgets, default=(0.5, 0.25, 0.125),
                    metavar="B,...",
                    help="generate suite, Llama family: budgets of the cache rows, fractions in "
                         "(0, 1] of the tokens seen (default 0.5,0.25,0.125)")

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import UsageError, bounded_int, positive_int
+from . import UsageError, bounded_int, cache_budgets, cache_policies, positive_int
 
 HELP = "stream a text through a causal LM under KV cache policies (perplexity, memory, speed)"
 EPILOG = ("MODEL: as for `splitformer generate` (smollm2: the packaged SmolLM2-135M-Instruct, "
@@ -42,39 +42,14 @@ EPILOG = ("MODEL: as for `splitformer generate` (smollm2: the packaged SmolLM2-1
           "printed).")
 
 
-def _policies(text: str) -> tuple[str, ...]:
-    from ..operators.cache_policy import POLICIES
-
-    names = tuple(dict.fromkeys(t.strip() for t in text.split(",")))
-    bad = [n for n in names if n not in POLICIES]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(f"expected policies among {', '.join(POLICIES)} "
-                                         f"separated by commas, got {text!r}")
-    return names
-
-
-def _budgets(text: str) -> tuple[float, ...]:
-    out = []
-    for t in text.split(","):
-        try:
-            b = float(t)
-        except ValueError:
-            b = math.nan
-        if not (math.isfinite(b) and 0 < b <= 1):
-            raise argparse.ArgumentTypeError(f"expected fractions in (0, 1] of the cache "
-                                             f"separated by commas, got {text!r}")
-        out.append(b)
-    return tuple(dict.fromkeys(out))
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="a causal LM with a tokenizer (as for "
                    "`splitformer generate`)")
     p.add_argument("--text", required=True, metavar="FILE", help="the text to stream (UTF-8)")
-    p.add_argument("--budget", type=_budgets, default=(0.5, 0.25, 0.125), metavar="B,B,...",
+    p.add_argument("--budget", type=cache_budgets, default=(0.5, 0.25, 0.125), metavar="B,B,...",
                    help="fractions of the full cache kept per attention evaluation and "
                    "key/value head (default 0.5,0.25,0.125)")
-    p.add_argument("--policy", type=_policies, metavar="P,P,...",
+    p.add_argument("--policy", type=cache_policies, metavar="P,P,...",
                    default=("full", "streaming", "h2o", "tova", "snapkv", "merge-values",
                             "quadrature", "adaptive"),
                    help="cache policies (default: all of full, streaming, h2o, tova, snapkv, "
