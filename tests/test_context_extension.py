@@ -299,3 +299,37 @@ def test_every_type_refuses_bad_factors_bases_and_misspellings(pair, rope_type):
             ours.with_rope(rope_type, factor=2.0, rope_theta=bad, **extra)
     with pytest.raises(ValueError, match="temprature: rope_type 'bandwidth' does not read"):
         ours.with_rope("bandwidth", factor=2.0, temprature="none")
+
+
+def test_trained_and_read_lengths_as_transformers_configs_write_them(pair):
+    """A transformers config of an extended kernel records the trained length n0 in
+    original_max_position_embeddings (yarn) or as max_position_embeddings / s (linear), and the
+    length it is read for in max_position_embeddings: trained_positions and context_positions
+    read them so; with_rope writes its models the same way, and to_hf exports that length."""
+    ref, ours = pair
+    for params, n0 in (({"rope_type": "yarn", "factor": 4.0,
+                         "original_max_position_embeddings": N0}, N0),
+                       ({"rope_type": "linear", "factor": 4.0}, N0)):
+        cfg = _config(params)
+        cfg.max_position_embeddings = 4 * N0
+        m = splitformer.from_hf(transformers.LlamaForCausalLM(cfg))
+        assert (m.trained_positions, m.context_positions) == (n0, 4 * N0), params
+    for rope_type in ("yarn", "linear", "bandwidth"):
+        m = ours.with_rope(rope_type, factor=4.0)
+        assert (m.trained_positions, m.context_positions) == (N0, 4 * N0), rope_type
+        twice = m.with_rope(rope_type, factor=2.0)  # re-read from the trained length
+        assert (twice.trained_positions, twice.context_positions) == (N0, 2 * N0), rope_type
+    dynamic = ours.with_rope("dynamic", factor=4.0)
+    assert dynamic.context_positions is None and dynamic.trained_positions == N0
+    assert splitformer.to_hf(ours.with_rope("yarn", factor=4.0)).config \
+        .max_position_embeddings == 4 * N0
+
+
+def test_a_record_rebuilds_the_kernel():
+    for rope in (RotaryPositions(16, 1e4, "bandwidth", {"factor": None, "turns": 32,
+                                                        "original_max_position_embeddings": 8}),
+                 RotaryPositions(16, 1e4, "longrope", {
+                     "short_factor": [1.0] * 8, "long_factor": [1.0, 2, 3, 4, 5, 6, 7, 8],
+                     "original_max_position_embeddings": 8}, max_position_embeddings=32)):
+        back = RotaryPositions.from_record(rope.record())
+        assert back == rope and torch.equal(back.inv_freq(64), rope.inv_freq(64))

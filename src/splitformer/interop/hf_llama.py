@@ -267,7 +267,7 @@ def llama_config(model: nn.Module) -> HFLlamaConfig:
         qk_norm=bool(traits.get("qk_norm", False)),
         sandwich=bool(traits.get("sandwich", False)),
         norm_offset=float(traits.get("norm_offset", 0.0)),
-        rotary={k: _rotary_record(v) for k, v in rotary.items()},
+        rotary={k: v.record() for k, v in rotary.items()},
         ropes=ropes,
         windows=_windows(c, traits, n),
         attention_scale=None if scalar is None else float(scalar) ** -0.5,
@@ -288,7 +288,7 @@ def _export_rotary(model: CausalDecoderModel, cfg: HFLlamaConfig, config: Any) -
     """The model's rotary kernels into ``config.rope_parameters`` where ``with_rope`` changed
     them from the source's (one entry, or one per layer type); ValueError naming the rope_type
     for splitformer's own types, which no transformers config holds."""
-    source = {k: _rotary_of(v) for k, v in cfg.rotary.items()}
+    source = {k: RotaryPositions.from_record(v) for k, v in cfg.rotary.items()}
     if model.rotary == source:
         return
     own = sorted({r.rope_type for r in model.rotary.values() if r.rope_type in OWN_ROPE_TYPES})
@@ -301,21 +301,10 @@ def _export_rotary(model: CausalDecoderModel, cfg: HFLlamaConfig, config: Any) -
         config.rope_parameters = model.rotary["rope"].to_parameters()
     else:
         config.rope_parameters = {k: r.to_parameters() for k, r in model.rotary.items()}
-
-
-def _rotary_record(r: RotaryPositions) -> dict[str, Any]:
-    return {"dim": r.dim, "base": r.base, "rope_type": r.rope_type,
-            "parameters": r.to_parameters(), "max_position_embeddings":
-            r.max_position_embeddings, "head_dim": r.head_dim}
-
-
-def _rotary_of(record: dict[str, Any]) -> RotaryPositions:
-    params = {k: v for k, v in record["parameters"].items()
-              if k not in ("rope_type", "rope_theta")}
-    return RotaryPositions(dim=record["dim"], base=record["base"],
-                           rope_type=record["rope_type"], parameters=params,
-                           max_position_embeddings=record["max_position_embeddings"],
-                           head_dim=record.get("head_dim"))
+    lengths = [r.max_position_embeddings for r in model.rotary.values()
+               if r.max_position_embeddings is not None]
+    if lengths:  # the length the kernel is read for, as transformers' configs write it
+        config.max_position_embeddings = min(lengths)
 
 
 def _kernels(cfg: HFLlamaConfig) -> list[Any] | None:
@@ -346,7 +335,7 @@ def build(cfg: HFLlamaConfig, *, device=None, dtype=None) -> CausalDecoderModel:
     return rotary_decoder(
         vocab_size=cfg.vocab_size, dim=cfg.hidden_size, num_heads=cfg.num_heads,
         num_layers=cfg.num_layers, ffn_dim=cfg.ffn_dim,
-        rotary={k: _rotary_of(v) for k, v in cfg.rotary.items()},
+        rotary={k: RotaryPositions.from_record(v) for k, v in cfg.rotary.items()},
         num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, activation=cfg.activation,
         norm_eps=cfg.rms_norm_eps, norm_offset=cfg.norm_offset,
         norm_gain_in_float32=cfg.norm_offset != 0.0, attention_bias=cfg.attention_bias,

@@ -316,41 +316,35 @@ class CausalDecoderModel(EvolutionModel):
     @property
     def trained_positions(self) -> int | None:
         """The context length a rotary model was trained for (its positions'
-        max_position_embeddings; the smallest of several), None when not recorded or not
-        rotary: past it the kernel extrapolates."""
-        known = [p.max_position_embeddings for p in self.rotary.values()
-                 if p.max_position_embeddings is not None]
+        ``trained_length``; the smallest of several), None when not recorded or not rotary:
+        past it the trained kernel extrapolates."""
+        known = [p.trained_length for p in self.rotary.values()
+                 if p.trained_length is not None]
         return min(known) if known else None
 
     @property
     def context_positions(self) -> int | None:
-        """The length the rotary kernel is read for: the trained length for "default", times
-        the factor for a type that scales the coordinates or frequencies (linear, yarn, llama3,
-        longrope, bandwidth, ...), None when the kernel follows the current length (dynamic,
-        bandwidth without a factor) or nothing is recorded; the smallest of several."""
-        lengths = []
-        for p in self.rotary.values():
-            n0 = p.max_position_embeddings
-            if n0 is None or p.follows_length:
-                continue
-            factor = p.parameters.get("factor") if p.rope_type != "default" else None
-            lengths.append(int(n0 * factor) if factor else n0)
-        return min(lengths) if lengths else None
+        """The length the rotary kernel is read for: its max_position_embeddings (the trained
+        length, or the extended one a context-extension rope_type records, as transformers'
+        configs and ``with_rope`` write it), None when the kernel follows the current length
+        (dynamic, bandwidth without a factor) or nothing is recorded; the smallest of
+        several."""
+        known = [p.max_position_embeddings for p in self.rotary.values()
+                 if p.max_position_embeddings is not None and not p.follows_length]
+        return min(known) if known else None
 
     def with_rope(self, rope_type: str, **parameters: Any):
         """The same model (shared parameters) reading its rotary kernel with another
-        ``rope_type`` (docs/context.md): every named rotary positions keeps its features, base
-        and trained length n0 = max_position_embeddings, and takes ``rope_type`` with
-        ``parameters`` (transformers' names: factor, beta_fast, low_freq_factor, ...;
-        original_max_position_embeddings defaults to n0 for the types that read it;
-        rope_theta, when given, replaces the base b: NTK-aware scaling as a fixed base).
-        ``rope_type`` is one of transformers' (linear: Position Interpolation, dynamic, yarn,
-        llama3, longrope, ...) or splitformer's "bandwidth" (``operators.rope``). Refused by
-        name: a model without rotary positions, an unknown type, a parameter the type does not
-        read (a misspelling), a factor that is not a finite number >= 1, a base that is not a
-        finite number > 0 (``operators.rope.check_extension``)."""
-        from ..operators.rope import RotaryPositions, check_extension
-
+        ``rope_type`` (docs/context.md): every named rotary positions becomes
+        ``RotaryPositions.extended(rope_type, **parameters)`` (its features, base and trained
+        length kept; transformers' parameter names; original_max_position_embeddings defaults
+        to the trained length; rope_theta, when given, replaces the base: NTK-aware scaling as
+        a fixed base). ``rope_type`` is one of transformers' (linear: Position Interpolation,
+        dynamic, yarn, llama3, longrope, ...) or splitformer's "bandwidth"
+        (``operators.rope``). Refused by name: a model without rotary positions, an unknown
+        type, a parameter the type does not read (a misspelling), a factor that is not a
+        finite number >= 1, a base that is not a finite number > 0
+        (``operators.rope.check_extension``)."""
         if not self.rotary:
             raise ValueError(f"with_rope: {type(self).__name__} has no rotary positions "
                              "(learned or sinusoidal positions are a table, not a kernel on "
@@ -358,21 +352,8 @@ class CausalDecoderModel(EvolutionModel):
         if not isinstance(rope_type, str):
             raise TypeError(f"with_rope: rope_type must be a str, got "
                             f"{type(rope_type).__name__}")
-        check_extension(rope_type, parameters)
-        rotary = {}
-        for name, old in self.rotary.items():
-            params = dict(parameters)
-            base = params.pop("rope_theta", old.base)
-            if rope_type in ("yarn", "llama3", "longrope", "bandwidth") and \
-                    "original_max_position_embeddings" not in params:
-                if old.max_position_embeddings is None:
-                    raise ValueError(f"with_rope: rope_type {rope_type!r} needs "
-                                     "original_max_position_embeddings (the trained length), "
-                                     f"and the rotary positions {name!r} do not record it")
-                params["original_max_position_embeddings"] = old.max_position_embeddings
-            rotary[name] = RotaryPositions(
-                dim=old.dim, base=base, rope_type=rope_type, parameters=params,
-                max_position_embeddings=old.max_position_embeddings, head_dim=old.head_dim)
+        rotary = {name: old.extended(rope_type, **parameters)
+                  for name, old in self.rotary.items()}
         new = shared_copy(self)
         new.rotary = rotary
         return new

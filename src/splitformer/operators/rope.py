@@ -100,6 +100,20 @@ def _real(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# the types whose factor may be None: the factor then comes from the lengths
+_FACTOR_MAY_BE_NONE = ("yarn", "longrope", "bandwidth")
+
+
+def _check_factor(rope_type: str, factor: Any) -> None:
+    """ValueError naming ``factor`` unless it is a finite number >= 1 (or None where the type
+    reads the lengths instead)."""
+    none_ok = rope_type in _FACTOR_MAY_BE_NONE
+    if not ((factor is None and none_ok) or (_real(factor) and factor >= 1)):
+        raise ValueError(f"factor: rope_type {rope_type!r} needs a finite factor >= 1 "
+                         f"(the new length over the trained one)"
+                         f"{', or None' if none_ok else ''}, got {factor!r}")
+
+
 def check_extension(rope_type: str, parameters: Mapping[str, Any]) -> None:
     """The user's side of a change of rope (``with_rope``): ValueError naming the parameter
     for one the type does not read (a misspelling would be kept and ignored), a factor that is
@@ -115,12 +129,7 @@ def check_extension(rope_type: str, parameters: Mapping[str, Any]) -> None:
             raise ValueError(f"{key}: rope_type {rope_type!r} does not read {key!r}; it reads "
                              f"{', '.join(allowed)}")
     if "factor" in parameters:
-        factor = parameters["factor"]
-        none_ok = rope_type in ("yarn", "longrope", "bandwidth")
-        if not ((factor is None and none_ok) or (_real(factor) and factor >= 1)):
-            raise ValueError(f"factor: rope_type {rope_type!r} needs a finite factor >= 1 "
-                             f"(the new length over the trained one)"
-                             f"{', or None' if none_ok else ''}, got {factor!r}")
+        _check_factor(rope_type, parameters["factor"])
     if "rope_theta" in parameters:
         base = parameters["rope_theta"]
         if not (_real(base) and base > 0):
@@ -271,19 +280,13 @@ class RotaryPositions:
             raise ValueError(f"max_position_embeddings: rope_type {self.rope_type!r} needs "
                              "max_position_embeddings here")
         if self.rope_type == "bandwidth":
-            factor, n0 = params["factor"], params["original_max_position_embeddings"]
-            if factor is not None and (isinstance(factor, bool)
-                                       or not isinstance(factor, int | float)
-                                       or not factor >= 1 or math.isinf(factor)):
-                raise ValueError(f"factor: rope_type 'bandwidth' needs a finite factor >= 1 "
-                                 f"(the new length over the trained one), or None (s = n / n0 "
-                                 f"from the current length n), got {factor!r}")
+            _check_factor("bandwidth", params["factor"])
+            n0 = params["original_max_position_embeddings"]
             if isinstance(n0, bool) or not isinstance(n0, int) or n0 < 2:
                 raise ValueError(f"original_max_position_embeddings: rope_type 'bandwidth' "
                                  f"needs the trained length, an int >= 2, got {n0!r}")
             turns = params.get("turns", 1)
-            if isinstance(turns, bool) or not isinstance(turns, int | float) or not turns > 0 \
-                    or math.isinf(turns):
+            if not (_real(turns) and turns > 0):
                 raise ValueError(f"turns: rope_type 'bandwidth' keeps the bands that turn at "
                                  f"least this many times in n0, a finite number > 0, got "
                                  f"{turns!r}")
@@ -350,6 +353,67 @@ class RotaryPositions:
         out: dict[str, Any] = {"rope_type": self.rope_type, "rope_theta": self.base}
         out.update({k: _thaw(v) for k, v in self.parameters.items()})
         return out
+
+    def record(self) -> dict[str, Any]:
+        """The fields as JSON holds them (``parameters`` as ``to_parameters`` gives them): what
+        a stored model keeps (``interop.hf_llama``, ``training.model_record``)."""
+        return {"dim": self.dim, "base": self.base, "rope_type": self.rope_type,
+                "parameters": self.to_parameters(),
+                "max_position_embeddings": self.max_position_embeddings,
+                "head_dim": self.head_dim}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> RotaryPositions:
+        """The inverse of ``record``."""
+        params = {k: v for k, v in record["parameters"].items()
+                  if k not in ("rope_type", "rope_theta")}
+        return cls(dim=record["dim"], base=record["base"], rope_type=record["rope_type"],
+                   parameters=params, max_position_embeddings=record["max_position_embeddings"],
+                   head_dim=record.get("head_dim"))
+
+    @property
+    def trained_length(self) -> int | None:
+        """n0, the length the kernel was trained on, as transformers' configs record it:
+        original_max_position_embeddings where the type keeps it, max_position_embeddings / s
+        for linear and proportional (the config's length is the extended one), else
+        max_position_embeddings."""
+        p, n = self.parameters, self.max_position_embeddings
+        if p.get("original_max_position_embeddings") is not None:
+            return int(p["original_max_position_embeddings"])
+        if n is not None and self.rope_type in ("linear", "proportional"):
+            return int(n / p.get("factor", 1.0))
+        return n
+
+    def extended(self, rope_type: str, **parameters: Any) -> RotaryPositions:
+        """This kernel (features, base, trained length n0 = ``trained_length``) read by
+        ``rope_type`` with ``parameters`` (transformers' names; ``check_extension``):
+        original_max_position_embeddings defaults to n0 for the types that read it,
+        rope_theta replaces the base, and max_position_embeddings becomes the length the
+        kernel is read for, s n0, as transformers' configs write it (n0 for dynamic, whose
+        formula reads it as the trained length)."""
+        check_extension(rope_type, parameters)
+        params = dict(parameters)
+        base = params.pop("rope_theta", self.base)
+        n0 = self.trained_length
+        if "original_max_position_embeddings" in _READS[rope_type] and \
+                "original_max_position_embeddings" not in params:
+            if n0 is None:
+                raise ValueError(f"original_max_position_embeddings: rope_type {rope_type!r} "
+                                 "needs the trained length, and this kernel does not record it")
+            params["original_max_position_embeddings"] = n0
+        length = params.get("original_max_position_embeddings", n0)
+        factor = params.get("factor")
+        if rope_type != "dynamic" and length is not None and factor is not None:
+            length = int(length * factor)
+        return RotaryPositions(dim=self.dim, base=base, rope_type=rope_type, parameters=params,
+                               max_position_embeddings=length, head_dim=self.head_dim)
+
+    @property
+    def scales_queries(self) -> bool:
+        """Whether the kernel multiplies its queries by a temperature
+        (``query_temperature``: bandwidth's log n factor)."""
+        return self.rope_type == "bandwidth" and \
+            self.parameters.get("temperature", "log") == "log"
 
     # ------------------------------------------------------------------ frequencies
     def _factor(self) -> float:
@@ -498,7 +562,7 @@ class RotaryPositions:
         ((B, N) or (N,)): max(1, ln(x + 1) / ln n0) for "bandwidth" (the log n correction at
         the support x' <= x of the query at x, 3.14; 1 on the trained interval); None (no
         factor) for every other type and for temperature "none"."""
-        if self.rope_type != "bandwidth" or self.parameters.get("temperature", "log") == "none":
+        if not self.scales_queries:
             return None
         if positions.dim() == 1:
             positions = positions[None]
@@ -648,7 +712,7 @@ class RotaryAngles:
         self.at = at
         self._key: torch.Tensor | None = None
         self._cache: dict[tuple[str, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._temperatures: dict[tuple[str, torch.dtype], torch.Tensor | None] = {}
+        self._temperatures: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
     def __repr__(self) -> str:
         return f"RotaryAngles({sorted(self.positions)}, nodes={self.at.shape[-1]})"
@@ -659,13 +723,18 @@ class RotaryAngles:
         ``at``), in ``dtype``; KeyError naming the known names."""
         if name not in self.positions:
             raise KeyError(f"no rotary positions {name!r}; known: {sorted(self.positions)}")
+        rows = self._rows(coords)
+        if (name, dtype) not in self._cache:
+            self._cache[name, dtype] = self.positions[name].angles(rows, dtype)
+        return self._cache[name, dtype]
+
+    def _rows(self, coords: torch.Tensor | None) -> torch.Tensor:
+        """The coordinates (B|1, N) the angles are read at (``coords``, else ``at``); what was
+        computed for other coordinates is dropped."""
         x = self.at if coords is None else coords
         if x is not self._key:
             self._key, self._cache, self._temperatures = x, {}, {}
-        if (name, dtype) not in self._cache:
-            rows = x if x.dim() == 2 else x.unsqueeze(0)
-            self._cache[name, dtype] = self.positions[name].angles(rows, dtype)
-        return self._cache[name, dtype]
+        return x if x.dim() == 2 else x.unsqueeze(0)
 
     def temperature(self, name: str, coords: torch.Tensor | None, dtype: torch.dtype
                     ) -> torch.Tensor | None:
@@ -673,17 +742,14 @@ class RotaryAngles:
         ``at``) in ``dtype``, or None when that kernel has none
         (``RotaryPositions.query_temperature``)."""
         rope = self.positions[name]
-        if rope.rope_type not in OWN_ROPE_TYPES:
+        if not rope.scales_queries:
             return None
-        x = self.at if coords is None else coords
-        if x is not self._key:
-            self._key, self._cache, self._temperatures = x, {}, {}
+        rows = self._rows(coords)
         if (name, dtype) not in self._temperatures:
-            factor = rope.query_temperature(x if x.dim() == 2 else x.unsqueeze(0))
-            self._temperatures[name, dtype] = None if factor is None else factor.to(dtype)
+            self._temperatures[name, dtype] = rope.query_temperature(rows).to(dtype)
         return self._temperatures[name, dtype]
 
     def tensors(self) -> list[torch.Tensor]:
         """The tensors computed so far (for an adjoint that needs the context's tensors)."""
         return [self.at, *(t for pair in self._cache.values() for t in pair),
-                *(t for t in self._temperatures.values() if t is not None)]
+                *self._temperatures.values()]

@@ -425,18 +425,7 @@ class KVTape:
         s = self._support
         start = self.length
         if isinstance(entry, _CompressedKeysValues):
-            if not isinstance(kernel, SoftmaxKernel):
-                raise TapeError(f"a cache policy ({self.policy.describe()}) integrates the "
-                                "softmax kernel against per-head weights (softmax(a + log w)); "
-                                f"{type(kernel).__name__} is not the softmax kernel")
-            if rotary is not None and rotary.keys_follow_length:
-                raise TapeError(f"a cache policy ({self.policy.describe()}) merges or drops "
-                                f"keys rotated by a kernel whose frequencies follow the length "
-                                f"({rotary.describe()}); re-rotating a compressed grid is not "
-                                "supported: give the rope a factor, or decode without a policy")
-            if rotary is not None and entry.rotation is None:
-                entry.rotation = Rotation(rotary)
-            return self._attend_compressed(entry, kernel, q, k, v, window)
+            return self._attend_compressed(entry, kernel, q, k, v, window, rotary)
         if isinstance(entry, _KeysValues):
             entry.rotary = rotary
             if rotary is not None and rotary.follows_length and (
@@ -464,12 +453,25 @@ class KVTape:
                                               coords=coords)
         return out
 
-    def _attend_compressed(self, entry: _CompressedKeysValues, kernel: SoftmaxKernel,
+    def _attend_compressed(self, entry: _CompressedKeysValues, kernel: Any,
                            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           window: int | None) -> torch.Tensor:
+                           window: int | None, rotary: RotaryPositions | None
+                           ) -> torch.Tensor:
         """softmax_j(a(x, x_j) + log w_j) over the compressed past and the new nodes, per
         key/value head: the group's query heads ride along the query axis, so the per-head
-        weights and coordinates are one additive mask (B, H_kv, G n, N_k)."""
+        weights and coordinates are one additive mask (B, H_kv, G n, N_k). Refused by name:
+        another kernel than the softmax, keys whose frequencies follow the length."""
+        if not isinstance(kernel, SoftmaxKernel):
+            raise TapeError(f"a cache policy ({self.policy.describe()}) integrates the "
+                            "softmax kernel against per-head weights (softmax(a + log w)); "
+                            f"{type(kernel).__name__} is not the softmax kernel")
+        if rotary is not None and rotary.keys_follow_length:
+            raise TapeError(f"a cache policy ({self.policy.describe()}) merges or drops "
+                            f"keys rotated by a kernel whose frequencies follow the length "
+                            f"({rotary.describe()}); re-rotating a compressed grid is not "
+                            "supported: give the rope a factor, or decode without a policy")
+        if rotary is not None and entry.rotation is None:
+            entry.rotation = Rotation(rotary)
         assert self._new_grid is not None
         b, h, n, d = q.shape
         h_kv = k.shape[1]

@@ -23,8 +23,8 @@ history of calls), each in a form that reads as it prints::
     "kernels":    [{"kernel": "gaussian", "options": {"scale": null},
                     "operators": ["evolution.controls.sets.0.attention", ...]}, ...]
     "rotary":     {"rope": {"dim": 64, "base": 100000.0, "rope_type": "bandwidth",  only when
-                            "parameters": {"factor": 4.0, ...},                     with_rope
-                            "max_position_embeddings": 8192, "head_dim": 64}}      changed it
+                            "parameters": {"rope_type": "bandwidth", ...},          with_rope
+                            "max_position_embeddings": 32768, "head_dim": 64}}     changed it
 
 (the kernel of every attention operator, operators with one kernel grouped; a kernel without
 a score scale, e.g. linear, also records the operator's own ``operator_scale``, which it keeps
@@ -204,22 +204,12 @@ def _build(family, record: Mapping[str, Any], device: str, dtype: torch.dtype | 
 
 
 def _describe_rotary(model: nn.Module, base: nn.Module) -> dict[str, Any] | None:
-    """The rotary kernels of a model whose ``with_rope`` changed them from its base's (each
-    ``RotaryPositions``' fields), else None."""
+    """The rotary kernels of a model whose ``with_rope`` changed them from its base's
+    (``RotaryPositions.record``), else None."""
     rotary = vars(model).get("rotary")
     if not rotary or rotary == vars(base).get("rotary"):
         return None
-    return {name: {"dim": r.dim, "base": r.base, "rope_type": r.rope_type,
-                   "parameters": {k: _plain(v) for k, v in r.parameters.items()},
-                   "max_position_embeddings": r.max_position_embeddings,
-                   "head_dim": r.head_dim} for name, r in rotary.items()}
-
-
-def _plain(value: Any) -> Any:
-    """A frozen rope parameter as JSON holds it (tuples as lists)."""
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    return value
+    return {name: r.record() for name, r in rotary.items()}
 
 
 def _applied(model: nn.Module, evolutions: list[dict], kernels: list[dict],
@@ -247,7 +237,8 @@ def _applied(model: nn.Module, evolutions: list[dict], kernels: list[dict],
             if set(rotary) != set(vars(model).get("rotary") or {}):
                 raise ValueError(f"the record's rotary kernels {sorted(rotary)} are not the "
                                  f"model's {sorted(vars(model).get('rotary') or {})}")
-            model.rotary = {name: RotaryPositions(**rec) for name, rec in rotary.items()}
+            model.rotary = {name: RotaryPositions.from_record(rec)
+                            for name, rec in rotary.items()}
     return model
 
 
