@@ -207,15 +207,7 @@ def cache_rows(size: Size, model, vocab: int, opts, say, what: str = "") -> list
             say(f"generate {size.label}: {name} cache at {budget:g} after {context} tokens")
             policy = cache_policy(name, budget)
             tape = KVTape(capacity=0 if policy.compresses else context + 16, policy=policy)
-            times = []
-            with torch.no_grad():
-                for a in range(0, context, 256):
-                    model(ids[:, a:min(context, a + 256)], tape=tape, logits_to_keep=1)
-                for i in range(context, context + 16):
-                    t0 = time.perf_counter()
-                    model(ids[:, i:i + 1], tape=tape, logits_to_keep=1)
-                    times.append(time.perf_counter() - t0)
-            step = statistics.median(times)
+            step, _ = _decode_step_s(model, ids, context, tape)
             rows.append({
                 "suite": "generate", "size": size.label, "group": "cache decode",
                 "path": "no_grad", "name": f"splitformer {name} {budget:g}", "splitformer": True,
@@ -297,18 +289,16 @@ def _pair_rows(size: Size, opts, say, ids: torch.Tensor, dname: str, hf, ours, n
     return rows
 
 
-def _decode_step_s(model, prefix: int, steps: int, seed: int) -> tuple[float, int]:
-    """The median time of one decode step after ``prefix`` tokens on a tape (prefilled in
-    chunks of 256), and the tape's bytes after the prefix."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, GPT2_VOCAB, (1, prefix + steps), generator=g)
-    tape = KVTape(capacity=prefix + steps)
+def _decode_step_s(model, ids: torch.Tensor, prefix: int, tape: KVTape) -> tuple[float, int]:
+    """The median time of one decode step on ``tape`` after ``prefix`` tokens of ``ids``
+    (prefilled in chunks of 256; the steps are the rest of ``ids``), and the tape's bytes
+    after the prefix."""
     times = []
     with torch.no_grad():
         for a in range(0, prefix, 256):
             model(ids[:, a:min(prefix, a + 256)], tape=tape, logits_to_keep=1)
         nbytes = tape.nbytes()
-        for i in range(prefix, prefix + steps):
+        for i in range(prefix, ids.shape[1]):
             t0 = time.perf_counter()
             model(ids[:, i:i + 1], tape=tape, logits_to_keep=1)
             times.append(time.perf_counter() - t0)
@@ -326,7 +316,9 @@ def linear_rows(size: Size, opts, say) -> list[dict]:
     for prefix in opts.prefixes:
         for kname, model in kernels.items():
             say(f"generate {size.label}: {kname} kernel, decode after {prefix} tokens")
-            step, nbytes = _decode_step_s(model, prefix, 16, opts.seed)
+            g = torch.Generator().manual_seed(opts.seed)
+            ids = torch.randint(0, GPT2_VOCAB, (1, prefix + 16), generator=g)
+            step, nbytes = _decode_step_s(model, ids, prefix, KVTape(capacity=prefix + 16))
             rows.append({
                 "suite": "generate", "size": size.label, "group": "linear decode",
                 "path": "no_grad", "name": f"splitformer {kname}", "splitformer": True,
