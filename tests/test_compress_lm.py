@@ -42,6 +42,7 @@ def tiny_folder(path, layers: int = 4):
     (["--recipe", "best"], "--recipe"),
     (["--fit-budget", "5m"], "--fit-budget"),  # --fit is linear by default here
     (["--fit", "keep", "--fit-steps", "10"], "--fit-steps"),
+    (["--fit-init", "linear"], "--fit-init"),  # starts --fit step; --fit is linear
     (["--heal", "none", "--lr", "1e-4"], "--lr"),
 ])
 def test_encoder_flags_and_misplaced_fit_flags_are_refused_for_a_causal_lm(
@@ -58,6 +59,7 @@ def test_encoder_flags_and_misplaced_fit_flags_are_refused_for_a_causal_lm(
     (["--heal", "kl"], "--heal"),
     (["--fit", "linear"], "--fit"),
     (["--fit-steps", "3"], "--fit-steps"),
+    (["--fit-init", "average"], "--fit-init"),
 ])
 def test_causal_lm_flags_are_refused_for_an_encoder(argv, flag, capsys, tmp_path):
     rc, out, err = cli(["compress", *argv, "--out", str(tmp_path / "o")], capsys)

@@ -175,6 +175,31 @@ def test_fitted_step_lowers_its_shooting_error_and_touches_only_itself():
     assert changed == {"1"}
 
 
+def test_fitted_step_from_the_least_squares_map_starts_at_its_error_and_goes_below():
+    """init="linear": the AdamW fit starts from the kept step with ReplaceMe's map folded in
+    (its first loss, on one batch, near the map's error on all windows) and ends below the
+    map's error; the report holds both."""
+    hf, m = tiny(layers=4)
+    x = ids(m=8, n=16)
+    c = plan("keep-first", m, 2)
+    linear = healed_copy(m)
+    (ls,) = fit(linear, c, FitConfig(absorb="linear"), teacher=m,
+                calibration=x)["fits"].values()
+    base = healed_copy(m)
+    (row,) = fit(base, c, FitConfig(absorb="step", init="linear", budget=0, max_steps=60,
+                                    lr=1e-3, batch=8),
+                 teacher=m, calibration=x)["fits"].values()
+    assert row["relative_error_fitted"] == pytest.approx(ls["relative_error_fitted"])
+    # one batch of 8 drawn with replacement: near the map's error, far below the kept step's
+    assert row["first_loss"] == pytest.approx(ls["relative_error_fitted"], rel=0.05)
+    assert row["first_loss"] < 0.8 * ls["relative_error_kept"]
+    assert row["last_loss"] < 0.9 * ls["relative_error_fitted"]
+    with pytest.raises(ValueError, match="init must be one of"):
+        FitConfig(absorb="step", init="ridge", budget=1)
+    with pytest.raises(ValueError, match="fit_init='linear' is where fit='step' starts"):
+        HealConfig(fit="linear", fit_init="linear")
+
+
 def test_next_token_kl_is_torch_kl_div_per_node():
     g = torch.Generator().manual_seed(0)
     s, t = torch.randn(2, 5, 11, generator=g), torch.randn(2, 5, 11, generator=g)

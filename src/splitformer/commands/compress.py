@@ -136,7 +136,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_fit(p: argparse.ArgumentParser) -> None:
-    """--fit, --fit-budget, --fit-steps: the absorbing steps of a causal LM's grid."""
+    """--fit, --fit-init, --fit-budget, --fit-steps: the absorbing steps of a causal LM's
+    grid."""
     p.add_argument("--fit", type=stripped, choices=("keep", "average", "linear", "step"),
                    default=None,
                    help="causal LMs: what a step that absorbs removed steps computes: keep "
@@ -144,6 +145,12 @@ def _add_fit(p: argparse.ArgumentParser) -> None:
                         "linear (ReplaceMe's least-squares map, folded into the FFN's output; "
                         "the default), step (the step fitted by AdamW on cached teacher "
                         "states: local healing, --fit-budget)")
+    p.add_argument("--fit-init", type=stripped, choices=("keep", "average", "linear"),
+                   default=None,
+                   help="with --fit step: where the AdamW fit starts: keep (the kept step's "
+                        "trained controls; the default), average (the average of the steps "
+                        "it covers), linear (the kept step with the least-squares map of "
+                        "--fit linear folded in)")
     p.add_argument("--fit-budget", type=duration, default=None,
                    help="with --fit step: seconds of the local fits, all absorbing steps "
                         "together (default 4m; before the --budget of --heal)")
@@ -416,7 +423,8 @@ def _heal_config(args: argparse.Namespace):
                          next_token=1.0 if args.heal == "kl" else 0.0,
                          terminal=0.0 if args.heal == "kl" else 1.0, fit=args.fit,
                          fit_budget=(args.fit_budget or 0.0) if decoder else 0.0,
-                         fit_steps=args.fit_steps if decoder else None)
+                         fit_steps=args.fit_steps if decoder else None,
+                         fit_init=(args.fit_init or "keep") if decoder else "keep")
     except ValueError as e:
         raise UsageError(str(e)) from None
 

@@ -72,7 +72,8 @@ def apply_defaults(args: argparse.Namespace) -> None:
     if args.fit == "step" and args.fit_budget is None and args.fit_steps is None:
         args.fit_budget = 240.0
     if args.fit != "step":
-        for flag, key in (("--fit-budget", "fit_budget"), ("--fit-steps", "fit_steps")):
+        for flag, key in (("--fit-init", "fit_init"), ("--fit-budget", "fit_budget"),
+                          ("--fit-steps", "fit_steps")):
             if getattr(args, key) is not None:
                 raise UsageError(f"argument {flag}: sets the AdamW fit of --fit step, but "
                                  f"--fit is {args.fit}")
@@ -84,8 +85,8 @@ def refuse_lm_flags(args: argparse.Namespace) -> None:
     if args.heal == "kl":
         raise UsageError("argument --heal: kl heals a causal LM's next-token distributions; "
                          "MODEL is a text encoder (distill, shoot or none)")
-    for flag, key in (("--fit", "fit"), ("--fit-budget", "fit_budget"),
-                      ("--fit-steps", "fit_steps")):
+    for flag, key in (("--fit", "fit"), ("--fit-init", "fit_init"),
+                      ("--fit-budget", "fit_budget"), ("--fit-steps", "fit_steps")):
         if getattr(args, key) is not None:
             raise UsageError(f"argument {flag}: fits the steps of a causal LM's dropped grid; "
                              "MODEL is a text encoder")

@@ -20,7 +20,9 @@ steps. Which map it computes there is the choice this module makes, as a value
               into the feature field's output weights exactly (W_d <- M W_d,
               ``Operator.compose_``), so the result is an ordinary decoder layer
     step      the absorbing step of the network's own form, started from its trained
-              controls (or the ``average``'s: ``init``) and fitted by AdamW to map the
+              controls (or, ``init``, the ``average``'s, or the ``linear`` step's: its
+              trained controls with ReplaceMe's map folded into W_d) and fitted by AdamW to
+              map the
               teacher's u(p_j) to u(p_(j+1)): the relative squared error
                   mean_x |S_theta(u_f(p_j))(x) - u_f(x, p_(j+1))|^2 / |u_f(x, p_(j+1))|^2
               on cached teacher states (each token relative to its own norm: the sink
@@ -50,7 +52,7 @@ from ..operators.base import Operator
 from ..time import SaveAt
 from .coarsenings import Coarsening
 
-__all__ = ["ABSORB", "Absorber", "FitConfig", "TeacherStates", "absorbers",
+__all__ = ["ABSORB", "INIT", "Absorber", "FitConfig", "TeacherStates", "absorbers",
            "average_controls_", "fields", "fit", "relative_error"]
 
 ABSORB = {
@@ -59,6 +61,10 @@ ABSORB = {
     "linear": "ReplaceMe's least-squares map M after the feature field, folded into W_d",
     "step": "the step of the network's own form fitted by AdamW on cached teacher states",
 }
+
+INIT = ("keep", "average", "linear")
+"""Where the AdamW fit of absorb="step" starts: the kept step's controls, the average of the
+steps it covers, or the kept step with ReplaceMe's map folded in (the module doc's rows)."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +106,9 @@ def absorbers(coarsening: Coarsening) -> list[Absorber]:
 @dataclass(frozen=True)
 class FitConfig:
     """How the absorbing steps are fitted: ``absorb`` (``ABSORB``); for "step": ``init``
-    ("keep" or "average"), ``budget`` seconds and/or ``max_steps`` AdamW steps in all (split
-    evenly between the absorbing steps), ``lr``, ``batch`` windows a step, ``seed``; for
+    (``INIT``: "keep", "average" or "linear"), ``budget`` seconds and/or ``max_steps`` AdamW
+    steps in all (split evenly between the absorbing steps), ``lr``, ``batch`` windows a
+    step, ``seed``; for
     "linear": ``ridge``, a Tikhonov term ridge * trace(G^T G) / N_y on the normal
     equations (0: plain least squares)."""
 
@@ -117,8 +124,8 @@ class FitConfig:
     def __post_init__(self) -> None:
         if self.absorb not in ABSORB:
             raise ValueError(f"absorb must be one of {list(ABSORB)}, got {self.absorb!r}")
-        if self.init not in ("keep", "average"):
-            raise ValueError(f"init must be 'keep' or 'average', got {self.init!r}")
+        if self.init not in INIT:
+            raise ValueError(f"init must be one of {list(INIT)}, got {self.init!r}")
         for name in ("budget", "lr", "ridge"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
@@ -334,10 +341,13 @@ def fit(base: nn.Module, coarsening: Coarsening, cfg: FitConfig, *,
             if cfg.absorb == "linear":
                 fits[str(a.step)] = _linear_(base, a, states, cfg.batch, cfg.ridge)
             else:
+                start = (_linear_(base, a, states, cfg.batch, cfg.ridge)
+                         if cfg.init == "linear" else {})
                 share = cfg.budget / len(spans)
                 steps = None if cfg.max_steps is None else (
                     cfg.max_steps // len(spans) + (i < cfg.max_steps % len(spans)))
-                fits[str(a.step)] = _step_(base, a, states, cfg, share, steps, say)
+                fits[str(a.step)] = {**start, **_step_(base, a, states, cfg, share, steps,
+                                                       say)}
     finally:
         base.train(was)
     report["fits"] = fits

@@ -131,7 +131,8 @@ class HealConfig:
     (``Distillation``: a causal LM heals on its next-token laws); ``fit``: what the absorbing
     steps of a dropped grid compute before the healing begins (``fitting.ABSORB``: "keep",
     "average", "linear", "step"), fitted on the first ``fit_windows`` windows, "step" for
-    ``fit_budget`` seconds or ``fit_steps`` AdamW steps at ``fit_lr`` (the local phase:
+    ``fit_budget`` seconds or ``fit_steps`` AdamW steps at ``fit_lr`` from ``fit_init``
+    (``fitting.INIT``: the kept step, the average, or the least-squares map) (the local phase:
     multiple shooting, each absorbing step alone on cached teacher states; the budget is the
     global phase's, after it). A run with a checkpoint resumes from it and does not fit
     again (the checkpoint holds the fitted parameters: one is written as the fit ends)."""
@@ -164,6 +165,7 @@ class HealConfig:
     fit_steps: int | None = None
     fit_lr: float = 2e-4
     fit_windows: int = 64
+    fit_init: str = "keep"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -220,6 +222,9 @@ class HealConfig:
         if self.fit_steps is not None and (isinstance(self.fit_steps, bool) or not isinstance(
                 self.fit_steps, int) or self.fit_steps < 0):
             raise ValueError(f"fit_steps must be None or an int >= 0, got {self.fit_steps!r}")
+        if self.fit_init != "keep" and self.fit != "step":
+            raise ValueError(f"fit_init={self.fit_init!r} is where fit='step' starts; fit is "
+                             f"{self.fit!r}")
         if self.fit == "step" and not (self.fit_budget or self.fit_steps):
             raise ValueError("fit='step' fits the absorbing steps by AdamW: give fit_budget "
                              "(seconds) or fit_steps")
@@ -227,7 +232,7 @@ class HealConfig:
             raise ValueError(f"fit={self.fit!r} fits the absorbing steps of one grid; steps "
                              f"holds {len(self.steps)} depths")
         return FitConfig(absorb=self.fit, budget=self.fit_budget, max_steps=self.fit_steps,
-                         lr=self.fit_lr, seed=self.seed)
+                         lr=self.fit_lr, seed=self.seed, init=self.fit_init)
 
     def objective(self, coarsening, base: nn.Module, teacher: nn.Module) -> Distillation:
         """The healing objective of ``coarsening`` of ``base`` against ``teacher``, with this
@@ -396,7 +401,8 @@ def heal(cfg: HealConfig, *, teacher: nn.Module, windows: torch.Tensor,
 _ADDED = {"precision": "float32", "min_length": None,  # HealConfig keys added 2026-12-03
           "healed": "all", "checkpoint_seconds": 60.0,
           "next_token": 0.0, "terminal": 1.0, "fit": "keep",  # added 2026-12-06
-          "fit_budget": 0.0, "fit_steps": None, "fit_lr": 2e-4, "fit_windows": 64}
+          "fit_budget": 0.0, "fit_steps": None, "fit_lr": 2e-4, "fit_windows": 64,
+          "fit_init": "keep"}  # added 2026-12-07
 _FINGERPRINTS = "fingerprints"  # final.json's key of the teacher's and the windows' SHA-256
 
 
@@ -680,6 +686,7 @@ def _fit(cfg: HealConfig, base: nn.Module, teacher: nn.Module,
     (coarsening,) = coarse.values()
     tell(f"fitting the absorbing steps ({cfg.fit}: {ABSORB[cfg.fit]}) on "
          f"{min(cfg.fit_windows, len(windows))} windows"
+         + (f", from {cfg.fit_init}" if cfg.fit == "step" else "")
          + (f", {cfg.fit_budget:g} s" if cfg.fit == "step" and cfg.fit_budget else "")
          + (f", {cfg.fit_steps} AdamW steps" if cfg.fit == "step" and cfg.fit_steps else ""))
     start = time.perf_counter()

@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,16 +63,36 @@ def _setup(threads: int | None):
     return teacher, text
 
 
-def _grids(teacher, text, steps: Sequence[int], method: str):
+def _sleb_order(out: Path, teacher, probe: torch.Tensor, removals: int) -> dict:
+    """SLEB's greedy order on the probe, kept in OUT/sleb-order.json: the greedy removals of a
+    smaller N are a prefix of a larger one's, so one order serves every N and a rerun (another
+    N, a killed sweep) reads it instead of repeating its removals x steps candidate runs."""
+    from ..compression.rankings import sleb_order
+
+    path = out / "sleb-order.json"
+    probe_text = f"lm_eval calibration windows 0..{PROBE[0] - 1}, first {PROBE[1]} tokens"
+    if path.is_file():
+        found = json.loads(path.read_text())
+        if found.get("probe") == probe_text and len(found["order"]) >= removals:
+            say(f"SLEB's order from {path}: {found['order'][:removals]}")
+            return found
+    found = sleb_order(teacher, probe, removals, say=say)
+    record = {"probe": probe_text, "order": [int(n) for n in found["order"]],
+              "loss": float(found["loss"]), "losses": [float(x) for x in found["losses"]]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def _grids(out: Path, teacher, text, steps: Sequence[int], method: str):
     """{N: Coarsening} for ``method`` (SLEB's order computed once for the largest removal)."""
     from ..compression.coarsenings import _dropped, plan
-    from ..compression.rankings import sleb_order
 
     probe = {"input_ids": text.calibration[:PROBE[0], :PROBE[1]]}
     L = teacher.evolution.num_steps
     if method != "sleb":
         return {n: plan(method, teacher, n, probe) for n in steps}
-    found = sleb_order(teacher, probe["input_ids"], L - min(steps), say=say)
+    found = _sleb_order(out, teacher, probe["input_ids"], L - min(steps))
     losses = [round(x, 6) for x in [found["loss"], *found["losses"]]]
     return {n: _dropped("sleb", teacher, sorted(found["order"][:L - n]),
                         {"order": found["order"][:L - n], "losses": losses[:L - n + 1]})
@@ -102,7 +124,7 @@ def free(out: Path, steps: Sequence[int], configs: Sequence[tuple[str, str]],
     for n, method, absorb in todo:
         if method not in grids:
             say(f"choosing the grids of {method}")
-            grids[method] = _grids(teacher, text, steps, method)
+            grids[method] = _grids(out, teacher, text, steps, method)
         coarsening = grids[method][n]
         say(f"N={n} {method} / {absorb}: {coarsening}")
         start = time.perf_counter()
@@ -151,7 +173,7 @@ def rank(out: Path, threads: int | None) -> None:
     say(f"wrote {path}: " + ", ".join(f"{k} {v['spearman']:.3f}" for k, v in rho.items()))
 
 
-def speed(out: Path, steps: Sequence[int], threads: int | None) -> None:
+def speed(out: Path, steps: Sequence[int], threads: int | None, repeats: int = 3) -> None:
     from . import lm_eval
 
     path = out / "speed.json"
@@ -160,11 +182,12 @@ def speed(out: Path, steps: Sequence[int], threads: int | None) -> None:
     for n in steps:
         student = teacher.drop_steps(list(range(n, teacher.evolution.num_steps))).eval()
         say(f"speed: N={n} against 30 steps")
-        rows[str(n)] = lm_eval.speed(student, teacher, text, prompt=512, new=64, repeats=3)
+        rows[str(n)] = lm_eval.speed(student, teacher, text, prompt=512, new=64,
+                                    repeats=repeats)
         say(f"  prefill {rows[str(n)]['prefill_ratio']:.3f}x, decode "
              f"{rows[str(n)]['decode_ratio']:.3f}x")
-    path.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": rows}, indent=1)
-                    + "\n")
+    path.write_text(json.dumps({"threads": torch.get_num_threads(), "repeats": repeats,
+                                "rows": rows}, indent=1) + "\n")
 
 
 def healed_rows(out: Path) -> list[dict]:
@@ -184,6 +207,15 @@ def healed_rows(out: Path) -> list[dict]:
     return rows
 
 
+def seed_groups(rows: Sequence[dict]) -> dict[str, list[dict]]:
+    """Healed rows grouped by their run's name without its ``-s<seed>`` suffix (the same
+    command at another ``--seed``), in name order."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(re.sub(r"-s\d+$", "", r["run"]), []).append(r)
+    return groups
+
+
 def table(out: Path) -> None:
     for r in healed_rows(out):
         print(f"healed {r['run']}: N={r['steps']} {r['method']} fit {r['fit']} "
@@ -195,6 +227,13 @@ def table(out: Path) -> None:
         for step, f in sorted((r.get("fits") or {}).items(), key=lambda kv: int(kv[0])):
             print(f"  absorbing step {step}: " + ", ".join(
                 f"{k} {v:.4g}" for k, v in f.items() if isinstance(v, (int, float))))
+    for name, group in seed_groups(healed_rows(out)).items():
+        if len(group) > 1:
+            print(f"seeds of {name} ({len(group)}): " + ", ".join(
+                f"{key} {statistics.mean(r[key] for r in group):.4g} +- "
+                f"{statistics.stdev(r[key] for r in group):.2g}"
+                for key in ("perplexity", "perplexity_ratio", "bits_per_byte", "kl", "top1"))
+                + " (mean +- sample standard deviation)")
     rows = read_rows(out / "training-free.jsonl")
     print(f"{'N':>3} {'method':<11} {'absorb':<8} {'ppl':>8} {'x':>6} {'bpb':>6} {'KL':>6} "
           f"{'top1':>6} {'match':>6}")
@@ -217,10 +256,14 @@ def table(out: Path) -> None:
     if speed_file.is_file():
         record = json.loads(speed_file.read_text())
         for n, row in record["rows"].items():
-            print(f"speed N={n} against 30 steps ({record['threads']} threads): prefill "
-                  f"{row['prefill_ratio']:.3f}x ({row['model']['prefill_tokens_per_s']:.0f} "
-                  f"tokens/s), decode {row['decode_ratio']:.3f}x "
-                  f"({row['model']['decode_tokens_per_s']:.1f} tokens/s)")
+            paired = [r / m for m, r in zip(row["model"]["times_prefill_s"],
+                                             row["reference"]["times_prefill_s"], strict=True)]
+            print(f"speed N={n} against 30 steps ({record['threads']} threads, "
+                  f"{len(paired)} rounds): prefill {row['prefill_ratio']:.3f}x (rounds "
+                  f"{min(paired):.3f}-{max(paired):.3f}; "
+                  f"{row['model']['prefill_tokens_per_s']:.0f} tokens/s), decode "
+                  f"{row['decode_ratio']:.3f}x ({row['model']['decode_tokens_per_s']:.1f} "
+                  "tokens/s)")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -230,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("results/depth-llm"))
     p.add_argument("--steps", default=",".join(map(str, STEPS)))
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="speed: interleaved timing rounds per model, medians taken (default 3)")
     p.add_argument("--configs", default=None,
                    help="method/absorb pairs, comma-separated (default: CONFIGS)")
     args = p.parse_args(argv)
@@ -241,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.phase == "rank":
         rank(args.out, args.threads)
     elif args.phase == "speed":
-        speed(args.out, steps, args.threads)
+        speed(args.out, steps, args.threads, args.repeats)
     else:
         table(args.out)
 
