@@ -11,8 +11,11 @@ filler, and asked for at the end. Each prompt has exactly ``length`` tokens (Smo
 tokenizer; the filler cut to fit). The prompts of one length are one batch, streamed through
 the model on one KV tape under the cache policy (forwards of ``--chunk`` tokens, the policy
 acting after each), then decoded greedily for 8 tokens; a row is right when the decoded text
-holds the number. One JSON row per (length, policy, budget) is appended to
-OUT/passkey.jsonl (a row already there is not recomputed: kill and rerun resumes).
+holds the number. ``--decode budget`` (the default) keeps the policy acting during decoding
+(the budget a fraction of every token seen); ``--decode append`` is kvpress's and SnapKV's
+protocol: the prompt compressed to the budget, the decoded tokens appended whole. One JSON
+row per (length, policy, budget, chunk, decode) is appended to OUT/passkey.jsonl (a row
+already there is not recomputed: kill and rerun resumes).
 """
 
 from __future__ import annotations
@@ -58,9 +61,16 @@ def prompts(tokenizer, length: int, placements: int, seed: int = 0
     return torch.tensor(rows), keys
 
 
-def run_row(model, ids: torch.Tensor, keys: Sequence[str], policy, chunk: int) -> dict:
+DECODE = ("budget", "append")
+
+
+def run_row(model, ids: torch.Tensor, keys: Sequence[str], policy, chunk: int,
+            decode: str = "budget") -> dict:
     """Prefill ``ids`` (B, L) on one tape under ``policy`` in ``chunk``-token forwards, decode
-    greedily; which rows name their key."""
+    greedily (``decode``: the policy acting on, or the prompt's compressed cache held and the
+    new tokens appended); which rows name their key."""
+    import dataclasses
+
     from ..operators.tape import KVTape
 
     tokenizer = model.tokenizer
@@ -70,6 +80,10 @@ def run_row(model, ids: torch.Tensor, keys: Sequence[str], policy, chunk: int) -
     with torch.no_grad():
         for start in range(0, ids.shape[1], chunk):
             logits = model(ids[:, start:start + chunk], tape=tape).logits
+        if decode == "append" and policy is not None and policy.compresses:
+            # a count budget the decoded tokens never exceed: nothing more is dropped
+            tape.policy = dataclasses.replace(policy,
+                                              budget=tape.entries_per_head + NEW_TOKENS)
         new = []
         for _ in range(NEW_TOKENS):
             nxt = logits[:, -1].argmax(-1, keepdim=True)
@@ -84,24 +98,24 @@ def run_row(model, ids: torch.Tensor, keys: Sequence[str], policy, chunk: int) -
 
 
 def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[str],
-        budgets: Sequence[float], chunk: int) -> None:
+        budgets: Sequence[float], chunk: int, decode: str = "budget") -> None:
     from ..interop import from_hf
     from ..operators.cache_policy import cache_policy
 
     model = from_hf("smollm2").eval()
     path = out / "passkey.jsonl"
-    done = {(r["length"], r["policy"], r["budget"], r["placements"], r["chunk"])
-            for r in read_rows(path)}
+    done = {(r["length"], r["policy"], r["budget"], r["placements"], r["chunk"],
+             r.get("decode", "budget")) for r in read_rows(path)}
     for length in lengths:
         ids, keys = prompts(model.tokenizer, length, placements)
         for name in policies:
             for budget in ([1.0] if name == "full" else budgets):
-                if (length, name, budget, placements, chunk) in done:
+                if (length, name, budget, placements, chunk, decode) in done:
                     continue
                 say(f"{length} tokens, {name} {budget}")
-                row = run_row(model, ids, keys, cache_policy(name, budget), chunk)
+                row = run_row(model, ids, keys, cache_policy(name, budget), chunk, decode)
                 row.update(length=length, policy=name, budget=budget, placements=placements,
-                           chunk=chunk, threads=torch.get_num_threads())
+                           chunk=chunk, decode=decode, threads=torch.get_num_threads())
                 append_row(path, row)
                 say(f"  accuracy {row['accuracy']:.2f} in {row['seconds']:.0f} s")
 
@@ -112,12 +126,14 @@ def table(out: Path) -> None:
 
     rows = read_rows(out / "passkey.jsonl")
     order = list(POLICIES)
-    for chunk in sorted({r["chunk"] for r in rows}):
-        these = [r for r in rows if r["chunk"] == chunk]
+    for chunk, decode in sorted({(r["chunk"], r.get("decode", "budget")) for r in rows}):
+        these = [r for r in rows if (r["chunk"], r.get("decode", "budget")) == (chunk, decode)]
         lengths = sorted({r["length"] for r in these})
         keys = sorted({(r["policy"], r["budget"]) for r in these},
                       key=lambda k: (-k[1], order.index(k[0])))
-        print(f"\nprefill in chunks of {chunk} tokens (the policy acting after each)")
+        print(f"\nprefill in chunks of {chunk} tokens (the policy acting after each); "
+              + ("decoding under the budget" if decode == "budget" else
+                 "the decoded tokens appended to the compressed prompt"))
         print("| policy | budget | " + " | ".join(f"{n} tokens" for n in lengths) + " |")
         print("|---|---|" + "---|" * len(lengths))
         for policy, budget in keys:
@@ -162,13 +178,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--chunk", type=_ints(1, "a chunk"), default=[256],
                    help="tokens per prefill forward, the policy acting after each (default "
                         "256; the prompt's length: compress once, after the question)")
+    p.add_argument("--decode", choices=DECODE, default="budget",
+                   help="budget: the policy acts during decoding too (the default); append: "
+                        "the prompt's compressed cache held and the decoded tokens appended "
+                        "(kvpress's protocol)")
     p.add_argument("--threads", type=_ints(1, "threads"), default=None,
                    help="torch threads (default: torch's choice)")
     a = parse(p, argv, "passkey.jsonl")
     if a.what == "table":
         table(a.out)
         return
-    run(a.out, a.lengths, a.placements[0], a.policies, a.budgets, a.chunk[0])
+    run(a.out, a.lengths, a.placements[0], a.policies, a.budgets, a.chunk[0], a.decode)
 
 
 if __name__ == "__main__":
