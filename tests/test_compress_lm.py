@@ -66,6 +66,20 @@ def test_causal_lm_flags_are_refused_for_an_encoder(argv, flag, capsys, tmp_path
     assert rc == 2 and flag in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_fit_init_reaches_the_heal_config_of_a_causal_lm(tmp_path):
+    from splitformer.cli import build_parser
+    from splitformer.commands.compress import _heal_config
+
+    model = tiny_folder(tmp_path / "m")
+    args = build_parser().parse_args(["compress", str(model), "--fit", "step", "--fit-init",
+                                      "linear", "--fit-steps", "5"])
+    cfg = _heal_config(args)
+    assert (cfg.fit, cfg.fit_init, cfg.fit_steps) == ("step", "linear", 5)
+    assert cfg.fit_config().init == "linear"
+    plain = _heal_config(build_parser().parse_args(["compress", str(model), "--fit", "step"]))
+    assert plain.fit_init == "keep" and plain.fit_budget == 240.0
+
+
 def test_bad_grids_of_a_causal_lm_are_named_before_anything_is_written(capsys, tmp_path):
     model = tiny_folder(tmp_path / "m")
     capsys.readouterr()

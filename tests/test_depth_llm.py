@@ -198,6 +198,19 @@ def test_fitted_step_from_the_least_squares_map_starts_at_its_error_and_goes_bel
         FitConfig(absorb="step", init="ridge", budget=1)
     with pytest.raises(ValueError, match="fit_init='linear' is where fit='step' starts"):
         HealConfig(fit="linear", fit_init="linear")
+    with pytest.raises(ValueError, match="fit_init must be one of"):
+        HealConfig(fit="step", fit_budget=1, fit_init="ridge")
+
+
+def test_seed_groups_are_one_command_at_several_seeds_per_n():
+    from splitformer.experiments.depth_llm import seed_groups
+
+    rows = [{"run": "heal-22-a-s0", "steps": 22}, {"run": "heal-22-a-s1", "steps": 22},
+            {"run": "heal-x", "steps": 22}, {"run": "heal-x", "steps": 15},
+            {"run": "heal-22-b-s0", "steps": 22}]
+    groups = seed_groups(rows)
+    assert list(groups) == [("heal-22-a", 22)]  # one run at two N is not two seeds
+    assert [r["run"] for r in groups[("heal-22-a", 22)]] == ["heal-22-a-s0", "heal-22-a-s1"]
 
 
 def test_next_token_kl_is_torch_kl_div_per_node():

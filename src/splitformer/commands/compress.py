@@ -150,7 +150,8 @@ def _add_fit(p: argparse.ArgumentParser) -> None:
                    help="with --fit step: where the AdamW fit starts: keep (the kept step's "
                         "trained controls; the default), average (the average of the steps "
                         "it covers), linear (the kept step with the least-squares map of "
-                        "--fit linear folded in)")
+                        "--fit linear folded in; its solve, seconds, is not counted in "
+                        "--fit-budget)")
     p.add_argument("--fit-budget", type=duration, default=None,
                    help="with --fit step: seconds of the local fits, all absorbing steps "
                         "together (default 4m; before the --budget of --heal)")

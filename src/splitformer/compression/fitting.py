@@ -21,9 +21,9 @@ steps. Which map it computes there is the choice this module makes, as a value
               ``Operator.compose_``), so the result is an ordinary decoder layer
     step      the absorbing step of the network's own form, started from its trained
               controls (or, ``init``, the ``average``'s, or the ``linear`` step's: its
-              trained controls with ReplaceMe's map folded into W_d) and fitted by AdamW to
-              map the
-              teacher's u(p_j) to u(p_(j+1)): the relative squared error
+              trained controls with ReplaceMe's map folded into W_d; that solve is not
+              counted in ``budget``) and fitted by AdamW to map the teacher's u(p_j) to
+              u(p_(j+1)): the relative squared error
                   mean_x |S_theta(u_f(p_j))(x) - u_f(x, p_(j+1))|^2 / |u_f(x, p_(j+1))|^2
               on cached teacher states (each token relative to its own norm: the sink
               token's norm grows far above the others'). This is multiple shooting:
@@ -228,12 +228,13 @@ def _average_(base: nn.Module, a: Absorber) -> None:
 
 @torch.no_grad()
 def _linear_(base: nn.Module, a: Absorber, states: TeacherStates, batch: int,
-             ridge: float) -> dict[str, float]:
-    """ReplaceMe's map for absorber ``a`` (module doc), folded into its last field."""
+             ridge: float, who: str = "absorb='linear'") -> dict[str, float]:
+    """ReplaceMe's map for absorber ``a`` (module doc), folded into its last field (``who``:
+    the option named if it cannot be)."""
     names = fields(base.evolution)
     last = base.evolution.controls[a.step][names[-1]]
     if not (isinstance(last, Operator) and last.has_compose):
-        raise ValueError(f"absorb='linear': the last field {names[-1]!r} "
+        raise ValueError(f"{who}: the last field {names[-1]!r} "
                          f"({type(last).__name__}) cannot fold a linear map into its output "
                          "(no Operator.compose_)")
     one = _single(base, a.step)
@@ -341,7 +342,8 @@ def fit(base: nn.Module, coarsening: Coarsening, cfg: FitConfig, *,
             if cfg.absorb == "linear":
                 fits[str(a.step)] = _linear_(base, a, states, cfg.batch, cfg.ridge)
             else:
-                start = (_linear_(base, a, states, cfg.batch, cfg.ridge)
+                start = (_linear_(base, a, states, cfg.batch, cfg.ridge,
+                                  "absorb='step', init='linear'")
                          if cfg.init == "linear" else {})
                 share = cfg.budget / len(spans)
                 steps = None if cfg.max_steps is None else (

@@ -84,7 +84,7 @@ from ..training.checkpoints import (
 )
 from ..training.loop import parameter_groups
 from .coarsenings import DATA_DRIVEN, METHODS, Coarsening, plan
-from .fitting import ABSORB, FitConfig, fit
+from .fitting import ABSORB, INIT, FitConfig, fit
 
 __all__ = ["HEALED", "PRECISIONS", "RESUMABLE", "WARMUP_SHARE", "HealConfig", "HealResult",
            "check_resumable", "heal", "healed_copy", "more_steps", "student_of"]
@@ -222,6 +222,8 @@ class HealConfig:
         if self.fit_steps is not None and (isinstance(self.fit_steps, bool) or not isinstance(
                 self.fit_steps, int) or self.fit_steps < 0):
             raise ValueError(f"fit_steps must be None or an int >= 0, got {self.fit_steps!r}")
+        if self.fit_init not in INIT:
+            raise ValueError(f"fit_init must be one of {list(INIT)}, got {self.fit_init!r}")
         if self.fit_init != "keep" and self.fit != "step":
             raise ValueError(f"fit_init={self.fit_init!r} is where fit='step' starts; fit is "
                              f"{self.fit!r}")

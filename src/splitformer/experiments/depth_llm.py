@@ -4,7 +4,7 @@ predicts what a step is worth.
 
     python -m splitformer.experiments.depth_llm free   [--out results/depth-llm]
     python -m splitformer.experiments.depth_llm rank   [--out results/depth-llm]
-    python -m splitformer.experiments.depth_llm speed  [--out results/depth-llm]
+    python -m splitformer.experiments.depth_llm speed  [--out results/depth-llm] [--repeats 3]
     python -m splitformer.experiments.depth_llm table  [--out results/depth-llm]
 
 ``free`` evaluates every (method, absorb) of ``CONFIGS`` at every N (``compression``: the grid
@@ -12,14 +12,19 @@ of ``coarsenings.plan``, the absorbing steps of ``fitting.fit``) with ``lm_eval.
 (32 held-out windows of 512 tokens from the end of gensim's Wikipedia extract; KL and top-1 on
 the first 8; 20 greedy continuations) and appends one JSON row per model to
 OUT/training-free.jsonl as it goes; a row already there is not recomputed (kill and rerun
-resumes). SLEB's order is computed once (15 removals) and its prefixes give the three grids.
+resumes). SLEB's order is computed once for the largest removal and kept in
+OUT/sleb-order.json (with the probe's SHA-256); its prefixes give every N's grid, and a rerun
+reads the file.
 ``rank`` writes OUT/rankings.json: per step, the measured perplexity of the model without that
 step alone (on the first 4 held-out windows) beside block influence, angular distance, the
 local removal error and the merge error (on 4 calibration windows, ``compression.rankings``),
 and the Spearman correlation of each diagnostic with the measured worth (scipy.stats).
 ``speed`` writes OUT/speed.json: prefill (512 tokens) and decode (64 new) tokens per second of
-the coarse models against the 30-step one (``lm_eval.speed``). ``table`` prints the tables
-the docs quote. Healed rows come from ``splitformer compress`` runs (docs/depth-llm.md).
+the coarse models against the 30-step one (``lm_eval.speed``, ``--repeats`` interleaved
+rounds). ``table`` prints the tables the docs quote: the healed runs (from the compress.json
+of each ``splitformer compress`` run, docs/depth-llm.md) and, for a command run at several
+``--seed``s, their mean and sample standard deviation; the training-free rows; the rankings;
+the speed ratios with the range of their rounds.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import argparse
 import json
 import math
 import re
-import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,17 +71,23 @@ def _sleb_order(out: Path, teacher, probe: torch.Tensor, removals: int) -> dict:
     """SLEB's greedy order on the probe, kept in OUT/sleb-order.json: the greedy removals of a
     smaller N are a prefix of a larger one's, so one order serves every N and a rerun (another
     N, a killed sweep) reads it instead of repeating its removals x steps candidate runs."""
+    from ..compression.heal import fingerprint
     from ..compression.rankings import sleb_order
 
     path = out / "sleb-order.json"
     probe_text = f"lm_eval calibration windows 0..{PROBE[0] - 1}, first {PROBE[1]} tokens"
-    if path.is_file():
+    sha = fingerprint(probe)
+    try:
         found = json.loads(path.read_text())
-        if found.get("probe") == probe_text and len(found["order"]) >= removals:
+        if (found.get("probe_sha256") == sha and len(found["order"]) >= removals
+                and len(found["losses"]) >= removals):
             say(f"SLEB's order from {path}: {found['order'][:removals]}")
             return found
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no file, or one that is not a whole order: computed again
     found = sleb_order(teacher, probe, removals, say=say)
-    record = {"probe": probe_text, "order": [int(n) for n in found["order"]],
+    record = {"probe": probe_text, "probe_sha256": sha,
+              "order": [int(n) for n in found["order"]],
               "loss": float(found["loss"]), "losses": [float(x) for x in found["losses"]]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
@@ -199,7 +209,8 @@ def healed_rows(out: Path) -> list[dict]:
         heal = record["heal"]
         for n, measures in (record.get("fidelity") or {}).items():
             rows.append({"run": path.stem, "steps": int(n), "method": record["method"],
-                         "fit": heal.get("fit", "keep"), "heal": record["objective"],
+                         "fit": heal.get("fit", "keep"),
+                         "fit_init": heal.get("fit_init", "keep"), "heal": record["objective"],
                          "fit_seconds": (record["metrics"].get("fit") or {}).get("seconds"),
                          "heal_steps": record["metrics"]["steps_taken"],
                          "heal_seconds": record["metrics"]["seconds"],
@@ -207,18 +218,22 @@ def healed_rows(out: Path) -> list[dict]:
     return rows
 
 
-def seed_groups(rows: Sequence[dict]) -> dict[str, list[dict]]:
-    """Healed rows grouped by their run's name without its ``-s<seed>`` suffix (the same
-    command at another ``--seed``), in name order."""
-    groups: dict[str, list[dict]] = {}
+def seed_groups(rows: Sequence[dict]) -> dict[tuple[str, int], list[dict]]:
+    """Healed rows of the same command at several ``--seed``s: grouped by (the run's name
+    without its ``-s<seed>`` suffix, N), only the groups of more than one run."""
+    groups: dict[tuple[str, int], list[dict]] = {}
     for r in rows:
-        groups.setdefault(re.sub(r"-s\d+$", "", r["run"]), []).append(r)
-    return groups
+        groups.setdefault((re.sub(r"-s\d+$", "", r["run"]), r["steps"]), []).append(r)
+    return {k: v for k, v in groups.items() if len({r["run"] for r in v}) > 1}
 
 
 def table(out: Path) -> None:
-    for r in healed_rows(out):
-        print(f"healed {r['run']}: N={r['steps']} {r['method']} fit {r['fit']} "
+    from .sweep import mean_std
+
+    healed = healed_rows(out)
+    for r in healed:
+        print(f"healed {r['run']}: N={r['steps']} {r['method']} fit {r['fit']}"
+              + (f" from {r['fit_init']}" if r["fit"] == "step" else "") + " "
               f"({r['fit_seconds']} s) + {r['heal']} ({r['heal_steps']} steps, "
               f"{r['heal_seconds']:.0f} s): perplexity {r['perplexity']:.2f} "
               f"({r['perplexity_ratio']:.2f}x), bpb {r['bits_per_byte']:.3f}, KL "
@@ -227,13 +242,12 @@ def table(out: Path) -> None:
         for step, f in sorted((r.get("fits") or {}).items(), key=lambda kv: int(kv[0])):
             print(f"  absorbing step {step}: " + ", ".join(
                 f"{k} {v:.4g}" for k, v in f.items() if isinstance(v, (int, float))))
-    for name, group in seed_groups(healed_rows(out)).items():
-        if len(group) > 1:
-            print(f"seeds of {name} ({len(group)}): " + ", ".join(
-                f"{key} {statistics.mean(r[key] for r in group):.4g} +- "
-                f"{statistics.stdev(r[key] for r in group):.2g}"
-                for key in ("perplexity", "perplexity_ratio", "bits_per_byte", "kl", "top1"))
-                + " (mean +- sample standard deviation)")
+    for (name, n), group in seed_groups(healed).items():
+        stats = {key: mean_std([r[key] for r in group])
+                 for key in ("perplexity", "perplexity_ratio", "bits_per_byte", "kl", "top1")}
+        print(f"seeds of {name} at N={n} ({len(group)} runs): "
+              + ", ".join(f"{k} {m:.4g} +- {s:.2g}" for k, (m, s) in stats.items())
+              + " (mean +- sample standard deviation)")
     rows = read_rows(out / "training-free.jsonl")
     print(f"{'N':>3} {'method':<11} {'absorb':<8} {'ppl':>8} {'x':>6} {'bpb':>6} {'KL':>6} "
           f"{'top1':>6} {'match':>6}")
@@ -266,6 +280,17 @@ def table(out: Path) -> None:
                   "tokens/s)")
 
 
+def _rounds(text: str) -> int:
+    """--repeats: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m splitformer.experiments.depth_llm",
                                 description=__doc__.split("\n\n")[0])
@@ -273,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("results/depth-llm"))
     p.add_argument("--steps", default=",".join(map(str, STEPS)))
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--repeats", type=_rounds, default=3,
                    help="speed: interleaved timing rounds per model, medians taken (default 3)")
     p.add_argument("--configs", default=None,
                    help="method/absorb pairs, comma-separated (default: CONFIGS)")
