@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import splitformer
-from splitformer.operators.rope import RotaryPositions
+from splitformer.operators.rope import BANDWIDTH_TURNS, RotaryPositions
 
 transformers = pytest.importorskip("transformers")
 
@@ -122,7 +122,7 @@ def test_theorem_bandwidth_phases_stay_inside_the_trained_ones():
     for base, dim, n0, s in ((1e5, 64, 8192, 4.0), (1e4, 128, 4096, 8.0), (5e5, 64, 2048, 2.0)):
         default = RotaryPositions(dim, base).inv_freq().double()
         ours = RotaryPositions(dim, base, "bandwidth", {
-            "factor": s, "original_max_position_embeddings": n0}).inv_freq().double()
+            "factor": s, "original_max_position_embeddings": n0, "turns": 1}).inv_freq().double()
         linear = RotaryPositions(dim, base, "linear", {"factor": s}).inv_freq().double()
         turned = default * n0 >= 2 * math.pi
         assert 0 < int(turned.sum()) < dim // 2  # both kinds of band occur in these kernels
@@ -131,11 +131,31 @@ def test_theorem_bandwidth_phases_stay_inside_the_trained_ones():
         # turns=T keeps the bands that turned at least T times (yarn's beta_fast is 32)
         many = RotaryPositions(dim, base, "bandwidth", {
             "factor": s, "original_max_position_embeddings": n0, "turns": 32}).inv_freq()
+        default_turns = RotaryPositions(dim, base, "bandwidth", {
+            "factor": s, "original_max_position_embeddings": n0})
+        assert default_turns.parameters["turns"] == BANDWIDTH_TURNS == 32
+        assert torch.equal(default_turns.inv_freq(), many)
         fast = default * n0 >= 2 * math.pi * 32
         assert torch.equal(many.double()[fast], default[fast].float().double())
         assert torch.allclose(many.double()[~fast], default[~fast] / s, rtol=1e-6)
         assert bool((linear * s * n0 <= default * n0 * (1 + 1e-6)).all())
         assert bool((linear[turned] < default[turned]).all())
+
+
+def test_a_bandwidth_record_keeps_its_turns_and_an_old_one_read_turns_one():
+    """A stored bandwidth kernel writes its turns out, so a later default does not change it;
+    a record written before the default was 32 (no turns) reads as turns 1, as it was read."""
+    rope = RotaryPositions(64, 1e5, "bandwidth", {"factor": 2.0,
+                                                  "original_max_position_embeddings": 512})
+    record = rope.record()
+    assert record["parameters"]["turns"] == BANDWIDTH_TURNS
+    assert torch.equal(RotaryPositions.from_record(record).inv_freq(), rope.inv_freq())
+    old = {**record, "parameters": {k: v for k, v in record["parameters"].items()
+                                    if k != "turns"}}
+    one = RotaryPositions(64, 1e5, "bandwidth", {"factor": 2.0, "turns": 1,
+                                                 "original_max_position_embeddings": 512})
+    assert torch.equal(RotaryPositions.from_record(old).inv_freq(), one.inv_freq())
+    assert not torch.equal(one.inv_freq(), rope.inv_freq())
 
 
 def test_bandwidth_changes_nothing_on_the_trained_interval_but_the_slow_bands(pair):

@@ -20,11 +20,13 @@ articles joined with blank lines (``lm_eval.wiki_ids``). The rules (``RULES``): 
 kernel extrapolated ("default"), Position Interpolation ("linear"), NTK-aware "dynamic" as one
 forward over the whole text computes it (the base of n = s n0 for every token: a fixed base;
 transformers' dynamic under a cache changes the base as the text grows, with earlier keys
-rotated at the old one: "dynamic-chunked"), "yarn", and splitformer's "bandwidth" (with and
-without its log n temperature; "bandwidth-32": the bands kept from 32 turns on, yarn's
-beta_fast, as an ablation; "bandwidth-follow": s = max(1, n / n0) from the current length n,
-on a tape that re-rotates the stored keys to each forward's frequencies, so that every token
-is read at its own length and the trained interval is untouched).
+rotated at the old one: "dynamic-chunked"), "yarn", and splitformer's "bandwidth" at the
+derivation's bound, the bands kept from 1 turn on (with and without its log n temperature;
+"bandwidth-32": the bands kept from 32 turns on, yarn's beta_fast, the library's default
+since these rows; "bandwidth-follow": s = max(1, n / n0) from the current length n, on a tape
+that re-rotates the stored keys to each forward's frequencies, so that every token is read at
+its own length and the trained interval is untouched; "bandwidth-follow-32" both). Every rule
+names its turns, so a row keeps its meaning whatever the default.
 """
 
 from __future__ import annotations
@@ -66,12 +68,12 @@ def rule_model(model, rule: str, factor: float, length: int):
         return model.with_rope("dynamic", factor=float(factor))
     if rule == "yarn":
         return model.with_rope("yarn", factor=float(factor))
-    if rule == "bandwidth":
-        return model.with_rope("bandwidth", factor=float(factor))
+    if rule == "bandwidth":  # the derivation's bound: the bands turning once kept
+        return model.with_rope("bandwidth", factor=float(factor), turns=1)
     if rule == "bandwidth-notemp":
-        return model.with_rope("bandwidth", factor=float(factor), temperature="none")
+        return model.with_rope("bandwidth", factor=float(factor), temperature="none", turns=1)
     if rule == "bandwidth-follow":  # s = max(1, n / n0) from the current length
-        return model.with_rope("bandwidth", factor=None)
+        return model.with_rope("bandwidth", factor=None, turns=1)
     if rule == "bandwidth-follow-32":
         return model.with_rope("bandwidth", factor=None, turns=32)
     if rule == "bandwidth-32":  # the ablation: bands kept from yarn's beta_fast = 32 turns on

@@ -32,11 +32,15 @@ and one of splitformer's own (``OWN_ROPE_TYPES``; docs/context.md), derived from
 
 - bandwidth: each frequency band keeps the phases it was trained on. On [0, n0) the band w_i
   sweeps the phases [0, w_i n0); a band that turns at least once (w_i n0 >= 2 pi) has seen
-  every phase and keeps w_i (its resolution, the kernel's local bandwidth, unchanged); a band
-  that turns less than once is read at the coordinates x / s, w_i -> w_i / s, the largest
-  frequency whose phases on [0, s n0) stay inside the trained ones. And the log n temperature
-  of the softmax (3.14) at each query's own support: the query at x (x + 1 nodes x' <= x) is
-  scaled by max(1, ln(x + 1) / ln n0), so nothing changes on the trained interval.
+  every phase and may keep w_i (its resolution, the kernel's local bandwidth, unchanged); a
+  band that turns less than once is read at the coordinates x / s, w_i -> w_i / s, the largest
+  frequency whose phases on [0, s n0) stay inside the trained ones. The bands kept are those
+  that turn at least ``turns`` times in n0: 1 is the derivation's bound; the default, 32
+  (yarn's beta_fast), also slows the bands in between (the phase argument is per band, the
+  kernel's phases are joint) and measured better at every document and factor compared
+  (docs/context.md). And the log n temperature of the softmax (3.14) at each query's own
+  support: the query at x (x + 1 nodes x' <= x) is scaled by max(1, ln(x + 1) / ln n0), so
+  nothing changes on the trained interval.
 
 ``RotaryPositions`` holds one such kernel and computes its angles once per forward, for all
 layers (``angles``: cos and sin, (B|1, 1, N, d)); ``rotate_half`` applies them to a head's
@@ -55,8 +59,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["OWN_ROPE_TYPES", "ROPE_TYPES", "RotaryAngles", "RotaryPositions", "check_extension",
-           "rotate_half"]
+__all__ = ["BANDWIDTH_TURNS", "OWN_ROPE_TYPES", "ROPE_TYPES", "RotaryAngles", "RotaryPositions",
+           "check_extension", "rotate_half"]
 
 #: the rope_type values of transformers 5.25 for 1-D token coordinates ("default" plus the keys
 #: of ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS``)
@@ -65,6 +69,9 @@ ROPE_TYPES: tuple[str, ...] = (
 )
 #: splitformer's own rope types (no transformers config holds them: ``to_hf`` refuses them)
 OWN_ROPE_TYPES: tuple[str, ...] = ("bandwidth",)
+BANDWIDTH_TURNS = 32
+"""bandwidth's default ``turns``: the bands that turn at least 32 times in n0 are kept (yarn's
+beta_fast; the derivation's bound is 1, the measured best 32: docs/context.md)."""
 
 # the parameters each rope_type's formula reads without a default (transformers indexes them)
 _REQUIRED: dict[str, tuple[str, ...]] = {
@@ -235,11 +242,11 @@ class RotaryPositions:
       default sqrt(1 + ln s / ln n0) (1 for s <= 1; s = factor, or max_position_embeddings / n0).
     - proportional: w_i = b^(-2i/D) / s for i < floor(p D / 2) and w_i = 0 up to D / 2
       (D = head_dim = dim, p = partial_rotary_factor, s = factor, default 1).
-    - bandwidth (ours): w_i = b^(-2i/d) if w_i n0 >= 2 pi, else b^(-2i/d) / s (n0 =
+    - bandwidth (ours): w_i = b^(-2i/d) if w_i n0 >= 2 pi T, else b^(-2i/d) / s (n0 =
       original_max_position_embeddings; s = factor, or max(1, n / n0) when factor is None);
       queries at x times max(1, ln(x + 1) / ln n0)
-      (``query_temperature``; parameter temperature: "log", the default, or "none"; turns:
-      the turns in n0 from which a band is kept, default 1).
+      (``query_temperature``; parameter temperature: "log", the default, or "none"; turns T:
+      the turns in n0 from which a band is kept, default ``BANDWIDTH_TURNS`` = 32).
 
     Dynamic differs from transformers in one way: transformers' ``dynamic_rope_update`` is
     stateful (it keeps the frequencies of the longest forward seen beyond n0 until a forward
@@ -265,7 +272,11 @@ class RotaryPositions:
                              f"got {self.dim!r}")
         if not self.base > 0:
             raise ValueError(f"rope_theta: the base must be > 0, got {self.base!r}")
-        params = _Parameters(self.parameters)
+        if self.rope_type == "bandwidth" and "turns" not in self.parameters:
+            # the default written out: a stored kernel keeps the turns it was read with
+            params = _Parameters({**self.parameters, "turns": BANDWIDTH_TURNS})
+        else:
+            params = _Parameters(self.parameters)
         object.__setattr__(self, "parameters", params)
         for key in _REQUIRED[self.rope_type]:
             # yarn's factor may be None: then max_position_embeddings / original (as transformers)
@@ -285,7 +296,7 @@ class RotaryPositions:
             if isinstance(n0, bool) or not isinstance(n0, int) or n0 < 2:
                 raise ValueError(f"original_max_position_embeddings: rope_type 'bandwidth' "
                                  f"needs the trained length, an int >= 2, got {n0!r}")
-            turns = params.get("turns", 1)
+            turns = params.get("turns", BANDWIDTH_TURNS)
             if not (_real(turns) and turns > 0):
                 raise ValueError(f"turns: rope_type 'bandwidth' keeps the bands that turn at "
                                  f"least this many times in n0, a finite number > 0, got "
@@ -364,9 +375,12 @@ class RotaryPositions:
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> RotaryPositions:
-        """The inverse of ``record``."""
+        """The inverse of ``record`` (a bandwidth kernel recorded without ``turns`` was written
+        before its default became ``BANDWIDTH_TURNS``: it read turns 1)."""
         params = {k: v for k, v in record["parameters"].items()
                   if k not in ("rope_type", "rope_theta")}
+        if record["rope_type"] == "bandwidth":
+            params.setdefault("turns", 1)
         return cls(dim=record["dim"], base=record["base"], rope_type=record["rope_type"],
                    parameters=params, max_position_embeddings=record["max_position_embeddings"],
                    head_dim=record.get("head_dim"))
@@ -467,7 +481,7 @@ class RotaryPositions:
             if factor is None:  # s = max(1, n / n0) from the current length
                 factor = 1.0 if length is None else max(1.0, float(length) / n0)
             turns = inv * n0 / (2 * math.pi)
-            return torch.where(turns >= p.get("turns", 1), inv, inv / factor)
+            return torch.where(turns >= p.get("turns", BANDWIDTH_TURNS), inv, inv / factor)
         if kind == "longrope":
             n0 = p["original_max_position_embeddings"]
             beyond = length is not None and bool(length) and bool(length > n0)
@@ -641,7 +655,7 @@ class RotaryPositions:
                     f"{self.attention_scaling():.4g}")
         if kind == "bandwidth":
             n0 = p["original_max_position_embeddings"]
-            turns = p.get("turns", 1)
+            turns = p.get("turns", BANDWIDTH_TURNS)
             kept = int((self.inv_freq() * n0 >= 2 * math.pi * turns).sum())
             temp = ("queries times ln(x+1)/ln n0 past n0" if p.get("temperature", "log") == "log"
                     else "no temperature")
