@@ -43,6 +43,7 @@ def tiny_folder(path, layers: int = 4):
     (["--fit-budget", "5m"], "--fit-budget"),  # --fit is linear by default here
     (["--fit", "keep", "--fit-steps", "10"], "--fit-steps"),
     (["--fit-init", "linear"], "--fit-init"),  # starts --fit step; --fit is linear
+    (["--steps", "3,2"], "--steps"),  # --fit linear (the default) fits one grid
     (["--heal", "none", "--lr", "1e-4"], "--lr"),
 ])
 def test_encoder_flags_and_misplaced_fit_flags_are_refused_for_a_causal_lm(

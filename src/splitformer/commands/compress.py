@@ -156,7 +156,8 @@ def _add_fit(p: argparse.ArgumentParser) -> None:
                    help="with --fit step: seconds of the local fits, all absorbing steps "
                         "together (default 4m; before the --budget of --heal)")
     p.add_argument("--fit-steps", type=positive_int, default=None,
-                   help="with --fit step: AdamW steps of the local fits at most")
+                   help="with --fit step: AdamW steps of the local fits at most, all "
+                        "absorbing steps together (split evenly between them)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

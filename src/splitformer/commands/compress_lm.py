@@ -69,6 +69,10 @@ def apply_defaults(args: argparse.Namespace) -> None:
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     args.steps = args.steps or (22,)
+    if args.fit != "keep" and len(args.steps) != 1:
+        raise UsageError(f"argument --steps: --fit {args.fit} fits the absorbing steps of one "
+                         f"grid; give one N, got {','.join(map(str, args.steps))} (or --fit "
+                         "keep)")
     if args.fit == "step" and args.fit_budget is None and args.fit_steps is None:
         args.fit_budget = 240.0
     if args.fit != "step":

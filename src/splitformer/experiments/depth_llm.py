@@ -295,14 +295,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m splitformer.experiments.depth_llm",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("phase", choices=("free", "rank", "speed", "table"))
-    p.add_argument("--out", type=Path, default=Path("results/depth-llm"))
-    p.add_argument("--steps", default=",".join(map(str, STEPS)))
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", type=Path, default=Path("results/depth-llm"),
+                   help="folder of the rows and records (default results/depth-llm)")
+    p.add_argument("--steps", default=",".join(map(str, STEPS)),
+                   help=f"coarse numbers of steps, comma-separated (default "
+                        f"{','.join(map(str, STEPS))})")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: torch's choice)")
     p.add_argument("--repeats", type=_rounds, default=3,
                    help="speed: interleaved timing rounds per model, medians taken (default 3)")
     p.add_argument("--configs", default=None,
-                   help="method/absorb pairs, comma-separated (default: CONFIGS)")
+                   help="method/absorb pairs, comma-separated (default: "
+                        + ",".join(f"{m}/{a}" for m, a in CONFIGS) + ")")
     args = p.parse_args(argv)
+    if args.phase == "table" and not args.out.is_dir():
+        p.error(f"--out: no folder {str(args.out)!r} (run free, rank or speed first)")
     steps = tuple(int(s) for s in args.steps.split(","))
     configs = CONFIGS if args.configs is None else tuple(
         tuple(c.split("/")) for c in args.configs.split(","))
