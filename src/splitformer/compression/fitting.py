@@ -271,10 +271,27 @@ def relative_error(u: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((u - target).pow(2).sum(-1) / target.pow(2).sum(-1).clamp_min(1e-30)).mean()
 
 
+@torch.no_grad()
+def _error_on_all(base: nn.Module, a: Absorber, states: TeacherStates, batch: int) -> float:
+    """mean over every calibration token of the relative squared error of absorber ``a``'s
+    step from u_f(p_j) to u_f(p_(j+1)) (``relative_error``, token-weighted over batches)."""
+    one = _single(base, a.step)
+    u0, target = states.state(a.start), states.state(a.end)
+    total = 0.0
+    for s in range(0, len(u0), batch):
+        ids = states.ids[s:s + batch]
+        total += float(relative_error(one(u0[s:s + batch], _context(base, ids)),
+                                      target[s:s + batch])) * ids.numel()
+    return total / states.ids.numel()
+
+
 def _step_(base: nn.Module, a: Absorber, states: TeacherStates, cfg: FitConfig,
            seconds: float, steps: int | None, say: Callable[[str], None] | None
            ) -> dict[str, float]:
-    """AdamW on absorber ``a``'s controls (module doc) for ``seconds`` or ``steps``."""
+    """AdamW on absorber ``a``'s controls (module doc) for ``seconds`` or ``steps``; the report
+    holds the first and last batch's loss and, on every calibration window after the fit,
+    ``relative_error_after_adam`` (comparable to the least-squares map's
+    ``relative_error_fitted``)."""
     one = _single(base, a.step)
     params = [p for p in base.evolution.controls[a.step].parameters()]
     flags = [p.requires_grad for p in params]
@@ -307,7 +324,8 @@ def _step_(base: nn.Module, a: Absorber, states: TeacherStates, cfg: FitConfig,
             p.requires_grad_(f)
         opt.zero_grad(set_to_none=True)
     return {"adam_steps": count, "seconds": round(time.perf_counter() - start, 3),
-            "first_loss": first, "last_loss": last}
+            "first_loss": first, "last_loss": last,
+            "relative_error_after_adam": _error_on_all(base, a, states, cfg.batch)}
 
 
 def fit(base: nn.Module, coarsening: Coarsening, cfg: FitConfig, *,
