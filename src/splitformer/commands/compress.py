@@ -361,6 +361,45 @@ def _finished(out: Path, args: argparse.Namespace, cfg) -> dict:
     return record
 
 
+def _healing_budget(args: argparse.Namespace, given: list[str]) -> tuple[float, int | None]:
+    """(budget, max_steps) of the healing: (0, 0) with --heal none, where a healing flag in
+    ``given`` is refused; else the flags', a 0 refused."""
+    if args.heal == "none":
+        if given:
+            raise UsageError(f"argument {given[0]}: sets the healing, but --heal is none "
+                             "(the training-free model); drop it or choose distill or shoot")
+        return 0.0, 0
+    if args.budget == 0:
+        raise UsageError("argument --budget: 0 heals nothing; use --heal none for the "
+                         "training-free model, or give a budget")
+    if args.max_steps == 0:
+        raise UsageError("argument --max-steps: 0 heals nothing; use --heal none for the "
+                         "training-free model, or give steps")
+    return args.budget, args.max_steps
+
+
+def _check_flag_pairs(args: argparse.Namespace) -> None:
+    """The flags that contradict each other (or the launch), refused by name."""
+    if args.method == "parallel" and min(args.steps) < 2:  # whatever the model: no data read
+        raise UsageError(f"argument --method: parallel superposes the middle steps into one, so "
+                         f"--steps {min(args.steps)} would superpose all of them; ask for at "
+                         "least 2")
+    if args.min_length is not None and not 2 <= args.min_length <= args.length:
+        raise UsageError(f"argument --min-length: expected an int in [2, --length="
+                         f"{args.length}], got {args.min_length}")
+    from ..training.distributed import env_world_size
+
+    if args.relation and env_world_size() > 1:
+        raise UsageError("argument --relation: compares the pairs of a whole batch, which the "
+                         "ranks of torchrun split; heal with --relation in one process")
+    if args.relation and args.batch_size < 2:
+        raise UsageError(f"argument --relation: compares the pairs of a batch, which needs "
+                         f"--batch-size >= 2, got {args.batch_size}")
+    if args.heal != "shoot" and args.shooting != 1.0:
+        raise UsageError(f"argument --shooting: weights the shooting terms of --heal shoot, "
+                         f"but --heal is {args.heal}")
+
+
 def _heal_config(args: argparse.Namespace):
     """The HealConfig the flags ask for, checked before anything is loaded: the healing-only
     flags refused with --heal none (a flag left at None was not given), a budget or step
@@ -381,39 +420,10 @@ def _heal_config(args: argparse.Namespace):
     for _, key in _HEALING_FLAGS:  # None: not given (so that a default typed out is seen)
         if getattr(args, key) is None:
             setattr(args, key, defaults[key])
-    if args.heal == "none":
-        if given:
-            raise UsageError(f"argument {given[0]}: sets the healing, but --heal is none "
-                             "(the training-free model); drop it or choose distill or shoot")
-        budget, max_steps = 0.0, 0
-    else:
-        budget, max_steps = args.budget, args.max_steps
-        if budget == 0:
-            raise UsageError("argument --budget: 0 heals nothing; use --heal none for the "
-                             "training-free model, or give a budget")
-        if max_steps == 0:
-            raise UsageError("argument --max-steps: 0 heals nothing; use --heal none for the "
-                             "training-free model, or give steps")
+    budget, max_steps = _healing_budget(args, given)
     check_windows(args)
-    if args.method == "parallel" and min(args.steps) < 2:  # whatever the model: no data read
-        raise UsageError(f"argument --method: parallel superposes the middle steps into one, so "
-                         f"--steps {min(args.steps)} would superpose all of them; ask for at "
-                         "least 2")
+    _check_flag_pairs(args)
     probe = 32 if args.probe is None else args.probe  # windows[:32]: fewer if fewer
-    if args.min_length is not None and not 2 <= args.min_length <= args.length:
-        raise UsageError(f"argument --min-length: expected an int in [2, --length="
-                         f"{args.length}], got {args.min_length}")
-    from ..training.distributed import env_world_size
-
-    if args.relation and env_world_size() > 1:
-        raise UsageError("argument --relation: compares the pairs of a whole batch, which the "
-                         "ranks of torchrun split; heal with --relation in one process")
-    if args.relation and args.batch_size < 2:
-        raise UsageError(f"argument --relation: compares the pairs of a batch, which needs "
-                         f"--batch-size >= 2, got {args.batch_size}")
-    if args.heal != "shoot" and args.shooting != 1.0:
-        raise UsageError(f"argument --shooting: weights the shooting terms of --heal shoot, "
-                         f"but --heal is {args.heal}")
     try:
         return HealConfig(method=args.method, steps=tuple(args.steps), budget=budget,
                          max_steps=max_steps, lr=args.lr, batch_size=args.batch_size,
@@ -424,9 +434,9 @@ def _heal_config(args: argparse.Namespace):
                          healed=args.healed, probe=probe,
                          next_token=1.0 if args.heal == "kl" else 0.0,
                          terminal=0.0 if args.heal == "kl" else 1.0, fit=args.fit,
-                         fit_budget=(args.fit_budget or 0.0) if decoder else 0.0,
-                         fit_steps=args.fit_steps if decoder else None,
-                         fit_init=(args.fit_init or "keep") if decoder else "keep")
+                         # an encoder's --fit flags were refused (None) by refuse_lm_flags
+                         fit_budget=args.fit_budget or 0.0, fit_steps=args.fit_steps,
+                         fit_init=args.fit_init or "keep")
     except ValueError as e:
         raise UsageError(str(e)) from None
 

@@ -296,7 +296,7 @@ class RotaryPositions:
             if isinstance(n0, bool) or not isinstance(n0, int) or n0 < 2:
                 raise ValueError(f"original_max_position_embeddings: rope_type 'bandwidth' "
                                  f"needs the trained length, an int >= 2, got {n0!r}")
-            turns = params.get("turns", BANDWIDTH_TURNS)
+            turns = params["turns"]
             if not (_real(turns) and turns > 0):
                 raise ValueError(f"turns: rope_type 'bandwidth' keeps the bands that turn at "
                                  f"least this many times in n0, a finite number > 0, got "
@@ -459,29 +459,11 @@ class RotaryPositions:
             return _llama3(inv, p["factor"], p["low_freq_factor"], p["high_freq_factor"],
                            p["original_max_position_embeddings"])
         if kind == "dynamic":
-            n0 = self.max_position_embeddings
-            assert n0 is not None
-            factor = p["factor"]
-            seq: int | torch.Tensor
-            if length is None:
-                seq = n0
-            elif isinstance(length, torch.Tensor):
-                seq = torch.maximum(length, torch.tensor(n0, dtype=length.dtype,
-                                                         device=length.device))
-            else:
-                seq = max(length, n0)
-            base = self.base * ((factor * seq / n0) - (factor - 1)) ** (dim / (dim - 2))
-            return 1.0 / (base ** _exponents(dim, device))
+            return self._dynamic(length, device)
         if kind == "yarn":
             return self._yarn(device)
         if kind == "bandwidth":
-            inv = 1.0 / (self.base ** _exponents(dim, device))
-            n0 = p["original_max_position_embeddings"]
-            factor = p["factor"]
-            if factor is None:  # s = max(1, n / n0) from the current length
-                factor = 1.0 if length is None else max(1.0, float(length) / n0)
-            turns = inv * n0 / (2 * math.pi)
-            return torch.where(turns >= p.get("turns", BANDWIDTH_TURNS), inv, inv / factor)
+            return self._bandwidth(length, device)
         if kind == "longrope":
             n0 = p["original_max_position_embeddings"]
             beyond = length is not None and bool(length) and bool(length > n0)
@@ -498,6 +480,35 @@ class RotaryPositions:
             inv = torch.cat((inv, torch.zeros(dim // 2 - rotated, dtype=torch.float32,
                                               device=device)))
         return inv / p.get("factor", 1.0)
+
+    def _dynamic(self, length: int | torch.Tensor | None,
+                 device: torch.device | str | None) -> torch.Tensor:
+        """NTK-aware dynamic: the base b (s n / n0 - (s - 1))^(d / (d - 2)) at n = max(length,
+        n0) (``inv_freq``'s arithmetic for a tensor or an int length)."""
+        n0, factor, dim = self.max_position_embeddings, self.parameters["factor"], self.dim
+        assert n0 is not None
+        seq: int | torch.Tensor
+        if length is None:
+            seq = n0
+        elif isinstance(length, torch.Tensor):
+            seq = torch.maximum(length, torch.tensor(n0, dtype=length.dtype,
+                                                     device=length.device))
+        else:
+            seq = max(length, n0)
+        base = self.base * ((factor * seq / n0) - (factor - 1)) ** (dim / (dim - 2))
+        return 1.0 / (base ** _exponents(dim, device))
+
+    def _bandwidth(self, length: int | torch.Tensor | None,
+                   device: torch.device | str | None) -> torch.Tensor:
+        """Ours: w_i kept where w_i n0 >= 2 pi turns, else w_i / s (s = factor, or max(1,
+        n / n0) from the current length when factor is None)."""
+        p = self.parameters
+        inv = 1.0 / (self.base ** _exponents(self.dim, device))
+        n0, factor = p["original_max_position_embeddings"], p["factor"]
+        if factor is None:
+            factor = 1.0 if length is None else max(1.0, float(length) / n0)
+        turned = inv * n0 / (2 * math.pi)
+        return torch.where(turned >= p["turns"], inv, inv / factor)
 
     def _yarn(self, device: torch.device | str | None) -> torch.Tensor:
         p, dim, base = self.parameters, self.dim, self.base
@@ -655,7 +666,7 @@ class RotaryPositions:
                     f"{self.attention_scaling():.4g}")
         if kind == "bandwidth":
             n0 = p["original_max_position_embeddings"]
-            turns = p.get("turns", BANDWIDTH_TURNS)
+            turns = p["turns"]
             kept = int((self.inv_freq() * n0 >= 2 * math.pi * turns).sum())
             temp = ("queries times ln(x+1)/ln n0 past n0" if p.get("temperature", "log") == "log"
                     else "no temperature")
