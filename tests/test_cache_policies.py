@@ -18,6 +18,8 @@ from splitformer.operators.cache_policy import (
     POLICIES,
     AdaptiveQuadrature,
     CachedGrid,
+    HeavyHitters,
+    HeavyQuadrature,
     QuadratureMerging,
     Rotation,
     StreamingLLM,
@@ -116,7 +118,9 @@ def test_streaming_equals_transformers_with_the_kept_positions(chunk):
     assert (got - want).abs().max() <= 1e-10
 
 
-@pytest.mark.parametrize("policy", [QuadratureMerging, AdaptiveQuadrature])
+@pytest.mark.parametrize("policy", [QuadratureMerging, AdaptiveQuadrature,
+                                    lambda b: HeavyQuadrature(b, merged=0.25)],
+                         ids=["quadrature", "adaptive", "heavy-quadrature"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_splitting_an_entry_into_two_half_weight_entries_changes_nothing(dtype, policy):
     """The quadrature's consistency (docs/math.md 3.12, 3.19): after a prefill whose cache the
@@ -223,6 +227,42 @@ def test_adaptive_quadrature_keeps_the_most_attended_nodes_whole():
     assert not torch.equal(tapes[0].entries[0].grid.coords, tapes[1].entries[0].grid.coords)
 
 
+def test_heavy_quadrature_keeps_h2o_nodes_whole_and_merges_what_h2o_evicts():
+    """Heavy-hitter quadrature on a grid of 40 nodes with accumulated attention, down to 24
+    with 6 merged nodes: the recent window (half the budget) and the nodes of largest
+    attention before it are H2O's with 18 nodes (keys, values, weights, coordinates
+    unchanged), the 6 others carry the mass of every evicted token (the weights sum to 40)
+    and the attention those tokens received (the scores sum to the old total); the
+    coordinates increase. With merged = 0 it is H2O exactly."""
+    gen = torch.Generator().manual_seed(0)
+    n, keep = 40, 24
+    grid = CachedGrid(torch.randn(1, 2, n, 8, generator=gen, dtype=torch.float64),
+                      torch.randn(1, 2, n, 8, generator=gen, dtype=torch.float64),
+                      torch.ones(1, 2, n), torch.arange(float(n)).expand(1, 2, n).contiguous(),
+                      torch.rand(1, 2, n, generator=gen))
+    out = HeavyQuadrature(keep, merged=0.25).compress(grid, keep, None)
+    assert len(out) == keep
+    assert torch.equal(out.weights.sum(-1), torch.full((1, 2), float(n)))
+    assert torch.allclose(out.scores.sum(-1), grid.scores.sum(-1))
+    assert bool((out.coords.diff(dim=-1) > 0).all())
+    whole = HeavyHitters(18, recent=12 / 18).compress(grid, 18, None)
+    assert torch.equal(whole.coords[..., -12:], grid.coords[..., -12:])
+    for head in range(2):
+        for j, x in enumerate(whole.coords[0, head].tolist()):
+            at = (out.coords[0, head] == x).nonzero()
+            assert at.numel() == 1 and out.weights[0, head, at] == 1, (head, x)
+            assert torch.equal(out.keys[0, head, at[0, 0]], whole.keys[0, head, j])
+            assert torch.equal(out.values[0, head, at[0, 0]], whole.values[0, head, j])
+        rest = ~torch.isin(out.coords[0, head], whole.coords[0, head])
+        assert int(rest.sum()) == 6 and float(out.weights[0, head, rest].sum()) == n - 18
+    assert bool((out.weights > 1).any())
+    plain = HeavyHitters(keep).compress(grid, keep, None)
+    zero = HeavyQuadrature(keep, merged=0).compress(grid, keep, None)
+    for a, b in ((plain.keys, zero.keys), (plain.values, zero.values),
+                 (plain.coords, zero.coords), (plain.weights, zero.weights)):
+        assert torch.equal(a, b)
+
+
 def test_a_fraction_budget_keeps_the_mass_from_the_first_forward():
     """A fraction budget is small early on (ceil(b N) nodes after N tokens, fewer than the
     sinks): the sinks give way so that every token's weight is still in the grid."""
@@ -315,6 +355,8 @@ def test_bad_policy_arguments_are_named():
     (lambda: cache_policy("snapkv", 0.5, kernel=4), "kernel"),
     (lambda: cache_policy("snapkv", 0.5, window=0), "window"),
     (lambda: cache_policy("tova", 0.5, sinks=4), "does not take"),
+    (lambda: cache_policy("heavy-quadrature", 0.5, merged=1.0), "merged"),
+    (lambda: cache_policy("heavy-quadrature", 0.5, recent=0.9, merged=0.2), "recent"),
 ])
 def test_bad_policy_options_are_named(make, word):
     with pytest.raises(ValueError, match=word):

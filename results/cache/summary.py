@@ -11,7 +11,17 @@ import math
 import statistics
 import sys
 
-runs = [json.loads(open(p).read().strip().splitlines()[-1]) for p in sys.argv[1:]]
+# several files of one text (e.g. *-1024-all.json and *-1024-heavy.json) are one run: their rows
+# joined, the full cache's row read from the first
+runs: list[dict] = []
+for path in sys.argv[1:]:
+    got = json.loads(open(path).read().strip().splitlines()[-1])
+    same = [r for r in runs if r["text"] == got["text"]]
+    if same:
+        seen = {(r["policy"], r["budget"]) for r in same[0]["rows"]}
+        same[0]["rows"] += [r for r in got["rows"] if (r["policy"], r["budget"]) not in seen]
+    else:
+        runs.append(got)
 texts = [r["text"].split("/")[-1].removesuffix(".txt") for r in runs]
 added: dict[tuple[str, float], list[float]] = {}
 for got in runs:

@@ -44,6 +44,7 @@ from .rope import RotaryPositions, rotate_half
 
 __all__ = [
     "POLICIES", "AdaptiveQuadrature", "CachePolicy", "CachedGrid", "FullCache", "HeavyHitters",
+    "HeavyQuadrature",
     "QuadratureMerging", "Rotation", "SnapKV", "StreamingLLM", "TOVA", "ValueMerging",
     "cache_policy", "check_budget", "split_entry",
 ]
@@ -466,19 +467,28 @@ class QuadratureMerging(CachePolicy):
         return _merge_neighbours(middle, keep, rotation)
 
 
-def _merge_neighbours(grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
+def _merge_neighbours(grid: CachedGrid, keep: int, rotation: Rotation | None,
+                      observed: bool = False) -> CachedGrid:
     """``grid`` (in coordinate order) coarsened to ``keep`` nodes per head by merging disjoint
-    neighbour pairs of least Ward cost in rounds (``QuadratureMerging``)."""
+    neighbour pairs of least Ward cost in rounds (``QuadratureMerging``). ``observed``: the
+    cost is weighted by the attention the pair received per unit weight,
+    (s_j / w_j + s_k / w_k) / 2 (``grid.scores``), the factor e^{<q, K>} of the second-order
+    error averaged over the queries seen."""
     k, v = grid.keys, grid.values
     w = grid.weights.double()
     x = grid.coords.double()
     ku = k if rotation is None else rotation.unrotate(k, x)
     work_k, work_v = ku.double(), v.double()
+    # the attention received is additive: a merged node has received its parts' sum
+    s = None if grid.scores is None else grid.scores.double()
     changed = torch.zeros(w.shape, dtype=torch.bool, device=k.device)
     while work_k.shape[2] > keep:
         m = work_k.shape[2]
         wj, wk = w[..., :-1], w[..., 1:]
         cost = wj * wk / (wj + wk) * (work_k[..., 1:, :] - work_k[..., :-1, :]).square().sum(-1)
+        if observed and s is not None:
+            d = s / w
+            cost = cost * (d[..., :-1] + d[..., 1:]) / 2
         inf = torch.full_like(cost[..., :1], math.inf)
         left = torch.cat([inf, cost[..., :-1]], dim=-1)
         right = torch.cat([cost[..., 1:], inf], dim=-1)
@@ -494,16 +504,21 @@ def _merge_neighbours(grid: CachedGrid, keep: int, rotation: Rotation | None) ->
         work_k = work_k.scatter(2, i[..., None].expand_as(new_k), new_k)
         work_v = work_v.scatter(2, i[..., None].expand_as(new_v), new_v)
         x, w = x.scatter(2, i, new_x), w.scatter(2, i, wm)
+        if s is not None:
+            s = s.scatter(2, i, s.gather(2, i) + s.gather(2, j))
         changed = changed.scatter(2, i, True)
         drop = torch.zeros_like(changed).scatter(2, j, True)
         order = torch.argsort(drop.to(torch.int8), dim=-1, stable=True)[..., :m - t]
         work_k, work_v, k = _at(work_k, order), _at(work_v, order), _at(k, order)
         x, w, changed = x.gather(2, order), w.gather(2, order), changed.gather(2, order)
+        if s is not None:
+            s = s.gather(2, order)
     merged_k = work_k.to(grid.keys.dtype)
     if rotation is not None:
         merged_k = rotation.rotate(merged_k, x)
     return CachedGrid(torch.where(changed[..., None], merged_k, k),
-                      work_v.to(grid.values.dtype), w.to(GRID_DTYPE), x.to(GRID_DTYPE))
+                      work_v.to(grid.values.dtype), w.to(GRID_DTYPE), x.to(GRID_DTYPE),
+                      None if s is None else s.to(GRID_DTYPE))
 
 
 @dataclass(frozen=True)
@@ -549,9 +564,52 @@ class AdaptiveQuadrature(QuadratureMerging):
         return both.take(torch.argsort(both.coords, dim=-1, stable=True))
 
 
+@dataclass(frozen=True)
+class HeavyQuadrature(HeavyHitters):
+    """Heavy-hitter quadrature (ours): H2O's support, with the evicted nodes merged instead of
+    dropped. A recent window of ``recent`` times the budget and the nodes of largest
+    accumulated attention sum_{queries x so far} g(x, x_j) are kept whole; the others (the
+    nodes H2O evicts, and the merged nodes of earlier forwards) are merged among themselves
+    into ``merged`` times the budget (neighbours in coordinate order of least Ward cost, as
+    ``QuadratureMerging``: w_m = w_j + w_k at the mass-weighted coordinate, unrotated keys
+    averaged and rotated at x_m, softmax(a + log w)), their accumulated attention summed. The
+    evicted mass stays on the grid: the kernel still integrates over every token seen, coarsely
+    where the observed integrand is small, finely where it is large."""
+
+    merged: float = 1 / 128  # the best of 1/128 .. 1/16 on 1024 KJV tokens (docs/cache.md)
+    name: ClassVar[str] = "heavy-quadrature"
+    merges_keys: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_option(self.name, "merged", self.merged, isinstance(self.merged, float | int)
+                      and 0 <= self.merged < 1, "a fraction in [0, 1) of the budget")
+        _check_option(self.name, "recent", self.recent, self.recent + self.merged <= 1,
+                      "a fraction of the budget with recent + merged <= 1")
+
+    def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
+        assert grid.scores is not None
+        n = len(grid)
+        m = min(int(self.merged * keep), keep - 1)
+        if m <= 0:
+            return _recent_and_top(grid, keep, int(self.recent * keep), grid.scores)
+        r = min(int(self.recent * keep), keep - m)
+        whole = keep - m  # the recent window and the heavy hitters
+        b, h = grid.keys.shape[:2]
+        dev = grid.keys.device
+        tail = torch.arange(n - r, n, device=dev).expand(b, h, r)
+        top = grid.scores[..., :n - r].topk(whole - r, dim=-1).indices
+        chosen = torch.cat([top, tail], dim=-1)
+        kept = torch.zeros(b, h, n, dtype=torch.bool, device=dev).scatter(2, chosen, True)
+        rest = torch.argsort(kept.to(torch.int8), dim=-1, stable=True)[..., :n - whole]
+        coarse = _merge_neighbours(grid.take(rest.contiguous()), m, rotation)
+        both = grid.take(_ordered(chosen)).cat(coarse)
+        return both.take(torch.argsort(both.coords, dim=-1, stable=True))
+
+
 POLICIES: dict[str, type[CachePolicy]] = {
     cls.name: cls for cls in (FullCache, StreamingLLM, HeavyHitters, TOVA, SnapKV, ValueMerging,
-                              QuadratureMerging, AdaptiveQuadrature)
+                              QuadratureMerging, AdaptiveQuadrature, HeavyQuadrature)
 }
 
 
