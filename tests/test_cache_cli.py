@@ -78,6 +78,27 @@ def test_cache_json_rows_and_the_full_row_is_transformers_perplexity(llama_folde
     assert "splitformer cache:" in err
 
 
+def test_slack_lets_the_cache_exceed_the_budget_and_is_in_the_json(llama_folder, capsys):
+    """--slack N: the policy compresses when the past exceeds the budget by more than N, so
+    the peak is above slack 0's and below budget + N entries (plus a chunk); the full row is
+    the same; the JSON says the slack."""
+    got = {}
+    for slack in (0, 24):
+        rc, out, err = cli(["cache", str(llama_folder), "--text", str(llama_folder / "text.txt"),
+                            "--policy", "full,streaming", "--budget", "0.25", "--chunk", "16",
+                            "--decode", "8", "--slack", str(slack), "--json"], capsys)
+        assert rc == 0, err
+        got[slack] = _json(out)
+    assert got[24]["slack"] == 24 and got[0]["slack"] == 0
+    assert got[24]["rows"][0]["perplexity"] == got[0]["rows"][0]["perplexity"]
+    tight, loose = got[0]["rows"][1], got[24]["rows"][1]
+    # slack 0's peak: the budget's past and one chunk's new nodes (weights, coordinates too)
+    per_entry = tight["cache_bytes"] / (tight["entries"] + 16)
+    assert loose["cache_bytes"] > tight["cache_bytes"]
+    assert loose["cache_bytes"] <= (tight["entries"] + 24 + 16) * per_entry * 1.001
+    assert tight["entries"] <= loose["entries"] <= tight["entries"] + 24
+
+
 def test_cache_prints_one_table(llama_folder, capsys):
     rc, out, err = cli(["cache", str(llama_folder), "--text", str(llama_folder / "text.txt"),
                         "--policy", "streaming,h2o", "--budget", "0.5", "--chunk", "32",
@@ -93,6 +114,7 @@ def test_cache_prints_one_table(llama_folder, capsys):
     (["--budget", "0.5,x"], "--budget"), (["--policy", "lru"], "--policy"),
     (["--policy", "full,"], "--policy"), (["--chunk", "0"], "--chunk"),
     (["--max-tokens", "-3"], "--max-tokens"), (["--decode", "-1"], "--decode"),
+    (["--slack", "-1"], "--slack"), (["--slack", "2.5"], "--slack"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(llama_folder, capsys, flags, word):
     rc, out, err = cli(["cache", str(llama_folder), "--text", str(llama_folder / "text.txt"),

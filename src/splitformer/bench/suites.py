@@ -64,7 +64,8 @@ class Options:
     backend of the compile suite, and the merge suite's nodes merged per step ``rs`` and
     passage lengths ``tokens`` (on the pretrained model); the generate suite's ``new_tokens``,
     linear-kernel ``prefixes``, and the Llama family's cache rows: ``contexts`` (tokens before
-    the timed decode steps), cache ``policies`` and their ``budgets``."""
+    the timed decode steps), cache ``policies``, their ``budgets`` and ``slack`` (entries above
+    the budget before a policy compresses: amortised compression, docs/cache.md)."""
 
     repeats: int = 5
     warmup: int = 1
@@ -80,6 +81,7 @@ class Options:
     contexts: tuple[int, ...] = (4096, 8192)
     policies: tuple[str, ...] = ("streaming", "quadrature")
     budgets: tuple[float, ...] = (0.5, 0.25, 0.125)
+    slack: int = 0
 
 
 @dataclass(frozen=True)

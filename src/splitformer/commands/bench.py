@@ -34,6 +34,7 @@ from . import (
     cache_budgets,
     cache_policies,
     int_list,
+    nonnegative_int,
     positive_int,
     stripped,
 )
@@ -196,6 +197,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="B,...",
                    help="generate suite, Llama family: budgets of the cache rows, fractions in "
                         "(0, 1] of the tokens seen (default 0.5,0.25,0.125)")
+    p.add_argument("--slack", type=nonnegative_int, default=0, metavar="N",
+                   help="generate suite, Llama family: entries per evaluation and head above "
+                        "the budget before a policy compresses back to it (default 0: after "
+                        "every token; the rows then time 2 (N + 1) decode steps and report "
+                        "their mean, so that the compressions are in it)")
     p.add_argument("--backend", default="inductor", type=stripped,
                    choices=["inductor", "aot_eager", "eager"],
                    help="torch.compile backend of the compile suite (default inductor)")
@@ -449,7 +455,8 @@ def run(args: argparse.Namespace) -> int:
     opts = Options(repeats=args.repeats, warmup=args.warmup, paths=args.paths, seed=args.seed,
                    ks=args.ks, seqs=args.seqs, backend=args.backend, rs=args.rs,
                    tokens=args.tokens, new_tokens=args.new_tokens, prefixes=args.prefixes,
-                   contexts=args.contexts, policies=args.policies, budgets=args.budgets)
+                   contexts=args.contexts, policies=args.policies, budgets=args.budgets,
+                   slack=args.slack)
     sized = args.size or any(_pretrained_rows(n) is None for n in names)
     data = {"command": _command(names, sizes if sized else [], args), "machine": machine(),
             "options": {**vars(opts)},

@@ -33,13 +33,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import UsageError, bounded_int, cache_budgets, cache_policies, positive_int
+from ..operators.cache_policy import POLICIES
+from . import (
+    UsageError,
+    bounded_int,
+    cache_budgets,
+    cache_policies,
+    nonnegative_int,
+    positive_int,
+)
 
 HELP = "stream a text through a causal LM under KV cache policies (perplexity, memory, speed)"
 EPILOG = ("MODEL: as for `splitformer generate` (smollm2: the packaged SmolLM2-135M-Instruct, "
-          "`make data`). Policies: full, streaming, h2o, tova, snapkv, merge-values, "
-          "quadrature, adaptive (docs/cache.md). Exit status 130 after Ctrl-C (the rows done are "
-          "printed).")
+          f"`make data`). Policies: {', '.join(POLICIES)} (docs/cache.md). Exit status 130 "
+          "after Ctrl-C (the rows done are printed).")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,10 +57,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fractions of the full cache kept per attention evaluation and "
                    "key/value head (default 0.5,0.25,0.125)")
     p.add_argument("--policy", type=cache_policies, metavar="P,P,...",
-                   default=("full", "streaming", "h2o", "tova", "snapkv", "merge-values",
-                            "quadrature", "adaptive"),
-                   help="cache policies (default: all of full, streaming, h2o, tova, snapkv, "
-                   "merge-values, quadrature, adaptive)")
+                   default=tuple(POLICIES),
+                   help=f"cache policies (default: all of {', '.join(POLICIES)})")
+    p.add_argument("--slack", type=nonnegative_int, default=0, metavar="N",
+                   help="entries per evaluation and head above the budget before a policy "
+                   "compresses back to it (default 0: after every forward; docs/cache.md, "
+                   "amortised compression)")
     p.add_argument("--chunk", type=positive_int, default=64, metavar="N",
                    help="new tokens per prefill forward (default 64)")
     p.add_argument("--max-tokens", type=positive_int, default=2048, metavar="N",
@@ -108,8 +117,8 @@ def _rows(sub: Any, ids, args: argparse.Namespace, rows: list[dict]) -> None:
     for name, b in runs:
         count = n if name == "full" else max(1, math.ceil(b * n))
         t0 = time.perf_counter()
-        score = score_stream(model, ids, policy=cache_policy(name, count), chunk=args.chunk,
-                             decode=args.decode)
+        score = score_stream(model, ids, policy=cache_policy(name, count, slack=args.slack),
+                             chunk=args.chunk, decode=args.decode)
         seconds = time.perf_counter() - t0
         rate = score.decode_tokens_per_s
         row = {"policy": name, "budget": b, "perplexity": score.perplexity,
@@ -163,10 +172,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:  # the model refuses a policy (a kernel that is not the softmax)
         raise UsageError(f"argument MODEL: {e}") from None
     title = (f"splitformer cache {args.model}: {ids.shape[1]} tokens, chunk {args.chunk}, "
-             f"decode {args.decode}")
+             f"decode {args.decode}" + (f", slack {args.slack}" if args.slack else ""))
     if args.json:
         print(json.dumps({"model": args.model, "text": args.text, "tokens": int(ids.shape[1]),
-                          "chunk": args.chunk, "decode": args.decode, "rows": rows,
+                          "chunk": args.chunk, "decode": args.decode, "slack": args.slack,
+                          "rows": rows,
                           "interrupted": interrupted,
                           "torch_threads": torch.get_num_threads()}))
     else:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -205,6 +205,11 @@ class CachePolicy:
     docstring). Subclasses set ``name``, ``observes`` and ``compress``."""
 
     budget: float | int = 1.0
+    # entries per evaluation and head allowed above the budget before the policy compresses
+    # back to it (0: after every forward). The policy's rule is the same; it runs once per
+    # slack + 1 new tokens in decoding instead of after each, at a peak of budget + slack
+    # entries (docs/cache.md, "Amortised compression")
+    slack: int = field(default=0, kw_only=True)
 
     name: ClassVar[str] = "policy"
     # which attention probabilities the tape hands over: None, "all", "last" or "window"
@@ -214,6 +219,16 @@ class CachePolicy:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", check_budget(self.budget))
+        if not (isinstance(self.slack, numbers.Integral) and not isinstance(self.slack, bool)
+                and self.slack >= 0):
+            raise ValueError(f"slack must be an int >= 0 (entries above the budget before "
+                             f"compressing), got {self.slack!r}")
+        object.__setattr__(self, "slack", int(self.slack))
+
+    def due(self, entries: int, seen: int) -> bool:
+        """Whether a past of ``entries`` nodes per head after ``seen`` tokens is compressed
+        now: it exceeds the capacity by more than ``slack``."""
+        return entries > self.capacity(seen) + self.slack
 
     def capacity(self, seen: int) -> int:
         """Nodes kept per evaluation and key/value head after ``seen`` tokens."""
@@ -241,7 +256,8 @@ class CachePolicy:
         raise NotImplementedError
 
     def describe(self) -> str:
-        return f"{self.name}(budget={self.budget})"
+        slack = f", slack={self.slack}" if self.slack else ""
+        return f"{self.name}(budget={self.budget}{slack})"
 
 
 @dataclass(frozen=True)

@@ -584,9 +584,9 @@ class KVTape:
     def _compress(self) -> None:
         """The policy's coarsening of every evaluation's past, once it exceeds the budget
         (the plain buffers become compressed entries the first time)."""
-        keep = self.policy.capacity(self.length)
-        if self.entries_per_head <= keep:
+        if not self.policy.due(self.entries_per_head, self.length):
             return
+        keep = self.policy.capacity(self.length)
         if not self.compressed:
             self.entries = [self._compressed_copy(e) for e in self.entries]
         for e in self.entries:

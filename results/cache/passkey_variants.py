@@ -1,0 +1,28 @@
+# The passkey test (splitformer.experiments.passkey, compressed once after the question, kvpress's
+# append protocol) with policies whose observation window is the question's length, at 1024
+# tokens, budget 0.25: does observing the question's queries alone keep the key?
+#   OMP_NUM_THREADS=1 .venv/bin/python results/cache/passkey_variants.py > results/cache/passkey-variants.log
+import json
+import time
+
+import torch
+
+import splitformer
+from splitformer.experiments.passkey import QUESTION, prompts, run_row
+from splitformer.operators import cache_policy as cp
+
+torch.set_num_threads(1)
+m = splitformer.from_hf("smollm2").eval()
+q = len(m.tokenizer(QUESTION, add_special_tokens=False)["input_ids"])
+length = 1024
+ids, keys = prompts(m.tokenizer, length, 10)
+keep = int(0.25 * length)
+pols = [cp.SnapKV(keep, window=q), cp.SnapKV(keep, window=q, kernel=1),
+        cp.AdaptiveQuadrature(keep, window=q), cp.AdaptiveQuadrature(keep, window=q, recent=0.25),
+        cp.AdaptiveQuadrature(keep, window=q, recent=0.25, protect=0.75, kernel=1)]
+print(f"question: {q} tokens; {length} tokens, 10 placements, budget {keep} nodes", flush=True)
+for pol in pols:
+    t = time.time()
+    row = run_row(m, ids, keys, pol, chunk=length, decode="append")
+    print(json.dumps({"policy": repr(pol), "right": row["right"], "answers": row["answers"],
+                      "seconds": round(time.time() - t)}), flush=True)
