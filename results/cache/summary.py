@@ -1,5 +1,5 @@
-"""docs/cache.md's cross-text table: every policy at every budget on 1024 tokens of several texts
-(``results/cache/sweep2.sh``: results/cache/*-1024-all.json), the loss each adds to the full
+"""docs/cache.md's cross-text tables: every policy at every budget on 1024 (2048, 4096) tokens of
+several texts (``results/cache/sweep2.sh``, ``sweep_long.sh``: results/cache/*-all.json), the loss each adds to the full
 cache's per token (ln ppl / ln ppl_full - 1), its mean and spread over the texts, and on how many
 texts it adds less than StreamingLLM.
 
@@ -30,7 +30,9 @@ for got in runs:
         if r["policy"] != "full":
             added.setdefault((r["policy"], r["budget"]), []).append(
                 100 * (math.log(r["perplexity"]) / math.log(full["perplexity"]) - 1))
-print(f"{len(runs)} texts: {', '.join(texts)}; 1024 tokens each, chunk 64, decode 8")
+tokens = sorted({r["tokens"] for r in runs})
+print(f"{len(runs)} texts: {', '.join(texts)}; {'/'.join(map(str, tokens))} tokens each, "
+      f"chunk {runs[0]['chunk']}, decode {runs[0]['decode']}")
 print("| budget | policy | " + " | ".join(texts) + " | mean | std | below streaming |")
 print("|---|---|" + "---|" * len(texts) + "---|---|---|")
 for budget in sorted({b for _, b in added}, reverse=True):
