@@ -148,6 +148,8 @@ def test_command_writes_json_and_prints_tables(tmp_path, capsys):
     (["refine", "--ks", "1,1000000"], "--ks"),
     (["--size", "dim=4096,heads=8,batch=100000,seq=1024"], "--size"),
     (["--out", "/proc/bench.json"], "--out"),
+    (["generate", "--slack", "-1"], "--slack"),
+    (["generate", "--slack", "5000"], "--slack"),
 ])
 def test_bad_inputs_are_one_line_and_exit_2(argv, flag, tmp_path):
     r = subprocess.run([sys.executable, "-m", "splitformer", "bench", *argv,
@@ -238,6 +240,40 @@ def test_generate_suite_on_the_llama_family_same_ids_and_cache_bytes():
         assert r["context"] == 40 and r["decode_tokens_per_s"] > 0
     with pytest.raises(ValueError, match="SmolLM2's shape"):
         llama_rows(size, OPTS, lambda text: None, extra=MICRO_LLAMA, packaged=True)
+
+
+def test_cache_rows_with_slack_time_the_compressions_and_the_command_repeats_it():
+    """--slack N: the cache rows decode 2 (N + 1) steps and report their mean (the policy
+    compresses once per N + 1 steps), the entries after the decode steps stay within budget + N,
+    and the recorded command spells out --slack with the other cache-row options."""
+    import argparse
+    from dataclasses import replace
+
+    import transformers
+
+    import splitformer
+    from splitformer.bench.generation import SMOLLM2, _llama_config, cache_rows
+    from splitformer.commands.bench import _command, add_arguments
+
+    size = Size(48, 6, 2, 96, 2, 8, "micro-llama")
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(_llama_config(size, MICRO_LLAMA)).eval()
+    ours = splitformer.from_hf(hf).eval()
+    rows = cache_rows(size, ours, 100, replace(OPTS, slack=3, budgets=(0.25,)), lambda t: None)
+    by = {r["policy"]: r for r in rows}
+    assert set(by) == {"full", "streaming", "quadrature"}
+    for p, r in by.items():
+        assert r["slack"] == 3 and "mean_s" in r and "median_s" not in r
+        assert "mean of 8 (slack 3)" in r["note"]
+        if p != "full":  # after 40 + 8 tokens: the capacity ceil(0.25 x 48) = 12, plus slack
+            assert 12 <= r["entries"] <= 12 + 3
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["generate", "--size", "smollm2", "--slack", "7",
+                              "--policies", "h2o,heavy-quadrature", "--budgets", "0.25"])
+    cmd = _command(["generate"], [SMOLLM2], args)
+    assert "--slack 7" in cmd and "--policies h2o,heavy-quadrature" in cmd
+    assert "--budgets 0.25" in cmd and "--contexts 4096,8192" in cmd
 
 
 def test_smollm2_is_a_size_of_the_generate_suite_only(capsys):

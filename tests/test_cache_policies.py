@@ -256,6 +256,10 @@ def test_heavy_quadrature_keeps_h2o_nodes_whole_and_merges_what_h2o_evicts():
         rest = ~torch.isin(out.coords[0, head], whole.coords[0, head])
         assert int(rest.sum()) == 6 and float(out.weights[0, head, rest].sum()) == n - 18
     assert bool((out.weights > 1).any())
+    # the default 1/128 of a budget below 128 is still one merged node, not H2O
+    small = HeavyQuadrature(keep).compress(grid, keep, None)
+    assert torch.equal(small.weights.sum(-1), torch.full((1, 2), float(n)))
+    assert int((small.weights > 1).sum(-1).max()) == 1
     plain = HeavyHitters(keep).compress(grid, keep, None)
     zero = HeavyQuadrature(keep, merged=0).compress(grid, keep, None)
     for a, b in ((plain.keys, zero.keys), (plain.values, zero.values),

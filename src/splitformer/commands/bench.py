@@ -28,13 +28,13 @@ import tempfile
 from pathlib import Path
 
 from ..files import write_atomic
+from ..operators.cache_policy import POLICIES
 from . import (
     UsageError,
     bounded_int,
     cache_budgets,
     cache_policies,
     int_list,
-    nonnegative_int,
     positive_int,
     stripped,
 )
@@ -192,12 +192,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", type=cache_policies, default=("streaming", "quadrature"),
                    metavar="NAME,...",
                    help="generate suite, Llama family: cache policies of the cache rows, beside "
-                        "the full cache (default streaming,quadrature; docs/cache.md)")
+                        "the full cache, among " + ", ".join(POLICIES)
+                        + " (default streaming,quadrature; docs/cache.md)")
     p.add_argument("--budgets", type=cache_budgets, default=(0.5, 0.25, 0.125),
                    metavar="B,...",
                    help="generate suite, Llama family: budgets of the cache rows, fractions in "
                         "(0, 1] of the tokens seen (default 0.5,0.25,0.125)")
-    p.add_argument("--slack", type=nonnegative_int, default=0, metavar="N",
+    p.add_argument("--slack", type=bounded_int(4096, "(entries; the rows time 2 (N + 1) "
+                                               "decode steps)", minimum=0),
+                   default=0, metavar="N",
                    help="generate suite, Llama family: entries per evaluation and head above "
                         "the budget before a policy compresses back to it (default 0: after "
                         "every token; the rows then time 2 (N + 1) decode steps and report "
@@ -423,6 +426,12 @@ def _command(names: list[str], sizes: list, args: argparse.Namespace) -> str:
         if not sizes or any(s.name not in _generate_sizes() for s in sizes):
             # the linear-kernel rows (GPT-2 only: the Llama sizes have none)
             parts += ["--prefixes", ",".join(map(str, args.prefixes))]
+        if not sizes or any(s.name in _generate_sizes() for s in sizes):
+            # the Llama family's cache rows
+            parts += ["--contexts", ",".join(map(str, args.contexts)),
+                      "--policies", ",".join(args.policies),
+                      "--budgets", ",".join(f"{b:g}" for b in args.budgets),
+                      "--slack", str(args.slack)]
     if args.threads:
         parts += ["--threads", str(args.threads)]
     if args.seed:

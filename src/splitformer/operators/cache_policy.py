@@ -208,7 +208,7 @@ class CachePolicy:
     # entries per evaluation and head allowed above the budget before the policy compresses
     # back to it (0: after every forward). The policy's rule is the same; it runs once per
     # slack + 1 new tokens in decoding instead of after each, at a peak of budget + slack
-    # entries (docs/cache.md, "Amortised compression")
+    # entries plus one forward's new nodes (docs/cache.md, "Amortised compression")
     slack: int = field(default=0, kw_only=True)
 
     name: ClassVar[str] = "policy"
@@ -586,7 +586,8 @@ class HeavyQuadrature(HeavyHitters):
     dropped. A recent window of ``recent`` times the budget and the nodes of largest
     accumulated attention sum_{queries x so far} g(x, x_j) are kept whole; the others (the
     nodes H2O evicts, and the merged nodes of earlier forwards) are merged among themselves
-    into ``merged`` times the budget (neighbours in coordinate order of least Ward cost, as
+    into ceil(``merged`` times the budget) nodes, at least one (neighbours in coordinate order
+    of least Ward cost, as
     ``QuadratureMerging``: w_m = w_j + w_k at the mass-weighted coordinate, unrotated keys
     averaged and rotated at x_m, softmax(a + log w)), their accumulated attention summed. The
     evicted mass stays on the grid: the kernel still integrates over every token seen, coarsely
@@ -600,13 +601,15 @@ class HeavyQuadrature(HeavyHitters):
         super().__post_init__()
         _check_option(self.name, "merged", self.merged, isinstance(self.merged, float | int)
                       and 0 <= self.merged < 1, "a fraction in [0, 1) of the budget")
-        _check_option(self.name, "recent", self.recent, self.recent + self.merged <= 1,
-                      "a fraction of the budget with recent + merged <= 1")
+        if self.recent + self.merged > 1:
+            raise ValueError(f"{self.name}: recent + merged must be at most 1 (fractions of the "
+                             f"budget), got recent={self.recent!r}, merged={self.merged!r}")
 
     def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
         assert grid.scores is not None
         n = len(grid)
-        m = min(int(self.merged * keep), keep - 1)
+        # at least one merged node whenever merged > 0 (and room for one kept whole)
+        m = min(math.ceil(self.merged * keep), keep - 1)
         if m <= 0:
             return _recent_and_top(grid, keep, int(self.recent * keep), grid.scores)
         r = min(int(self.recent * keep), keep - m)
