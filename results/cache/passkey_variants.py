@@ -2,7 +2,9 @@
 # append protocol) with policies whose observation window is the question's length, at 1024
 # tokens, budget 0.25: does observing the question's queries alone keep the key?
 #   OMP_NUM_THREADS=1 .venv/bin/python results/cache/passkey_variants.py > results/cache/passkey-variants.log
+#   OMP_NUM_THREADS=1 .venv/bin/python results/cache/passkey_variants.py second > results/cache/passkey-variants-2.log
 import json
+import sys
 import time
 
 import torch
@@ -17,9 +19,14 @@ q = len(m.tokenizer(QUESTION, add_special_tokens=False)["input_ids"])
 length = 1024
 ids, keys = prompts(m.tokenizer, length, 10)
 keep = int(0.25 * length)
+# the first run (results/cache/passkey-variants.log); `second` (passkey-variants-2.log): more of
+# the merged stretch protected, with SnapKV's pooling
 pols = [cp.SnapKV(keep, window=q), cp.SnapKV(keep, window=q, kernel=1),
         cp.AdaptiveQuadrature(keep, window=q), cp.AdaptiveQuadrature(keep, window=q, recent=0.25),
         cp.AdaptiveQuadrature(keep, window=q, recent=0.25, protect=0.75, kernel=1)]
+if sys.argv[1:] == ["second"]:
+    pols = [cp.AdaptiveQuadrature(keep, window=q, recent=0.25, protect=0.75),
+            cp.AdaptiveQuadrature(keep, window=q, recent=0.25, protect=0.9)]
 print(f"question: {q} tokens; {length} tokens, 10 placements, budget {keep} nodes", flush=True)
 for pol in pols:
     t = time.time()
