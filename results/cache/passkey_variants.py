@@ -1,8 +1,10 @@
 # The passkey test (splitformer.experiments.passkey, compressed once after the question, kvpress's
 # append protocol) with policies whose observation window is the question's length, at 1024
 # tokens, budget 0.25: does observing the question's queries alone keep the key?
-#   OMP_NUM_THREADS=1 .venv/bin/python results/cache/passkey_variants.py > results/cache/passkey-variants.log
-#   OMP_NUM_THREADS=1 .venv/bin/python results/cache/passkey_variants.py second > results/cache/passkey-variants-2.log
+#   OMP_NUM_THREADS=1 .venv/bin/python results/cache/passkey_variants.py \
+#       > results/cache/passkey-variants.log
+#   OMP_NUM_THREADS=1 .venv/bin/python results/cache/passkey_variants.py second \
+#       > results/cache/passkey-variants-2.log
 import json
 import sys
 import time
