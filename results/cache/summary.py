@@ -1,7 +1,7 @@
 """docs/cache.md's cross-text tables: every policy at every budget on 1024 (2048, 4096) tokens
 of several texts (``results/cache/sweep2.sh``, ``sweep_long.sh``: results/cache/*-all.json),
-the loss each adds to the full cache's per token (ln ppl / ln ppl_full - 1), its mean and spread over the texts, and on how many
-texts it adds less than StreamingLLM.
+the loss each adds to the full cache's per token (ln ppl / ln ppl_full - 1), its mean and
+spread over the texts, and on how many texts it adds less than StreamingLLM.
 
     python results/cache/summary.py results/cache/*-1024-all.json
 """
