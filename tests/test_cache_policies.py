@@ -49,6 +49,16 @@ def ids(n=48, b=1, vocab=97, seed=1):
     return torch.randint(0, vocab, (b, n), generator=torch.Generator().manual_seed(seed))
 
 
+def scored_grid(n: int) -> CachedGrid:
+    """A grid of ``n`` nodes per head (1 x 2 heads, 8 features, float64 keys and values), unit
+    weights at 0 .. n - 1, and random observed attention."""
+    gen = torch.Generator().manual_seed(0)
+    return CachedGrid(torch.randn(1, 2, n, 8, generator=gen, dtype=torch.float64),
+                      torch.randn(1, 2, n, 8, generator=gen, dtype=torch.float64),
+                      torch.ones(1, 2, n), torch.arange(float(n)).expand(1, 2, n).contiguous(),
+                      torch.rand(1, 2, n, generator=gen))
+
+
 def stream_logits(model, x, tape, chunk):
     """The logits of every position of ``x``, forwards of ``chunk`` new nodes on ``tape``."""
     out = []
@@ -195,12 +205,8 @@ def test_adaptive_quadrature_keeps_the_most_attended_nodes_whole():
     the original nodes, and the protect x (merged stretch's budget) middle nodes of largest
     pooled attention are kept whole (their key, value, weight and coordinate), the rest
     merged. On a model's tape it differs from plain quadrature merging."""
-    gen = torch.Generator().manual_seed(0)
     n, keep = 40, 24
-    grid = CachedGrid(torch.randn(1, 2, n, 8, generator=gen, dtype=torch.float64),
-                      torch.randn(1, 2, n, 8, generator=gen, dtype=torch.float64),
-                      torch.ones(1, 2, n), torch.arange(float(n)).expand(1, 2, n).contiguous(),
-                      torch.rand(1, 2, n, generator=gen))
+    grid = scored_grid(n)
     policy = AdaptiveQuadrature(keep, protect=0.5, kernel=3)
     out = policy.compress(grid, keep, None)
     r = int(0.75 * (keep - 4))
@@ -234,12 +240,8 @@ def test_heavy_quadrature_keeps_h2o_nodes_whole_and_merges_what_h2o_evicts():
     unchanged), the 6 others carry the mass of every evicted token (the weights sum to 40)
     and the attention those tokens received (the scores sum to the old total); the
     coordinates increase. With merged = 0 it is H2O exactly."""
-    gen = torch.Generator().manual_seed(0)
     n, keep = 40, 24
-    grid = CachedGrid(torch.randn(1, 2, n, 8, generator=gen, dtype=torch.float64),
-                      torch.randn(1, 2, n, 8, generator=gen, dtype=torch.float64),
-                      torch.ones(1, 2, n), torch.arange(float(n)).expand(1, 2, n).contiguous(),
-                      torch.rand(1, 2, n, generator=gen))
+    grid = scored_grid(n)
     out = HeavyQuadrature(keep, merged=0.25).compress(grid, keep, None)
     assert len(out) == keep
     assert torch.equal(out.weights.sum(-1), torch.full((1, 2), float(n)))
