@@ -233,8 +233,9 @@ def table(out: Path) -> None:
     healed = healed_rows(out)
     for r in healed:
         print(f"healed {r['run']}: N={r['steps']} {r['method']} fit {r['fit']}"
-              + (f" from {r['fit_init']}" if r["fit"] == "step" else "") + " "
-              f"({r['fit_seconds']} s) + {r['heal']} ({r['heal_steps']} steps, "
+              + (f" from {r['fit_init']}" if r["fit"] == "step" else "")
+              + (" (nothing fitted)" if r["fit_seconds"] is None else f" ({r['fit_seconds']} s)")
+              + f" + {r['heal']} ({r['heal_steps']} steps, "
               f"{r['heal_seconds']:.0f} s): perplexity {r['perplexity']:.2f} "
               f"({r['perplexity_ratio']:.2f}x), bpb {r['bits_per_byte']:.3f}, KL "
               f"{r['kl']:.3f}, top1 {r['top1']:.3f}, match {r.get('match_tokens', 0):.1f} "
