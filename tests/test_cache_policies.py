@@ -7,6 +7,7 @@ copies at one coordinate is the inverse)."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -302,6 +303,29 @@ def test_slack_compresses_once_the_budget_is_exceeded_by_more_than_it():
 def test_a_bad_slack_is_refused_naming_it(slack):
     with pytest.raises(ValueError, match="slack"):
         cache_policy("streaming", 0.5, slack=slack)
+
+
+@pytest.mark.parametrize("budget", [64, 0.25])
+def test_heavy_quadrature_holds_at_most_its_merged_nodes_over_a_stream(budget):
+    """Over 200 one-token forwards (and a count or a fraction budget) the merged nodes stay
+    ceil(merged x budget) per head: a merged node's summed attention never wins it a heavy
+    hitter's slot (the merged nodes would otherwise fill them, stream after stream), and the
+    weights still sum to the tokens seen. With slack 8 the same holds after every compression."""
+    _, ours = llama()
+    x = ids(200)
+    for slack in (0, 8):
+        policy = HeavyQuadrature(budget, merged=1 / 32, slack=slack)
+        tape = KVTape(policy=policy)
+        with torch.no_grad():
+            for i in range(200):
+                ours(x[:, i:i + 1], tape=tape)
+                if not tape.compressed:
+                    continue
+                keep = policy.capacity(i + 1)
+                for e in tape.entries:
+                    w = e.grid.weights
+                    assert int((w > 1).sum(-1).max()) <= max(1, math.ceil(keep / 32)), (i, slack)
+                    assert torch.equal(w.sum(-1), torch.full((1, 2), float(i + 1)))
 
 
 def test_a_fraction_budget_keeps_the_mass_from_the_first_forward():

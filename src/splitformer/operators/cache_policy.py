@@ -583,11 +583,11 @@ class AdaptiveQuadrature(QuadratureMerging):
 @dataclass(frozen=True)
 class HeavyQuadrature(HeavyHitters):
     """Heavy-hitter quadrature (ours): H2O's support, with the evicted nodes merged instead of
-    dropped. A recent window of ``recent`` times the budget and the nodes of largest
-    accumulated attention sum_{queries x so far} g(x, x_j) are kept whole; the others (the
-    nodes H2O evicts, and the merged nodes of earlier forwards) are merged among themselves
-    into ceil(``merged`` times the budget) nodes, at least one (neighbours in coordinate order
-    of least Ward cost, as
+    dropped. A recent window of ``recent`` times the budget and the tokens of largest
+    accumulated attention sum_{queries x so far} g(x, x_j) are kept whole (merged nodes never
+    count as heavy hitters); the others (the tokens H2O evicts, and the merged nodes of earlier
+    forwards) are merged among themselves into ceil(``merged`` times the budget) nodes, at
+    least one (neighbours in coordinate order of least Ward cost, as
     ``QuadratureMerging``: w_m = w_j + w_k at the mass-weighted coordinate, unrotated keys
     averaged and rotated at x_m, softmax(a + log w)), their accumulated attention summed. The
     evicted mass stays on the grid: the kernel still integrates over every token seen, coarsely
@@ -608,8 +608,9 @@ class HeavyQuadrature(HeavyHitters):
     def compress(self, grid: CachedGrid, keep: int, rotation: Rotation | None) -> CachedGrid:
         assert grid.scores is not None
         n = len(grid)
-        # at least one merged node whenever merged > 0 (and room for one kept whole)
-        m = min(math.ceil(self.merged * keep), keep - 1)
+        # at least one merged node whenever merged > 0 (and room for one kept whole; a budget
+        # of one node is that merged node: the mass of every token stays on the grid)
+        m = 0 if self.merged == 0 else max(1, min(math.ceil(self.merged * keep), keep - 1))
         if m <= 0:
             return _recent_and_top(grid, keep, int(self.recent * keep), grid.scores)
         r = min(int(self.recent * keep), keep - m)
@@ -617,7 +618,10 @@ class HeavyQuadrature(HeavyHitters):
         b, h = grid.keys.shape[:2]
         dev = grid.keys.device
         tail = torch.arange(n - r, n, device=dev).expand(b, h, r)
-        top = grid.scores[..., :n - r].topk(whole - r, dim=-1).indices
+        # the heavy hitters are tokens: a merged node's summed attention would outrank them on
+        # its mass alone, and the merged nodes would take their slots stream after stream
+        ranked = grid.scores[..., :n - r].masked_fill(grid.weights[..., :n - r] > 1, -math.inf)
+        top = ranked.topk(whole - r, dim=-1).indices
         chosen = torch.cat([top, tail], dim=-1)
         kept = torch.zeros(b, h, n, dtype=torch.bool, device=dev).scatter(2, chosen, True)
         rest = torch.argsort(kept.to(torch.int8), dim=-1, stable=True)[..., :n - whole]
