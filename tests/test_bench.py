@@ -267,6 +267,11 @@ def test_cache_rows_with_slack_time_the_compressions_and_the_command_repeats_it(
         assert "mean of 8 (slack 3)" in r["note"]
         if p != "full":  # after 40 + 8 tokens: the capacity ceil(0.25 x 48) = 12, plus slack
             assert 12 <= r["entries"] <= 12 + 3
+            # 10 entries after the context, due when 10 + k > ceil(0.25 (40 + k)) + 3: at k = 6
+            # (back to 12), next at k = 11, past the 8 steps: one compression, not 8 / 4
+            assert r["compressions"] == 1, r["compressions"]
+        else:
+            assert r["compressions"] == 0
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["generate", "--size", "smollm2", "--slack", "7",

