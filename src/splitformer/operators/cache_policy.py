@@ -206,9 +206,10 @@ class CachePolicy:
 
     budget: float | int = 1.0
     # entries per evaluation and head allowed above the budget before the policy compresses
-    # back to it (0: after every forward). The policy's rule is the same; it runs once per
-    # slack + 1 new tokens in decoding instead of after each, at a peak of budget + slack
-    # entries plus one forward's new nodes (docs/cache.md, "Amortised compression")
+    # back to it (0: after every forward). The policy's rule is the same; in decoding it runs
+    # once per slack + 1 new tokens with a count budget (about slack / (1 - b) + 1 with a
+    # fraction b) instead of after each, at a peak of budget + slack entries plus one
+    # forward's new nodes (docs/cache.md, "Amortised compression")
     slack: int = field(default=0, kw_only=True)
 
     name: ClassVar[str] = "policy"
