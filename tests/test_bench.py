@@ -150,6 +150,8 @@ def test_command_writes_json_and_prints_tables(tmp_path, capsys):
     (["--out", "/proc/bench.json"], "--out"),
     (["generate", "--slack", "-1"], "--slack"),
     (["generate", "--slack", "5000"], "--slack"),
+    (["generate", "--size", "tiny", "--slack", "3"], "--slack"),
+    (["refine", "--slack", "3"], "--slack"),
 ])
 def test_bad_inputs_are_one_line_and_exit_2(argv, flag, tmp_path):
     r = subprocess.run([sys.executable, "-m", "splitformer", "bench", *argv,

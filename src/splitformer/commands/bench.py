@@ -461,6 +461,11 @@ def run(args: argparse.Namespace) -> int:
     if args.new_tokens < 2:
         raise UsageError(f"argument --new-tokens: expected at least 2 (the decode rate is "
                          f"timed from the second token on), got {args.new_tokens}")
+    if args.slack and not ("generate" in names
+                           and any(s.name in _generate_sizes() for s in sizes)):
+        raise UsageError(f"argument --slack: only the generate suite's Llama-family sizes "
+                         f"({', '.join(_generate_sizes())}) have cache rows; got --slack "
+                         f"{args.slack} without one")
     opts = Options(repeats=args.repeats, warmup=args.warmup, paths=args.paths, seed=args.seed,
                    ks=args.ks, seqs=args.seqs, backend=args.backend, rs=args.rs,
                    tokens=args.tokens, new_tokens=args.new_tokens, prefixes=args.prefixes,
