@@ -538,6 +538,18 @@ def _merge_neighbours(grid: CachedGrid, keep: int, rotation: Rotation | None,
                       None if s is None else s.to(GRID_DTYPE))
 
 
+def _keep_and_merge(grid: CachedGrid, whole: torch.Tensor, merged: int,
+                    rotation: Rotation | None, observed: bool = False) -> CachedGrid:
+    """The nodes ``whole`` (B, H_kv, k indices) of ``grid`` kept as they are, the others merged
+    among themselves into ``merged`` nodes (``_merge_neighbours``), all in coordinate order."""
+    b, h, n = grid.weights.shape
+    mask = torch.zeros(b, h, n, dtype=torch.bool, device=whole.device).scatter(2, whole, True)
+    rest = torch.argsort(mask.to(torch.int8), dim=-1, stable=True)[..., :n - whole.shape[-1]]
+    coarse = _merge_neighbours(grid.take(rest.contiguous()), merged, rotation, observed)
+    both = grid.take(_ordered(whole)).cat(coarse)
+    return both.take(torch.argsort(both.coords, dim=-1, stable=True))
+
+
 @dataclass(frozen=True)
 class AdaptiveQuadrature(QuadratureMerging):
     """Adaptive quadrature (ours): ``QuadratureMerging`` where the integrand is large stays
@@ -566,19 +578,11 @@ class AdaptiveQuadrature(QuadratureMerging):
 
     def _coarsen_middle(self, middle: CachedGrid, keep: int, rotation: Rotation | None
                         ) -> CachedGrid:
-        n = len(middle)
         p = min(int(self.protect * keep), keep - 1)
         if p <= 0 or middle.scores is None:
             return _merge_neighbours(middle, keep, rotation)
-        b, h, _ = middle.scores.shape
         top = _pooled(middle.scores, self.kernel).topk(p, dim=-1).indices
-        chosen = torch.zeros(b, h, n, dtype=torch.bool, device=top.device).scatter(2, top, True)
-        rest = torch.argsort(chosen.to(torch.int8), dim=-1, stable=True)[..., :n - p]
-        fine = middle.take(_ordered(top))
-        coarse = _merge_neighbours(middle.take(rest.contiguous()), keep - p, rotation)
-        both = fine.cat(coarse)
-        both.scores = None
-        return both.take(torch.argsort(both.coords, dim=-1, stable=True))
+        return _keep_and_merge(middle, top, keep - p, rotation)
 
 
 @dataclass(frozen=True)
@@ -594,7 +598,10 @@ class HeavyQuadrature(HeavyHitters):
     evicted mass stays on the grid: the kernel still integrates over every token seen, coarsely
     where the observed integrand is small, finely where it is large."""
 
-    merged: float = 1 / 128  # the best of 1/128 .. 1/16 on 1024 KJV tokens (docs/cache.md)
+    merged: float = 1 / 128  # of 1/128 .. 1/16 on 1024 KJV tokens (docs/cache.md)
+    # partners by the Ward cost weighted by the attention received per unit weight (the
+    # observed integrand; measured, not better: docs/cache.md)
+    observed: bool = False
     name: ClassVar[str] = "heavy-quadrature"
     merges_keys: ClassVar[bool] = True
 
@@ -602,6 +609,9 @@ class HeavyQuadrature(HeavyHitters):
         super().__post_init__()
         _check_option(self.name, "merged", self.merged, isinstance(self.merged, float | int)
                       and 0 <= self.merged < 1, "a fraction in [0, 1) of the budget")
+        if not isinstance(self.observed, bool):
+            raise ValueError(f"{self.name}: observed must be True or False, got "
+                             f"{self.observed!r}")
         if self.recent + self.merged > 1:
             raise ValueError(f"{self.name}: recent + merged must be at most 1 (fractions of the "
                              f"budget), got recent={self.recent!r}, merged={self.merged!r}")
@@ -615,20 +625,13 @@ class HeavyQuadrature(HeavyHitters):
         if m <= 0:
             return _recent_and_top(grid, keep, int(self.recent * keep), grid.scores)
         r = min(int(self.recent * keep), keep - m)
-        whole = keep - m  # the recent window and the heavy hitters
         b, h = grid.keys.shape[:2]
-        dev = grid.keys.device
-        tail = torch.arange(n - r, n, device=dev).expand(b, h, r)
+        tail = torch.arange(n - r, n, device=grid.keys.device).expand(b, h, r)
         # the heavy hitters are tokens: a merged node's summed attention would outrank them on
         # its mass alone, and the merged nodes would take their slots stream after stream
         ranked = grid.scores[..., :n - r].masked_fill(grid.weights[..., :n - r] > 1, -math.inf)
-        top = ranked.topk(whole - r, dim=-1).indices
-        chosen = torch.cat([top, tail], dim=-1)
-        kept = torch.zeros(b, h, n, dtype=torch.bool, device=dev).scatter(2, chosen, True)
-        rest = torch.argsort(kept.to(torch.int8), dim=-1, stable=True)[..., :n - whole]
-        coarse = _merge_neighbours(grid.take(rest.contiguous()), m, rotation)
-        both = grid.take(_ordered(chosen)).cat(coarse)
-        return both.take(torch.argsort(both.coords, dim=-1, stable=True))
+        top = ranked.topk(keep - m - r, dim=-1).indices
+        return _keep_and_merge(grid, torch.cat([top, tail], dim=-1), m, rotation, self.observed)
 
 
 POLICIES: dict[str, type[CachePolicy]] = {
