@@ -201,9 +201,9 @@ def cache_rows(size: Size, model, vocab: int, opts, say, what: str = "") -> list
     from ..operators.cache_policy import cache_policy
 
     rows = []
+    steps = 16 if opts.slack == 0 else 2 * (opts.slack + 1)
     for context in opts.contexts:
         g = torch.Generator().manual_seed(opts.seed)
-        steps = 16 if opts.slack == 0 else 2 * (opts.slack + 1)
         ids = torch.randint(0, vocab, (1, context + steps), generator=g)
         runs = [("full", 1.0)] + [(p, b) for p in opts.policies if p != "full"
                                   for b in opts.budgets]
@@ -211,20 +211,23 @@ def cache_rows(size: Size, model, vocab: int, opts, say, what: str = "") -> list
             say(f"generate {size.label}: {name} cache at {budget:g} after {context} tokens")
             policy = cache_policy(name, budget, slack=opts.slack)
             tape = KVTape(capacity=0 if policy.compresses else context + steps, policy=policy)
-            before = []
-            step, _ = _decode_step_s(model, ids, context, tape, mean=opts.slack > 0,
-                                     before=before)
+            _prefill(model, ids, context, tape)
+            before = tape.compressions
+            times = _decode_times(model, ids, context, tape)
+            median, mean = statistics.median(times), statistics.mean(times)
+            # with a slack the steps differ (a compression now and then): the mean is the rate
+            step = median if opts.slack == 0 else mean
             rows.append({
                 "suite": "generate", "size": size.label, "group": "cache decode",
                 "path": "no_grad", "name": f"splitformer {name} {budget:g}", "splitformer": True,
                 "policy": name, "budget": budget, "slack": opts.slack, "context": context,
-                "median_s" if opts.slack == 0 else "mean_s": step,
+                "median_s": median, "mean_s": mean,
                 "decode_tokens_per_s": 1.0 / step, "ratios": {},
                 "cache_bytes": tape.nbytes(), "peak_bytes": tape.peak_bytes,
                 "entries": tape.entries_per_head,
                 # compressions within the timed steps: with a fraction budget b the policy
                 # compresses about once per slack / (1 - b) + 1 steps, not slack + 1
-                "compressions": tape.compressions - before[0],
+                "compressions": tape.compressions - before,
                 "note": f"{what}; batch 1, float32, "
                         + (f"median of {steps}" if opts.slack == 0 else
                            f"mean of {steps} (slack {opts.slack})")
@@ -301,24 +304,23 @@ def _pair_rows(size: Size, opts, say, ids: torch.Tensor, dname: str, hf, ours, n
     return rows
 
 
-def _decode_step_s(model, ids: torch.Tensor, prefix: int, tape: KVTape, mean: bool = False,
-                   before: list[int] | None = None) -> tuple[float, int]:
-    """The median (``mean``: the mean) time of one decode step on ``tape`` after ``prefix``
-    tokens of ``ids`` (prefilled in chunks of 256; the steps are the rest of ``ids``), and the
-    tape's bytes after the prefix; ``before`` (a list) gets the tape's compressions after the
-    prefix."""
-    times = []
+def _prefill(model, ids: torch.Tensor, prefix: int, tape: KVTape) -> None:
+    """The first ``prefix`` tokens of ``ids`` on ``tape``, in chunks of 256."""
     with torch.no_grad():
         for a in range(0, prefix, 256):
             model(ids[:, a:min(prefix, a + 256)], tape=tape, logits_to_keep=1)
-        nbytes = tape.nbytes()
-        if before is not None:
-            before.append(tape.compressions)
+
+
+def _decode_times(model, ids: torch.Tensor, prefix: int, tape: KVTape) -> list[float]:
+    """The seconds of each decode step on ``tape`` after ``prefix`` tokens: the rest of
+    ``ids``, one token a forward."""
+    times = []
+    with torch.no_grad():
         for i in range(prefix, ids.shape[1]):
             t0 = time.perf_counter()
             model(ids[:, i:i + 1], tape=tape, logits_to_keep=1)
             times.append(time.perf_counter() - t0)
-    return (statistics.mean(times) if mean else statistics.median(times)), nbytes
+    return times
 
 
 def linear_rows(size: Size, opts, say) -> list[dict]:
@@ -334,7 +336,10 @@ def linear_rows(size: Size, opts, say) -> list[dict]:
             say(f"generate {size.label}: {kname} kernel, decode after {prefix} tokens")
             g = torch.Generator().manual_seed(opts.seed)
             ids = torch.randint(0, GPT2_VOCAB, (1, prefix + 16), generator=g)
-            step, nbytes = _decode_step_s(model, ids, prefix, KVTape(capacity=prefix + 16))
+            tape = KVTape(capacity=prefix + 16)
+            _prefill(model, ids, prefix, tape)
+            nbytes = tape.nbytes()
+            step = statistics.median(_decode_times(model, ids, prefix, tape))
             rows.append({
                 "suite": "generate", "size": size.label, "group": "linear decode",
                 "path": "no_grad", "name": f"splitformer {kname}", "splitformer": True,

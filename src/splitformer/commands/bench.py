@@ -148,6 +148,36 @@ _seed_arg = _int_between(0, 2 ** 63, "in [0, 2^63)")
 _warmup_arg = _int_between(0, 2 ** 63, ">= 0")
 
 
+def _generate_arguments(p: argparse.ArgumentParser) -> None:
+    """The generate suite's flags: the decode rows, and the Llama family's cache rows."""
+    p.add_argument("--new-tokens", type=_capped(positive_int, MAX_SEQ, "tokens"), default=128,
+                   metavar="N", help="generate suite: new tokens per call (default 128; >= 2)")
+    p.add_argument("--prefixes", type=_capped(_ints_arg, MAX_SEQ, "tokens"),
+                   default=(256, 1024, 4096), metavar="N,...",
+                   help="generate suite: prefix lengths of the linear-kernel decode rows "
+                        "(default 256,1024,4096)")
+    p.add_argument("--contexts", type=_capped(_ints_arg, MAX_SEQ, "tokens"),
+                   default=(4096, 8192), metavar="N,...",
+                   help="generate suite, Llama family (--size smollm2): tokens before the timed "
+                        "decode steps of the cache rows (default 4096,8192)")
+    p.add_argument("--policies", type=cache_policies, default=("streaming", "quadrature"),
+                   metavar="NAME,...",
+                   help="generate suite, Llama family: cache policies of the cache rows, beside "
+                        "the full cache, among " + ", ".join(POLICIES)
+                        + " (default streaming,quadrature; docs/cache.md)")
+    p.add_argument("--budgets", type=cache_budgets, default=(0.5, 0.25, 0.125),
+                   metavar="B,...",
+                   help="generate suite, Llama family: budgets of the cache rows, fractions in "
+                        "(0, 1] of the tokens seen (default 0.5,0.25,0.125)")
+    p.add_argument("--slack", type=bounded_int(4096, "(entries; the rows time 2 (N + 1) "
+                                               "decode steps)", minimum=0),
+                   default=0, metavar="N",
+                   help="generate suite, Llama family: entries per evaluation and head above "
+                        "the budget before a policy compresses back to it (default 0: after "
+                        "every token; the rows then time 2 (N + 1) decode steps and report "
+                        "their mean and the compressions among them)")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("suites", nargs="*", metavar="SUITE",
                    help="suites to run, separated by spaces or commas (default: encoder); "
@@ -179,32 +209,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=_tokens_arg, default=None, metavar="N,...",
                    help="merge suite on all-MiniLM-L6-v2 (no --size): King James passages of "
                         "N tokens (default 256)")
-    p.add_argument("--new-tokens", type=_capped(positive_int, MAX_SEQ, "tokens"), default=128,
-                   metavar="N", help="generate suite: new tokens per call (default 128; >= 2)")
-    p.add_argument("--prefixes", type=_capped(_ints_arg, MAX_SEQ, "tokens"),
-                   default=(256, 1024, 4096), metavar="N,...",
-                   help="generate suite: prefix lengths of the linear-kernel decode rows "
-                        "(default 256,1024,4096)")
-    p.add_argument("--contexts", type=_capped(_ints_arg, MAX_SEQ, "tokens"),
-                   default=(4096, 8192), metavar="N,...",
-                   help="generate suite, Llama family (--size smollm2): tokens before the timed "
-                        "decode steps of the cache rows (default 4096,8192)")
-    p.add_argument("--policies", type=cache_policies, default=("streaming", "quadrature"),
-                   metavar="NAME,...",
-                   help="generate suite, Llama family: cache policies of the cache rows, beside "
-                        "the full cache, among " + ", ".join(POLICIES)
-                        + " (default streaming,quadrature; docs/cache.md)")
-    p.add_argument("--budgets", type=cache_budgets, default=(0.5, 0.25, 0.125),
-                   metavar="B,...",
-                   help="generate suite, Llama family: budgets of the cache rows, fractions in "
-                        "(0, 1] of the tokens seen (default 0.5,0.25,0.125)")
-    p.add_argument("--slack", type=bounded_int(4096, "(entries; the rows time 2 (N + 1) "
-                                               "decode steps)", minimum=0),
-                   default=0, metavar="N",
-                   help="generate suite, Llama family: entries per evaluation and head above "
-                        "the budget before a policy compresses back to it (default 0: after "
-                        "every token; the rows then time 2 (N + 1) decode steps and report "
-                        "their mean and the compressions among them)")
+    _generate_arguments(p)
     p.add_argument("--backend", default="inductor", type=stripped,
                    choices=["inductor", "aot_eager", "eager"],
                    help="torch.compile backend of the compile suite (default inductor)")
@@ -403,6 +408,12 @@ def _size_text(size) -> str:
                                                          "seq"))
 
 
+def _has_cache_rows(sizes: list) -> bool:
+    """Whether the generate suite measures cache rows at one of ``sizes`` (the Llama
+    family's sizes have them, GPT-2's do not)."""
+    return any(s.name in _generate_sizes() for s in sizes)
+
+
 def _command(names: list[str], sizes: list, args: argparse.Namespace) -> str:
     """The command line that repeats this run (every option spelled out)."""
     parts = ["splitformer bench", *names]
@@ -426,8 +437,7 @@ def _command(names: list[str], sizes: list, args: argparse.Namespace) -> str:
         if not sizes or any(s.name not in _generate_sizes() for s in sizes):
             # the linear-kernel rows (GPT-2 only: the Llama sizes have none)
             parts += ["--prefixes", ",".join(map(str, args.prefixes))]
-        if not sizes or any(s.name in _generate_sizes() for s in sizes):
-            # the Llama family's cache rows
+        if not sizes or _has_cache_rows(sizes):
             parts += ["--contexts", ",".join(map(str, args.contexts)),
                       "--policies", ",".join(args.policies),
                       "--budgets", ",".join(f"{b:g}" for b in args.budgets),
@@ -461,8 +471,7 @@ def run(args: argparse.Namespace) -> int:
     if args.new_tokens < 2:
         raise UsageError(f"argument --new-tokens: expected at least 2 (the decode rate is "
                          f"timed from the second token on), got {args.new_tokens}")
-    if args.slack and not ("generate" in names
-                           and any(s.name in _generate_sizes() for s in sizes)):
+    if args.slack and not ("generate" in names and _has_cache_rows(sizes)):
         raise UsageError(f"argument --slack: only the generate suite's Llama-family sizes "
                          f"({', '.join(_generate_sizes())}) have cache rows; got --slack "
                          f"{args.slack} without one")
