@@ -108,6 +108,19 @@ def test_cache_prints_one_table(llama_folder, capsys):
     assert out.count("streaming") == 1
 
 
+def test_a_policy_with_options_is_its_own_row(llama_folder, capsys):
+    """``--policy snapkv:window=4`` runs SnapKV with a window of 4 queries: its own row, named
+    by the spec, whose perplexity is not the default window's (64, so every query of a
+    16-token forward)."""
+    rc, out, err = cli(["cache", str(llama_folder), "--text", str(llama_folder / "text.txt"),
+                        "--policy", "snapkv,snapkv:window=4", "--budget", "0.25",
+                        "--chunk", "16", "--decode", "4", "--json"], capsys)
+    assert rc == 0, err
+    rows = {r["policy"]: r for r in _json(out)["rows"]}
+    assert set(rows) == {"snapkv", "snapkv:window=4"}
+    assert rows["snapkv"]["perplexity"] != rows["snapkv:window=4"]["perplexity"]
+
+
 @pytest.mark.parametrize("flags,word", [
     (["--budget", "0"], "--budget"), (["--budget", "1.5"], "--budget"),
     (["--budget", "-0.25"], "--budget"), (["--budget", "nan"], "--budget"),
@@ -115,6 +128,9 @@ def test_cache_prints_one_table(llama_folder, capsys):
     (["--policy", "full,"], "--policy"), (["--chunk", "0"], "--chunk"),
     (["--max-tokens", "-3"], "--max-tokens"), (["--decode", "-1"], "--decode"),
     (["--slack", "-1"], "--slack"), (["--slack", "2.5"], "--slack"),
+    (["--policy", "snapkv:window=0"], "window"), (["--policy", "snapkv:windo=3"], "windo"),
+    (["--policy", "snapkv:budget=3"], "--budget"), (["--policy", "quadrature:recent"], "recent"),
+    (["--policy", "h2o:slack=2"], "--slack"), (["--policy", "full:sinks=1"], "sinks"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(llama_folder, capsys, flags, word):
     rc, out, err = cli(["cache", str(llama_folder), "--text", str(llama_folder / "text.txt"),

@@ -101,6 +101,30 @@ def test_a_count_budget_above_the_length_keeps_the_plain_logits(name):
     assert (got - plain).abs().max() <= 1e-12
 
 
+@pytest.mark.parametrize("name, rows", [("h2o", slice(None)), ("snapkv", slice(-5, None)),
+                                        ("tova", slice(-1, None))], ids=["h2o", "snapkv", "tova"])
+def test_observed_attention_is_transformers_attention_probabilities(name, rows, monkeypatch):
+    """What an observing policy sees after a forward of 40 tokens is the attention that
+    transformers' eager Llama returns (``output_attentions``), summed over the observed queries
+    (all of them for H2O, SnapKV's window of 5, TOVA's last) and averaged over each key/value
+    head's query heads; formed in blocks of 7 queries (``KVTape.OBSERVED_BLOCK``), the output
+    from the fused kernel where only some queries are observed."""
+    monkeypatch.setattr(KVTape, "OBSERVED_BLOCK", 7)
+    ref, ours = llama()
+    ref.set_attn_implementation("eager")
+    x = ids(40)
+    tape = KVTape(policy=cache_policy(name, 1000, **({"window": 5} if name == "snapkv" else {})))
+    with torch.no_grad():
+        got = ours(x, tape=tape).logits
+        want = ref(x, output_attentions=True)
+    # transformers' eager softmax runs in float32 (its sdpa and our tape agree to 1e-12)
+    assert (got - want.logits).abs().max() <= 1e-6
+    assert len(tape.entries) == len(want.attentions) == 2
+    for entry, att in zip(tape.entries, want.attentions, strict=True):
+        seen = att[:, :, rows].sum(2).view(1, 2, 2, 40).mean(2)  # heads h = (g, j), g = h // 2
+        assert (entry.grid.scores.double() - seen).abs().max() <= 1e-5 * seen.max()
+
+
 def _streaming_mask(n, chunk, keep, sinks, dtype):
     """StreamingLLM's support as transformers' 4-D additive mask: a query of the forward over
     [a, a + chunk) sees the past the tape kept after a tokens and the chunk causally."""
@@ -417,6 +441,37 @@ def test_bad_policy_arguments_are_named():
     with pytest.raises(TapeError, match="padding"), torch.no_grad():
         ours.generate(ids(6, b=2), max_new_tokens=2, attention_mask=mask,
                       cache_policy=cache_policy("streaming", 0.5))
+
+
+def test_a_policy_spec_sets_the_policy_options():
+    """``name:key=value:...`` (the command lines' policies) builds the policy with those
+    options, ints, floats and booleans as written."""
+    from splitformer.operators.cache_policy import SnapKV, policy_spec
+
+    assert cache_policy("snapkv:window=10:kernel=1", 0.25) == SnapKV(0.25, window=10, kernel=1)
+    assert cache_policy("adaptive:window=10:recent=0.25:protect=0.9", 64, slack=3) == \
+        AdaptiveQuadrature(64, window=10, recent=0.25, protect=0.9, slack=3)
+    assert cache_policy(" heavy-quadrature : observed=true ", 0.5) == \
+        HeavyQuadrature(0.5, observed=True)
+    assert policy_spec("streaming") == ("streaming", {})
+    assert policy_spec("quadrature:recent=1:sinks=2") == ("quadrature", {"recent": 1, "sinks": 2})
+
+
+@pytest.mark.parametrize("spec,word", [
+    ("snapkv:window", "key=value"), ("snapkv:=3", "key=value"), ("snapkv:window=", "key=value"),
+    ("snapkv:window=ten", "true/false"), ("h2o:recent=inf", "true/false"),
+    ("snapkv:budget=3", "--budget"), ("snapkv:slack=3", "--slack"),
+    ("snapkv:window=3:window=4", "twice"), ("snapkv:sinks=4", "sinks"),
+    ("snapkv:window=2.5", "window"), ("lru:a=1", "policy must be one of"),
+])
+def test_bad_policy_specs_are_refused_naming_the_part(spec, word):
+    with pytest.raises(ValueError, match=word):
+        cache_policy(spec, 0.5)
+
+
+def test_a_spec_option_given_twice_is_refused():
+    with pytest.raises(ValueError, match="window"):
+        cache_policy("snapkv:window=3", 0.5, window=4)
 
 
 @pytest.mark.parametrize("make,word", [

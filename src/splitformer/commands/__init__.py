@@ -147,16 +147,23 @@ def duration(text: str) -> float:
 
 
 def cache_policies(text: str) -> tuple[str, ...]:
-    """argparse type: cache policy names (``operators.cache_policy.POLICIES``) separated by
-    commas (``splitformer cache --policy``, ``splitformer bench --policies``)."""
-    from ..operators.cache_policy import POLICIES
+    """argparse type: cache policies separated by commas, each a name
+    (``operators.cache_policy.POLICIES``) or a name with options, ``name:key=value:...``
+    (``snapkv:window=10``; ``operators.cache_policy.policy_spec``), checked by building each
+    (``splitformer cache --policy``, ``splitformer bench --policies``, the passkey test)."""
+    from ..operators.cache_policy import POLICIES, cache_policy
 
-    names = tuple(dict.fromkeys(t.strip() for t in text.split(",")))
-    bad = [n for n in names if n not in POLICIES]
-    if not names or bad:
+    specs = tuple(dict.fromkeys("".join(t.split()) for t in text.split(",")))
+    if not specs or "" in specs:
         raise argparse.ArgumentTypeError(f"expected policies among {', '.join(POLICIES)} "
-                                         f"separated by commas, got {text!r}")
-    return names
+                                         f"(name or name:key=value:...) separated by commas, "
+                                         f"got {text!r}")
+    for spec in specs:
+        try:
+            cache_policy(spec, 1.0)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return specs
 
 
 def cache_budgets(text: str) -> tuple[float, ...]:

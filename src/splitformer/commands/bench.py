@@ -164,7 +164,8 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="NAME,...",
                    help="generate suite, Llama family: cache policies of the cache rows, beside "
                         "the full cache, among " + ", ".join(POLICIES)
-                        + " (default streaming,quadrature; docs/cache.md)")
+                        + ", each a name or name:key=value:... (default streaming,quadrature; "
+                        "docs/cache.md)")
     p.add_argument("--budgets", type=cache_budgets, default=(0.5, 0.25, 0.125),
                    metavar="B,...",
                    help="generate suite, Llama family: budgets of the cache rows, fractions in "

@@ -58,7 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "key/value head (default 0.5,0.25,0.125)")
     p.add_argument("--policy", type=cache_policies, metavar="P,P,...",
                    default=tuple(POLICIES),
-                   help=f"cache policies (default: all of {', '.join(POLICIES)})")
+                   help=f"cache policies (default: all of {', '.join(POLICIES)}), each a "
+                   "name or a name with its options, name:key=value:... "
+                   "(snapkv:window=10; docs/cache.md)")
     p.add_argument("--slack", type=nonnegative_int, default=0, metavar="N",
                    help="entries per evaluation and head above the budget before a policy "
                    "compresses back to it (default 0: after every forward; docs/cache.md, "

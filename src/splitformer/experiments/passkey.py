@@ -1,17 +1,19 @@
 """The passkey test of docs/cache.md: retrieval, where eviction hurts.
 
     python -m splitformer.experiments.passkey run   [--out results/cache] [--lengths 1024,2048,4096]
-                                                    [--placements 10] [--budgets 0.25]
-                                                    [--policies full,streaming,...]
+                                                    [--placements 10] [--batch 10]
+                                                    [--budgets 0.25]
+                                                    [--policies full,streaming,snapkv:window=10]
     python -m splitformer.experiments.passkey table [--out results/cache]
 
 A 5-digit number is stated once in filler text (the sentences of Mohtashami and Jaggi's
 passkey test, 2023), at ``placements`` depths spread evenly from the start to the end of the
 filler, and asked for at the end. Each prompt has exactly ``length`` tokens (SmolLM2's
-tokenizer; the filler cut to fit). The prompts of one length are one batch, streamed through
-the model on one KV tape under the cache policy (forwards of ``--chunk`` tokens, the policy
-acting after each), then decoded greedily for 8 tokens; a row is right when the decoded text
-holds the number. ``--decode budget`` (the default) keeps the policy acting during decoding
+tokenizer; the filler cut to fit). The prompts of one length run in batches of ``--batch``,
+each streamed through the model on one KV tape under the cache policy (forwards of ``--chunk``
+tokens, the policy acting after each), then decoded greedily for 8 tokens; a row is right when
+the decoded text holds the number. A policy is a name or a name with its options
+(``snapkv:window=10``, as ``splitformer cache --policy`` takes it). ``--decode budget`` (the default) keeps the policy acting during decoding
 (the budget a fraction of every token seen); ``--decode append`` is kvpress's and SnapKV's
 protocol: the prompt compressed to the budget, the decoded tokens appended whole. One JSON
 row per (length, policy, budget, chunk, decode) is appended to OUT/passkey.jsonl (a row
@@ -98,7 +100,8 @@ def run_row(model, ids: torch.Tensor, keys: Sequence[str], policy, chunk: int,
 
 
 def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[str],
-        budgets: Sequence[float], chunk: int, decode: str = "budget") -> None:
+        budgets: Sequence[float], chunk: int, decode: str = "budget", batch: int = 10
+        ) -> None:
     from ..interop import from_hf
     from ..operators.cache_policy import cache_policy
 
@@ -118,7 +121,13 @@ def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[s
                 if (length, name, budget, placements, chunk, decode) in done:
                     continue
                 say(f"{length} tokens, {name} {budget}")
-                row = run_row(model, ids, keys, cache_policy(name, budget), chunk, decode)
+                parts = [run_row(model, ids[a:a + batch], keys[a:a + batch],
+                                 cache_policy(name, budget), chunk, decode)
+                         for a in range(0, placements, batch)]
+                row = {k: sum((p[k] for p in parts), []) for k in ("right", "answers", "keys")}
+                row.update(accuracy=sum(row["right"]) / placements,
+                           peak_bytes=max(p["peak_bytes"] for p in parts),
+                           seconds=sum(p["seconds"] for p in parts), batch=batch)
                 row.update(length=length, policy=name, budget=budget, placements=placements,
                            chunk=chunk, decode=decode, threads=torch.get_num_threads())
                 append_row(path, row)
@@ -127,7 +136,7 @@ def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[s
 
 def table(out: Path) -> None:
     """One table per prefill chunk: right answers per policy, budget and length."""
-    from ..operators.cache_policy import POLICIES
+    from ..operators.cache_policy import POLICIES, policy_spec
 
     rows = read_rows(out / "passkey.jsonl")
     order = list(POLICIES)
@@ -135,7 +144,7 @@ def table(out: Path) -> None:
         these = [r for r in rows if (r["chunk"], r.get("decode", "budget")) == (chunk, decode)]
         lengths = sorted({r["length"] for r in these})
         keys = sorted({(r["policy"], r["budget"]) for r in these},
-                      key=lambda k: (-k[1], order.index(k[0])))
+                      key=lambda k: (-k[1], order.index(policy_spec(k[0])[0]), k[0]))
         print(f"\nprefill in chunks of {chunk} tokens (the policy acting after each); "
               + ("decoding under the budget" if decode == "budget" else
                  "the decoded tokens appended to the compressed prompt"))
@@ -151,8 +160,9 @@ def table(out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from ..commands import cache_policies
     from ..operators.cache_policy import POLICIES
-    from .context import _ints, _names, parse
+    from .context import _ints, parse
 
     def budgets(text: str) -> list[float]:
         try:
@@ -174,10 +184,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--lengths", type=_ints(128, "prompt lengths"), default=[1024, 2048, 4096],
                    help="prompt lengths in tokens (default 1024,2048,4096)")
     p.add_argument("--placements", type=_ints(1, "a count"), default=[10],
-                   help="needle depths per length, one batch (default 10)")
-    p.add_argument("--policies", type=_names(tuple(POLICIES), "policies"),
-                   default=list(POLICIES), help=f"cache policies (default all: "
-                                                f"{', '.join(POLICIES)})")
+                   help="needle depths per length (default 10)")
+    p.add_argument("--batch", type=_ints(1, "a batch"), default=[10],
+                   help="prompts per forward (default 10; memory grows with batch x length "
+                        "squared for policies that observe attention)")
+    p.add_argument("--policies", type=cache_policies, default=list(POLICIES),
+                   help=f"cache policies, each a name or name:key=value:... (snapkv:window=10; "
+                        f"default all: {', '.join(POLICIES)})")
     p.add_argument("--budgets", type=budgets, default=[0.25],
                    help="budgets, fractions of the tokens seen (default 0.25)")
     p.add_argument("--chunk", type=_ints(1, "a chunk"), default=[256],
@@ -193,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if a.what == "table":
         table(a.out)
         return
-    run(a.out, a.lengths, a.placements[0], a.policies, a.budgets, a.chunk[0], a.decode)
+    run(a.out, a.lengths, a.placements[0], a.policies, a.budgets, a.chunk[0], a.decode,
+        a.batch[0])
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ __all__ = [
     "POLICIES", "AdaptiveQuadrature", "CachePolicy", "CachedGrid", "FullCache", "HeavyHitters",
     "HeavyQuadrature",
     "QuadratureMerging", "Rotation", "SnapKV", "StreamingLLM", "TOVA", "ValueMerging",
-    "cache_policy", "check_budget", "split_entry",
+    "cache_policy", "check_budget", "policy_spec", "split_entry",
 ]
 
 # dtype of the stored quadrature weights, coordinates and attention scores (counts and
@@ -640,9 +640,59 @@ POLICIES: dict[str, type[CachePolicy]] = {
 }
 
 
+# the fields a policy spec cannot set: the commands set them with their own options
+_SET_ELSEWHERE = {"budget": "--budget/--budgets", "slack": "--slack"}
+
+
+def policy_spec(text: str) -> tuple[str, dict[str, int | float | bool]]:
+    """A policy written as the command lines write it, ``name`` or ``name:key=value:...``
+    (``snapkv:window=10``, ``adaptive:window=10:recent=0.25:protect=0.9``): its name and its
+    options, each value an int, a float or a bool (``true``/``false``). ValueError naming the
+    spec for a malformed one; the values themselves are checked by the policy
+    (``cache_policy``)."""
+    if not isinstance(text, str):
+        raise TypeError(f"policy must be a str (name or name:key=value:...), got {text!r}")
+    name, *pairs = (t.strip() for t in text.split(":"))
+    options: dict[str, int | float | bool] = {}
+    for pair in pairs:
+        key, eq, value = (t.strip() for t in pair.partition("="))
+        if not eq or not key.isidentifier() or not value:
+            raise ValueError(f"policy {text!r}: expected name:key=value:..., got the part "
+                             f"{pair!r}")
+        if key in _SET_ELSEWHERE:
+            raise ValueError(f"policy {text!r}: {key} is set by the command's "
+                             f"{_SET_ELSEWHERE[key]}, not in the policy")
+        if key in options:
+            raise ValueError(f"policy {text!r}: {key} given twice")
+        options[key] = _literal(value, text)
+    return name, options
+
+
+def _literal(value: str, spec: str) -> int | float | bool:
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    for kind in (int, float):
+        try:
+            out = kind(value)
+        except ValueError:
+            continue
+        if kind is float and not math.isfinite(out):
+            break
+        return out
+    raise ValueError(f"policy {spec!r}: expected a number or true/false, got {value!r}")
+
+
 def cache_policy(name: str, budget: float | int = 1.0, **options: object) -> CachePolicy:
-    """The policy called ``name`` (``POLICIES``) with ``budget`` (and its own ``options``).
-    ValueError naming ``policy`` for an unknown name, ``budget`` for a bad budget."""
+    """The policy called ``name`` (``POLICIES``; or a spec ``name:key=value:...``, see
+    ``policy_spec``) with ``budget`` and its own ``options``. ValueError naming ``policy`` for
+    an unknown name or option, ``budget`` for a bad budget, the option for a bad value."""
+    if isinstance(name, str) and ":" in name:
+        name, given = policy_spec(name)
+        clash = sorted(set(given) & set(options))
+        if clash:
+            raise ValueError(f"policy {name!r}: {', '.join(clash)} given in the spec and as "
+                             "an argument")
+        options = {**given, **options}
     if not isinstance(name, str) or name not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {name!r}")
     try:

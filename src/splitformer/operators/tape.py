@@ -492,17 +492,48 @@ class KVTape:
         n_k = bias.shape[-1]
         bias = bias[:, :, None].expand(b, h_kv, g, n, n_k).reshape(b, h_kv, g * n, n_k)
         qg = q.reshape(b, h_kv, g * n, d)
-        observes = self.policy.observes
-        if observes is None:
+        if self.policy.observes is None:
             out = kernel(qg, grid.keys, grid.values, attn_mask=bias, is_causal=False)
         else:
-            scale = kernel.scale if kernel.scale is not None else d ** -0.5
-            p = torch.softmax(torch.matmul(qg, grid.keys.transpose(-1, -2)) * scale + bias, -1)
-            out = torch.matmul(p, grid.values)
-            m = self.policy.observed_queries(n)
-            received = p.view(b, h_kv, g, n, n_k)[:, :, :, n - m:].sum(3).mean(2)
-            self.policy.observe(grid, received)
+            out = self._attend_observed(kernel, q.view(b, h_kv, g, n, d), grid,
+                                        bias.view(b, h_kv, g, n, n_k))
         return out.reshape(b, h, n, -1)
+
+    # queries per block of explicit attention probabilities (an observing policy's scores):
+    # blocks bound the (B, H_kv, G block, N_k) matrices a long prefill would otherwise hold
+    OBSERVED_BLOCK = 512
+
+    def _attend_observed(self, kernel: Any, q: torch.Tensor, grid: CachedGrid,
+                         bias: torch.Tensor) -> torch.Tensor:
+        """The attention output of ``q`` (B, H_kv, G, n, d) over ``grid`` (additive ``bias``
+        (B, H_kv, G, n, N_k)), and the policy's observation: the probabilities p_ij that the
+        last m = ``observed_queries(n)`` queries give each node, summed over those queries
+        and averaged over the group's query heads. With m < n (SnapKV's window, TOVA's last
+        query) the output comes from the fused kernel and only the m observed rows of p are
+        formed; with m = n (H2O) the output is p V, formed ``OBSERVED_BLOCK`` queries at a
+        time."""
+        b, h_kv, g, n, d = q.shape
+        n_k = bias.shape[-1]
+        m = self.policy.observed_queries(n)
+        scale = kernel.scale if kernel.scale is not None else d ** -0.5
+        out = None
+        if m < n:
+            out = kernel(q.reshape(b, h_kv, g * n, d), grid.keys, grid.values,
+                         attn_mask=bias.reshape(b, h_kv, g * n, n_k), is_causal=False)
+        received = torch.zeros(b, h_kv, n_k, dtype=q.dtype, device=q.device)
+        blocks = []
+        for s in range(n - m, n, self.OBSERVED_BLOCK):
+            e = min(s + self.OBSERVED_BLOCK, n)
+            qb = q[:, :, :, s:e].reshape(b, h_kv, g * (e - s), d)
+            p = torch.softmax(torch.matmul(qb, grid.keys.transpose(-1, -2)) * scale
+                              + bias[:, :, :, s:e].reshape(b, h_kv, g * (e - s), n_k), -1)
+            received += p.view(b, h_kv, g, e - s, n_k).sum(3).mean(2)
+            if out is None:
+                blocks.append(torch.matmul(p, grid.values).view(b, h_kv, g, e - s, -1))
+        self.policy.observe(grid, received)
+        if out is None:
+            out = torch.cat(blocks, dim=3).reshape(b, h_kv, g * n, -1)
+        return out
 
     def _follow_length(self, entry: _KeysValues, rotary: RotaryPositions, start: int,
                        device: torch.device) -> None:
