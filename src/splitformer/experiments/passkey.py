@@ -13,9 +13,10 @@ tokenizer; the filler cut to fit). The prompts of one length run in batches of `
 each streamed through the model on one KV tape under the cache policy (forwards of ``--chunk``
 tokens, the policy acting after each), then decoded greedily for 8 tokens; a row is right when
 the decoded text holds the number. A policy is a name or a name with its options
-(``snapkv:window=10``, as ``splitformer cache --policy`` takes it). ``--decode budget`` (the default) keeps the policy acting during decoding
-(the budget a fraction of every token seen); ``--decode append`` is kvpress's and SnapKV's
-protocol: the prompt compressed to the budget, the decoded tokens appended whole. One JSON
+(``snapkv:window=10``, as ``splitformer cache --policy`` takes it). ``--decode budget`` (the
+default) keeps the policy acting during decoding (the budget a fraction of every token seen);
+``--decode append`` is kvpress's and SnapKV's protocol: the prompt compressed to the budget,
+the decoded tokens appended whole. One JSON
 row per (length, policy, budget, chunk, decode) is appended to OUT/passkey.jsonl (a row
 already there is not recomputed: kill and rerun resumes).
 """
