@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from _cli import cli
+from _tiny_lm import save_tiny_llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -20,23 +21,7 @@ TEXT = ("In the beginning God created the heaven and the earth. And the earth wa
 @pytest.fixture(scope="module")
 def llama_folder(tmp_path_factory) -> Path:
     """A tiny Llama (grouped heads 4 / 2, rotary) with a byte-level tokenizer, saved offline."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    folder = tmp_path_factory.mktemp("llama")
-    chars = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {c: i for i, c in enumerate(chars)}
-    vocab["</s>"] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
-    fast.save_pretrained(folder)
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=48,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=1024,
-                                   rope_theta=100.0, eos_token_id=256, bos_token_id=256)
-    transformers.LlamaForCausalLM(cfg).save_pretrained(folder)
+    folder = save_tiny_llama(tmp_path_factory.mktemp("llama"))
     (folder / "text.txt").write_text(TEXT, encoding="utf-8")
     return folder
 

@@ -4,7 +4,7 @@
                                                     [--placements 10] [--batch 10]
                                                     [--budgets 0.25]
                                                     [--policies full,streaming,snapkv:window=10]
-    python -m splitformer.experiments.passkey table [--out results/cache]
+    python -m splitformer.experiments.passkey table [--out results/cache] [--seconds]
 
 A 5-digit number is stated once in filler text (the sentences of Mohtashami and Jaggi's
 passkey test, 2023), at ``placements`` depths spread evenly from the start to the end of the
@@ -101,8 +101,10 @@ def run_row(model, ids: torch.Tensor, keys: Sequence[str], policy, chunk: int,
 
 
 def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[str],
-        budgets: Sequence[float], chunk: int, decode: str = "budget", batch: int = 10
-        ) -> None:
+        budgets: Sequence[float], chunk: int, decode: str = "budget", batch: int = 10,
+        model=None) -> None:
+    """Append the rows not yet in OUT/passkey.jsonl (module docstring); ``model``: a causal LM
+    with a ``tokenizer`` (default: the packaged SmolLM2)."""
     from ..interop import from_hf
     from ..operators.cache_policy import cache_policy
 
@@ -114,7 +116,7 @@ def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[s
     if todo <= done:
         say(f"{path}: every row is there")
         return
-    model = from_hf("smollm2").eval()
+    model = (from_hf("smollm2") if model is None else model).eval()
     for length in lengths:
         ids, keys = prompts(model.tokenizer, length, placements)
         for name in policies:
@@ -135,8 +137,9 @@ def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[s
                 say(f"  accuracy {row['accuracy']:.2f} in {row['seconds']:.0f} s")
 
 
-def table(out: Path) -> None:
-    """One table per prefill chunk: right answers per policy, budget and length."""
+def table(out: Path, seconds: bool = False) -> None:
+    """One table per prefill chunk: right answers per policy, budget and length (and with
+    ``seconds`` each row's time, summed over its batches)."""
     from ..operators.cache_policy import POLICIES, policy_spec
 
     rows = read_rows(out / "passkey.jsonl")
@@ -156,7 +159,8 @@ def table(out: Path) -> None:
             for n in lengths:
                 r = [x for x in these
                      if (x["policy"], x["budget"], x["length"]) == (policy, budget, n)]
-                cells.append(f"{sum(r[0]['right'])}/{len(r[0]['right'])}" if r else "")
+                cell = f"{sum(r[0]['right'])}/{len(r[0]['right'])}" if r else ""
+                cells.append(f"{cell} ({r[0]['seconds']:.0f} s)" if r and seconds else cell)
             print(f"| {policy} | {budget:g} | " + " | ".join(cells) + " |")
 
 
@@ -201,11 +205,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="budget: the policy acts during decoding too (the default); append: "
                         "the prompt's compressed cache held and the decoded tokens appended "
                         "(kvpress's protocol)")
+    p.add_argument("--seconds", action="store_true",
+                   help="table: each row's seconds beside its right answers")
     p.add_argument("--threads", type=_ints(1, "threads"), default=None,
                    help="torch threads (default: torch's choice)")
     a = parse(p, argv, "passkey.jsonl")
     if a.what == "table":
-        table(a.out)
+        table(a.out, a.seconds)
         return
     run(a.out, a.lengths, a.placements[0], a.policies, a.budgets, a.chunk[0], a.decode,
         a.batch[0])

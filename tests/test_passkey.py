@@ -1,0 +1,78 @@
+"""The passkey test of docs/cache.md (``splitformer.experiments.passkey``) on a tiny Llama with a
+byte-level tokenizer: prompts of exactly the asked length with the key at spread depths, the
+full cache's answers equal to transformers' greedy continuation, batches that change nothing,
+and rows that name the policy spec they ran."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _tiny_lm import save_tiny_llama
+
+from splitformer.experiments import passkey
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    import splitformer
+
+    folder = save_tiny_llama(tmp_path_factory.mktemp("llama"))
+    model = splitformer.from_hf(str(folder)).eval()
+    model.tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ref = transformers.LlamaForCausalLM.from_pretrained(str(folder)).eval()
+    return model, ref
+
+
+def test_prompts_hold_the_key_once_at_spread_depths_and_end_with_the_question(tiny):
+    model, _ = tiny
+    ids, keys = passkey.prompts(model.tokenizer, 400, 5)
+    assert ids.shape == (5, 400)
+    assert len(set(keys)) == 5 and all(len(k) == 5 and k.isdigit() for k in keys)
+    depths = []
+    for row, key in zip(ids.tolist(), keys, strict=True):
+        text = model.tokenizer.decode(row)
+        assert text.endswith(passkey.QUESTION)
+        assert text.count(passkey.NEEDLE.format(key=key)) == 1
+        depths.append(text.index(key))
+    assert depths == sorted(depths) and depths[0] < 40 and depths[-1] > 300
+    with pytest.raises(ValueError, match="too short"):
+        passkey.prompts(model.tokenizer, 100, 2)
+
+
+def test_the_full_cache_answers_are_transformers_greedy_continuations(tiny):
+    model, ref = tiny
+    ids, keys = passkey.prompts(model.tokenizer, 320, 3)
+    row = passkey.run_row(model, ids, keys, None, chunk=64)
+    with torch.no_grad():
+        want = ref.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                            max_new_tokens=passkey.NEW_TOKENS, pad_token_id=256)
+    texts = model.tokenizer.batch_decode(want[:, ids.shape[1]:], skip_special_tokens=True)
+    assert row["answers"] == texts
+    assert row["right"] == [k in t for k, t in zip(keys, texts, strict=True)]
+
+
+def test_batches_change_no_answer_and_rows_name_their_spec(tiny, tmp_path, capsys):
+    model, _ = tiny
+    specs = ["full", "snapkv:window=10", "adaptive:window=10:recent=0.25:protect=0.9"]
+    for batch, out in ((2, tmp_path / "b2"), (5, tmp_path / "b5")):
+        passkey.run(out, [320], 5, specs, [0.25], chunk=320, decode="append", batch=batch,
+                    model=model)
+    rows = {b: {r["policy"]: r for r in passkey.read_rows(tmp_path / b / "passkey.jsonl")}
+            for b in ("b2", "b5")}
+    assert set(rows["b2"]) == set(specs)
+    for spec in specs:
+        assert rows["b2"][spec]["answers"] == rows["b5"][spec]["answers"]
+        assert len(rows["b2"][spec]["right"]) == 5 and rows["b2"][spec]["batch"] == 2
+    # the window of 10 queries is not SnapKV's default (64): the spec reached the policy
+    passkey.run(tmp_path / "b5", [320], 5, ["snapkv"], [0.25], chunk=320, decode="append",
+                batch=5, model=model)
+    default = [r for r in passkey.read_rows(tmp_path / "b5" / "passkey.jsonl")
+               if r["policy"] == "snapkv"]
+    assert default and default[0]["answers"] != rows["b5"]["snapkv:window=10"]["answers"]
+    capsys.readouterr()
+    passkey.table(tmp_path / "b5", seconds=True)
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if line.startswith("| snapkv:window=10 | 0.25 |"))
+    assert f"{sum(rows['b5']['snapkv:window=10']['right'])}/5 (" in row and " s) |" in row
