@@ -152,6 +152,10 @@ def test_command_writes_json_and_prints_tables(tmp_path, capsys):
     (["generate", "--slack", "5000"], "--slack"),
     (["generate", "--size", "tiny", "--slack", "3"], "--slack"),
     (["refine", "--slack", "3"], "--slack"),
+    (["encoder", "--size", "tiny", "--policies", "snapkv:window=10"], "--policies"),
+    (["generate", "--size", "tiny", "--budgets", "0.5"], "--budgets"),
+    (["refine", "--contexts", "512"], "--contexts"),
+    (["generate", "--policies", "snapkv:windo=10"], "windo"),
 ])
 def test_bad_inputs_are_one_line_and_exit_2(argv, flag, tmp_path):
     r = subprocess.run([sys.executable, "-m", "splitformer", "bench", *argv,

@@ -76,3 +76,16 @@ def test_batches_change_no_answer_and_rows_name_their_spec(tiny, tmp_path, capsy
     lines = capsys.readouterr().out.splitlines()
     row = next(line for line in lines if line.startswith("| snapkv:window=10 | 0.25 |"))
     assert f"{sum(rows['b5']['snapkv:window=10']['right'])}/5 (" in row and " s) |" in row
+
+
+@pytest.mark.parametrize("flags,word", [
+    (["--placements", "5,10"], "--placements"), (["--batch", "2,3"], "--batch"),
+    (["--chunk", "0"], "--chunk"), (["--threads", "2,3"], "--threads"),
+    (["--budgets", "0.25,x"], "--budgets"), (["--policies", "snapkv:windo=3"], "windo"),
+    (["--lengths", "100"], "--lengths"), (["--seconds"], "--seconds"),
+])
+def test_bad_run_arguments_are_refused_naming_them(flags, word, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        passkey.main(["run", "--out", str(tmp_path), *flags])
+    assert e.value.code == 2 and word in capsys.readouterr().err
+    assert not (tmp_path / "passkey.jsonl").exists()

@@ -472,10 +472,17 @@ def run(args: argparse.Namespace) -> int:
     if args.new_tokens < 2:
         raise UsageError(f"argument --new-tokens: expected at least 2 (the decode rate is "
                          f"timed from the second token on), got {args.new_tokens}")
-    if args.slack and not ("generate" in names and _has_cache_rows(sizes)):
-        raise UsageError(f"argument --slack: only the generate suite's Llama-family sizes "
-                         f"({', '.join(_generate_sizes())}) have cache rows; got --slack "
-                         f"{args.slack} without one")
+    if not ("generate" in names and _has_cache_rows(sizes)):
+        # the cache rows' options, given without cache rows to apply them to
+        given = [flag for flag, value, default in (
+            ("--slack", args.slack, Options.slack),
+            ("--policies", tuple(args.policies), Options.policies),
+            ("--budgets", tuple(args.budgets), Options.budgets),
+            ("--contexts", tuple(args.contexts), Options.contexts)) if value != default]
+        if given:
+            raise UsageError(f"argument {given[0]}: only the generate suite's Llama-family "
+                             f"sizes ({', '.join(_generate_sizes())}) have cache rows; got "
+                             f"{' and '.join(given)} without one")
     opts = Options(repeats=args.repeats, warmup=args.warmup, paths=args.paths, seed=args.seed,
                    ks=args.ks, seqs=args.seqs, backend=args.backend, rs=args.rs,
                    tokens=args.tokens, new_tokens=args.new_tokens, prefixes=args.prefixes,

@@ -254,13 +254,15 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None,
     --out (a usage error naming --out when it is missing)."""
     a = p.parse_args(argv)
     if a.threads:
-        torch.set_num_threads(a.threads[0])
+        torch.set_num_threads(a.threads)
     if a.what == "table" and not (a.out / rows).is_file():
         p.error(f"--out: no {rows} in {str(a.out)!r} (run first)")
     return a
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from ..commands import positive_int
+
     p = argparse.ArgumentParser(
         prog="python -m splitformer.experiments.context",
         description="SmolLM2 read at 2x and 4x its trained context by each rope rule "
@@ -276,15 +278,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help=f"rope rules (default all: {', '.join(RULES)})")
     p.add_argument("--factors", type=_ints(2, "factors"), default=list(FACTORS),
                    help="lengths as multiples of the trained 8192 (default 2,4)")
-    p.add_argument("--chunk", type=_ints(1, "a chunk"), default=[1024],
+    p.add_argument("--chunk", type=positive_int, default=1024,
                    help="tokens per forward of the chunked prefill (default 1024)")
-    p.add_argument("--threads", type=_ints(1, "threads"), default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads (default: torch's choice)")
     a = parse(p, argv, "rows.jsonl")
     if a.what == "table":
         table(a.out)
         return
-    run(a.out, a.docs, a.rules, a.factors, a.chunk[0])
+    run(a.out, a.docs, a.rules, a.factors, a.chunk)
 
 
 if __name__ == "__main__":

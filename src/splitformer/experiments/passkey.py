@@ -130,7 +130,8 @@ def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[s
                 row = {k: sum((p[k] for p in parts), []) for k in ("right", "answers", "keys")}
                 row.update(accuracy=sum(row["right"]) / placements,
                            peak_bytes=max(p["peak_bytes"] for p in parts),
-                           seconds=sum(p["seconds"] for p in parts), batch=batch)
+                           seconds=sum(p["seconds"] for p in parts),
+                           batch=min(batch, placements))
                 row.update(length=length, policy=name, budget=budget, placements=placements,
                            chunk=chunk, decode=decode, threads=torch.get_num_threads())
                 append_row(path, row)
@@ -165,19 +166,12 @@ def table(out: Path, seconds: bool = False) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from ..commands import cache_policies
+    from ..commands import cache_budgets, cache_policies, positive_int
     from ..operators.cache_policy import POLICIES
     from .context import _ints, parse
 
-    def budgets(text: str) -> list[float]:
-        try:
-            values = [float(t) for t in text.split(",")]
-        except ValueError:
-            values = []
-        if not values or not all(0 < v <= 1 for v in values):
-            raise argparse.ArgumentTypeError(f"expected fractions in (0, 1] separated by "
-                                             f"commas, got {text!r}")
-        return values
+    def lengths(text: str) -> list[int]:
+        return list(dict.fromkeys(_ints(128, "prompt lengths")(text)))
 
     p = argparse.ArgumentParser(
         prog="python -m splitformer.experiments.passkey",
@@ -186,19 +180,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("what", choices=("run", "table"), help="run the test or print the rows")
     p.add_argument("--out", type=Path, default=Path("results/cache"),
                    help="folder of passkey.jsonl (default results/cache)")
-    p.add_argument("--lengths", type=_ints(128, "prompt lengths"), default=[1024, 2048, 4096],
+    p.add_argument("--lengths", type=lengths, default=[1024, 2048, 4096],
                    help="prompt lengths in tokens (default 1024,2048,4096)")
-    p.add_argument("--placements", type=_ints(1, "a count"), default=[10],
+    p.add_argument("--placements", type=positive_int, default=10,
                    help="needle depths per length (default 10)")
-    p.add_argument("--batch", type=_ints(1, "a batch"), default=[10],
+    p.add_argument("--batch", type=positive_int, default=10,
                    help="prompts per forward (default 10; memory grows with batch x length "
                         "squared for policies that observe attention)")
     p.add_argument("--policies", type=cache_policies, default=list(POLICIES),
                    help=f"cache policies, each a name or name:key=value:... (snapkv:window=10; "
                         f"default all: {', '.join(POLICIES)})")
-    p.add_argument("--budgets", type=budgets, default=[0.25],
+    p.add_argument("--budgets", type=cache_budgets, default=(0.25,),
                    help="budgets, fractions of the tokens seen (default 0.25)")
-    p.add_argument("--chunk", type=_ints(1, "a chunk"), default=[256],
+    p.add_argument("--chunk", type=positive_int, default=256,
                    help="tokens per prefill forward, the policy acting after each (default "
                         "256; the prompt's length: compress once, after the question)")
     p.add_argument("--decode", choices=DECODE, default="budget",
@@ -207,14 +201,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "(kvpress's protocol)")
     p.add_argument("--seconds", action="store_true",
                    help="table: each row's seconds beside its right answers")
-    p.add_argument("--threads", type=_ints(1, "threads"), default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads (default: torch's choice)")
     a = parse(p, argv, "passkey.jsonl")
+    if a.what == "run" and a.seconds:
+        p.error("argument --seconds: a table option (passkey table --seconds)")
     if a.what == "table":
         table(a.out, a.seconds)
         return
-    run(a.out, a.lengths, a.placements[0], a.policies, a.budgets, a.chunk[0], a.decode,
-        a.batch[0])
+    run(a.out, a.lengths, a.placements, a.policies, a.budgets, a.chunk, a.decode, a.batch)
 
 
 if __name__ == "__main__":

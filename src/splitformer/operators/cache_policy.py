@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 import torch
@@ -640,8 +641,10 @@ POLICIES: dict[str, type[CachePolicy]] = {
 }
 
 
-# the fields a policy spec cannot set: the commands set them with their own options
-_SET_ELSEWHERE = {"budget": "--budget/--budgets", "slack": "--slack"}
+# the fields a policy spec cannot set: given apart (cache_policy's arguments, the commands'
+# own options)
+_SET_ELSEWHERE = ("budget", "slack")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 def policy_spec(text: str) -> tuple[str, dict[str, int | float | bool]]:
@@ -660,8 +663,9 @@ def policy_spec(text: str) -> tuple[str, dict[str, int | float | bool]]:
             raise ValueError(f"policy {text!r}: expected name:key=value:..., got the part "
                              f"{pair!r}")
         if key in _SET_ELSEWHERE:
-            raise ValueError(f"policy {text!r}: {key} is set by the command's "
-                             f"{_SET_ELSEWHERE[key]}, not in the policy")
+            raise ValueError(f"policy {text!r}: {key} is not an option of a spec: the budget "
+                             "and the slack are given apart (a command's --budget/--budgets "
+                             "and --slack; cache_policy's arguments)")
         if key in options:
             raise ValueError(f"policy {text!r}: {key} given twice")
         options[key] = _literal(value, text)
@@ -669,36 +673,43 @@ def policy_spec(text: str) -> tuple[str, dict[str, int | float | bool]]:
 
 
 def _literal(value: str, spec: str) -> int | float | bool:
+    """``true``/``false`` (any case), an int (ASCII digits), or a finite float."""
     if value.lower() in ("true", "false"):
         return value.lower() == "true"
-    for kind in (int, float):
-        try:
-            out = kind(value)
-        except ValueError:
-            continue
-        if kind is float and not math.isfinite(out):
-            break
-        return out
-    raise ValueError(f"policy {spec!r}: expected a number or true/false, got {value!r}")
+    if _NUMBER.fullmatch(value) and len(value) <= 32:
+        out = int(value) if re.fullmatch(r"[+-]?[0-9]+", value) else float(value)
+        if math.isfinite(out):
+            return out
+    raise ValueError(f"policy {spec!r}: expected a number (ASCII digits, at most 32 "
+                     f"characters) or true/false, got {value!r}")
 
 
 def cache_policy(name: str, budget: float | int = 1.0, **options: object) -> CachePolicy:
     """The policy called ``name`` (``POLICIES``; or a spec ``name:key=value:...``, see
     ``policy_spec``) with ``budget`` and its own ``options``. ValueError naming ``policy`` for
     an unknown name or option, ``budget`` for a bad budget, the option for a bad value."""
+    spec = None
     if isinstance(name, str) and ":" in name:
+        spec = name
         name, given = policy_spec(name)
         clash = sorted(set(given) & set(options))
         if clash:
-            raise ValueError(f"policy {name!r}: {', '.join(clash)} given in the spec and as "
+            raise ValueError(f"policy {spec!r}: {', '.join(clash)} given in the spec and as "
                              "an argument")
         options = {**given, **options}
     if not isinstance(name, str) or name not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {name!r}")
+    cls = POLICIES[name]
+    takes = [f.name for f in fields(cls) if f.init and f.name not in _SET_ELSEWHERE]
+    unknown = sorted(set(options) - set(takes) - set(_SET_ELSEWHERE))
+    if unknown:
+        raise ValueError(f"policy {spec or name!r} does not take {', '.join(unknown)}: "
+                         + (f"its options are {', '.join(takes)}" if takes else
+                            "it has no options"))
     try:
-        return POLICIES[name](budget, **options)  # type: ignore[arg-type]
-    except TypeError as e:
-        if "budget" in str(e):
+        return cls(budget, **options)  # type: ignore[arg-type]
+    except ValueError as e:
+        if spec is None:
             raise
-        raise ValueError(f"policy {name!r} does not take these options: {e}") from None
+        raise ValueError(f"policy {spec!r}: {e}") from None
 
