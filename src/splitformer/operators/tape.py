@@ -480,23 +480,32 @@ class KVTape:
         w_new, x_new = self._new_grid
         new = CachedGrid(k, v, w_new[:, None, :].expand(b, h_kv, n).contiguous(),
                          x_new[:, None, :].expand(b, h_kv, n).contiguous())
+        # no past, unit weights, increasing coordinates: the support is causal in the index and
+        # log w = 0, the plain causal kernel (the fused path; a compress-once prefill)
+        plain = (entry.grid is None and window is None and bool((w_new == 1).all())
+                 and bool((x_new[:, 1:] > x_new[:, :-1]).all()))
         grid = entry.extend(new)
         xq = x_new[:, None, :, None]  # (B, 1, n, 1)
         xk = grid.coords[:, :, None, :]  # (B, H_kv, 1, N_k)
-        allowed = xk <= xq
-        if window is not None:
-            allowed = allowed & (xq - xk < window)
         log_w = grid.weights.double().log().to(q.dtype)[:, :, None, :]
-        bias = torch.where(allowed, log_w, torch.full((), -math.inf, dtype=q.dtype,
-                                                      device=q.device))
-        n_k = bias.shape[-1]
-        bias = bias[:, :, None].expand(b, h_kv, g, n, n_k).reshape(b, h_kv, g * n, n_k)
-        qg = q.reshape(b, h_kv, g * n, d)
-        if self.policy.observes is None:
-            out = kernel(qg, grid.keys, grid.values, attn_mask=bias, is_causal=False)
-        else:
-            out = self._attend_observed(kernel, q.view(b, h_kv, g, n, d), grid,
-                                        bias.view(b, h_kv, g, n, n_k))
+        off = torch.full((), -math.inf, dtype=q.dtype, device=q.device)
+
+        def bias(a: int, e: int) -> torch.Tensor:
+            """log w_j on the support of the queries a .. e - 1, -inf off it: (B, H_kv, e - a,
+            N_k)."""
+            allowed = xk <= xq[:, :, a:e]
+            if window is not None:
+                allowed = allowed & (xq[:, :, a:e] - xk < window)
+            return torch.where(allowed, log_w, off)
+
+        n_k = len(grid)
+        out = kernel(q, k, v, is_causal=True) if plain else None  # (B, H, n, d_v)
+        if self.policy.observes is not None:
+            out = self._attend_observed(kernel, q.view(b, h_kv, g, n, d), grid, bias, out)
+        elif out is None:
+            mask = bias(0, n)[:, :, None].expand(b, h_kv, g, n, n_k).reshape(b, h_kv, g * n, n_k)
+            out = kernel(q.reshape(b, h_kv, g * n, d), grid.keys, grid.values, attn_mask=mask,
+                         is_causal=False)
         return out.reshape(b, h, n, -1)
 
     # queries per block of explicit attention probabilities (an observing policy's scores):
@@ -504,32 +513,34 @@ class KVTape:
     OBSERVED_BLOCK = 512
 
     def _attend_observed(self, kernel: Any, q: torch.Tensor, grid: CachedGrid,
-                         bias: torch.Tensor) -> torch.Tensor:
-        """The attention output of ``q`` (B, H_kv, G, n, d) over ``grid`` (additive ``bias``
-        (B, H_kv, G, n, N_k)), and the policy's observation: the probabilities p_ij that the
-        last m = ``observed_queries(n)`` queries give each node, summed over those queries
-        and averaged over the group's query heads. With m < n (SnapKV's window, TOVA's last
-        query) the output comes from the fused kernel and only the m observed rows of p are
-        formed; with m = n (H2O) the output is p V, formed ``OBSERVED_BLOCK`` queries at a
-        time."""
+                         bias: Any, out: torch.Tensor | None) -> torch.Tensor:
+        """The attention output of ``q`` (B, H_kv, G, n, d) over ``grid`` (``bias(a, e)``: the
+        additive support and log-weights of queries a .. e - 1, (B, H_kv, e - a, N_k)), and
+        the policy's observation: the probabilities p_ij that the last m =
+        ``observed_queries(n)`` queries give each node, summed over those queries and averaged
+        over the group's query heads. ``out``: the output if already computed (the plain
+        causal kernel). With m < n (SnapKV's window, TOVA's last query) the output comes from
+        the fused kernel and only the m observed rows of p are formed; with m = n (H2O) the
+        output is p V, formed ``OBSERVED_BLOCK`` queries at a time."""
         b, h_kv, g, n, d = q.shape
-        n_k = bias.shape[-1]
+        n_k = len(grid)
         m = self.policy.observed_queries(n)
         scale = kernel.scale if kernel.scale is not None else d ** -0.5
-        out = None
-        if m < n:
-            out = kernel(q.reshape(b, h_kv, g * n, d), grid.keys, grid.values,
-                         attn_mask=bias.reshape(b, h_kv, g * n, n_k), is_causal=False)
+        if out is None and m < n:
+            mask = bias(0, n)[:, :, None].expand(b, h_kv, g, n, n_k).reshape(b, h_kv, g * n, n_k)
+            out = kernel(q.reshape(b, h_kv, g * n, d), grid.keys, grid.values, attn_mask=mask,
+                         is_causal=False)
         received = torch.zeros(b, h_kv, n_k, dtype=q.dtype, device=q.device)
         blocks = []
-        for s in range(n - m, n, self.OBSERVED_BLOCK):
-            e = min(s + self.OBSERVED_BLOCK, n)
-            qb = q[:, :, :, s:e].reshape(b, h_kv, g * (e - s), d)
+        for a in range(n - m, n, self.OBSERVED_BLOCK):
+            e = min(a + self.OBSERVED_BLOCK, n)
+            qb = q[:, :, :, a:e].reshape(b, h_kv, g * (e - a), d)
+            mask = bias(a, e)[:, :, None].expand(b, h_kv, g, e - a, n_k)
             p = torch.softmax(torch.matmul(qb, grid.keys.transpose(-1, -2)) * scale
-                              + bias[:, :, :, s:e].reshape(b, h_kv, g * (e - s), n_k), -1)
-            received += p.view(b, h_kv, g, e - s, n_k).sum(3).mean(2)
+                              + mask.reshape(b, h_kv, g * (e - a), n_k), -1)
+            received += p.view(b, h_kv, g, e - a, n_k).sum(3).mean(2)
             if out is None:
-                blocks.append(torch.matmul(p, grid.values).view(b, h_kv, g, e - s, -1))
+                blocks.append(torch.matmul(p, grid.values).view(b, h_kv, g, e - a, -1))
         self.policy.observe(grid, received)
         if out is None:
             out = torch.cat(blocks, dim=3).reshape(b, h_kv, g * n, -1)
