@@ -104,25 +104,53 @@ def test_a_count_budget_above_the_length_keeps_the_plain_logits(name):
 @pytest.mark.parametrize("name, rows", [("h2o", slice(None)), ("snapkv", slice(-5, None)),
                                         ("tova", slice(-1, None))], ids=["h2o", "snapkv", "tova"])
 def test_observed_attention_is_transformers_attention_probabilities(name, rows, monkeypatch):
-    """What an observing policy sees after a forward of 40 tokens is the attention that
-    transformers' eager Llama returns (``output_attentions``), summed over the observed queries
-    (all of them for H2O, SnapKV's window of 5, TOVA's last) and averaged over each key/value
-    head's query heads; formed in blocks of 7 queries (``KVTape.OBSERVED_BLOCK``), the output
-    from the fused kernel where only some queries are observed."""
+    """What an observing policy sees is the attention that transformers' eager Llama returns
+    (``output_attentions``) over the whole text, summed over the observed queries and averaged
+    over each key/value head's query heads: after forwards of 40 and 20 tokens (batch 2), H2O
+    holds the sum over all 60 queries, SnapKV over the second forward's last 5, TOVA its last.
+    In blocks of 7 queries (``KVTape.OBSERVED_BLOCK``); the first forward is the causal
+    prefill (the plain causal kernel, or p V for H2O), the second the masked path."""
     monkeypatch.setattr(KVTape, "OBSERVED_BLOCK", 7)
     ref, ours = llama()
     ref.set_attn_implementation("eager")
-    x = ids(40)
+    x = ids(60, b=2)
     tape = KVTape(policy=cache_policy(name, 1000, **({"window": 5} if name == "snapkv" else {})))
     with torch.no_grad():
-        got = ours(x, tape=tape).logits
+        got = stream_logits(ours, x, tape, 40)
         want = ref(x, output_attentions=True)
     # transformers' eager softmax runs in float32 (its sdpa and our tape agree to 1e-12)
     assert (got - want.logits).abs().max() <= 1e-6
     assert len(tape.entries) == len(want.attentions) == 2
     for entry, att in zip(tape.entries, want.attentions, strict=True):
-        seen = att[:, :, rows].sum(2).view(1, 2, 2, 40).mean(2)  # heads h = (g, j), g = h // 2
+        seen = att[:, :, rows].sum(2).view(2, 2, 2, 60).mean(2)  # heads h = (g, j), g = h // 2
         assert (entry.grid.scores.double() - seen).abs().max() <= 1e-5 * seen.max()
+
+
+@pytest.mark.parametrize("name", ["h2o", "snapkv"])
+def test_an_observing_policy_integrates_against_token_weights_and_coordinates(name):
+    """A first forward with quadrature weights w != 1 and coordinates of the caller's
+    (``token_weights``, ``token_coords``) under an observing policy that drops nothing equals
+    the plain tape's (the weights in the logits, the support read on the coordinates; not the
+    causal prefill's shortcut), <= 1e-12 in float64; so does the next forward."""
+    _, ours = llama()
+    x = ids(30)
+    gen = torch.Generator().manual_seed(3)
+    # exact in float32, the dtype the tape's grid keeps weights and coordinates in
+    weights = torch.randint(2, 9, (30,), generator=gen).double() / 4
+    coords = torch.cumsum(torch.randint(1, 9, (30,), generator=gen).double() / 8, 0)
+    logits = {}
+    for policy in (None, cache_policy(name, 1000)):
+        tape = KVTape() if policy is None else KVTape(policy=policy)
+        with torch.no_grad():
+            logits[policy is None] = [
+                ours(x[:, a:e], token_weights=weights[a:e], token_coords=coords[a:e],
+                     tape=tape).logits for a, e in ((0, 20), (20, 30))]
+    for plain, observed in zip(logits[True], logits[False], strict=True):
+        assert (plain - observed).abs().max() <= 1e-12
+    with torch.no_grad():  # the weights matter: unit weights give other logits
+        unit = ours(x[:, :20], token_coords=coords[:20], tape=KVTape(policy=cache_policy(
+            name, 1000))).logits
+    assert (unit - logits[False][0]).abs().max() > 1e-4
 
 
 def _streaming_mask(n, chunk, keep, sinks, dtype):

@@ -153,7 +153,10 @@ def cache_policies(text: str) -> tuple[str, ...]:
     (``splitformer cache --policy``, ``splitformer bench --policies``, the passkey test)."""
     from ..operators.cache_policy import POLICIES, cache_policy
 
-    specs = tuple(dict.fromkeys("".join(t.split()) for t in text.split(",")))
+    # spaces around the separators dropped (" snapkv : window = 10" is snapkv:window=10)
+    specs = tuple(dict.fromkeys(
+        ":".join("=".join(x.strip() for x in part.split("=", 1)) for part in t.split(":"))
+        for t in text.split(",")))
     if not specs or "" in specs:
         raise argparse.ArgumentTypeError(f"expected policies among {', '.join(POLICIES)} "
                                          f"(name or name:key=value:...) separated by commas, "

@@ -106,6 +106,11 @@ def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[s
     """Append the rows not yet in OUT/passkey.jsonl (module docstring); ``model``: a causal LM
     with a ``tokenizer`` (default: the packaged SmolLM2)."""
     from ..interop import from_hf
+
+    if not (isinstance(batch, int) and batch >= 1 and isinstance(placements, int)
+            and placements >= 1):
+        raise ValueError(f"batch and placements must be ints >= 1, got {batch!r} and "
+                         f"{placements!r}")
     from ..operators.cache_policy import cache_policy
 
     path = out / "passkey.jsonl"
@@ -185,8 +190,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--placements", type=positive_int, default=10,
                    help="needle depths per length (default 10)")
     p.add_argument("--batch", type=positive_int, default=10,
-                   help="prompts per forward (default 10; memory grows with batch x length "
-                        "squared for policies that observe attention)")
+                   help="prompts per forward (default 10). Memory: an observing policy "
+                        "holds batch x heads x chunk x length mask entries; compressed once "
+                        "(--chunk the length) batch x heads x min(512, observed queries) x "
+                        "length")
     p.add_argument("--policies", type=cache_policies, default=list(POLICIES),
                    help=f"cache policies, each a name or name:key=value:... (snapkv:window=10; "
                         f"default all: {', '.join(POLICIES)})")

@@ -680,7 +680,7 @@ def _literal(value: str, spec: str) -> int | float | bool:
         out = int(value) if re.fullmatch(r"[+-]?[0-9]+", value) else float(value)
         if math.isfinite(out):
             return out
-    raise ValueError(f"policy {spec!r}: expected a number (ASCII digits, at most 32 "
+    raise ValueError(f"policy {spec!r}: expected a finite number (ASCII digits, at most 32 "
                      f"characters) or true/false, got {value!r}")
 
 

@@ -458,10 +458,13 @@ class KVTape:
                            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            window: int | None, rotary: RotaryPositions | None
                            ) -> torch.Tensor:
-        """softmax_j(a(x, x_j) + log w_j) over the compressed past and the new nodes, per
-        key/value head: the group's query heads ride along the query axis, so the per-head
-        weights and coordinates are one additive mask (B, H_kv, G n, N_k). Refused by name:
-        another kernel than the softmax, keys whose frequencies follow the length."""
+        """A_e[u](x_i) = sum_j softmax_j(Q_i K_j^T s + log w_j + m_ij) V_j over the compressed
+        past and the new nodes, per key/value head, m_ij = 0 on the support x_j <= x_i (and
+        x_i - x_j < window) and -inf off it. The group's query heads ride along the query
+        axis, so the per-head weights and coordinates are one additive mask (B, H_kv, G n,
+        N_k); on a causal prefill (no past, unit weights, increasing coordinates, no window:
+        m is causal in the index and log w = 0) the plain causal kernel instead. Refused by
+        name: another kernel than the softmax, keys whose frequencies follow the length."""
         if not isinstance(kernel, SoftmaxKernel):
             raise TapeError(f"a cache policy ({self.policy.describe()}) integrates the "
                             "softmax kernel against per-head weights (softmax(a + log w)); "
@@ -480,71 +483,72 @@ class KVTape:
         w_new, x_new = self._new_grid
         new = CachedGrid(k, v, w_new[:, None, :].expand(b, h_kv, n).contiguous(),
                          x_new[:, None, :].expand(b, h_kv, n).contiguous())
-        # no past, unit weights, increasing coordinates: the support is causal in the index and
-        # log w = 0, the plain causal kernel (the fused path; a compress-once prefill)
-        plain = (entry.grid is None and window is None and bool((w_new == 1).all())
-                 and bool((x_new[:, 1:] > x_new[:, :-1]).all()))
+        causal_prefill = (entry.grid is None and window is None and bool((w_new == 1).all())
+                          and bool((x_new[:, 1:] > x_new[:, :-1]).all()))
         grid = entry.extend(new)
+        n_k = len(grid)
         xq = x_new[:, None, :, None]  # (B, 1, n, 1)
         xk = grid.coords[:, :, None, :]  # (B, H_kv, 1, N_k)
         log_w = grid.weights.double().log().to(q.dtype)[:, :, None, :]
         off = torch.full((), -math.inf, dtype=q.dtype, device=q.device)
 
-        def bias(a: int, e: int) -> torch.Tensor:
-            """log w_j on the support of the queries a .. e - 1, -inf off it: (B, H_kv, e - a,
-            N_k)."""
-            allowed = xk <= xq[:, :, a:e]
+        def bias(first: int, end: int) -> torch.Tensor:
+            """log w_j + m_ij for the queries i = first .. end - 1, the group's query heads
+            folded into the query axis: (B, H_kv, G (end - first), N_k)."""
+            allowed = xk <= xq[:, :, first:end]
             if window is not None:
-                allowed = allowed & (xq[:, :, a:e] - xk < window)
-            return torch.where(allowed, log_w, off)
+                allowed = allowed & (xq[:, :, first:end] - xk < window)
+            m = torch.where(allowed, log_w, off)[:, :, None]
+            return m.expand(b, h_kv, g, end - first, n_k).reshape(b, h_kv, -1, n_k)
 
-        n_k = len(grid)
-        out = kernel(q, k, v, is_causal=True) if plain else None  # (B, H, n, d_v)
+        qg = q.view(b, h_kv, g, n, d)
+        observes_all = self.policy.observes is not None and \
+            self.policy.observed_queries(n) == n
+        # (B, H_kv, G n, d_v) or (B, H, n, d_v): the same heads, h = kv G + j; None for H2O,
+        # whose output is p V from the probabilities it observes anyway
+        out = None
+        if causal_prefill and not observes_all:
+            out = kernel(q, k, v, is_causal=True)
+        elif not observes_all:
+            out = kernel(qg.reshape(b, h_kv, g * n, d), grid.keys, grid.values,
+                         attn_mask=bias(0, n), is_causal=False)
         if self.policy.observes is not None:
-            out = self._attend_observed(kernel, q.view(b, h_kv, g, n, d), grid, bias, out)
-        elif out is None:
-            mask = bias(0, n)[:, :, None].expand(b, h_kv, g, n, n_k).reshape(b, h_kv, g * n, n_k)
-            out = kernel(q.reshape(b, h_kv, g * n, d), grid.keys, grid.values, attn_mask=mask,
-                         is_causal=False)
+            out = self._observe(kernel, qg, grid, bias, out)
         return out.reshape(b, h, n, -1)
 
     # queries per block of explicit attention probabilities (an observing policy's scores):
     # blocks bound the (B, H_kv, G block, N_k) matrices a long prefill would otherwise hold
     OBSERVED_BLOCK = 512
 
-    def _attend_observed(self, kernel: Any, q: torch.Tensor, grid: CachedGrid,
-                         bias: Any, out: torch.Tensor | None) -> torch.Tensor:
-        """The attention output of ``q`` (B, H_kv, G, n, d) over ``grid`` (``bias(a, e)``: the
-        additive support and log-weights of queries a .. e - 1, (B, H_kv, e - a, N_k)), and
-        the policy's observation: the probabilities p_ij that the last m =
-        ``observed_queries(n)`` queries give each node, summed over those queries and averaged
-        over the group's query heads. ``out``: the output if already computed (the plain
-        causal kernel). With m < n (SnapKV's window, TOVA's last query) the output comes from
-        the fused kernel and only the m observed rows of p are formed; with m = n (H2O) the
-        output is p V, formed ``OBSERVED_BLOCK`` queries at a time."""
+    def _observe(self, kernel: Any, q: torch.Tensor, grid: CachedGrid, bias: Any,
+                 out: torch.Tensor | None) -> torch.Tensor:
+        """Hand the policy what it observes,
+
+            r_j = (1 / G) sum_{g' < G} sum_{i in the last m queries} p^{g'}_ij,
+            p^{g'}_ij = softmax_j(Q^{g'}_i K_j^T s + log w_j + m_ij),
+
+        m = ``observed_queries(n)``, for the queries ``q`` (B, H_kv, G, n, d) over ``grid``
+        (``bias(first, end)``: log w_j + m_ij of the queries first .. end - 1, the query
+        heads folded in), formed ``OBSERVED_BLOCK`` queries at a time, r accumulated in at
+        least the grid's precision; return ``out``, or when it is None (every query observed:
+        H2O) the output p V from the same blocks."""
         b, h_kv, g, n, d = q.shape
         n_k = len(grid)
         m = self.policy.observed_queries(n)
         scale = kernel.scale if kernel.scale is not None else d ** -0.5
-        if out is None and m < n:
-            mask = bias(0, n)[:, :, None].expand(b, h_kv, g, n, n_k).reshape(b, h_kv, g * n, n_k)
-            out = kernel(q.reshape(b, h_kv, g * n, d), grid.keys, grid.values, attn_mask=mask,
-                         is_causal=False)
-        received = torch.zeros(b, h_kv, n_k, dtype=q.dtype, device=q.device)
+        acc = torch.promote_types(q.dtype, GRID_DTYPE)
+        received = torch.zeros(b, h_kv, n_k, dtype=acc, device=q.device)
         blocks = []
-        for a in range(n - m, n, self.OBSERVED_BLOCK):
-            e = min(a + self.OBSERVED_BLOCK, n)
-            qb = q[:, :, :, a:e].reshape(b, h_kv, g * (e - a), d)
-            mask = bias(a, e)[:, :, None].expand(b, h_kv, g, e - a, n_k)
+        for first in range(n - m, n, self.OBSERVED_BLOCK):
+            end = min(first + self.OBSERVED_BLOCK, n)
+            qb = q[:, :, :, first:end].reshape(b, h_kv, g * (end - first), d)
             p = torch.softmax(torch.matmul(qb, grid.keys.transpose(-1, -2)) * scale
-                              + mask.reshape(b, h_kv, g * (e - a), n_k), -1)
-            received += p.view(b, h_kv, g, e - a, n_k).sum(3).mean(2)
+                              + bias(first, end), -1)
+            received += p.view(b, h_kv, g, end - first, n_k).sum(3, dtype=acc).mean(2)
             if out is None:
-                blocks.append(torch.matmul(p, grid.values).view(b, h_kv, g, e - a, -1))
+                blocks.append(torch.matmul(p, grid.values).view(b, h_kv, g, end - first, -1))
         self.policy.observe(grid, received)
-        if out is None:
-            out = torch.cat(blocks, dim=3).reshape(b, h_kv, g * n, -1)
-        return out
+        return out if out is not None else torch.cat(blocks, dim=3).reshape(b, h_kv, g * n, -1)
 
     def _follow_length(self, entry: _KeysValues, rotary: RotaryPositions, start: int,
                        device: torch.device) -> None:
