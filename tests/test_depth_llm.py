@@ -215,6 +215,25 @@ def test_seed_groups_are_one_command_at_several_seeds_per_n():
     assert [r["run"] for r in groups[("heal-22-a", 22)]] == ["heal-22-a-s0", "heal-22-a-s1"]
 
 
+def test_seed_groups_at_one_n_are_compared_by_welchs_t_test(capsys):
+    """Two seed groups at one N: the printed difference of means and Welch's t are
+    scipy.stats' (groups at other N are not compared)."""
+    from scipy import stats
+
+    from splitformer.experiments.depth_llm import _compare_seed_groups
+
+    a, b = [1.83, 1.84, 1.835], [1.90, 1.92, 1.905]
+    groups = {("heal-22-a", 22): [{"perplexity_ratio": x} for x in a],
+              ("heal-22-b", 22): [{"perplexity_ratio": x} for x in b],
+              ("heal-15-a", 15): [{"perplexity_ratio": x} for x in (3.3, 3.4)]}
+    _compare_seed_groups(groups)
+    lines = capsys.readouterr().out.splitlines()
+    t = stats.ttest_ind(a, b, equal_var=False)
+    assert lines == [f"heal-22-a - heal-22-b at N=22: perplexity ratio "
+                     f"{sum(a) / 3 - sum(b) / 3:+.4f} (Welch's t {t.statistic:.2f}, p "
+                     f"{t.pvalue:.2g}, 3 and 3 seeds)"]
+
+
 def test_next_token_kl_is_torch_kl_div_per_node():
     g = torch.Generator().manual_seed(0)
     s, t = torch.randn(2, 5, 11, generator=g), torch.randn(2, 5, 11, generator=g)

@@ -227,6 +227,24 @@ def seed_groups(rows: Sequence[dict]) -> dict[tuple[str, int], list[dict]]:
     return {k: v for k, v in groups.items() if len({r["run"] for r in v}) > 1}
 
 
+def _compare_seed_groups(groups: dict) -> None:
+    """Every two seed groups at one N: the difference of their mean perplexity ratios and
+    Welch's t-test on it (scipy.stats.ttest_ind, unequal variances)."""
+    from scipy import stats
+
+    keys = sorted(groups)
+    for i, (a, n) in enumerate(keys):
+        for b, m in keys[i + 1:]:
+            if m != n:
+                continue
+            x = [r["perplexity_ratio"] for r in groups[(a, n)]]
+            y = [r["perplexity_ratio"] for r in groups[(b, m)]]
+            t = stats.ttest_ind(x, y, equal_var=False)
+            print(f"{a} - {b} at N={n}: perplexity ratio {sum(x) / len(x) - sum(y) / len(y):+.4f}"
+                  f" (Welch's t {t.statistic:.2f}, p {t.pvalue:.2g}, {len(x)} and {len(y)} "
+                  "seeds)")
+
+
 def table(out: Path) -> None:
     from .sweep import mean_std
 
@@ -249,6 +267,7 @@ def table(out: Path) -> None:
         print(f"seeds of {name} at N={n} ({len(group)} runs): "
               + ", ".join(f"{k} {m:.4g} +- {s:.2g}" for k, (m, s) in stats.items())
               + " (mean +- sample standard deviation)")
+    _compare_seed_groups(seed_groups(healed))
     rows = read_rows(out / "training-free.jsonl")
     print(f"{'N':>3} {'method':<11} {'absorb':<8} {'ppl':>8} {'x':>6} {'bpb':>6} {'KL':>6} "
           f"{'top1':>6} {'match':>6}")
