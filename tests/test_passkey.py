@@ -89,3 +89,25 @@ def test_bad_run_arguments_are_refused_naming_them(flags, word, tmp_path, capsys
         passkey.main(["run", "--out", str(tmp_path), *flags])
     assert e.value.code == 2 and word in capsys.readouterr().err
     assert not (tmp_path / "passkey.jsonl").exists()
+
+
+def test_the_table_compares_each_row_with_the_full_cache_by_mcnemars_test(tmp_path, capsys):
+    """Rows compressed once (chunk = length) at two lengths are one table; each row is set
+    against the full cache's answers prompt by prompt: b right where the full cache is wrong,
+    c the reverse, p McNemar's exact test (the binomial test of min(b, c) in b + c at 1/2)."""
+    from scipy import stats
+
+    full = [True] * 8 + [False] * 2
+    other = [True] * 3 + [False] * 5 + [True, False]
+    keys = [str(10000 + i) for i in range(10)]
+    for n in (256, 512):
+        for policy, budget, right in (("full", 1.0, full), ("snapkv:window=4", 0.25, other)):
+            passkey.append_row(tmp_path / "passkey.jsonl", {
+                "length": n, "policy": policy, "budget": budget, "placements": 10, "chunk": n,
+                "decode": "append", "right": right, "keys": keys, "seconds": 1.0})
+    passkey.table(tmp_path)
+    out = capsys.readouterr().out
+    assert out.count("compressed once, after the question") == 1
+    assert "| snapkv:window=4 | 0.25 | 4/10 | 4/10 |" in out
+    p = stats.binomtest(1, 6, 0.5).pvalue
+    assert f"| snapkv:window=4 | 0.25 | 512 | 1 | 5 | {p:.2g} |" in out

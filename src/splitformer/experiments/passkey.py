@@ -144,30 +144,65 @@ def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[s
 
 
 def table(out: Path, seconds: bool = False) -> None:
-    """One table per prefill chunk: right answers per policy, budget and length (and with
-    ``seconds`` each row's time, summed over its batches)."""
+    """One table per protocol (prefill chunk, or compressed once when the chunk holds the whole
+    prompt; decoding under the budget or appended): right answers per policy, budget and
+    length (with ``seconds`` each row's time, summed over its batches); then each row against
+    the full cache's on the same prompts (``against_full``)."""
     from ..operators.cache_policy import POLICIES, policy_spec
 
     rows = read_rows(out / "passkey.jsonl")
     order = list(POLICIES)
-    for chunk, decode in sorted({(r["chunk"], r.get("decode", "budget")) for r in rows}):
-        these = [r for r in rows if (r["chunk"], r.get("decode", "budget")) == (chunk, decode)]
+
+    def protocol(r: dict) -> tuple[int, str]:
+        return (0 if r["chunk"] >= r["length"] else r["chunk"], r.get("decode", "budget"))
+
+    for chunk, decode in sorted({protocol(r) for r in rows}):
+        these = [r for r in rows if protocol(r) == (chunk, decode)]
         lengths = sorted({r["length"] for r in these})
         keys = sorted({(r["policy"], r["budget"]) for r in these},
                       key=lambda k: (-k[1], order.index(policy_spec(k[0])[0]), k[0]))
-        print(f"\nprefill in chunks of {chunk} tokens (the policy acting after each); "
-              + ("decoding under the budget" if decode == "budget" else
-                 "the decoded tokens appended to the compressed prompt"))
+        print("\n" + ("compressed once, after the question" if chunk == 0 else
+                      f"prefill in chunks of {chunk} tokens (the policy acting after each)")
+              + "; " + ("decoding under the budget" if decode == "budget" else
+                        "the decoded tokens appended to the compressed prompt"))
         print("| policy | budget | " + " | ".join(f"{n} tokens" for n in lengths) + " |")
         print("|---|---|" + "---|" * len(lengths))
+        cell_of = {(x["policy"], x["budget"], x["length"]): x for x in these}
         for policy, budget in keys:
             cells = []
             for n in lengths:
-                r = [x for x in these
-                     if (x["policy"], x["budget"], x["length"]) == (policy, budget, n)]
-                cell = f"{sum(r[0]['right'])}/{len(r[0]['right'])}" if r else ""
-                cells.append(f"{cell} ({r[0]['seconds']:.0f} s)" if r and seconds else cell)
+                r = cell_of.get((policy, budget, n))
+                cell = "" if r is None else f"{sum(r['right'])}/{len(r['right'])}"
+                cells.append(f"{cell} ({r['seconds']:.0f} s)" if r and seconds else cell)
             print(f"| {policy} | {budget:g} | " + " | ".join(cells) + " |")
+        against_full([cell_of[(p, b, n)] for p, b in keys for n in lengths
+                      if (p, b, n) in cell_of], cell_of)
+
+
+def against_full(rows: list[dict], cell_of: dict) -> None:
+    """Each of ``rows`` against the full cache's row of the same length (``cell_of``: rows by
+    (policy, budget, length)), prompt by prompt: the
+    prompts it gets right where the full cache does not (b), wrong where the full cache is
+    right (c), and McNemar's exact test of b against c (the two-sided binomial test of
+    min(b, c) in b + c at 1/2, ``scipy.stats.binomtest``)."""
+    from scipy import stats
+
+    lines = []
+    for r in rows:
+        policy, budget, n = r["policy"], r["budget"], r["length"]
+        full = cell_of.get(("full", 1.0, n))
+        if policy == "full" or full is None or full["keys"] != r["keys"]:
+            continue
+        b = sum(x and not f for x, f in zip(r["right"], full["right"], strict=True))
+        c = sum(f and not x for x, f in zip(r["right"], full["right"], strict=True))
+        p = 1.0 if b + c == 0 else stats.binomtest(min(b, c), b + c, 0.5).pvalue
+        lines.append(f"| {policy} | {budget:g} | {n} | {b} | {c} | {p:.2g} |")
+    if lines:
+        print("\nagainst the full cache, prompt by prompt (McNemar's exact test)")
+        print("| policy | budget | tokens | right where full is wrong | wrong where full is "
+              "right | p |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(lines))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
