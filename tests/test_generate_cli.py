@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from _cli import cli
+from _tiny_lm import save_byte_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -21,20 +22,10 @@ transformers = pytest.importorskip("transformers")
 @pytest.fixture(scope="module")
 def gpt2_folder(tmp_path_factory) -> Path:
     """A tiny GPT-2 with a byte-level tokenizer (256 bytes + <|endoftext|>), saved offline."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     folder = tmp_path_factory.mktemp("gpt2")
-    chars = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {c: i for i, c in enumerate(chars)}
-    vocab["<|endoftext|>"] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
-                                                bos_token="<|endoftext|>")
-    fast.save_pretrained(folder)
+    vocab = save_byte_tokenizer(folder, "<|endoftext|>", bos_token="<|endoftext|>")
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(vocab),
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=vocab,
                                   n_positions=4096, bos_token_id=256, eos_token_id=256)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(folder)
     return folder
