@@ -9,7 +9,9 @@ for run in drop:keep angular:keep keep-first:keep sleb:linear; do
     fit=${run##*:}
     name=heal-22-$method-$fit-s0
     [ -s results/depth-llm/healed/$name.json ] && continue
-    .venv/bin/splitformer compress smollm2 --steps 22 --method $method --probe 4 --fit $fit \
+    probe="--probe 4"
+    [ "$method" = keep-first ] && probe=""
+    .venv/bin/splitformer compress smollm2 --steps 22 --method $method $probe --fit $fit \
         --heal kl --max-steps 260 --budget 2h --lr 1e-4 --out out/$name --seed 0 --threads 1 \
         > results/depth-llm/$name.log 2>&1 &&
         cp out/$name/compress.json results/depth-llm/healed/$name.json
