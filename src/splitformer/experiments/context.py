@@ -248,6 +248,20 @@ def _ints(least: int, what: str):
     return parse
 
 
+def _int(least: int, what: str):
+    """argparse type: one int >= ``least`` (a list is refused, not cut to its first)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected one int >= {least} ({what}), got "
+                                             f"{text!r}")
+        return value
+    return parse
+
+
 def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None,
           rows: str) -> argparse.Namespace:
     """The experiment's arguments: --threads set, and for ``table`` the row file ``rows`` in
@@ -261,8 +275,6 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from ..commands import positive_int
-
     p = argparse.ArgumentParser(
         prog="python -m splitformer.experiments.context",
         description="SmolLM2 read at 2x and 4x its trained context by each rope rule "
@@ -278,9 +290,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help=f"rope rules (default all: {', '.join(RULES)})")
     p.add_argument("--factors", type=_ints(2, "factors"), default=list(FACTORS),
                    help="lengths as multiples of the trained 8192 (default 2,4)")
-    p.add_argument("--chunk", type=positive_int, default=1024,
+    p.add_argument("--chunk", type=_int(1, "a chunk"), default=1024,
                    help="tokens per forward of the chunked prefill (default 1024)")
-    p.add_argument("--threads", type=positive_int, default=None,
+    p.add_argument("--threads", type=_int(1, "threads"), default=None,
                    help="torch threads (default: torch's choice)")
     a = parse(p, argv, "rows.jsonl")
     if a.what == "table":

@@ -206,12 +206,27 @@ def against_full(rows: list[dict], cell_of: dict) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from ..commands import cache_budgets, cache_policies, positive_int
-    from ..operators.cache_policy import POLICIES
-    from .context import _ints, parse
+    from ..operators.cache_policy import POLICIES, policy_list
+    from .context import _int, _ints, parse
 
     def lengths(text: str) -> list[int]:
         return list(dict.fromkeys(_ints(128, "prompt lengths")(text)))
+
+    def budgets(text: str) -> list[float]:
+        try:
+            values = [float(t) for t in text.split(",")]
+        except ValueError:
+            values = []
+        if not values or not all(0 < v <= 1 for v in values):
+            raise argparse.ArgumentTypeError(f"expected fractions in (0, 1] of the cache "
+                                             f"separated by commas, got {text!r}")
+        return list(dict.fromkeys(values))
+
+    def policies(text: str) -> tuple[str, ...]:
+        try:
+            return policy_list(text)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
 
     p = argparse.ArgumentParser(
         prog="python -m splitformer.experiments.passkey",
@@ -222,19 +237,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="folder of passkey.jsonl (default results/cache)")
     p.add_argument("--lengths", type=lengths, default=[1024, 2048, 4096],
                    help="prompt lengths in tokens (default 1024,2048,4096)")
-    p.add_argument("--placements", type=positive_int, default=10,
+    p.add_argument("--placements", type=_int(1, "a count"), default=10,
                    help="needle depths per length (default 10)")
-    p.add_argument("--batch", type=positive_int, default=10,
+    p.add_argument("--batch", type=_int(1, "a batch"), default=10,
                    help="prompts per forward (default 10). Memory: an observing policy "
                         "holds batch x heads x chunk x length mask entries; compressed once "
                         "(--chunk the length) batch x heads x min(512, observed queries) x "
                         "length")
-    p.add_argument("--policies", type=cache_policies, default=list(POLICIES),
+    p.add_argument("--policies", type=policies, default=list(POLICIES),
                    help=f"cache policies, each a name or name:key=value:... (snapkv:window=10; "
                         f"default all: {', '.join(POLICIES)})")
-    p.add_argument("--budgets", type=cache_budgets, default=(0.25,),
+    p.add_argument("--budgets", type=budgets, default=[0.25],
                    help="budgets, fractions of the tokens seen (default 0.25)")
-    p.add_argument("--chunk", type=positive_int, default=256,
+    p.add_argument("--chunk", type=_int(1, "a chunk"), default=256,
                    help="tokens per prefill forward, the policy acting after each (default "
                         "256; the prompt's length: compress once, after the question)")
     p.add_argument("--decode", choices=DECODE, default="budget",
@@ -243,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "(kvpress's protocol)")
     p.add_argument("--seconds", action="store_true",
                    help="table: each row's seconds beside its right answers")
-    p.add_argument("--threads", type=positive_int, default=None,
+    p.add_argument("--threads", type=_int(1, "threads"), default=None,
                    help="torch threads (default: torch's choice)")
     a = parse(p, argv, "passkey.jsonl")
     if a.what == "run" and a.seconds:

@@ -47,7 +47,7 @@ __all__ = [
     "POLICIES", "AdaptiveQuadrature", "CachePolicy", "CachedGrid", "FullCache", "HeavyHitters",
     "HeavyQuadrature",
     "QuadratureMerging", "Rotation", "SnapKV", "StreamingLLM", "TOVA", "ValueMerging",
-    "cache_policy", "check_budget", "policy_spec", "split_entry",
+    "cache_policy", "check_budget", "policy_list", "policy_spec", "split_entry",
 ]
 
 # dtype of the stored quadrature weights, coordinates and attention scores (counts and
@@ -682,6 +682,21 @@ def _literal(value: str, spec: str) -> int | float | bool:
             return out
     raise ValueError(f"policy {spec!r}: expected a finite number (ASCII digits, at most 32 "
                      f"characters) or true/false, got {value!r}")
+
+
+def policy_list(text: str) -> tuple[str, ...]:
+    """Policies separated by commas, each a name or ``name:key=value:...``, checked by
+    building each (ValueError or TypeError naming the bad one); spaces around the separators
+    dropped (`` snapkv : window = 10`` is ``snapkv:window=10``), duplicates merged."""
+    specs = tuple(dict.fromkeys(
+        ":".join("=".join(x.strip() for x in part.split("=", 1)) for part in t.split(":"))
+        for t in text.split(",")))
+    if not specs or "" in specs:
+        raise ValueError(f"expected policies among {', '.join(POLICIES)} (name or "
+                         f"name:key=value:...) separated by commas, got {text!r}")
+    for spec in specs:
+        cache_policy(spec, 1.0)
+    return specs
 
 
 def cache_policy(name: str, budget: float | int = 1.0, **options: object) -> CachePolicy:
