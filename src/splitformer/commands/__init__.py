@@ -10,7 +10,6 @@ whitespace (``stripped``), as a scheme name is."""
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 
 __all__ = ["UsageError", "bounded_int", "duration", "int_list", "nonnegative_float",
@@ -160,15 +159,11 @@ def cache_policies(text: str) -> tuple[str, ...]:
 
 
 def cache_budgets(text: str) -> tuple[float, ...]:
-    """argparse type: cache budgets, fractions in (0, 1] separated by commas."""
-    out = []
-    for t in text.split(","):
-        try:
-            b = float(t)
-        except ValueError:
-            b = math.nan
-        if not (math.isfinite(b) and 0 < b <= 1):
-            raise argparse.ArgumentTypeError(f"expected fractions in (0, 1] of the cache "
-                                             f"separated by commas, got {text!r}")
-        out.append(b)
-    return tuple(dict.fromkeys(out))
+    """argparse type: cache budgets, fractions in (0, 1] separated by commas
+    (``operators.cache_policy.budget_list``)."""
+    from ..operators.cache_policy import budget_list
+
+    try:
+        return budget_list(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

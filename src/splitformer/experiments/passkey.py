@@ -205,28 +205,22 @@ def against_full(rows: list[dict], cell_of: dict) -> None:
         print("\n".join(lines))
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    from ..operators.cache_policy import POLICIES, policy_list
-    from .context import _int, _ints, parse
+def _argument_type(parse_text):
+    """``parse_text`` (text -> value, ValueError or TypeError) as an argparse type."""
+    def parse(text: str):
+        try:
+            return parse_text(text)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    from ..operators.cache_policy import POLICIES, budget_list, policy_list
+    from .context import _int, _ints
 
     def lengths(text: str) -> list[int]:
         return list(dict.fromkeys(_ints(128, "prompt lengths")(text)))
-
-    def budgets(text: str) -> list[float]:
-        try:
-            values = [float(t) for t in text.split(",")]
-        except ValueError:
-            values = []
-        if not values or not all(0 < v <= 1 for v in values):
-            raise argparse.ArgumentTypeError(f"expected fractions in (0, 1] of the cache "
-                                             f"separated by commas, got {text!r}")
-        return list(dict.fromkeys(values))
-
-    def policies(text: str) -> tuple[str, ...]:
-        try:
-            return policy_list(text)
-        except (TypeError, ValueError) as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
 
     p = argparse.ArgumentParser(
         prog="python -m splitformer.experiments.passkey",
@@ -244,10 +238,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "holds batch x heads x chunk x length mask entries; compressed once "
                         "(--chunk the length) batch x heads x min(512, observed queries) x "
                         "length")
-    p.add_argument("--policies", type=policies, default=list(POLICIES),
+    p.add_argument("--policies", type=_argument_type(policy_list), default=list(POLICIES),
                    help=f"cache policies, each a name or name:key=value:... (snapkv:window=10; "
                         f"default all: {', '.join(POLICIES)})")
-    p.add_argument("--budgets", type=budgets, default=[0.25],
+    p.add_argument("--budgets", type=_argument_type(budget_list), default=(0.25,),
                    help="budgets, fractions of the tokens seen (default 0.25)")
     p.add_argument("--chunk", type=_int(1, "a chunk"), default=256,
                    help="tokens per prefill forward, the policy acting after each (default "
@@ -260,6 +254,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="table: each row's seconds beside its right answers")
     p.add_argument("--threads", type=_int(1, "threads"), default=None,
                    help="torch threads (default: torch's choice)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from .context import parse
+
+    p = _parser()
     a = parse(p, argv, "passkey.jsonl")
     if a.what == "run" and a.seconds:
         p.error("argument --seconds: a table option (passkey table --seconds)")

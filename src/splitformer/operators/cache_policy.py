@@ -47,7 +47,7 @@ __all__ = [
     "POLICIES", "AdaptiveQuadrature", "CachePolicy", "CachedGrid", "FullCache", "HeavyHitters",
     "HeavyQuadrature",
     "QuadratureMerging", "Rotation", "SnapKV", "StreamingLLM", "TOVA", "ValueMerging",
-    "cache_policy", "check_budget", "policy_list", "policy_spec", "split_entry",
+    "budget_list", "cache_policy", "check_budget", "policy_list", "policy_spec", "split_entry",
 ]
 
 # dtype of the stored quadrature weights, coordinates and attention scores (counts and
@@ -682,6 +682,22 @@ def _literal(value: str, spec: str) -> int | float | bool:
             return out
     raise ValueError(f"policy {spec!r}: expected a finite number (ASCII digits, at most 32 "
                      f"characters) or true/false, got {value!r}")
+
+
+def budget_list(text: str) -> tuple[float, ...]:
+    """Budgets as fractions in (0, 1] of the tokens seen, separated by commas, duplicates
+    merged; ValueError otherwise."""
+    out = []
+    for t in text.split(","):
+        try:
+            b = float(t)
+        except ValueError:
+            b = math.nan
+        if not (math.isfinite(b) and 0 < b <= 1):
+            raise ValueError(f"expected fractions in (0, 1] of the cache separated by commas, "
+                             f"got {text!r}")
+        out.append(b)
+    return tuple(dict.fromkeys(out))
 
 
 def policy_list(text: str) -> tuple[str, ...]:

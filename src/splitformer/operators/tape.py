@@ -170,6 +170,28 @@ class _RunningSums:
         self.pending = None
 
 
+def _support_bias(grid: CachedGrid, x_new: torch.Tensor, window: int | None, groups: int,
+                  dtype: torch.dtype):
+    """bias(first, end): log w_j + m_ij for the new queries i = first .. end - 1 over
+    ``grid`` (m_ij = 0 on the support x_j <= x_i, and x_i - x_j < ``window``, -inf off it),
+    each key/value head's ``groups`` query heads folded into the query axis:
+    (B, H_kv, groups (end - first), N_k)."""
+    b, h_kv, n_k = grid.weights.shape
+    xq = x_new[:, None, :, None]  # (B, 1, n, 1)
+    xk = grid.coords[:, :, None, :]  # (B, H_kv, 1, N_k)
+    log_w = grid.weights.double().log().to(dtype)[:, :, None, :]
+    off = torch.full((), -math.inf, dtype=dtype, device=grid.weights.device)
+
+    def bias(first: int, end: int) -> torch.Tensor:
+        allowed = xk <= xq[:, :, first:end]
+        if window is not None:
+            allowed = allowed & (xq[:, :, first:end] - xk < window)
+        m = torch.where(allowed, log_w, off)[:, :, None]
+        return m.expand(b, h_kv, groups, end - first, n_k).reshape(b, h_kv, -1, n_k)
+
+    return bias
+
+
 class _CompressedKeysValues:
     """One evaluation's past as a ``CachedGrid`` (per key/value head: K, V, w_j, x_j) that a
     cache policy coarsens; the forward's new nodes are appended to a pending grid, which
@@ -465,15 +487,7 @@ class KVTape:
         N_k); on a causal prefill (no past, unit weights, increasing coordinates, no window:
         m is causal in the index and log w = 0) the plain causal kernel instead. Refused by
         name: another kernel than the softmax, keys whose frequencies follow the length."""
-        if not isinstance(kernel, SoftmaxKernel):
-            raise TapeError(f"a cache policy ({self.policy.describe()}) integrates the "
-                            "softmax kernel against per-head weights (softmax(a + log w)); "
-                            f"{type(kernel).__name__} is not the softmax kernel")
-        if rotary is not None and rotary.keys_follow_length:
-            raise TapeError(f"a cache policy ({self.policy.describe()}) merges or drops "
-                            f"keys rotated by a kernel whose frequencies follow the length "
-                            f"({rotary.describe()}); re-rotating a compressed grid is not "
-                            "supported: give the rope a factor, or decode without a policy")
+        self._check_compressible(kernel, rotary)
         if rotary is not None and entry.rotation is None:
             entry.rotation = Rotation(rotary)
         assert self._new_grid is not None
@@ -486,21 +500,7 @@ class KVTape:
         causal_prefill = (entry.grid is None and window is None and bool((w_new == 1).all())
                           and bool((x_new[:, 1:] > x_new[:, :-1]).all()))
         grid = entry.extend(new)
-        n_k = len(grid)
-        xq = x_new[:, None, :, None]  # (B, 1, n, 1)
-        xk = grid.coords[:, :, None, :]  # (B, H_kv, 1, N_k)
-        log_w = grid.weights.double().log().to(q.dtype)[:, :, None, :]
-        off = torch.full((), -math.inf, dtype=q.dtype, device=q.device)
-
-        def bias(first: int, end: int) -> torch.Tensor:
-            """log w_j + m_ij for the queries i = first .. end - 1, the group's query heads
-            folded into the query axis: (B, H_kv, G (end - first), N_k)."""
-            allowed = xk <= xq[:, :, first:end]
-            if window is not None:
-                allowed = allowed & (xq[:, :, first:end] - xk < window)
-            m = torch.where(allowed, log_w, off)[:, :, None]
-            return m.expand(b, h_kv, g, end - first, n_k).reshape(b, h_kv, -1, n_k)
-
+        bias = _support_bias(grid, x_new, window, g, q.dtype)
         qg = q.view(b, h_kv, g, n, d)
         observes_all = self.policy.observes is not None and \
             self.policy.observed_queries(n) == n
@@ -515,6 +515,20 @@ class KVTape:
         if self.policy.observes is not None:
             out = self._observe(kernel, qg, grid, bias, out)
         return out.reshape(b, h, n, -1)
+
+    def _check_compressible(self, kernel: Any, rotary: RotaryPositions | None) -> None:
+        """Refused by name under a compressing policy: another kernel than the softmax (the
+        weights enter as softmax(a + log w)), keys whose rotary frequencies follow the
+        length (a compressed grid is not re-rotated)."""
+        if not isinstance(kernel, SoftmaxKernel):
+            raise TapeError(f"a cache policy ({self.policy.describe()}) integrates the "
+                            "softmax kernel against per-head weights (softmax(a + log w)); "
+                            f"{type(kernel).__name__} is not the softmax kernel")
+        if rotary is not None and rotary.keys_follow_length:
+            raise TapeError(f"a cache policy ({self.policy.describe()}) merges or drops "
+                            f"keys rotated by a kernel whose frequencies follow the length "
+                            f"({rotary.describe()}); re-rotating a compressed grid is not "
+                            "supported: give the rope a factor, or decode without a policy")
 
     # queries per block of explicit attention probabilities (an observing policy's scores):
     # blocks bound the (B, H_kv, G block, N_k) matrices a long prefill would otherwise hold
