@@ -454,3 +454,40 @@ def test_main_runs_outside_the_main_thread(monkeypatch):
     t.start()
     t.join()
     assert codes == [7]
+
+
+def test_ctrl_c_while_the_commands_are_imported_is_one_line(monkeypatch, capsys):
+    """Ctrl-C before a command runs (building the parser imports every command and torch, for
+    seconds) is the same one line and exit 130, never a traceback."""
+    from splitformer import cli as cli_module
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_module, "build_parser", interrupted)
+    assert cli_module.main(["verify"]) == 130
+    assert capsys.readouterr().err.splitlines() == ["splitformer: interrupted"]
+
+
+def test_the_entry_point_imports_no_torch():
+    """The console script's import (splitformer.cli, and splitformer itself) does not import
+    torch, so that Ctrl-C during it reaches main's handler; the public names load on use."""
+    code = ("import sys, splitformer.cli, splitformer; assert 'torch' not in sys.modules; "
+            "names = {n: getattr(splitformer, n) for n in splitformer.__all__}; "
+            "assert 'torch' in sys.modules; print(len(names))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(len(splitformer.__all__))
+
+
+def test_the_package_lists_each_public_name_once():
+    """splitformer.__all__ is exactly the names the package loads on use, each a real object,
+    and an unknown name is an AttributeError naming it."""
+    assert sorted(splitformer.__all__) == sorted({*splitformer._PUBLIC, *splitformer._RENAMED})
+    assert splitformer.save is importlib.import_module(
+        "splitformer.training.checkpoints").save_model
+    assert splitformer.from_hf is importlib.import_module("splitformer.interop").from_hf
+    with pytest.raises(AttributeError, match="nonesuch"):
+        splitformer.nonesuch  # noqa: B018
+    assert set(splitformer.__all__) <= set(dir(splitformer))

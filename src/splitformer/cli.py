@@ -66,7 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:  # the command modules import torch: seconds, in which Ctrl-C is one line too
+        parser = build_parser()
+    except KeyboardInterrupt:
+        sys.stderr.write("splitformer: interrupted\n")
+        return 130
     args, extra = parser.parse_known_args(argv)
     if extra:  # the subcommand's own one-line error, naming its --help
         getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
