@@ -21,7 +21,7 @@ MAX_LITERAL_GETATTR = 60
 ALLOWED_CIRCLES = {("splitformer.time.adjoints", "splitformer.time.evolution")}
 # docs/architecture.md's layers, lowest first; a module may import its own layer and those below
 LAYERS = {
-    "files": 0, "operators": 1, "time": 2, "models": 3,
+    "files": 0, "usage": 0, "operators": 1, "time": 2, "models": 3,
     "interop": 4, "verification": 4, "analysis": 4, "control": 4, "bench": 4,
     "training": 5, "experiments": 6, "subjects": 6, "compression": 6,
     "commands": 7, "cli": 7, "__main__": 7,

@@ -143,3 +143,18 @@ def test_bad_text_and_model_are_refused(llama_folder, tmp_path, capsys):
 def test_cache_help(capsys):
     rc, out, _ = cli(["cache", "--help"], capsys)
     assert rc == 0 and "--budget" in out and "quadrature" in out
+
+
+def test_too_few_tokens_for_decode_is_refused_before_the_model_loads(llama_folder, capsys,
+                                                                     monkeypatch):
+    """--max-tokens below --decode + 2 can never be scored: refused from the flags alone."""
+    from splitformer.commands import generate
+
+    def no_load(model):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(generate, "_load", no_load)
+    rc, _, err = cli(["cache", str(llama_folder), "--text", str(llama_folder / "text.txt"),
+                      "--max-tokens", "10", "--decode", "9"], capsys)
+    assert rc == 2 and "--max-tokens" in err and "--decode 9" in err
+    assert len(err.strip().splitlines()) == 1

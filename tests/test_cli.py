@@ -10,6 +10,7 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -456,25 +457,42 @@ def test_main_runs_outside_the_main_thread(monkeypatch):
     assert codes == [7]
 
 
-def test_ctrl_c_while_the_commands_are_imported_is_one_line(monkeypatch, capsys):
-    """Ctrl-C before a command runs (building the parser imports every command and torch, for
-    seconds) is the same one line and exit 130, never a traceback."""
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_commands_are_imported_is_one_line(monkeypatch, capsys, signame):
+    """Ctrl-C or SIGTERM before a command runs (building the parser imports every command and
+    torch, for seconds) is held until the imports are done, then the same one line and exit
+    130, never a traceback and never lost; the handlers are put back after."""
+    import os
+    import signal
+
     from splitformer import cli as cli_module
 
-    def interrupted():
-        raise KeyboardInterrupt
+    real = cli_module.build_parser
+    done = []
 
+    def interrupted():
+        os.kill(os.getpid(), getattr(signal, signame))  # as if it came inside an import
+        done.append(True)  # the import goes on to its end
+        return real()
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     monkeypatch.setattr(cli_module, "build_parser", interrupted)
     assert cli_module.main(["verify"]) == 130
+    assert done == [True]
     assert capsys.readouterr().err.splitlines() == ["splitformer: interrupted"]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
 def test_the_entry_point_imports_no_torch():
     """The console script's import (splitformer.cli, and splitformer itself) does not import
     torch, so that Ctrl-C during it reaches main's handler; the public names load on use."""
-    code = ("import sys, splitformer.cli, splitformer; assert 'torch' not in sys.modules; "
+    code = ("import sys, types, splitformer.cli, splitformer; "
+            "assert 'torch' not in sys.modules; "
             "names = {n: getattr(splitformer, n) for n in splitformer.__all__}; "
-            "assert 'torch' in sys.modules; print(len(names))")
+            "assert 'torch' in sys.modules; "
+            "assert all(isinstance(getattr(splitformer, m), types.ModuleType) "
+            "for m in splitformer._SUBPACKAGES); "
+            "print(len(names))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
@@ -491,3 +509,8 @@ def test_the_package_lists_each_public_name_once():
     with pytest.raises(AttributeError, match="nonesuch"):
         splitformer.nonesuch  # noqa: B018
     assert set(splitformer.__all__) <= set(dir(splitformer))
+    package = Path(splitformer.__file__).parent
+    modules = {p.stem for p in package.glob("*.py")} | {p.parent.name
+                                                       for p in package.glob("*/__init__.py")}
+    assert set(splitformer._SUBPACKAGES) == modules - {"__init__", "__main__", "cli", "commands"}
+    assert splitformer.time.Evolution is splitformer.Evolution  # a subpackage, as `import` gives

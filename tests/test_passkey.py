@@ -111,3 +111,43 @@ def test_the_table_compares_each_row_with_the_full_cache_by_mcnemars_test(tmp_pa
     assert "| snapkv:window=4 | 0.25 | 4/10 | 4/10 |" in out
     p = stats.binomtest(1, 6, 0.5).pvalue
     assert f"| snapkv:window=4 | 0.25 | 512 | 1 | 5 | {p:.2g} |" in out
+
+
+@pytest.mark.parametrize("argv,word", [
+    ([], "{run,table}"), (["bogus"], "invalid choice"),
+    (["table", "--out", "{jsonl}"], "expected the folder of passkey.jsonl"),
+    (["run", "--out", "{jsonl}"], "expected the folder of passkey.jsonl"),
+    (["table", "--out", "{folder}", "--batch", "3"], "argument --batch: a run option"),
+    (["table", "--out", "{folder}", "--policies", "full"], "argument --policies: a run option"),
+    (["run", "--out", "{folder}", "--seconds"], "argument --seconds: a table option"),
+])
+def test_the_passkey_command_refuses_on_one_line(tmp_path, capsys, argv, word):
+    """A usage error of ``python -m splitformer.experiments.passkey`` is one line and exit 2,
+    before any model loads (run with a file as --out included)."""
+    from splitformer.experiments import passkey
+
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    (folder / "passkey.jsonl").write_text("")
+    argv = [a.format(jsonl=folder / "passkey.jsonl", folder=folder) for a in argv]
+    with pytest.raises(SystemExit) as e:
+        passkey.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and word in err[0], err
+
+
+def test_ctrl_c_in_a_passkey_run_is_one_line(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during ``run`` is one line naming the kept rows, exit 130."""
+    from splitformer.experiments import passkey
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(passkey, "run", interrupted)
+    with pytest.raises(SystemExit) as e:
+        passkey.main(["run", "--out", str(tmp_path / "rows")])
+    assert e.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"python -m splitformer.experiments.passkey: interrupted (the finished rows "
+                   f"are kept in {tmp_path / 'rows' / 'passkey.jsonl'})"]

@@ -5,10 +5,9 @@ The public names are imported on first use (PEP 562), so that ``import splitform
 command's entry point) does not import torch before the command can answer Ctrl-C on one line.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING
+import importlib as _importlib
+import importlib.util as _importlib_util
+import typing as _typing
 
 __version__ = "0.1.0"
 
@@ -40,6 +39,10 @@ _PUBLIC: dict[str, str] = {
 _RENAMED: dict[str, tuple[str, str]] = {
     "save": ("splitformer.training.checkpoints", "save_model"),
 }
+# what dir(splitformer) lists beside the public names (each also loads on first use)
+_SUBPACKAGES = ("analysis", "bench", "compression", "control", "experiments", "files",
+                "interop", "models", "operators", "subjects", "time", "training",
+                "usage", "verification")
 
 __all__ = [  # every key of _PUBLIC and _RENAMED (tests/test_package.py)
     "CausalDecoderModel",
@@ -69,12 +72,16 @@ __all__ = [  # every key of _PUBLIC and _RENAMED (tests/test_package.py)
 
 
 def __getattr__(name: str):
-    """The public name ``name``, imported from its module on first use and kept."""
+    """The public name ``name``, imported from its module on first use and kept; a subpackage
+    or module of splitformer (``splitformer.analysis``) is imported as ``import splitformer.X``
+    would."""
     if name in _PUBLIC:
-        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        value = getattr(_importlib.import_module(_PUBLIC[name]), name)
     elif name in _RENAMED:
         module, attribute = _RENAMED[name]
-        value = getattr(importlib.import_module(module), attribute)
+        value = getattr(_importlib.import_module(module), attribute)
+    elif not name.startswith("_") and _importlib_util.find_spec(f"{__name__}.{name}"):
+        value = _importlib.import_module(f"{__name__}.{name}")
     else:
         raise AttributeError(f"module 'splitformer' has no attribute {name!r}")
     globals()[name] = value
@@ -82,10 +89,10 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return sorted({"__version__", *__all__, *_SUBPACKAGES})
 
 
-if TYPE_CHECKING:  # what type checkers and IDEs read
+if _typing.TYPE_CHECKING:  # what type checkers and IDEs read
     from .compression.store import load
     from .interop import from_hf, from_timm, from_torch, to_hf, to_timm, to_torch
     from .models import (

@@ -9,12 +9,14 @@ document exit status 1 for a run that fails after its inputs were accepted (``EP
 under its ``--help``), also one line on stderr. Ctrl-C is one line too (``<prog>: interrupted``
 and what was kept, a subcommand's ``_interrupted`` default), exit status 130; SIGTERM (what
 ``timeout``, schedulers and ``docker stop`` send) is read as Ctrl-C, so a command keeps what
-Ctrl-C keeps.
+Ctrl-C keeps. While the commands are imported (the first seconds), both are held and answered
+once the imports are done: ``splitformer: interrupted``, exit status 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -23,6 +25,7 @@ import threading
 
 from . import __version__
 from .commands import UsageError
+from .usage import Parser
 
 COMMANDS: dict[str, str] = {
     "verify": "splitformer.commands.verify",
@@ -37,14 +40,6 @@ COMMANDS: dict[str, str] = {
     "generate": "splitformer.commands.generate",
     "cache": "splitformer.commands.cache",
 }
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, with errors on one line (the usage is one ``--help`` away)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        line = " ".join(str(message).split())
-        self.exit(2, f"{self.prog}: error: {line} (see '{self.prog} --help')\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,9 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:  # the command modules import torch: seconds, in which Ctrl-C is one line too
+    # Python installs signal handlers from the main thread only (cli.main called elsewhere
+    # keeps the process's handlers as they are)
+    main_thread = threading.current_thread() is threading.main_thread()
+    with _held_signals(main_thread) as held:  # the start: the commands import torch (seconds)
         parser = build_parser()
-    except KeyboardInterrupt:
+    if held:
         sys.stderr.write("splitformer: interrupted\n")
         return 130
     args, extra = parser.parse_known_args(argv)
@@ -78,9 +76,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.error(f"a command is required ({', '.join(COMMANDS)})")  # exits with status 2
         return 2
-    # Python installs signal handlers from the main thread only (cli.main called elsewhere
-    # keeps the process's SIGTERM as it is)
-    main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         return int(args._run(args) or 0)
@@ -97,6 +92,25 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _held_signals(install: bool):
+    """Ctrl-C and SIGTERM held while the command modules are imported (when ``install``): a
+    KeyboardInterrupt raised inside a third-party import (numpy's, torch's) can leave it half
+    done and be swallowed or turned into another error, so the signal is recorded instead and
+    the caller answers it afterwards. Yields the list of the signals received."""
+    held: list[int] = []
+    if not install:
+        yield held
+        return
+    names = (signal.SIGINT, signal.SIGTERM)
+    previous = [signal.signal(n, lambda signum, frame: held.append(signum)) for n in names]
+    try:
+        yield held
+    finally:
+        for n, handler in zip(names, previous, strict=True):
+            signal.signal(n, handler)
 
 
 def _terminated(signum, frame) -> None:

@@ -157,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
 
     from .generate import _load
 
+    if args.max_tokens < args.decode + 2:  # refused before the model loads
+        raise UsageError(f"argument --max-tokens: {args.max_tokens} tokens, too few to score "
+                         f"with --decode {args.decode} (at least decode + 2 are needed)")
     text = _read_text(args)
     t0 = time.perf_counter()
     sub = _load(args.model)

@@ -93,8 +93,8 @@ def _load(spec: str) -> Any:
     except InputError as e:
         raise UsageError(str(e)) from None
     if not isinstance(sub.model, CausalLM) or sub.encode is None or sub.decode is None:
-        raise UsageError(f"argument MODEL: {spec!r} is {sub.what}, not a causal language model "
-                         "with a tokenizer (generate needs the LM read-out and text)")
+        raise UsageError(f"argument MODEL: {sub.what}, not a causal language model with a "
+                         "tokenizer (one with an LM read-out that reads and writes text)")
     return sub
 
 

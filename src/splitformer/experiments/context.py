@@ -33,12 +33,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from ..usage import Parser
 from .rows import append_row, read_rows, say
 
 __all__ = ["RULES", "main", "rule_model"]
@@ -269,18 +272,37 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None,
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.out.exists() and not a.out.is_dir():
+        p.error(f"argument --out: expected the folder of {rows}, got the file {str(a.out)!r}")
     if a.what == "table" and not (a.out / rows).is_file():
-        p.error(f"--out: no {rows} in {str(a.out)!r} (run first)")
+        p.error(f"argument --out: no {rows} in {str(a.out)!r} (run first)")
+    if a.what == "run":  # refused before the model loads, not after its first row
+        try:
+            a.out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            p.error(f"argument --out: cannot make the folder {str(a.out)!r} ({e.strerror})")
+        if not os.access(a.out, os.W_OK | os.X_OK):
+            p.error(f"argument --out: cannot write in {str(a.out)!r}")
     return a
 
 
+def interruptible(prog: str, rows: Path, work) -> None:
+    """``work()``, with Ctrl-C one line and exit status 130 (the rows appended so far kept)."""
+    try:
+        work()
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{prog}: interrupted (the finished rows are kept in {rows})\n")
+        raise SystemExit(130) from None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m splitformer.experiments.context",
         description="SmolLM2 read at 2x and 4x its trained context by each rope rule "
                     "(docs/context.md): run appends rows to OUT/rows.jsonl (resumable), table "
                     "prints the tables the docs quote.")
-    p.add_argument("what", choices=("run", "table"), help="run the measurements or print them")
+    p.add_argument("what", choices=("run", "table"), metavar="{run,table}",
+                   help="run the measurements or print them")
     p.add_argument("--out", type=Path, default=Path("results/context"),
                    help="folder of rows.jsonl (default results/context)")
     p.add_argument("--docs", type=_names(("kjv", "wiki"), "documents"), default=["kjv", "wiki"],
@@ -298,7 +320,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if a.what == "table":
         table(a.out)
         return
-    run(a.out, a.docs, a.rules, a.factors, a.chunk)
+    interruptible(p.prog, a.out / "rows.jsonl",
+                  lambda: run(a.out, a.docs, a.rules, a.factors, a.chunk))
 
 
 if __name__ == "__main__":

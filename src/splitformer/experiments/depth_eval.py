@@ -75,7 +75,6 @@ nothing is downloaded at run time.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib.util
 import json
@@ -91,6 +90,7 @@ from torch import nn
 from ..bench.merge_suite import LastHidden, embed, mean_cosine
 from ..bench.timing import Contender, measure
 from ..training.data import DatasetError
+from ..usage import Parser
 from . import text_benchmarks as tb
 
 __all__ = ["FULL_KEYS", "HELD_OUT_TITLE", "KEYS", "KJV_PASSAGES", "Evaluation", "HeldOut",
@@ -624,8 +624,8 @@ def report(threads: int = 1, repeats: int = 7, full: bool = True,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m splitformer.experiments.depth_eval",
-                                     description=report.__doc__)
+    parser = Parser(prog="python -m splitformer.experiments.depth_eval",
+                    description=report.__doc__)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="no probe, no word pairs")

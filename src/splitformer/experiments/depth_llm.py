@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from ..usage import Parser
 from .rows import append_row, read_rows, say
 
 __all__ = ["CONFIGS", "STEPS", "main"]
@@ -312,8 +313,8 @@ def _rounds(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m splitformer.experiments.depth_llm",
-                                description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m splitformer.experiments.depth_llm",
+               description=__doc__.split("\n\n")[0])
     p.add_argument("phase", choices=("free", "rank", "speed", "table"))
     p.add_argument("--out", type=Path, default=Path("results/depth-llm"),
                    help="folder of the rows and records (default results/depth-llm)")
@@ -329,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         + ",".join(f"{m}/{a}" for m, a in CONFIGS) + ")")
     args = p.parse_args(argv)
     if args.phase == "table" and not args.out.is_dir():
-        p.error(f"--out: no folder {str(args.out)!r} (run free, rank or speed first)")
+        p.error(f"argument --out: no folder {str(args.out)!r} (run free, rank or speed first)")
     steps = tuple(int(s) for s in args.steps.split(","))
     configs = CONFIGS if args.configs is None else tuple(
         tuple(c.split("/")) for c in args.configs.split(","))

@@ -67,6 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..bench.generation import _timed
+from ..usage import Parser
 from . import text_benchmarks as tb
 from .depth_eval import kjv_split
 
@@ -483,13 +484,12 @@ def report(argv: Sequence[str] | None = None) -> dict:
     (``interop.from_hf("smollm2")``, float32) evaluated against itself on ``lm_text``
     (``--windows`` of ``--length``), the time of the teacher's pass (the constructor) and of
     one model's (``__call__``) printed, and the measures as one JSON line."""
-    import argparse
     import json
     import time
 
     from ..interop import from_hf
 
-    parser = argparse.ArgumentParser(prog="python -m splitformer.experiments.lm_eval")
+    parser = Parser(prog="python -m splitformer.experiments.lm_eval")
     parser.add_argument("--windows", type=int, default=32)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--threads", type=int, default=None)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from ..usage import Parser
 from .rows import append_row, read_rows, say
 
 __all__ = ["main", "prompts"]
@@ -222,11 +223,12 @@ def _parser() -> argparse.ArgumentParser:
     def lengths(text: str) -> list[int]:
         return list(dict.fromkeys(_ints(128, "prompt lengths")(text)))
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m splitformer.experiments.passkey",
         description="The passkey test of docs/cache.md on SmolLM2: run appends rows to "
                     "OUT/passkey.jsonl (resumable), table prints them.")
-    p.add_argument("what", choices=("run", "table"), help="run the test or print the rows")
+    p.add_argument("what", choices=("run", "table"), metavar="{run,table}",
+                   help="run the test or print the rows")
     p.add_argument("--out", type=Path, default=Path("results/cache"),
                    help="folder of passkey.jsonl (default results/cache)")
     p.add_argument("--lengths", type=lengths, default=[1024, 2048, 4096],
@@ -258,16 +260,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from .context import parse
+    from .context import interruptible, parse
 
     p = _parser()
     a = parse(p, argv, "passkey.jsonl")
     if a.what == "run" and a.seconds:
         p.error("argument --seconds: a table option (passkey table --seconds)")
     if a.what == "table":
+        defaults = p.parse_args(["table"])
+        for flag in ("lengths", "placements", "batch", "policies", "budgets", "chunk",
+                     "decode"):
+            if getattr(a, flag) != getattr(defaults, flag):
+                p.error(f"argument --{flag}: a run option (table prints every row in --out)")
         table(a.out, a.seconds)
         return
-    run(a.out, a.lengths, a.placements, a.policies, a.budgets, a.chunk, a.decode, a.batch)
+    interruptible(p.prog, a.out / "passkey.jsonl",
+                  lambda: run(a.out, a.lengths, a.placements, a.policies, a.budgets, a.chunk,
+                              a.decode, a.batch))
 
 
 if __name__ == "__main__":
