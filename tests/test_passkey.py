@@ -119,6 +119,8 @@ def test_the_table_compares_each_row_with_the_full_cache_by_mcnemars_test(tmp_pa
     (["run", "--out", "{jsonl}"], "expected the folder of passkey.jsonl"),
     (["table", "--out", "{folder}", "--batch", "3"], "argument --batch: a run option"),
     (["table", "--out", "{folder}", "--policies", "full"], "argument --policies: a run option"),
+    (["table", "--out", "{folder}", "--batch", "10"], "argument --batch: a run option"),
+    (["table", "--out", "{folder}", "--budgets", "0.25"], "argument --budgets: a run option"),
     (["run", "--out", "{folder}", "--seconds"], "argument --seconds: a table option"),
 ])
 def test_the_passkey_command_refuses_on_one_line(tmp_path, capsys, argv, word):
@@ -135,6 +137,23 @@ def test_the_passkey_command_refuses_on_one_line(tmp_path, capsys, argv, word):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and word in err[0], err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["passkey.jsonl", "rows"]  # no folder
+
+
+def test_a_refused_run_makes_no_folder(tmp_path, capsys):
+    """run's --out is checked, not made, before the other refusals: a refused run leaves
+    nothing behind; a file in its path is named."""
+    from splitformer.experiments import passkey
+
+    for argv in (["run", "--out", str(tmp_path / "a" / "b"), "--seconds"],
+                 ["run", "--out", str(tmp_path / "f" / "b")]):
+        (tmp_path / "f").write_text("")
+        with pytest.raises(SystemExit) as e:
+            passkey.main(argv)
+        assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--seconds" in err[0] and "not a folder" in err[1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
 
 
 def test_ctrl_c_in_a_passkey_run_is_one_line(tmp_path, capsys, monkeypatch):
@@ -149,5 +168,5 @@ def test_ctrl_c_in_a_passkey_run_is_one_line(tmp_path, capsys, monkeypatch):
         passkey.main(["run", "--out", str(tmp_path / "rows")])
     assert e.value.code == 130
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"python -m splitformer.experiments.passkey: interrupted (the finished rows "
-                   f"are kept in {tmp_path / 'rows' / 'passkey.jsonl'})"]
+    assert err == [f"python -m splitformer.experiments.passkey: interrupted (finished rows, "
+                   f"if any, are kept in {tmp_path / 'rows' / 'passkey.jsonl'})"]

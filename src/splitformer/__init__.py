@@ -44,7 +44,7 @@ _SUBPACKAGES = ("analysis", "bench", "compression", "control", "experiments", "f
                 "interop", "models", "operators", "subjects", "time", "training",
                 "usage", "verification")
 
-__all__ = [  # every key of _PUBLIC and _RENAMED (tests/test_package.py)
+__all__ = [  # every key of _PUBLIC and _RENAMED (tests/test_cli.py)
     "CausalDecoderModel",
     "CausalLM",
     "Context",
@@ -80,7 +80,8 @@ def __getattr__(name: str):
     elif name in _RENAMED:
         module, attribute = _RENAMED[name]
         value = getattr(_importlib.import_module(module), attribute)
-    elif not name.startswith("_") and _importlib_util.find_spec(f"{__name__}.{name}"):
+    elif (name.isidentifier() and not name.startswith("_")
+          and _importlib_util.find_spec(f"{__name__}.{name}")):
         value = _importlib.import_module(f"{__name__}.{name}")
     else:
         raise AttributeError(f"module 'splitformer' has no attribute {name!r}")

@@ -16,7 +16,6 @@ once the imports are done: ``splitformer: interrupted``, exit status 130.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import os
 import signal
@@ -64,53 +63,64 @@ def main(argv: list[str] | None = None) -> int:
     # Python installs signal handlers from the main thread only (cli.main called elsewhere
     # keeps the process's handlers as they are)
     main_thread = threading.current_thread() is threading.main_thread()
-    with _held_signals(main_thread) as held:  # the start: the commands import torch (seconds)
-        parser = build_parser()
-    if held:
-        sys.stderr.write("splitformer: interrupted\n")
-        return 130
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # the subcommand's own one-line error, naming its --help
-        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
-        return 2
-    if not args.command:
-        parser.error(f"a command is required ({', '.join(COMMANDS)})")  # exits with status 2
-        return 2
-    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    before = _handlers() if main_thread else {}
+    held: list[int] = []
+    prog, kept = "splitformer", ""
     try:
+        try:  # the start: the commands import torch, for seconds
+            _hold(before, held)
+            parser = build_parser()
+        finally:  # SIGTERM now read as Ctrl-C, unless it was ignored; Ctrl-C as it was
+            _install(before, {signal.SIGTERM: _terminated})
+        for signum in held:  # answered now, by the handlers the process had
+            signal.raise_signal(signum)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # the subcommand's own one-line error, naming its --help
+            getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+            return 2
+        if not args.command:
+            parser.error(f"a command is required ({', '.join(COMMANDS)})")  # exits with 2
+            return 2
+        prog, kept = args._parser.prog, args._interrupted
         return int(args._run(args) or 0)
     except UsageError as e:
         args._parser.error(str(e))  # exits with status 2
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT
-        sys.stderr.write(f"{args._parser.prog}: interrupted{args._interrupted}\n")
+        sys.stderr.write(f"{prog}: interrupted{kept}\n")
         return 130
     except BrokenPipeError:  # the reader went away (| head): nothing more to say
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        _install(before, {})
 
 
-@contextlib.contextmanager
-def _held_signals(install: bool):
-    """Ctrl-C and SIGTERM held while the command modules are imported (when ``install``): a
-    KeyboardInterrupt raised inside a third-party import (numpy's, torch's) can leave it half
-    done and be swallowed or turned into another error, so the signal is recorded instead and
-    the caller answers it afterwards. Yields the list of the signals received."""
-    held: list[int] = []
-    if not install:
-        yield held
-        return
-    names = (signal.SIGINT, signal.SIGTERM)
-    previous = [signal.signal(n, lambda signum, frame: held.append(signum)) for n in names]
-    try:
-        yield held
-    finally:
-        for n, handler in zip(names, previous, strict=True):
-            signal.signal(n, handler)
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _handlers() -> dict[int, object]:
+    """The process's handlers of Ctrl-C and SIGTERM."""
+    return {n: signal.getsignal(n) for n in _SIGNALS}
+
+
+def _hold(before: dict[int, object], held: list[int]) -> None:
+    """Ctrl-C and SIGTERM recorded in ``held`` instead of acted on, while the command modules
+    are imported: a KeyboardInterrupt raised inside a third-party import (numpy's, torch's)
+    can leave it half done and be swallowed or turned into another error. An ignored signal
+    stays ignored."""
+    for n, handler in before.items():
+        if handler is not signal.SIG_IGN and handler is not None:
+            signal.signal(n, lambda signum, frame: held.append(signum))
+
+
+def _install(before: dict[int, object], instead: dict[int, object]) -> None:
+    """Each signal of ``before`` back to its handler there, or to ``instead``'s where given
+    (an ignored signal, or one whose handler was set outside Python, left as it was)."""
+    for n, handler in before.items():
+        if handler is not signal.SIG_IGN and handler is not None:
+            signal.signal(n, instead.get(n, handler))
 
 
 def _terminated(signum, frame) -> None:

@@ -110,8 +110,8 @@ def load(spec: str) -> tuple[Any, Any]:
         raise UsageError(str(e)) from None
     model = sub.model
     if not isinstance(model, CausalLM):
-        raise UsageError(f"argument MODEL: {spec!r} is {sub.what}, not a causal language "
-                         "model with an LM head")
+        raise UsageError(f"argument MODEL: {sub.what}, not a causal language model with an "
+                         "LM head")
     tokenizer = vars(model).get("tokenizer")
     if tokenizer is None and Path(spec).is_dir():
         from transformers import AutoTokenizer

@@ -277,12 +277,10 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None,
     if a.what == "table" and not (a.out / rows).is_file():
         p.error(f"argument --out: no {rows} in {str(a.out)!r} (run first)")
     if a.what == "run":  # refused before the model loads, not after its first row
-        try:
-            a.out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            p.error(f"argument --out: cannot make the folder {str(a.out)!r} ({e.strerror})")
-        if not os.access(a.out, os.W_OK | os.X_OK):
-            p.error(f"argument --out: cannot write in {str(a.out)!r}")
+        made = next(d for d in (a.out, *a.out.absolute().parents) if d.exists())
+        if not made.is_dir() or not os.access(made, os.W_OK | os.X_OK):
+            p.error(f"argument --out: cannot make or write the folder {str(a.out)!r} "
+                    f"({str(made)!r} is {'not a folder' if not made.is_dir() else 'read-only'})")
     return a
 
 
@@ -291,7 +289,7 @@ def interruptible(prog: str, rows: Path, work) -> None:
     try:
         work()
     except KeyboardInterrupt:
-        sys.stderr.write(f"{prog}: interrupted (the finished rows are kept in {rows})\n")
+        sys.stderr.write(f"{prog}: interrupted (finished rows, if any, are kept in {rows})\n")
         raise SystemExit(130) from None
 
 

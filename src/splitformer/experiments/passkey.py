@@ -259,6 +259,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _given(argv: Sequence[str] | None) -> set[str]:
+    """The options written on the command line (not those left at their defaults)."""
+    p = _parser()
+    for action in p._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(p.parse_args(argv)))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from .context import interruptible, parse
 
@@ -267,10 +275,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if a.what == "run" and a.seconds:
         p.error("argument --seconds: a table option (passkey table --seconds)")
     if a.what == "table":
-        defaults = p.parse_args(["table"])
+        given = _given(argv)
         for flag in ("lengths", "placements", "batch", "policies", "budgets", "chunk",
                      "decode"):
-            if getattr(a, flag) != getattr(defaults, flag):
+            if flag in given:
                 p.error(f"argument --{flag}: a run option (table prints every row in --out)")
         table(a.out, a.seconds)
         return
