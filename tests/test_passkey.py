@@ -117,11 +117,11 @@ def test_the_table_compares_each_row_with_the_full_cache_by_mcnemars_test(tmp_pa
     ([], "{run,table}"), (["bogus"], "invalid choice"),
     (["table", "--out", "{jsonl}"], "expected the folder of passkey.jsonl"),
     (["run", "--out", "{jsonl}"], "expected the folder of passkey.jsonl"),
-    (["table", "--out", "{folder}", "--batch", "3"], "argument --batch: a run option"),
-    (["table", "--out", "{folder}", "--policies", "full"], "argument --policies: a run option"),
-    (["table", "--out", "{folder}", "--batch", "10"], "argument --batch: a run option"),
-    (["table", "--out", "{folder}", "--budgets", "0.25"], "argument --budgets: a run option"),
-    (["run", "--out", "{folder}", "--seconds"], "argument --seconds: a table option"),
+    (["table", "--out", "{folder}", "--batch", "3"], "unrecognized arguments: --batch 3"),
+    (["table", "--out", "{folder}", "--policies", "full"], "unrecognized arguments: --policies"),
+    (["table", "--out", "{folder}", "--batch", "10"], "unrecognized arguments: --batch 10"),
+    (["table", "--out", "{folder}", "--budgets", "0.25"], "unrecognized arguments: --budgets"),
+    (["run", "--out", "{folder}", "--seconds"], "unrecognized arguments: --seconds"),
 ])
 def test_the_passkey_command_refuses_on_one_line(tmp_path, capsys, argv, word):
     """A usage error of ``python -m splitformer.experiments.passkey`` is one line and exit 2,

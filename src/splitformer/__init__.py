@@ -7,6 +7,7 @@ command's entry point) does not import torch before the command can answer Ctrl-
 
 import importlib as _importlib
 import importlib.util as _importlib_util
+import pkgutil as _pkgutil
 import typing as _typing
 
 __version__ = "0.1.0"
@@ -39,11 +40,6 @@ _PUBLIC: dict[str, str] = {
 _RENAMED: dict[str, tuple[str, str]] = {
     "save": ("splitformer.training.checkpoints", "save_model"),
 }
-# what dir(splitformer) lists beside the public names (each also loads on first use)
-_SUBPACKAGES = ("analysis", "bench", "compression", "control", "experiments", "files",
-                "interop", "models", "operators", "subjects", "time", "training",
-                "usage", "verification")
-
 __all__ = [  # every key of _PUBLIC and _RENAMED (tests/test_cli.py)
     "CausalDecoderModel",
     "CausalLM",
@@ -90,7 +86,9 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({"__version__", *__all__, *_SUBPACKAGES})
+    """The public names, and the package's modules that are not the command line."""
+    modules = {m.name for m in _pkgutil.iter_modules(__path__)} - {"__main__", "cli", "commands"}
+    return sorted({"__version__", *__all__, *modules})
 
 
 if _typing.TYPE_CHECKING:  # what type checkers and IDEs read

@@ -101,26 +101,25 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _handlers() -> dict[int, object]:
-    """The process's handlers of Ctrl-C and SIGTERM."""
-    return {n: signal.getsignal(n) for n in _SIGNALS}
+    """The process's handlers of Ctrl-C and SIGTERM that main may replace for a while: not an
+    ignored signal (a background job's Ctrl-C stays ignored), nor one whose handler was set
+    outside Python (it could not be put back)."""
+    handlers = {n: signal.getsignal(n) for n in _SIGNALS}
+    return {n: h for n, h in handlers.items() if h is not signal.SIG_IGN and h is not None}
 
 
 def _hold(before: dict[int, object], held: list[int]) -> None:
-    """Ctrl-C and SIGTERM recorded in ``held`` instead of acted on, while the command modules
-    are imported: a KeyboardInterrupt raised inside a third-party import (numpy's, torch's)
-    can leave it half done and be swallowed or turned into another error. An ignored signal
-    stays ignored."""
-    for n, handler in before.items():
-        if handler is not signal.SIG_IGN and handler is not None:
-            signal.signal(n, lambda signum, frame: held.append(signum))
+    """The signals of ``before`` recorded in ``held`` instead of acted on, while the command
+    modules are imported: a KeyboardInterrupt raised inside a third-party import (numpy's,
+    torch's) can leave it half done and be swallowed or turned into another error."""
+    for n in before:
+        signal.signal(n, lambda signum, frame: held.append(signum))
 
 
 def _install(before: dict[int, object], instead: dict[int, object]) -> None:
-    """Each signal of ``before`` back to its handler there, or to ``instead``'s where given
-    (an ignored signal, or one whose handler was set outside Python, left as it was)."""
+    """Each signal of ``before`` back to its handler there, or to ``instead``'s where given."""
     for n, handler in before.items():
-        if handler is not signal.SIG_IGN and handler is not None:
-            signal.signal(n, instead.get(n, handler))
+        signal.signal(n, instead.get(n, handler))
 
 
 def _terminated(signum, frame) -> None:

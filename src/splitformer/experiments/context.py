@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from ..usage import Parser
+from ..usage import Parser, int_list, positive_int
 from .rows import append_row, read_rows, say
 
 __all__ = ["RULES", "main", "rule_model"]
@@ -238,33 +238,6 @@ def _names(allowed: Sequence[str], what: str):
     return parse
 
 
-def _ints(least: int, what: str):
-    def parse(text: str) -> list[int]:
-        try:
-            values = [int(t) for t in text.split(",")]
-        except ValueError:
-            values = []
-        if not values or any(v < least for v in values):
-            raise argparse.ArgumentTypeError(f"expected {what} (ints >= {least}) separated by "
-                                             f"commas, got {text!r}")
-        return values
-    return parse
-
-
-def _int(least: int, what: str):
-    """argparse type: one int >= ``least`` (a list is refused, not cut to its first)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = least - 1
-        if value < least:
-            raise argparse.ArgumentTypeError(f"expected one int >= {least} ({what}), got "
-                                             f"{text!r}")
-        return value
-    return parse
-
-
 def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None,
           rows: str) -> argparse.Namespace:
     """The experiment's arguments: --threads set, and for ``table`` the row file ``rows`` in
@@ -308,11 +281,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "Wikipedia extract); default kjv,wiki")
     p.add_argument("--rules", type=_names(RULES, "rules"), default=list(RULES),
                    help=f"rope rules (default all: {', '.join(RULES)})")
-    p.add_argument("--factors", type=_ints(2, "factors"), default=list(FACTORS),
+    p.add_argument("--factors", type=int_list(2, why="(factors)"), default=list(FACTORS),
                    help="lengths as multiples of the trained 8192 (default 2,4)")
-    p.add_argument("--chunk", type=_int(1, "a chunk"), default=1024,
+    p.add_argument("--chunk", type=positive_int, default=1024,
                    help="tokens per forward of the chunked prefill (default 1024)")
-    p.add_argument("--threads", type=_int(1, "threads"), default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads (default: torch's choice)")
     a = parse(p, argv, "rows.jsonl")
     if a.what == "table":

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from ..usage import Parser
+from ..usage import Parser, argument_type, int_list, positive_int
 from .rows import append_row, read_rows, say
 
 __all__ = ["main", "prompts"]
@@ -206,83 +206,61 @@ def against_full(rows: list[dict], cell_of: dict) -> None:
         print("\n".join(lines))
 
 
-def _argument_type(parse_text):
-    """``parse_text`` (text -> value, ValueError or TypeError) as an argparse type."""
-    def parse(text: str):
-        try:
-            return parse_text(text)
-        except (TypeError, ValueError) as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return parse
+PROG = "python -m splitformer.experiments.passkey"
 
 
 def _parser() -> argparse.ArgumentParser:
     from ..operators.cache_policy import POLICIES, budget_list, policy_list
-    from .context import _int, _ints
-
-    def lengths(text: str) -> list[int]:
-        return list(dict.fromkeys(_ints(128, "prompt lengths")(text)))
 
     p = Parser(
-        prog="python -m splitformer.experiments.passkey",
+        prog=PROG,
         description="The passkey test of docs/cache.md on SmolLM2: run appends rows to "
                     "OUT/passkey.jsonl (resumable), table prints them.")
-    p.add_argument("what", choices=("run", "table"), metavar="{run,table}",
-                   help="run the test or print the rows")
-    p.add_argument("--out", type=Path, default=Path("results/cache"),
-                   help="folder of passkey.jsonl (default results/cache)")
-    p.add_argument("--lengths", type=lengths, default=[1024, 2048, 4096],
-                   help="prompt lengths in tokens (default 1024,2048,4096)")
-    p.add_argument("--placements", type=_int(1, "a count"), default=10,
-                   help="needle depths per length (default 10)")
-    p.add_argument("--batch", type=_int(1, "a batch"), default=10,
-                   help="prompts per forward (default 10). Memory: an observing policy "
-                        "holds batch x heads x chunk x length mask entries; compressed once "
-                        "(--chunk the length) batch x heads x min(512, observed queries) x "
-                        "length")
-    p.add_argument("--policies", type=_argument_type(policy_list), default=list(POLICIES),
-                   help=f"cache policies, each a name or name:key=value:... (snapkv:window=10; "
-                        f"default all: {', '.join(POLICIES)})")
-    p.add_argument("--budgets", type=_argument_type(budget_list), default=(0.25,),
-                   help="budgets, fractions of the tokens seen (default 0.25)")
-    p.add_argument("--chunk", type=_int(1, "a chunk"), default=256,
-                   help="tokens per prefill forward, the policy acting after each (default "
-                        "256; the prompt's length: compress once, after the question)")
-    p.add_argument("--decode", choices=DECODE, default="budget",
-                   help="budget: the policy acts during decoding too (the default); append: "
-                        "the prompt's compressed cache held and the decoded tokens appended "
-                        "(kvpress's protocol)")
-    p.add_argument("--seconds", action="store_true",
-                   help="table: each row's seconds beside its right answers")
-    p.add_argument("--threads", type=_int(1, "threads"), default=None,
-                   help="torch threads (default: torch's choice)")
+    sub = p.add_subparsers(dest="what", required=True, metavar="{run,table}")
+    run_p = sub.add_parser("run", help="run the test, appending the rows not yet in --out")
+    table_p = sub.add_parser("table", help="print the rows in --out")
+    for q in (run_p, table_p):
+        q.add_argument("--out", type=Path, default=Path("results/cache"),
+                       help="folder of passkey.jsonl (default results/cache)")
+    run_p.add_argument("--lengths", type=int_list(128, why="(prompt lengths in tokens)"),
+                       default=(1024, 2048, 4096),
+                       help="prompt lengths in tokens (default 1024,2048,4096)")
+    run_p.add_argument("--placements", type=positive_int, default=10,
+                       help="needle depths per length (default 10)")
+    run_p.add_argument("--batch", type=positive_int, default=10,
+                       help="prompts per forward (default 10). Memory: an observing policy "
+                            "holds batch x heads x chunk x length mask entries; compressed "
+                            "once (--chunk the length) batch x heads x min(512, observed "
+                            "queries) x length")
+    run_p.add_argument("--policies", type=argument_type(policy_list), default=tuple(POLICIES),
+                       help=f"cache policies, each a name or name:key=value:... "
+                            f"(snapkv:window=10; default all: {', '.join(POLICIES)})")
+    run_p.add_argument("--budgets", type=argument_type(budget_list), default=(0.25,),
+                       help="budgets, fractions of the tokens seen (default 0.25)")
+    run_p.add_argument("--chunk", type=positive_int, default=256,
+                       help="tokens per prefill forward, the policy acting after each "
+                            "(default 256; the prompt's length: compress once, after the "
+                            "question)")
+    run_p.add_argument("--decode", choices=DECODE, default="budget",
+                       help="budget: the policy acts during decoding too (the default); "
+                            "append: the prompt's compressed cache held and the decoded tokens "
+                            "appended (kvpress's protocol)")
+    run_p.add_argument("--threads", type=positive_int, default=None,
+                       help="torch threads (default: torch's choice)")
+    table_p.add_argument("--seconds", action="store_true",
+                         help="each row's seconds beside its right answers")
+    table_p.set_defaults(threads=None)
     return p
-
-
-def _given(argv: Sequence[str] | None) -> set[str]:
-    """The options written on the command line (not those left at their defaults)."""
-    p = _parser()
-    for action in p._actions:
-        action.default = argparse.SUPPRESS
-    return set(vars(p.parse_args(argv)))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     from .context import interruptible, parse
 
-    p = _parser()
-    a = parse(p, argv, "passkey.jsonl")
-    if a.what == "run" and a.seconds:
-        p.error("argument --seconds: a table option (passkey table --seconds)")
+    a = parse(_parser(), argv, "passkey.jsonl")
     if a.what == "table":
-        given = _given(argv)
-        for flag in ("lengths", "placements", "batch", "policies", "budgets", "chunk",
-                     "decode"):
-            if flag in given:
-                p.error(f"argument --{flag}: a run option (table prints every row in --out)")
         table(a.out, a.seconds)
         return
-    interruptible(p.prog, a.out / "passkey.jsonl",
+    interruptible(PROG, a.out / "passkey.jsonl",
                   lambda: run(a.out, a.lengths, a.placements, a.policies, a.budgets, a.chunk,
                               a.decode, a.batch))
 
