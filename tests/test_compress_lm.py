@@ -40,10 +40,11 @@ def tiny_folder(path, layers: int = 4):
     (["--merge", "2"], "--merge"),
     (["--embedding", "1"], "--embedding"),
     (["--recipe", "best"], "--recipe"),
-    (["--fit-budget", "5m"], "--fit-budget"),  # --fit is linear by default here
+    (["--fit-budget", "5m"], "--fit-budget"),  # --fit is keep by default when healing
     (["--fit", "keep", "--fit-steps", "10"], "--fit-steps"),
-    (["--fit-init", "linear"], "--fit-init"),  # starts --fit step; --fit is linear
-    (["--steps", "3,2"], "--steps"),  # --fit linear (the default) fits one grid
+    (["--fit-init", "linear"], "--fit-init"),  # starts --fit step; --fit is keep
+    (["--heal", "none", "--fit-init", "linear"], "--fit-init"),  # --fit is linear
+    (["--heal", "none", "--steps", "3,2"], "--steps"),  # --fit linear fits one grid
     (["--heal", "none", "--lr", "1e-4"], "--lr"),
 ])
 def test_encoder_flags_and_misplaced_fit_flags_are_refused_for_a_causal_lm(
@@ -79,6 +80,21 @@ def test_fit_init_reaches_the_heal_config_of_a_causal_lm(tmp_path):
     assert cfg.fit_config().init == "linear"
     plain = _heal_config(build_parser().parse_args(["compress", str(model), "--fit", "step"]))
     assert plain.fit_init == "keep" and plain.fit_budget == 240.0
+
+
+@pytest.mark.parametrize("argv, fit", [
+    ([], "keep"),  # healed (--heal kl): deletion heals best (docs/depth-llm.md)
+    (["--heal", "none"], "linear"),  # training-free: the least-squares map is best
+    (["--heal", "none", "--fit", "keep"], "keep"),  # a given --fit wins
+    (["--fit", "linear"], "linear"),
+])
+def test_the_default_fit_of_a_causal_lm_follows_heal(argv, fit, tmp_path):
+    from splitformer.cli import build_parser
+    from splitformer.commands.compress import _heal_config
+
+    model = tiny_folder(tmp_path / "m")
+    args = build_parser().parse_args(["compress", str(model), *argv])
+    assert _heal_config(args).fit == fit
 
 
 def test_bad_grids_of_a_causal_lm_are_named_before_anything_is_written(capsys, tmp_path):

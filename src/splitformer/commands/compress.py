@@ -141,10 +141,11 @@ def _add_fit(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fit", type=stripped, choices=("keep", "average", "linear", "step"),
                    default=None,
                    help="causal LMs: what a step that absorbs removed steps computes: keep "
-                        "(deletion), average (one step of tau = m at the average controls), "
-                        "linear (ReplaceMe's least-squares map, folded into the FFN's output; "
-                        "the default), step (the step fitted by AdamW on cached teacher "
-                        "states: local healing, --fit-budget)")
+                        "(deletion; the default when healing), average (one step of tau = m "
+                        "at the average controls), linear (ReplaceMe's least-squares map, "
+                        "folded into the FFN's output; the default with --heal none), step "
+                        "(the step fitted by AdamW on cached teacher states: local healing, "
+                        "--fit-budget)")
     p.add_argument("--fit-init", type=stripped, choices=("keep", "average", "linear"),
                    default=None,
                    help="with --fit step: where the AdamW fit starts: keep (the kept step's "

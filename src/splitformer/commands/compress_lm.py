@@ -22,10 +22,20 @@ from typing import Any
 
 from . import UsageError
 
-DEFAULTS = {"method": "drop", "heal": "kl", "fit": "linear", "windows": 2048}
-"""The defaults for a causal LM, where a flag is not given (docs/depth-llm.md says why: drop
-with the least-squares map is the best training-free model measured at 22 of SmolLM2's 30
-steps; healing windows of --length 128 tokens, the flag's default)."""
+DEFAULTS = {"method": "drop", "heal": "kl", "windows": 2048}
+"""The defaults for a causal LM, where a flag is not given (docs/depth-llm.md says why: drop is
+ahead of SLEB training-free at 22 of SmolLM2's 30 steps, and SLEB's lead after healing is not
+separated once its choice is charged to the budget; healing windows of --length 128 tokens,
+the flag's default). ``--fit`` is :func:`default_fit`'s."""
+
+
+def default_fit(heal: str) -> str:
+    """``--fit`` where it is not given, decided by the measurements (docs/depth-llm.md):
+    training-free (``--heal none``) the least-squares map (``linear``: 2.74x the teacher's
+    perplexity at 22 steps against 3.42x deleted); healed, deletion (``keep``: 1.836x +-
+    0.008 against 1.907x +- 0.014 for the maps over three seeds each after the same 260 KL
+    steps, Welch p 0.0038; level at 26 steps)."""
+    return "linear" if heal == "none" else "keep"
 
 HEALING_DEFAULTS = {"batch_size": 4, "lr": 5e-5, "healed": "controls", "wiki": 0.5}
 """The healing flags' defaults for a causal LM (``commands.compress._DEFAULTS`` otherwise)."""
@@ -68,6 +78,8 @@ def apply_defaults(args: argparse.Namespace) -> None:
     for key, value in DEFAULTS.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+    if args.fit is None:
+        args.fit = default_fit(args.heal)
     args.steps = args.steps or (22,)
     if args.fit != "keep" and len(args.steps) != 1:
         raise UsageError(f"argument --steps: --fit {args.fit} fits the absorbing steps of one "
