@@ -71,6 +71,41 @@ def test_torn_last_line_is_dropped_and_cut_a_corrupt_middle_refused(tmp_path):
         read_jsonl(p)
 
 
+def _append_many(path: str, tag: int, n: int, start) -> None:
+    start.wait()  # both processes append at the same time
+    for i in range(n):
+        append_line(path, json.dumps({"tag": tag, "i": i, "pad": "x" * 20000}))
+
+
+def test_two_processes_appending_to_one_file_never_tear_a_line(tmp_path):
+    """Two processes append 150 lines of 20 kB each (more than one write of a pipe's atomic
+    size) to one file at once: every line reads whole, none lost; without the hold, a tail
+    mended by one process while the other writes would be cut."""
+    import multiprocessing
+
+    p = tmp_path / "rows.jsonl"
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(2)
+    procs = [ctx.Process(target=_append_many, args=(str(p), tag, 150, start))
+             for tag in (0, 1)]
+    for q in procs:
+        q.start()
+    for q in procs:
+        q.join(120)
+    assert [q.exitcode for q in procs] == [0, 0]
+    rows = read_jsonl(p)
+    assert len(rows) == 300 and p.read_text().count("\n") == 300
+    for tag in (0, 1):
+        assert [r["i"] for r in rows if r["tag"] == tag] == list(range(150))
+
+
+def test_append_line_unless_skips_a_row_already_there(tmp_path):
+    p = tmp_path / "r.jsonl"
+    assert append_line(p, '{"k": 1, "v": 1}', unless=lambda r: r["k"] == 1)
+    assert not append_line(p, '{"k": 1, "v": 2}', unless=lambda r: r["k"] == 1)
+    assert read_jsonl(p) == [{"k": 1, "v": 1}]
+
+
 def test_append_line_cuts_a_torn_tail_first(tmp_path):
     p = tmp_path / "r.jsonl"
     p.write_text('{"a": 1}\n{"a": 2')

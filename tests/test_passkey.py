@@ -170,3 +170,49 @@ def test_ctrl_c_in_a_passkey_run_is_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"python -m splitformer.experiments.passkey: interrupted (finished rows, "
                    f"if any, are kept in {tmp_path / 'rows' / 'passkey.jsonl'})"]
+
+
+def test_a_row_another_process_finished_first_is_not_written_twice(tmp_path):
+    """Two queues may append to one row file; a row whose key is there already is skipped."""
+    from splitformer.experiments.rows import append_row, read_rows
+
+    path = tmp_path / "rows.jsonl"
+    assert append_row(path, {"length": 1024, "policy": "full", "accuracy": 0.9},
+                      key=("length", "policy"))
+    assert not append_row(path, {"length": 1024, "policy": "full", "accuracy": 0.8},
+                          key=("length", "policy"))
+    assert append_row(path, {"length": 2048, "policy": "full"}, key=("length", "policy"))
+    assert [r.get("accuracy") for r in read_rows(path)] == [0.9, None]
+
+
+def test_a_row_torn_by_a_kill_is_dropped_and_cut_before_the_next(tmp_path):
+    """A kill in the middle of a row's write leaves a torn last line: it is not a row, and the
+    next row starts a line of its own (the file reads whole again)."""
+    from splitformer.experiments.rows import append_row, read_rows
+
+    path = tmp_path / "rows.jsonl"
+    append_row(path, {"a": 1})
+    with open(path, "a") as f:
+        f.write('{"a": 2, "b"')  # the kill
+    assert read_rows(path) == [{"a": 1}]
+    append_row(path, {"a": 3})
+    assert read_rows(path) == [{"a": 1}, {"a": 3}]
+    assert path.read_text() == '{"a": 1}\n{"a": 3}\n'
+
+
+def test_a_corrupt_row_file_is_one_line(tmp_path, capsys, monkeypatch):
+    """A row file corrupt in the middle (not a torn last line) stops the run with one line
+    naming the file and the line, exit 2, the file untouched."""
+    from splitformer.experiments import passkey
+
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    path = folder / "passkey.jsonl"
+    path.write_text('{"a": 1}\nnot json\n{"a": 2}\n')
+    monkeypatch.setattr(passkey, "run", lambda out, *a, **k: passkey.read_rows(path))
+    with pytest.raises(SystemExit) as e:
+        passkey.main(["run", "--out", str(folder)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "line 2" in err[0] and str(path) in err[0], err
+    assert path.read_text() == '{"a": 1}\nnot json\n{"a": 2}\n'

@@ -14,7 +14,9 @@ into a folder that ``atomic_folder`` builds (an analyze report's figures):
   and with fixed SVG ids, so that drawing the same figure again gives the same file.
 * ``append_line(path, line)``: one line appended to a JSON-lines file and fsynced, after
   cutting a torn last line (a kill or a full disk leaves one; a whole JSON value that only
-  lost its newline is kept) so that the new line starts a line of its own.
+  lost its newline is kept) so that the new line starts a line of its own; the file is held
+  (an exclusive flock, waited for) while it is mended and written, so several processes may
+  append to one file, and ``unless`` skips a line whose row is there already.
 * ``read_jsonl(path)``: the JSON objects of a JSON-lines file; a torn last line is dropped
   (and, with ``repair=True``, cut off the file), a corrupt line before it is refused with
   ``CorruptFileError`` naming the file and the line.
@@ -35,7 +37,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -192,37 +194,49 @@ def _cut_torn_tail(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _mend_tail(path: Path) -> str:
-    """What a JSON-lines file's last line needs before a new line is appended: "" when the file
-    ends with a newline (or is empty), "\\n" when the last line is a whole JSON value that lost
-    its newline (``read_jsonl`` reads it: it must stay a line of its own), and otherwise (a torn
-    line) the line is cut off the file and "" is returned."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if not data or data.endswith(b"\n"):
-        return ""
-    try:
-        json.loads(data[data.rfind(b"\n") + 1:])
-        return "\n"
-    except (ValueError, UnicodeDecodeError):
-        _cut_torn_tail(path)
-        return ""
+def _mended(f: Any) -> tuple[str, list[Any]]:
+    """For the JSON-lines file open (binary, read and append) as ``f``: what its last line
+    needs before a new line is appended, and the JSON values of its whole lines. "" when the
+    file ends with a newline (or is empty), "\\n" when the last line is a whole JSON value that
+    lost its newline (``read_jsonl`` reads it: it must stay a line of its own), and otherwise
+    (a torn line) the line is cut off the file and "" is returned. A line that does not parse
+    is not a value (``read_jsonl`` says which)."""
+    f.seek(0)
+    data = f.read()
+    lines = data.split(b"\n")
+    values = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            values.append(json.loads(line))
+        except (ValueError, UnicodeDecodeError):
+            if n == len(lines):  # the torn tail
+                f.truncate(data.rfind(b"\n") + 1)
+                return "", values
+    return ("" if not data or data.endswith(b"\n") else "\n"), values
 
 
-def append_line(path: str | os.PathLike, line: str) -> None:
+def append_line(path: str | os.PathLike, line: str,
+                unless: Callable[[Any], bool] | None = None) -> bool:
     """Append ``line`` (no newline in it) and a newline to the JSON-lines file ``path``,
     fsynced; a last line already there without its newline is completed when it is a whole
-    JSON value and cut when it is torn."""
+    JSON value and cut when it is torn. The file is held (``fcntl.flock``, exclusive, waited
+    for) from reading its tail to the fsync, so that processes appending to one file at once
+    never cut or interleave each other's lines. With ``unless``, the line is not appended when
+    a value already in the file satisfies it (checked under the same hold: two processes that
+    finish the same row write it once). Returns whether the line was appended."""
     if "\n" in line:
         raise ValueError("append_line: the line must not contain a newline")
-    path = Path(path)
-    prefix = ""
-    if path.exists():
-        prefix = _mend_tail(path)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(prefix + line + "\n")
+    with open(path, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # released when f closes
+        prefix, values = _mended(f)
+        if unless is not None and any(unless(v) for v in values):
+            return False
+        f.write((prefix + line + "\n").encode("utf-8"))
         f.flush()
         os.fsync(f.fileno())
+    return True
 
 
 def read_jsonl(path: str | os.PathLike, *, repair: bool = False) -> list[Any]:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,7 +41,7 @@ from pathlib import Path
 import torch
 
 from ..usage import Parser, int_list, positive_int
-from .rows import append_row, read_rows, say
+from .rows import append_row, read_rows, say, writing
 
 __all__ = ["RULES", "main", "rule_model"]
 
@@ -172,7 +171,7 @@ def run(out: Path, docs: Sequence[str], rules: Sequence[str], factors: Sequence[
                              follow_length=rule in FOLLOW)
         row.update(doc=doc, kind=kind, length=length, rule=rule, factor=factor, chunk=chunk,
                    threads=torch.get_num_threads())
-        append_row(path, row)
+        append_row(path, row, key=("doc", "kind", "length", "rule"))
         say(f"  ppl {math.exp(row['nll'] / row['tokens']):.3f} in {row['seconds']:.0f} s")
 
 
@@ -257,15 +256,6 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None,
     return a
 
 
-def interruptible(prog: str, rows: Path, work) -> None:
-    """``work()``, with Ctrl-C one line and exit status 130 (the rows appended so far kept)."""
-    try:
-        work()
-    except KeyboardInterrupt:
-        sys.stderr.write(f"{prog}: interrupted (finished rows, if any, are kept in {rows})\n")
-        raise SystemExit(130) from None
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     p = Parser(
         prog="python -m splitformer.experiments.context",
@@ -291,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if a.what == "table":
         table(a.out)
         return
-    interruptible(p.prog, a.out / "rows.jsonl",
+    writing(p.prog, a.out / "rows.jsonl",
                   lambda: run(a.out, a.docs, a.rules, a.factors, a.chunk))
 
 

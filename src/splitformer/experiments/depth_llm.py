@@ -39,8 +39,9 @@ from pathlib import Path
 
 import torch
 
+from ..files import write_atomic
 from ..usage import Parser
-from .rows import append_row, read_rows, say
+from .rows import append_row, read_rows, say, writing
 
 __all__ = ["CONFIGS", "STEPS", "main"]
 
@@ -91,7 +92,7 @@ def _sleb_order(out: Path, teacher, probe: torch.Tensor, removals: int) -> dict:
               "order": [int(n) for n in found["order"]],
               "loss": float(found["loss"]), "losses": [float(x) for x in found["losses"]]}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    write_atomic(path, json.dumps(record, indent=1) + "\n")
     return record
 
 
@@ -130,7 +131,7 @@ def free(out: Path, steps: Sequence[int], configs: Sequence[tuple[str, str]],
         append_row(path, {"steps": teacher.evolution.num_steps, "method": "teacher",
                        "absorb": "keep", **evaluation.teacher, "perplexity_ratio": 1.0,
                        "kl": 0.0, "top1": 1.0, "match_tokens": float(lm_eval.NEW_TOKENS),
-                       "match_full": lm_eval.PROMPTS})
+                       "match_full": lm_eval.PROMPTS}, key=("method",))
     grids: dict[str, dict] = {}
     for n, method, absorb in todo:
         if method not in grids:
@@ -150,7 +151,8 @@ def free(out: Path, steps: Sequence[int], configs: Sequence[tuple[str, str]],
              f"{result.get('match_tokens', 0):.1f}")
         append_row(path, {"steps": n, "method": method, "absorb": absorb,
                        "grid": coarsening.to_dict(), "fit": report,
-                       "fit_seconds": round(fitted, 1), **result})
+                       "fit_seconds": round(fitted, 1), **result},
+                   key=("steps", "method", "absorb"))
         del base, student
 
 
@@ -180,7 +182,7 @@ def rank(out: Path, threads: int | None) -> None:
                        "diagnostics": f"lm_eval calibration windows 0..{RANK_WINDOWS - 1} "
                                       f"({RANK_WINDOWS} x 512)"}}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    write_atomic(path, json.dumps(record, indent=1) + "\n")
     say(f"wrote {path}: " + ", ".join(f"{k} {v['spearman']:.3f}" for k, v in rho.items()))
 
 
@@ -197,8 +199,8 @@ def speed(out: Path, steps: Sequence[int], threads: int | None, repeats: int = 3
                                     repeats=repeats)
         say(f"  prefill {rows[str(n)]['prefill_ratio']:.3f}x, decode "
              f"{rows[str(n)]['decode_ratio']:.3f}x")
-    path.write_text(json.dumps({"threads": torch.get_num_threads(), "repeats": repeats,
-                                "rows": rows}, indent=1) + "\n")
+    write_atomic(path, json.dumps({"threads": torch.get_num_threads(), "repeats": repeats,
+                                  "rows": rows}, indent=1) + "\n")
 
 
 def healed_rows(out: Path) -> list[dict]:
@@ -334,14 +336,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     steps = tuple(int(s) for s in args.steps.split(","))
     configs = CONFIGS if args.configs is None else tuple(
         tuple(c.split("/")) for c in args.configs.split(","))
-    if args.phase == "free":
-        free(args.out, steps, configs, args.threads)
-    elif args.phase == "rank":
-        rank(args.out, args.threads)
-    elif args.phase == "speed":
-        speed(args.out, steps, args.threads, args.repeats)
-    else:
+    if args.phase == "table":
         table(args.out)
+        return
+    work = {"free": lambda: free(args.out, steps, configs, args.threads),
+            "rank": lambda: rank(args.out, args.threads),
+            "speed": lambda: speed(args.out, steps, args.threads, args.repeats)}
+    files = {"free": "training-free.jsonl", "rank": "rankings.json", "speed": "speed.json"}
+    writing(p.prog, args.out / files[args.phase], work[args.phase])
 
 
 if __name__ == "__main__":

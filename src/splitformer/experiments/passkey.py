@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from ..usage import Parser, argument_type, int_list, positive_int
-from .rows import append_row, read_rows, say
+from .rows import append_row, read_rows, say, writing
 
 __all__ = ["main", "prompts"]
 
@@ -140,7 +140,8 @@ def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[s
                            batch=min(batch, placements))
                 row.update(length=length, policy=name, budget=budget, placements=placements,
                            chunk=chunk, decode=decode, threads=torch.get_num_threads())
-                append_row(path, row)
+                append_row(path, row, key=("length", "policy", "budget", "placements",
+                                           "chunk", "decode"))
                 say(f"  accuracy {row['accuracy']:.2f} in {row['seconds']:.0f} s")
 
 
@@ -254,13 +255,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from .context import interruptible, parse
+    from .context import parse
 
     a = parse(_parser(), argv, "passkey.jsonl")
     if a.what == "table":
         table(a.out, a.seconds)
         return
-    interruptible(PROG, a.out / "passkey.jsonl",
+    writing(PROG, a.out / "passkey.jsonl",
                   lambda: run(a.out, a.lengths, a.placements, a.policies, a.budgets, a.chunk,
                               a.decode, a.batch))
 

@@ -1,15 +1,23 @@
 """The resumable row files of the long experiments (depth_llm, context, passkey): one JSON
-object per line, appended as each row is done (a killed run loses at most the row in
-progress; rerunning skips the rows already there), and the progress lines they print."""
+object per line, appended and fsynced as each row is done (``splitformer.files.append_line``:
+a killed run loses at most the row in progress, and a line torn by the kill is cut before the
+next one is appended; rerunning skips the rows already there), the progress lines they print,
+and ``writing``: Ctrl-C and a corrupt row file answered in one line. Several processes may
+append to one row file at once (the two-core queues run two, each with its own rows): each
+line is written whole under a lock, and a row that another process finished first (the same
+key) is not written twice."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["append_row", "read_rows", "say"]
+from ..files import CorruptFileError, append_line, read_jsonl
+
+__all__ = ["append_row", "read_rows", "say", "writing"]
 
 
 def say(text: str) -> None:
@@ -18,15 +26,31 @@ def say(text: str) -> None:
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The rows of ``path`` (none when it does not exist yet)."""
+    """The rows of ``path`` (none when it does not exist yet); a torn last line (a kill in the
+    middle of a write) is not a row, a corrupt line before it is a ``CorruptFileError``."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)
 
 
-def append_row(path: Path, row: dict) -> None:
-    """``row`` appended to ``path`` as one line (the folder made when missing)."""
+def append_row(path: Path, row: dict, key: Sequence[str] = ()) -> bool:
+    """``row`` appended to ``path`` as one line, fsynced (the folder made when missing), unless
+    a row already there has the same values of the fields ``key`` (another process finished
+    it first); whether it was appended."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
+    same = (lambda r: isinstance(r, dict) and all(r.get(k) == row.get(k) for k in key)) \
+        if key else None
+    return append_line(path, json.dumps(row), unless=same)
+
+
+def writing(prog: str, rows: Path, work: Callable[[], object]) -> None:
+    """``work()``, with Ctrl-C one line and exit status 130 (the rows appended so far kept),
+    and a corrupt row file one line and exit status 2."""
+    try:
+        work()
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{prog}: interrupted (finished rows, if any, are kept in {rows})\n")
+        raise SystemExit(130) from None
+    except CorruptFileError as e:
+        sys.stderr.write(f"{prog}: error: {e}\n")
+        raise SystemExit(2) from None
