@@ -262,27 +262,31 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="SmolLM2 read at 2x and 4x its trained context by each rope rule "
                     "(docs/context.md): run appends rows to OUT/rows.jsonl (resumable), table "
                     "prints the tables the docs quote.")
-    p.add_argument("what", choices=("run", "table"), metavar="{run,table}",
-                   help="run the measurements or print them")
-    p.add_argument("--out", type=Path, default=Path("results/context"),
-                   help="folder of rows.jsonl (default results/context)")
-    p.add_argument("--docs", type=_names(("kjv", "wiki"), "documents"), default=["kjv", "wiki"],
-                   help="documents: kjv (the held-out King James books), wiki (gensim's "
-                        "Wikipedia extract); default kjv,wiki")
-    p.add_argument("--rules", type=_names(RULES, "rules"), default=list(RULES),
-                   help=f"rope rules (default all: {', '.join(RULES)})")
-    p.add_argument("--factors", type=int_list(2, why="(factors)"), default=list(FACTORS),
-                   help="lengths as multiples of the trained 8192 (default 2,4)")
-    p.add_argument("--chunk", type=positive_int, default=1024,
-                   help="tokens per forward of the chunked prefill (default 1024)")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch threads (default: torch's choice)")
+    sub = p.add_subparsers(dest="what", required=True, metavar="{run,table}")
+    run_p = sub.add_parser("run", help="run the measurements, appending the rows not yet in "
+                                       "--out")
+    table_p = sub.add_parser("table", help="print the tables of the rows in --out")
+    for q in (run_p, table_p):
+        q.add_argument("--out", type=Path, default=Path("results/context"),
+                       help="folder of rows.jsonl (default results/context)")
+    run_p.add_argument("--docs", type=_names(("kjv", "wiki"), "documents"),
+                       default=["kjv", "wiki"],
+                       help="documents: kjv (the held-out King James books), wiki (gensim's "
+                            "Wikipedia extract); default kjv,wiki")
+    run_p.add_argument("--rules", type=_names(RULES, "rules"), default=list(RULES),
+                       help=f"rope rules (default all: {', '.join(RULES)})")
+    run_p.add_argument("--factors", type=int_list(2, why="(factors)"), default=list(FACTORS),
+                       help="lengths as multiples of the trained 8192 (default 2,4)")
+    run_p.add_argument("--chunk", type=positive_int, default=1024,
+                       help="tokens per forward of the chunked prefill (default 1024)")
+    run_p.add_argument("--threads", type=positive_int, default=None,
+                       help="torch threads (default: torch's choice)")
+    table_p.set_defaults(threads=None)
     a = parse(p, argv, "rows.jsonl")
     if a.what == "table":
         table(a.out)
         return
-    writing(p.prog, a.out / "rows.jsonl",
-                  lambda: run(a.out, a.docs, a.rules, a.factors, a.chunk))
+    writing(p.prog, a.out / "rows.jsonl", lambda: run(a.out, a.docs, a.rules, a.factors, a.chunk))
 
 
 if __name__ == "__main__":
