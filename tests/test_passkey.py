@@ -216,3 +216,19 @@ def test_a_corrupt_row_file_is_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "line 2" in err[0] and str(path) in err[0], err
     assert path.read_text() == '{"a": 1}\nnot json\n{"a": 2}\n'
+
+
+def test_lengths_past_the_trained_positions_are_warned_about(tiny, tmp_path, capsys):
+    """A prompt longer than the model's trained grid is extrapolation in x: run says so (one
+    warning line naming --lengths), and measures it."""
+    import splitformer
+
+    folder = save_tiny_llama(tmp_path / "llama", positions=300)
+    model = splitformer.from_hf(str(folder)).eval()
+    model.tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    passkey.run(tmp_path / "rows", [320], 1, ["full"], [0.25], chunk=320, model=model)
+    err = capsys.readouterr().err
+    assert "warning: --lengths 320 past the model's 300 trained positions" in err, err
+    assert len(passkey.read_rows(tmp_path / "rows" / "passkey.jsonl")) == 1
+    passkey.run(tmp_path / "rows2", [320], 1, ["full"], [0.25], chunk=320, model=tiny[0])
+    assert "warning" not in capsys.readouterr().err  # 1024 trained positions

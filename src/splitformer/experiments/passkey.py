@@ -123,6 +123,11 @@ def run(out: Path, lengths: Sequence[int], placements: int, policies: Sequence[s
         say(f"{path}: every row is there")
         return
     model = (from_hf("smollm2") if model is None else model).eval()
+    trained = model.trained_positions
+    past = [n for n in lengths if trained is not None and n > trained]
+    if past:  # not refused: reading past the trained grid is a measurement too (extrapolation)
+        say(f"warning: --lengths {','.join(map(str, past))} past the model's {trained} trained "
+            "positions: extrapolation in x, no rope rule (docs/context.md)")
     for length in lengths:
         ids, keys = prompts(model.tokenizer, length, placements)
         for name in policies:
