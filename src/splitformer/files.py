@@ -177,33 +177,15 @@ def atomic_folder(final: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
-def _cut_torn_tail(path: Path) -> None:
-    """Cut a last line without its newline off ``path`` (left by a kill mid-write)."""
-    with open(path, "rb+") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        if size == 0:
-            return
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return
-        f.seek(0)
-        data = f.read()
-        f.truncate(data.rfind(b"\n") + 1)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _mended(f: Any) -> tuple[str, list[Any]]:
-    """For the JSON-lines file open (binary, read and append) as ``f``: what its last line
-    needs before a new line is appended, and the JSON values of its whole lines. "" when the
-    file ends with a newline (or is empty), "\\n" when the last line is a whole JSON value that
-    lost its newline (``read_jsonl`` reads it: it must stay a line of its own), and otherwise
-    (a torn line) the line is cut off the file and "" is returned. A line that does not parse
-    is not a value (``read_jsonl`` says which)."""
-    f.seek(0)
-    data = f.read()
+def _parse(data: bytes, path: Path, whole: bool = True) -> tuple[list[Any], bool]:
+    """The JSON values of the lines of ``data`` (blank lines skipped; with ``whole=False``
+    only the last line is read) and whether the last line is torn (it has no newline and does
+    not parse: a kill mid-write). A line that does not parse anywhere else raises
+    ``CorruptFileError`` naming ``path`` and the line number."""
     lines = data.split(b"\n")
+    if not whole:
+        lines = lines[-1:]
+    ends = data.endswith(b"\n") or data == b""
     values = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -211,10 +193,31 @@ def _mended(f: Any) -> tuple[str, list[Any]]:
         try:
             values.append(json.loads(line))
         except (ValueError, UnicodeDecodeError):
-            if n == len(lines):  # the torn tail
-                f.truncate(data.rfind(b"\n") + 1)
-                return "", values
-    return ("" if not data or data.endswith(b"\n") else "\n"), values
+            if not ends and n == len(lines):
+                return values, True
+            raise CorruptFileError(
+                f"{path}: line {n} is not JSON ({line[:60]!r}...); the file is corrupt in the "
+                "middle (not a torn last line): move it away or mend that line") from None
+    return values, False
+
+
+def _held(path: Path, whole: bool) -> tuple[Any, list[Any]]:
+    """``path`` opened to append (made when missing) and held (an exclusive flock, waited
+    for; released when the file closes), its torn last line cut, and its values (``_parse``)."""
+    f = open(path, "a+b")  # the caller closes it
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        f.seek(0)
+        data = f.read()
+        values, torn = _parse(data, path, whole)
+        if torn:
+            f.truncate(data.rfind(b"\n") + 1)
+            f.flush()
+            os.fsync(f.fileno())
+        return f, values
+    except BaseException:
+        f.close()
+        raise
 
 
 def append_line(path: str | os.PathLike, line: str,
@@ -225,14 +228,19 @@ def append_line(path: str | os.PathLike, line: str,
     for) from reading its tail to the fsync, so that processes appending to one file at once
     never cut or interleave each other's lines. With ``unless``, the line is not appended when
     a value already in the file satisfies it (checked under the same hold: two processes that
-    finish the same row write it once). Returns whether the line was appended."""
+    finish the same row write it once; a line corrupt in the middle is then a
+    ``CorruptFileError``). Returns whether the line was appended."""
     if "\n" in line:
         raise ValueError("append_line: the line must not contain a newline")
-    with open(path, "a+b") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # released when f closes
-        prefix, values = _mended(f)
+    f, values = _held(Path(path), whole=unless is not None)
+    with f:
         if unless is not None and any(unless(v) for v in values):
             return False
+        size = f.seek(0, os.SEEK_END)
+        if size:
+            f.seek(size - 1)
+        # a whole value that lost its newline stays a line of its own
+        prefix = "\n" if size and f.read(1) != b"\n" else ""
         f.write((prefix + line + "\n").encode("utf-8"))
         f.flush()
         os.fsync(f.fileno())
@@ -242,27 +250,15 @@ def append_line(path: str | os.PathLike, line: str,
 def read_jsonl(path: str | os.PathLike, *, repair: bool = False) -> list[Any]:
     """The JSON values of the lines of ``path`` (blank lines skipped). A last line without
     its newline that does not parse is torn (a kill mid-write): dropped, and with
-    ``repair=True`` cut off the file. A line that does not parse anywhere else raises
+    ``repair=True`` cut off the file (held as ``append_line`` holds it, so that a line another
+    process is writing is not cut). A line that does not parse anywhere else raises
     ``CorruptFileError`` naming the file and the line number."""
     path = Path(path)
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
-    torn = not raw.endswith(b"\n") and raw != b""
-    out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except (ValueError, UnicodeDecodeError):
-            if torn and n == len(lines):
-                if repair:
-                    _cut_torn_tail(path)
-                break
-            raise CorruptFileError(
-                f"{path}: line {n} is not JSON ({line[:60]!r}...); the file is corrupt in the "
-                "middle (not a torn last line): move it away or mend that line") from None
-    return out
+    values, torn = _parse(path.read_bytes(), path)
+    if torn and repair:
+        f, values = _held(path, whole=True)
+        f.close()
+    return values
 
 
 class FolderLock:
