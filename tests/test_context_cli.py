@@ -1,6 +1,6 @@
 """``python -m splitformer.experiments.context`` (docs/context.md): run and table are
-subcommands with their own options, refusals are one line before any model loads, Ctrl-C
-is one line."""
+subcommands with their own options, refusals are one line before any model loads; Ctrl-C in
+context's and passkey's runs is one line."""
 
 from __future__ import annotations
 
@@ -32,15 +32,23 @@ def test_the_context_command_refuses_on_one_line(tmp_path, capsys, argv, word):
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["rows", "rows.jsonl"]
 
 
-def test_ctrl_c_in_a_context_run_is_one_line(tmp_path, capsys, monkeypatch):
-    from splitformer.experiments import context
+@pytest.mark.parametrize("name, rows", [("context", "rows.jsonl"),
+                                        ("passkey", "passkey.jsonl")])
+def test_ctrl_c_in_a_run_is_one_line_naming_the_kept_rows(name, rows, tmp_path, capsys,
+                                                          monkeypatch):
+    """Ctrl-C during ``run`` of the long LM experiments: one line naming the row file that
+    keeps the finished rows, exit 130."""
+    import importlib
+
+    module = importlib.import_module(f"splitformer.experiments.{name}")
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(context, "run", interrupted)
+    monkeypatch.setattr(module, "run", interrupted)
     with pytest.raises(SystemExit) as e:
-        context.main(["run", "--out", str(tmp_path / "rows")])
+        module.main(["run", "--out", str(tmp_path / "rows")])
     assert e.value.code == 130
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "interrupted" in err[0] and "rows.jsonl" in err[0], err
+    assert err == [f"python -m splitformer.experiments.{name}: interrupted (finished rows, "
+                   f"if any, are kept in {tmp_path / 'rows' / rows})"]

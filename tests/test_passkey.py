@@ -156,22 +156,6 @@ def test_a_refused_run_makes_no_folder(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
 
 
-def test_ctrl_c_in_a_passkey_run_is_one_line(tmp_path, capsys, monkeypatch):
-    """Ctrl-C during ``run`` is one line naming the kept rows, exit 130."""
-    from splitformer.experiments import passkey
-
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(passkey, "run", interrupted)
-    with pytest.raises(SystemExit) as e:
-        passkey.main(["run", "--out", str(tmp_path / "rows")])
-    assert e.value.code == 130
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"python -m splitformer.experiments.passkey: interrupted (finished rows, "
-                   f"if any, are kept in {tmp_path / 'rows' / 'passkey.jsonl'})"]
-
-
 def test_a_row_another_process_finished_first_is_not_written_twice(tmp_path):
     """Two queues may append to one row file; a row whose key is there already is skipped."""
     from splitformer.experiments.rows import append_row, read_rows
