@@ -87,6 +87,8 @@ def test_fit_init_reaches_the_heal_config_of_a_causal_lm(tmp_path):
     (["--heal", "none"], "linear"),  # training-free: the least-squares map is best
     (["--heal", "none", "--fit", "keep"], "keep"),  # a given --fit wins
     (["--fit", "linear"], "linear"),
+    (["--heal", "none", "--method", "parallel", "--steps", "2"], "keep"),  # nothing to fit
+    (["--heal", "none", "--method", "coarsen", "--steps", "2"], "keep"),
 ])
 def test_the_default_fit_of_a_causal_lm_follows_heal(argv, fit, tmp_path):
     from splitformer.cli import build_parser

@@ -52,3 +52,23 @@ def test_ctrl_c_in_a_run_is_one_line_naming_the_kept_rows(name, rows, tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"python -m splitformer.experiments.{name}: interrupted (finished rows, "
                    f"if any, are kept in {tmp_path / 'rows' / rows})"]
+
+
+@pytest.mark.parametrize("name, argv, rows", [
+    ("context", ["table"], "rows.jsonl"),
+    ("passkey", ["table"], "passkey.jsonl"),
+    ("depth_llm", ["table"], "training-free.jsonl"),
+])
+def test_a_corrupt_row_file_is_one_line(name, argv, rows, tmp_path, capsys):
+    """A row file corrupt in the middle (not a torn last line): table says which file and
+    line in one line, exit 2, the file untouched."""
+    import importlib
+
+    module = importlib.import_module(f"splitformer.experiments.{name}")
+    (tmp_path / rows).write_text('{"a": 1}\nnot json\n{"a": 2}\n')
+    with pytest.raises(SystemExit) as e:
+        module.main([*argv, "--out", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "line 2" in err[0] and rows in err[0], err
+    assert (tmp_path / rows).read_text() == '{"a": 1}\nnot json\n{"a": 2}\n'

@@ -208,3 +208,19 @@ def test_the_same_figure_gives_the_same_file(tmp_path, suffix):
         return path.read_bytes()
 
     assert draw(tmp_path / f"a{suffix}") == draw(tmp_path / f"b{suffix}")
+
+
+def test_append_line_mends_a_tail_longer_than_one_read(tmp_path):
+    """The tail is read backwards in 64 KiB blocks: a torn or unterminated last line longer
+    than a block is cut, or kept whole, as a short one."""
+    p = tmp_path / "r.jsonl"
+    big = json.dumps({"pad": "y" * 150_000})
+    p.write_text('{"a": 1}\n' + big + "\n" + big[:100_000])  # torn after 100 kB
+    append_line(p, '{"a": 3}')
+    assert read_jsonl(p) == [{"a": 1}, json.loads(big), {"a": 3}]
+    p.write_text('{"a": 1}\n' + big)  # whole, without its newline
+    append_line(p, '{"a": 3}')
+    assert read_jsonl(p) == [{"a": 1}, json.loads(big), {"a": 3}]
+    p.write_text(big[:70_000])  # one torn line, the whole file
+    append_line(p, '{"a": 3}')
+    assert p.read_text() == '{"a": 3}\n'

@@ -201,17 +201,37 @@ def _parse(data: bytes, path: Path, whole: bool = True) -> tuple[list[Any], bool
     return values, False
 
 
+def _tail(f: Any, block: int = 1 << 16) -> tuple[int, bytes]:
+    """(where it starts, the bytes) of the shortest suffix of the open file ``f`` that holds
+    its last line whole: from the last newline before the last line on, read backwards in
+    blocks (a log of millions of lines is not read to append one)."""
+    pos = f.seek(0, os.SEEK_END)
+    data = b""
+    while pos > 0:
+        step = min(block, pos)
+        pos -= step
+        f.seek(pos)
+        data = f.read(step) + data
+        if b"\n" in data[:-1]:
+            break
+    return pos, data
+
+
 def _held(path: Path, whole: bool) -> tuple[Any, list[Any]]:
     """``path`` opened to append (made when missing) and held (an exclusive flock, waited
-    for; released when the file closes), its torn last line cut, and its values (``_parse``)."""
+    for; released when the file closes), its torn last line cut, and its values (``_parse``;
+    with ``whole=False`` only the last line is read)."""
     f = open(path, "a+b")  # the caller closes it
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        f.seek(0)
-        data = f.read()
+        if whole:
+            f.seek(0)
+            start, data = 0, f.read()
+        else:
+            start, data = _tail(f)
         values, torn = _parse(data, path, whole)
         if torn:
-            f.truncate(data.rfind(b"\n") + 1)
+            f.truncate(start + data.rfind(b"\n") + 1)
             f.flush()
             os.fsync(f.fileno())
         return f, values

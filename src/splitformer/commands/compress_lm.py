@@ -29,12 +29,15 @@ separated once its choice is charged to the budget; healing windows of --length 
 the flag's default). ``--fit`` is :func:`default_fit`'s."""
 
 
-def default_fit(heal: str) -> str:
+def default_fit(heal: str, method: str) -> str:
     """``--fit`` where it is not given, decided by the measurements (docs/depth-llm.md):
     training-free (``--heal none``) the least-squares map (``linear``: 2.74x the teacher's
     perplexity at 22 steps against 3.42x deleted); healed, deletion (``keep``: 1.836x +-
     0.008 against 1.907x +- 0.014 for the maps over three seeds each after the same 260 KL
-    steps, Welch p 0.0038; level at 26 steps)."""
+    steps, Welch p 0.0038; level at 26 steps). ``keep`` for the grids that have no absorbing
+    steps to fit (``parallel``, ``coarsen``, ``coarsen-linear``)."""
+    if method in ("parallel", "coarsen", "coarsen-linear"):
+        return "keep"
     return "linear" if heal == "none" else "keep"
 
 HEALING_DEFAULTS = {"batch_size": 4, "lr": 5e-5, "healed": "controls", "wiki": 0.5}
@@ -79,7 +82,7 @@ def apply_defaults(args: argparse.Namespace) -> None:
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     if args.fit is None:
-        args.fit = default_fit(args.heal)
+        args.fit = default_fit(args.heal, args.method)
     args.steps = args.steps or (22,)
     if args.fit != "keep" and len(args.steps) != 1:
         raise UsageError(f"argument --steps: --fit {args.fit} fits the absorbing steps of one "

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from ..usage import Parser, int_list, positive_int
-from .rows import append_row, read_rows, say, writing
+from .rows import answered, append_row, read_rows, say
 
 __all__ = ["RULES", "main", "rule_model"]
 
@@ -284,9 +284,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     table_p.set_defaults(threads=None)
     a = parse(p, argv, "rows.jsonl")
     if a.what == "table":
-        table(a.out)
+        answered(p.prog, lambda: table(a.out))
         return
-    writing(p.prog, a.out / "rows.jsonl", lambda: run(a.out, a.docs, a.rules, a.factors, a.chunk))
+    answered(p.prog, lambda: run(a.out, a.docs, a.rules, a.factors, a.chunk),
+             kept=a.out / "rows.jsonl")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ import torch
 
 from ..files import write_atomic
 from ..usage import Parser
-from .rows import append_row, read_rows, say, writing
+from .rows import answered, append_row, read_rows, say
 
 __all__ = ["CONFIGS", "STEPS", "main"]
 
@@ -336,14 +336,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     steps = tuple(int(s) for s in args.steps.split(","))
     configs = CONFIGS if args.configs is None else tuple(
         tuple(c.split("/")) for c in args.configs.split(","))
-    if args.phase == "table":
-        table(args.out)
-        return
     work = {"free": lambda: free(args.out, steps, configs, args.threads),
             "rank": lambda: rank(args.out, args.threads),
-            "speed": lambda: speed(args.out, steps, args.threads, args.repeats)}
-    files = {"free": "training-free.jsonl", "rank": "rankings.json", "speed": "speed.json"}
-    writing(p.prog, args.out / files[args.phase], work[args.phase])
+            "speed": lambda: speed(args.out, steps, args.threads, args.repeats),
+            "table": lambda: table(args.out)}
+    # free appends rows as it goes; rank and speed write their records at the end
+    answered(p.prog, work[args.phase],
+             kept=args.out / "training-free.jsonl" if args.phase == "free" else None)
 
 
 if __name__ == "__main__":

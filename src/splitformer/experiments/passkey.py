@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from ..usage import Parser, argument_type, int_list, positive_int
-from .rows import append_row, read_rows, say, writing
+from .rows import answered, append_row, read_rows, say
 
 __all__ = ["main", "prompts"]
 
@@ -264,11 +264,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     a = parse(_parser(), argv, "passkey.jsonl")
     if a.what == "table":
-        table(a.out, a.seconds)
+        answered(PROG, lambda: table(a.out, a.seconds))
         return
-    writing(PROG, a.out / "passkey.jsonl",
-                  lambda: run(a.out, a.lengths, a.placements, a.policies, a.budgets, a.chunk,
-                              a.decode, a.batch))
+    answered(PROG, lambda: run(a.out, a.lengths, a.placements, a.policies, a.budgets, a.chunk,
+                               a.decode, a.batch), kept=a.out / "passkey.jsonl")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 object per line, appended and fsynced as each row is done (``splitformer.files.append_line``:
 a killed run loses at most the row in progress, and a line torn by the kill is cut before the
 next one is appended; rerunning skips the rows already there), the progress lines they print,
-and ``writing``: Ctrl-C and a corrupt row file answered in one line. Several processes may
+and ``answered``: Ctrl-C and a corrupt row file answered in one line. Several processes may
 append to one row file at once (the two-core queues run two, each with its own rows): each
 line is written whole under a lock, and a row that another process finished first (the same
 key) is not written twice."""
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..files import CorruptFileError, append_line, read_jsonl
 
-__all__ = ["append_row", "read_rows", "say", "writing"]
+__all__ = ["answered", "append_row", "read_rows", "say"]
 
 
 def say(text: str) -> None:
@@ -43,13 +43,15 @@ def append_row(path: Path, row: dict, key: Sequence[str] = ()) -> bool:
     return append_line(path, json.dumps(row), unless=same)
 
 
-def writing(prog: str, rows: Path, work: Callable[[], object]) -> None:
-    """``work()``, with Ctrl-C one line and exit status 130 (the rows appended so far kept),
-    and a corrupt row file one line and exit status 2."""
+def answered(prog: str, work: Callable[[], object], kept: Path | None = None) -> None:
+    """``work()`` (a phase of an experiment's command), with Ctrl-C one line and exit status
+    130 (naming ``kept``, the row file that keeps the rows finished so far, for a phase that
+    appends rows) and a corrupt row file one line and exit status 2."""
     try:
         work()
     except KeyboardInterrupt:
-        sys.stderr.write(f"{prog}: interrupted (finished rows, if any, are kept in {rows})\n")
+        rows = f" (finished rows, if any, are kept in {kept})" if kept is not None else ""
+        sys.stderr.write(f"{prog}: interrupted{rows}\n")
         raise SystemExit(130) from None
     except CorruptFileError as e:
         sys.stderr.write(f"{prog}: error: {e}\n")
