@@ -420,6 +420,22 @@ def test_verify_table_fits_100_columns(capsys, monkeypatch, verify_rows):
         assert f"{r['errors']['float64']:.1e}" in flat
 
 
+def test_ctrl_c_says_what_the_command_keeps_by_then(monkeypatch, capsys):
+    """A command that changes what Ctrl-C keeps while it runs (compress, once its healing has
+    a checkpoint) is answered with the new words, not those of its start."""
+    from splitformer import cli as cli_module
+    from splitformer.commands import compress
+
+    def healing(args):
+        args._interrupted = " (the healing's last checkpoint is kept)"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compress, "run", healing)
+    assert cli_module.main(["compress", "--heal", "none"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["splitformer compress: interrupted (the healing's last checkpoint is kept)"]
+
+
 def test_sigterm_is_read_as_ctrl_c(monkeypatch, capsys):
     """SIGTERM (timeout, schedulers, docker stop) ends a command as Ctrl-C does: its one line,
     exit 130, and what the command keeps on Ctrl-C kept; the handler is put back after."""

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     before = _handlers() if main_thread else {}
     held: list[int] = []
-    prog, kept = "splitformer", ""
+    args = None  # the command's, once parsed: Ctrl-C names it and what it keeps by then
     try:
         try:  # the start: the commands import torch, for seconds
             _hold(before, held)
@@ -81,13 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         if not args.command:
             parser.error(f"a command is required ({', '.join(COMMANDS)})")  # exits with 2
             return 2
-        prog, kept = args._parser.prog, args._interrupted
         return int(args._run(args) or 0)
     except UsageError as e:
         args._parser.error(str(e))  # exits with status 2
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT
-        sys.stderr.write(f"{prog}: interrupted{kept}\n")
+        # _interrupted as the command left it (compress says where its checkpoint is)
+        said = (args._parser.prog, args._interrupted) if args and args.command else \
+            ("splitformer", "")
+        sys.stderr.write(f"{said[0]}: interrupted{said[1]}\n")
         return 130
     except BrokenPipeError:  # the reader went away (| head): nothing more to say
         devnull = os.open(os.devnull, os.O_WRONLY)
