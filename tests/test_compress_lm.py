@@ -96,7 +96,10 @@ def test_the_default_fit_of_a_causal_lm_follows_heal(argv, fit, tmp_path):
 
     model = tiny_folder(tmp_path / "m")
     args = build_parser().parse_args(["compress", str(model), *argv])
-    assert _heal_config(args).fit == fit
+    cfg = _heal_config(args)
+    assert cfg.fit == fit
+    # the causal-LM healing defaults measured in docs/depth-llm.md (an encoder's lr is 1e-4)
+    assert (cfg.lr, cfg.batch_size, cfg.healed) == (3e-4, 4, "controls")
 
 
 def test_bad_grids_of_a_causal_lm_are_named_before_anything_is_written(capsys, tmp_path):

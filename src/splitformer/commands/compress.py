@@ -202,9 +202,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 10m); a longer one on the same --out heals a run on")
     p.add_argument("--max-steps", type=nonnegative_int, default=_DEFAULTS["max_steps"],
                    help="at most this many optimiser steps (default: the budget alone)")
-    p.add_argument("--lr", type=positive_float, default=None, help="AdamW rate (1e-4)")
+    p.add_argument("--lr", type=positive_float, default=None,
+                   help="AdamW rate (1e-4; 3e-4 for a causal LM)")
     p.add_argument("--batch-size", type=positive_int, default=None,
-                   help="windows a step (16)")
+                   help="windows a step (16; 4 for a causal LM)")
     _add_healing_text(p)
     p.add_argument("--precision", type=stripped, choices=("float32", "bfloat16"),
                    default=None, help="the healing's arithmetic: float32 (default) or bfloat16 "
