@@ -107,7 +107,7 @@ def test_bad_grids_of_a_causal_lm_are_named_before_anything_is_written(capsys, t
     capsys.readouterr()
     for argv, flag in ((["--steps", "4"], "--steps"), (["--steps", "9"], "--steps"),
                        (["--steps", "1", "--method", "pairs"], "--steps"),
-                       (["--steps", "2", "--method", "coarsen"], "--fit"),
+                       (["--steps", "2", "--method", "coarsen", "--fit", "linear"], "--fit"),
                        (["--steps", "2", "--length", "4096"], "--length")):
         rc, out, err = cli(["compress", str(model), *argv, "--heal", "none", "--out",
                             str(tmp_path / "o")], capsys)

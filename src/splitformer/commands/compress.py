@@ -90,7 +90,7 @@ def _add_healing_text(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wiki", type=fraction, default=None,
                    help="fraction of the healing windows drawn from gensim's shortened English "
                         "Wikipedia (106 articles), in place of as many of the others (default "
-                        "0; with --news, --news + --wiki <= 1)")
+                        "0, 0.5 for a causal LM; with --news, --news + --wiki <= 1)")
     p.add_argument("--aligned", action="store_true",
                    help="with --news: the news windows start where a background document "
                         "starts, as a document read whole does")
@@ -102,8 +102,8 @@ def _add_healing_text(p: argparse.ArgumentParser) -> None:
                         "tokens and [SEP] kept), so that short inputs are healed too (default: "
                         "whole windows)")
     p.add_argument("--windows", type=bounded_int(MAX_WINDOWS, "(healing windows)"),
-                   default=None, help=f"healing windows drawn from the text (4096; at most "
-                                      f"{MAX_WINDOWS})")
+                   default=None, help=f"healing windows drawn from the text (4096, 2048 for a "
+                                      f"causal LM; at most {MAX_WINDOWS})")
 
 
 def _add_recipe(p: argparse.ArgumentParser) -> None:
@@ -155,7 +155,8 @@ def _add_fit(p: argparse.ArgumentParser) -> None:
                         "--fit-budget)")
     p.add_argument("--fit-budget", type=duration, default=None,
                    help="with --fit step: seconds of the local fits, all absorbing steps "
-                        "together (default 4m; before the --budget of --heal)")
+                        "together (default 4m unless --fit-steps is given; before the "
+                        "--budget of --heal)")
     p.add_argument("--fit-steps", type=positive_int, default=None,
                    help="with --fit step: AdamW steps of the local fits at most, all "
                         "absorbing steps together (split evenly between them)")
@@ -213,8 +214,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                       "more steps per second on a CPU with AVX512-BF16, "
                                       "docs/depth.md)")
     p.add_argument("--healed", type=stripped, choices=("all", "controls"), default=None,
-                   help="what the healing optimises: all (default) or controls (theta(t) "
-                        "only; the embeddings stay the teacher's, a faster step)")
+                   help="what the healing optimises: all (the default; controls for a "
+                        "causal LM) or controls (theta(t) only; the embeddings stay the "
+                        "teacher's, a faster step)")
     p.add_argument("--merge", type=nonnegative_int, default=None,
                    help="heal with token merging on: nodes merged per unit of time (0: off); "
                         "with it --steps may be the model's own depth (the merged network "
@@ -369,7 +371,8 @@ def _healing_budget(args: argparse.Namespace, given: list[str]) -> tuple[float, 
     if args.heal == "none":
         if given:
             raise UsageError(f"argument {given[0]}: sets the healing, but --heal is none "
-                             "(the training-free model); drop it or choose distill or shoot")
+                             "(the training-free model); drop it or choose a healing (kl, distill "
+                             "or shoot)")
         return 0.0, 0
     if args.budget == 0:
         raise UsageError("argument --budget: 0 heals nothing; use --heal none for the "
@@ -732,13 +735,17 @@ def _heal(args, cfg, teacher, windows, out: Path, say, phase, healed):
         say(f"  step {row['step']} ({row['seconds']:.0f} s) N_t={row['steps']} "
             f"lr {row['lr']:.3g} loss {row['loss']:.4g}")
 
-    if cfg.budget:
-        args._interrupted = (f" (the healing's last checkpoint in {out / 'heal'} is kept: the "
-                             "same command resumes)")
     try:
         return heal(cfg, teacher=teacher, windows=windows,
                     out=out / "heal" if cfg.budget else None, progress=progress,
                     notice=phase, healed=healed)
+    except KeyboardInterrupt:  # say what is kept: a checkpoint only once one was written
+        if cfg.budget and (out / "heal" / "latest").is_file():
+            args._interrupted = (f" (the healing's last checkpoint in {out / 'heal'} is kept: "
+                                 "the same command resumes)")
+        else:
+            args._interrupted = " before the healing's first checkpoint (nothing to resume)"
+        raise
     except (CheckpointError, ValueError) as e:
         text = " ".join(str(e).split())
         raise UsageError(f"argument --out: {text.removeprefix('out: ')}") from None

@@ -163,9 +163,14 @@ def evaluate(teacher, tokenizer, students: dict[int, Any], say) -> dict[str, Any
     """``lm_eval.LMEvaluation`` of each student against the teacher on the held-out pages."""
     from ..experiments import lm_eval
 
-    text = lm_eval.lm_text(tokenizer)
-    say("evaluating the teacher on the held-out pages (32 windows of 512 tokens)")
-    evaluation = lm_eval.LMEvaluation(teacher, text)
+    try:
+        text = lm_eval.lm_text(tokenizer)
+        say("evaluating the teacher on the held-out pages (32 windows of 512 tokens)")
+        evaluation = lm_eval.LMEvaluation(teacher, text)
+    except ValueError as e:  # a tokenizer whose held-out text holds too few prompts
+        raise UsageError(f"argument --no-eval: MODEL's tokenizer cannot be evaluated on the "
+                         f"held-out pages ({e}); the same command with --no-eval writes DIR "
+                         "(the healing's checkpoint is kept)") from None
     out = {}
     for n, student in students.items():
         say(f"evaluating the {n}-step model")
