@@ -476,6 +476,10 @@ def test_main_runs_outside_the_main_thread(monkeypatch):
 _SIGNAL_AT_START = """
 import os, signal, sys
 from splitformer import cli
+# Python's own handlers, whatever this test's runner left (a background job inherits an
+# ignored Ctrl-C)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
 if {ignored}:
     signal.signal(signal.SIG{name}, signal.SIG_IGN)
 before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
