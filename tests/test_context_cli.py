@@ -72,3 +72,22 @@ def test_a_corrupt_row_file_is_one_line(name, argv, rows, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "line 2" in err[0] and rows in err[0], err
     assert (tmp_path / rows).read_text() == '{"a": 1}\nnot json\n{"a": 2}\n'
+
+
+@pytest.mark.parametrize("argv, word", [
+    (["free", "--configs", "bogus"], "--configs"),
+    (["free", "--configs", "drop/bogus"], "--configs"),
+    (["free", "--steps", "0"], "--steps"),
+    (["free", "--steps", "30"], "--steps"),
+    (["free", "--out", "{file}"], "--out"),
+    (["table", "--out", "{file}"], "--out"),
+])
+def test_depth_llm_refuses_on_one_line_before_the_model_loads(argv, word, tmp_path, capsys):
+    from splitformer.experiments import depth_llm
+
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SystemExit) as e:
+        depth_llm.main([a.format(file=tmp_path / "f") for a in argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and word in err[0], err

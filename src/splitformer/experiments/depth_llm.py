@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from ..files import write_atomic
-from ..usage import Parser
+from ..usage import Parser, int_list
 from .rows import answered, append_row, read_rows, say
 
 __all__ = ["CONFIGS", "STEPS", "main"]
@@ -303,6 +303,19 @@ def table(out: Path) -> None:
                   "tokens/s)")
 
 
+def _configs(text: str) -> tuple[tuple[str, str], ...]:
+    """--configs: method/absorb pairs separated by commas, each among ``CONFIGS``' methods
+    and absorbs."""
+    methods = dict.fromkeys(m for m, _ in CONFIGS)
+    absorbs = ("keep", "average", "linear")
+    pairs = [tuple(c.strip().split("/")) for c in text.split(",")]
+    if not all(len(c) == 2 and c[0] in methods and c[1] in absorbs for c in pairs):
+        raise argparse.ArgumentTypeError(
+            f"expected method/absorb pairs separated by commas, methods among "
+            f"{', '.join(methods)} and absorbs among {', '.join(absorbs)}, got {text!r}")
+    return tuple(pairs)
+
+
 def _rounds(text: str) -> int:
     """--repeats: an int >= 1."""
     try:
@@ -320,22 +333,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("phase", choices=("free", "rank", "speed", "table"))
     p.add_argument("--out", type=Path, default=Path("results/depth-llm"),
                    help="folder of the rows and records (default results/depth-llm)")
-    p.add_argument("--steps", default=",".join(map(str, STEPS)),
+    p.add_argument("--steps", type=int_list(1, 29, "(coarse steps of SmolLM2's 30)"),
+                   default=STEPS,
                    help=f"coarse numbers of steps, comma-separated (default "
                         f"{','.join(map(str, STEPS))})")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's choice)")
     p.add_argument("--repeats", type=_rounds, default=3,
                    help="speed: interleaved timing rounds per model, medians taken (default 3)")
-    p.add_argument("--configs", default=None,
+    p.add_argument("--configs", type=_configs, default=None,
                    help="method/absorb pairs, comma-separated (default: "
                         + ",".join(f"{m}/{a}" for m, a in CONFIGS) + ")")
     args = p.parse_args(argv)
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"argument --out: expected a folder, got the file {str(args.out)!r}")
     if args.phase == "table" and not args.out.is_dir():
         p.error(f"argument --out: no folder {str(args.out)!r} (run free, rank or speed first)")
-    steps = tuple(int(s) for s in args.steps.split(","))
-    configs = CONFIGS if args.configs is None else tuple(
-        tuple(c.split("/")) for c in args.configs.split(","))
+    steps = args.steps
+    configs = CONFIGS if args.configs is None else args.configs
     work = {"free": lambda: free(args.out, steps, configs, args.threads),
             "rank": lambda: rank(args.out, args.threads),
             "speed": lambda: speed(args.out, steps, args.threads, args.repeats),
