@@ -51,8 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import (
-    UsageError,
+from ..usage import (
     bounded_int,
     duration,
     fraction,
@@ -63,6 +62,7 @@ from . import (
     positive_int,
     stripped,
 )
+from . import UsageError
 from .compress_checks import DATA_DRIVEN, check_grid, check_lm_grid, check_windows
 
 MAX_WINDOWS = 100_000  # (count, length) int64 ids: 410 MB at 512 tokens

@@ -12,6 +12,9 @@ from . import UsageError
 DATA_DRIVEN = ("drop", "angular", "sleb", "pairs")  # compression.coarsenings.DATA_DRIVEN
 
 
+NOTHING_TO_FIT = ("parallel", "coarsen", "coarsen-linear")
+"""The methods whose grids have no absorbing steps (``--fit`` keep only; its default there)."""
+
 def check_grid(cfg, teacher, folder: Path) -> None:
     """The coarse grids exist and the windows fit the model: checked before anything is
     written (the method's own refusal, named by its flag)."""
@@ -86,14 +89,10 @@ def check_lm_grid(cfg, teacher) -> None:
                 plan(cfg.method, teacher, n)
             except ValueError as e:
                 raise UsageError(f"argument --method: {e}") from None
-    if cfg.method == "parallel" or cfg.merge:
-        if cfg.fit != "keep":
-            raise UsageError(f"argument --fit: {cfg.fit} fits the absorbing steps of a grid of "
-                             f"kept steps; --method {cfg.method} is not one (use --fit keep)")
-    if cfg.fit != "keep" and cfg.method in ("coarsen", "coarsen-linear"):
+    if cfg.fit != "keep" and (cfg.method in NOTHING_TO_FIT or cfg.merge):
         raise UsageError(f"argument --fit: {cfg.fit} fits the absorbing steps of a grid of "
-                         f"kept steps; --method {cfg.method} refines and coarsens the time grid "
-                         "(use --method pairs for merged pairs, or --fit keep)")
+                         f"kept steps; --method {cfg.method} has none (use --fit keep, or "
+                         "--method pairs for merged pairs)")
     trained = teacher.trained_positions
     if trained is not None and not 2 <= cfg.length <= trained:
         raise UsageError(f"argument --length: expected 2 to {trained} tokens (the model's "

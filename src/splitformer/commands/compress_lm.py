@@ -36,7 +36,9 @@ def default_fit(heal: str, method: str) -> str:
     0.008 against 1.907x +- 0.014 for the maps over three seeds each after the same 260 KL
     steps, Welch p 0.0038; level at 26 steps). ``keep`` for the grids that have no absorbing
     steps to fit (``parallel``, ``coarsen``, ``coarsen-linear``)."""
-    if method in ("parallel", "coarsen", "coarsen-linear"):
+    from .compress_checks import NOTHING_TO_FIT
+
+    if method in NOTHING_TO_FIT:
         return "keep"
     return "linear" if heal == "none" else "keep"
 
