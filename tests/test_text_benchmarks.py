@@ -179,6 +179,46 @@ def test_kjv_passages_have_exactly_n_tokens(minilm):
         tb.kjv_passages(minilm.tokenizer, 2, 1, verses)
 
 
+@needs("text")
+def test_a_signal_while_the_king_james_text_is_read_is_never_lost():
+    """A Python signal handler that raises (Ctrl-C's KeyboardInterrupt) at any moment of
+    kjv_verses is raised, in it or at the latest just after it: numpy 2.4 iterating an array of
+    str clears an exception raised meanwhile, and compress lost Ctrl-C at its "healing text"
+    step that way. Timer signals at 12 offsets across the read; the old reader lost most."""
+    import signal
+    import time
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stop
+
+    tb.kjv_verses()  # the SWORD module decompressed once (cached); the read itself remains
+    start = time.perf_counter()
+    expected = tb.kjv_verses()
+    took = time.perf_counter() - start
+    before = signal.signal(signal.SIGALRM, stop)
+    lost = []
+    try:
+        for k in range(12):
+            at = max(1e-3, took * (k + 0.5) / 12)
+            try:
+                signal.setitimer(signal.ITIMER_REAL, at)
+                verses = tb.kjv_verses()
+                assert verses == expected
+                deadline = time.perf_counter() + at + 1.0
+                while time.perf_counter() < deadline:  # a signal not yet due arrives here
+                    time.sleep(0.001)
+                lost.append(at)
+            except Stop:
+                pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    assert not lost, f"signals at {lost} s of a {took:.2f} s read were lost"
+
+
 @needs("minilm")
 def test_minilm_reads_its_sentence_transformers_config(minilm):
     assert minilm.max_seq_length == 256

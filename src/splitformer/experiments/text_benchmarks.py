@@ -267,10 +267,13 @@ def word_pairs(name: str, folder: str | Path | None = None) -> list[tuple[str, s
 def kjv_verses(data_dir: str | None = None) -> list[str]:
     """The King James text one verse a line (``load_dataset("text")``: its train and test
     parts decoded and joined; the two test characters outside the train vocabulary, "[" and
-    "]", read as U+FFFD)."""
+    "]", read as U+FFFD). The ids are decoded as UTF-32 code points in one call, never by
+    iterating an array of str: numpy 2.4 clears an exception raised meanwhile, so a Ctrl-C
+    there was lost (numpy issue #20596)."""
     ds = load_dataset("text", data_dir)
-    vocab = np.array(ds.vocab)
-    text = "".join(vocab[ds.train.x.numpy()]) + "".join(vocab[ds.test.x.numpy()])
+    points = np.array([ord(c) for c in ds.vocab], dtype="<u4")
+    ids = torch.cat([ds.train.x, ds.test.x]).numpy()
+    text = points[ids].tobytes().decode("utf-32-le")
     return text.rstrip("\n").split("\n")
 
 
