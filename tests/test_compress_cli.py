@@ -89,6 +89,12 @@ def _code(argv) -> int:
 def test_bad_model_and_out_are_named(capsys, tmp_path):
     assert _code(["compress", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
     assert "argument MODEL" in capsys.readouterr().err
+    held = tmp_path / "held" / "heal"  # another run's folder: still MODEL that is named
+    held.mkdir(parents=True)
+    (held / "config.json").write_text(json.dumps({"batch_size": 4, "healed": "controls"}))
+    assert _code(["compress", str(tmp_path / "missing.gguf"), "--out", str(held.parent)]) == 2
+    err = capsys.readouterr().err
+    assert "argument MODEL" in err and "does not exist" in err and "--out" not in err
     done = tmp_path / "done"  # a compress result: its hf/ is the transformers folder
     (done / "hf").mkdir(parents=True)
     (done / "compress.json").write_text("{}")

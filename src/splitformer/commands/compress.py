@@ -412,6 +412,10 @@ def _heal_config(args: argparse.Namespace):
     from ..compression.heal import HealConfig
     from .compress_lm import HEALING_DEFAULTS, apply_defaults, is_decoder, refuse_lm_flags
 
+    if args.model is not None and args.model.strip().lower() != "smollm2" \
+            and not Path(args.model.strip()).exists():  # before --out is read with its config
+        raise UsageError(f"argument MODEL: {args.model!r} does not exist (expected smollm2, a "
+                         ".gguf file or a Hugging Face model folder)")
     decoder = is_decoder(args.model)
     if decoder:
         apply_defaults(args)
