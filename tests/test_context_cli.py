@@ -74,6 +74,22 @@ def test_a_corrupt_row_file_is_one_line(name, argv, rows, tmp_path, capsys):
     assert (tmp_path / rows).read_text() == '{"a": 1}\nnot json\n{"a": 2}\n'
 
 
+def test_context_run_reads_its_row_file_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import splitformer.interop
+    from splitformer.experiments import context
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded before the row file was read")
+
+    monkeypatch.setattr(splitformer.interop, "from_hf", loaded)
+    (tmp_path / "rows.jsonl").write_text('{"a": 1}\nnot json\n{"a": 2}\n')
+    with pytest.raises(SystemExit) as e:
+        context.main(["run", "--out", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "line 2" in err[0], err
+
+
 @pytest.mark.parametrize("argv, word", [
     (["free", "--configs", "bogus"], "--configs"),
     (["free", "--configs", "drop/bogus"], "--configs"),

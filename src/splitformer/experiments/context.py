@@ -130,10 +130,10 @@ def run(out: Path, docs: Sequence[str], rules: Sequence[str], factors: Sequence[
         chunk: int) -> None:
     from ..interop import from_hf
 
+    path = out / "rows.jsonl"  # read first: a corrupt row file is named before the model loads
+    done = {(r["doc"], r["kind"], r["length"], r["rule"]) for r in read_rows(path)}
     model = from_hf("smollm2").eval()
     n0 = model.trained_positions
-    path = out / "rows.jsonl"
-    done = {(r["doc"], r["kind"], r["length"], r["rule"]) for r in read_rows(path)}
     texts = _documents(model.tokenizer, docs)
     for doc, ids in texts.items():
         say(f"{doc}: {ids.numel()} tokens")
