@@ -132,6 +132,7 @@ def test_a_short_run_writes_dir_and_a_renumbered_hf_folder(capsys, tmp_path):
     assert report["steps"] == [3] and report["metrics"]["steps_taken"] == 2
     assert report["metrics"]["fit"]["absorb"] == "linear"
     assert report["hf"] == str(out / "hf")
+    assert "measures" not in report and "fidelity" not in report  # --no-eval: none measured
     ours = splitformer.load(out)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(out / "hf").eval()
     assert theirs.config.num_hidden_layers == 3 == ours.evolution.num_steps

@@ -726,7 +726,9 @@ def _report(args, cfg, source: _Source, result) -> dict:
             "metrics": result.metrics,
             "grids": {str(n): str(c) for n, c in result.coarsenings.items()},
             "notes": {str(n): dict(c.note or {}) for n, c in result.coarsenings.items()},
-            **{k: v for k, v in source.report.items() if k != "model"}}
+            # what the fidelity measures is said only where one is measured
+            **{k: v for k, v in source.report.items()
+               if k != "model" and not (args.no_eval and k == "measures")}}
 
 
 def _heal(args, cfg, teacher, windows, out: Path, say, phase, healed):
