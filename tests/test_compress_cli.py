@@ -92,9 +92,16 @@ def test_bad_model_and_out_are_named(capsys, tmp_path):
     held = tmp_path / "held" / "heal"  # another run's folder: still MODEL that is named
     held.mkdir(parents=True)
     (held / "config.json").write_text(json.dumps({"batch_size": 4, "healed": "controls"}))
-    assert _code(["compress", str(tmp_path / "missing.gguf"), "--out", str(held.parent)]) == 2
-    err = capsys.readouterr().err
-    assert "argument MODEL" in err and "does not exist" in err and "--out" not in err
+    (held / "final.json").write_text("{}")  # a finished healing: --out is compared with it
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for model, said in ((tmp_path / "missing.gguf", "no such GGUF file"),
+                        (tmp_path / "missing", "no config.json"),
+                        (afile, "no config.json"), (tmp_path, "no config.json"),
+                        ("SmolLM2", "the packaged model is 'smollm2'")):
+        assert _code(["compress", str(model), "--out", str(held.parent)]) == 2
+        err = capsys.readouterr().err
+        assert "argument MODEL" in err and said in err and "--out" not in err, (model, err)
     done = tmp_path / "done"  # a compress result: its hf/ is the transformers folder
     (done / "hf").mkdir(parents=True)
     (done / "compress.json").write_text("{}")
@@ -116,8 +123,6 @@ def test_bad_model_and_out_are_named(capsys, tmp_path):
     assert _code(["compress", str(notok), "--steps", "1", "--heal", "none", "--out",
                   str(tmp_path / "o2")]) == 2
     assert "no tokenizer files" in capsys.readouterr().err and not (tmp_path / "o2").exists()
-    afile = tmp_path / "afile"
-    afile.write_text("x")
     assert _code(["compress", "--out", str(afile)]) == 2
     assert "is a file" in capsys.readouterr().err
     full = tmp_path / "full"

@@ -263,6 +263,28 @@ def _apply_recipe(args: argparse.Namespace) -> None:
             setattr(args, key, value)
 
 
+def _check_model(spec: str | None) -> None:
+    """MODEL's checks that read no weights: the packaged name spelled as it is, a ``.gguf``
+    file that exists, or a folder of a causal LM or of an encoder compress heals; UsageError
+    naming MODEL otherwise. None (the packaged MiniLM) is checked when it is read."""
+    from ..interop.gguf import PACKAGED, gguf_location
+    from .compress_lm import is_decoder
+
+    if spec is None or spec in PACKAGED:
+        return
+    if spec.strip().lower() in PACKAGED:
+        raise UsageError(f"argument MODEL: {spec!r} is not a model name; the packaged model "
+                         f"is {spec.strip().lower()!r}")
+    if spec.lower().endswith(".gguf"):
+        try:
+            gguf_location(spec)
+        except (OSError, ValueError) as e:  # the words generate uses for the same MODEL
+            detail = str(e).replace(f"path_or_name={spec!r}", "").lstrip(": ")
+            raise UsageError(f"argument MODEL: {spec!r}: {detail}") from None
+    elif not is_decoder(spec):
+        _model_folder(spec)
+
+
 def _model_folder(arg: str | None) -> Path:
     from ..experiments.text_benchmarks import minilm_folder
     from ..interop.families import compressible
@@ -412,10 +434,7 @@ def _heal_config(args: argparse.Namespace):
     from ..compression.heal import HealConfig
     from .compress_lm import HEALING_DEFAULTS, apply_defaults, is_decoder, refuse_lm_flags
 
-    if args.model is not None and args.model.strip().lower() != "smollm2" \
-            and not Path(args.model.strip()).exists():  # before --out is read with its config
-        raise UsageError(f"argument MODEL: {args.model!r} does not exist (expected smollm2, a "
-                         ".gguf file or a Hugging Face model folder)")
+    _check_model(args.model)  # before --out is compared with its config (which MODEL sets)
     decoder = is_decoder(args.model)
     if decoder:
         apply_defaults(args)
@@ -726,7 +745,7 @@ def _report(args, cfg, source: _Source, result) -> dict:
             "metrics": result.metrics,
             "grids": {str(n): str(c) for n, c in result.coarsenings.items()},
             "notes": {str(n): dict(c.note or {}) for n, c in result.coarsenings.items()},
-            # what the fidelity measures is said only where one is measured
+            # a causal LM's description of its measures only where they are measured
             **{k: v for k, v in source.report.items()
                if k != "model" and not (args.no_eval and k == "measures")}}
 

@@ -60,10 +60,9 @@ def is_decoder(spec: str | None) -> bool:
 
     if spec is None:
         return False
-    text = spec.strip()
-    if text.lower() == "smollm2" or text.lower().endswith(".gguf"):
+    if spec == "smollm2" or spec.lower().endswith(".gguf"):
         return True
-    config = Path(text) / "config.json"
+    config = Path(spec) / "config.json"
     if not config.is_file():
         return False
     try:

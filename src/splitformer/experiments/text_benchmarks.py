@@ -273,7 +273,7 @@ def kjv_verses(data_dir: str | None = None) -> list[str]:
     ds = load_dataset("text", data_dir)
     points = np.array([ord(c) for c in ds.vocab], dtype="<u4")
     ids = torch.cat([ds.train.x, ds.test.x]).numpy()
-    text = points[ids].tobytes().decode("utf-32-le")
+    text = points[ids].tobytes().decode("utf-32-le", "surrogatepass")
     return text.rstrip("\n").split("\n")
 
 
