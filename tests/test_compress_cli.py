@@ -96,8 +96,8 @@ def test_bad_model_and_out_are_named(capsys, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
     for model, said in ((tmp_path / "missing.gguf", "no such GGUF file"),
-                        (tmp_path / "missing", "no config.json"),
-                        (afile, "no config.json"), (tmp_path, "no config.json"),
+                        (tmp_path / "missing", "does not exist"),
+                        (afile, "is a file"), (tmp_path, "no config.json"),
                         ("SmolLM2", "the packaged model is 'smollm2'")):
         assert _code(["compress", str(model), "--out", str(held.parent)]) == 2
         err = capsys.readouterr().err
@@ -388,6 +388,47 @@ def test_a_killed_run_resumes_with_a_longer_budget(tiny, capsys, monkeypatch, tm
     rc, out, err = cli(tiny("--max-steps", "9", "--steps", "2", "--json"), capsys)
     assert rc == 0, err
     assert json.loads(out.strip().splitlines()[-1])["metrics"]["steps_taken"] == 9
+
+
+def test_ctrl_c_while_dir_is_written_says_what_is_kept(tiny, capsys, monkeypatch, tmp_path):
+    """Ctrl-C after the healing, while DIR is written: one line saying the healing's
+    checkpoint is kept (not "before healing began"), no compress.json, and the same command
+    writes DIR from the checkpoint without healing again; Ctrl-C once DIR is complete says so."""
+    import splitformer.compression.store as store
+    import splitformer.training.checkpoints as checkpoints
+
+    write = store.write_result
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "write_result", stopped)
+    rc, _, err = cli(tiny("--max-steps", "3", "--steps", "2"), capsys)
+    out = tmp_path / "c"
+    assert rc == 130 and err.strip().splitlines()[-1] == (
+        f"splitformer compress: interrupted after healing, before {out} was complete (the "
+        f"healing's checkpoint in {out / 'heal'} is kept: the same command evaluates and "
+        "writes it)")
+    assert not (out / "compress.json").exists() and (out / "heal" / "latest").is_file()
+    monkeypatch.setattr(store, "write_result", write)
+    monkeypatch.setattr(checkpoints, "remove_checkpoints", stopped)
+    rc, _, err = cli(tiny("--max-steps", "3", "--steps", "2"), capsys)
+    assert rc == 130 and err.strip().splitlines()[-1] == (
+        f"splitformer compress: interrupted after {out} was written (it is complete)")
+    assert "step 1 " not in err and (out / "compress.json").is_file()  # not healed again
+    monkeypatch.setattr(store, "write_result", stopped)
+    rc, _, err = cli(tiny("--steps", "2", "--heal", "none", out=tmp_path / "d"), capsys)
+    assert rc == 130 and err.strip().splitlines()[-1].endswith(
+        f"interrupted before {tmp_path / 'd'} was complete (nothing to resume)")
+
+
+def test_a_diverging_lr_is_one_line_naming_lr(tiny, capsys):
+    rc, _, err = cli(tiny("--max-steps", "3", "--steps", "2", "--lr", "1e10"), capsys)
+    assert rc == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("splitformer compress: error: argument --lr: the healing diverged "
+                           "at lr 1e+10 (the loss is nan at step 1): lower --lr"), last
+    assert "Traceback" not in err
 
 
 def test_a_kill_before_the_first_checkpoint_says_it_starts_over(tiny, capsys, tmp_path):

@@ -46,6 +46,7 @@ def tiny_folder(path, layers: int = 4):
     (["--heal", "none", "--fit-init", "linear"], "--fit-init"),  # --fit is linear
     (["--heal", "none", "--steps", "3,2"], "--steps"),  # --fit linear fits one grid
     (["--heal", "none", "--lr", "1e-4"], "--lr"),
+    (["--fit", "step", "--fit-budget", "0"], "argument --fit-budget"),  # named, not fit_budget
 ])
 def test_encoder_flags_and_misplaced_fit_flags_are_refused_for_a_causal_lm(
         argv, flag, capsys, tmp_path):

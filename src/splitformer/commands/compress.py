@@ -296,6 +296,12 @@ def _model_folder(arg: str | None) -> Path:
         except DatasetError as e:
             raise UsageError(f"argument MODEL: {e}") from None
     folder = Path(arg)
+    if not folder.exists():
+        raise UsageError(f"argument MODEL: {arg!r} does not exist (expected smollm2, a .gguf "
+                         "file or a Hugging Face model folder)")
+    if not folder.is_dir():
+        raise UsageError(f"argument MODEL: {arg!r} is a file, not a Hugging Face model folder "
+                         "(nor a .gguf file)")
     if (folder / "compress.json").is_file() and not (folder / "config.json").is_file():
         hint = (f"; its network as a transformers folder is {str(folder / 'hf')!r}"
                 if (folder / "hf" / "config.json").is_file() else "")
@@ -711,6 +717,14 @@ def _compress(args, cfg, source: _Source, out: Path, say, phase,
     from ..training.checkpoints import remove_checkpoints
 
     result = _healed(args, cfg, source, out, say, phase, finished)
+    # Ctrl-C from here on: DIR is written last of all (compress.json last), so a stop before
+    # it is complete leaves the healing's checkpoint, if any, for the same command
+    if cfg.budget and (out / "heal" / "latest").is_file():
+        args._interrupted = (f" after healing, before {out} was complete (the healing's "
+                             f"checkpoint in {out / 'heal'} is kept: the same command "
+                             "evaluates and writes it)")
+    else:
+        args._interrupted = f" before {out} was complete (nothing to resume)"
     report = _report(args, cfg, source, result)
     if not args.no_eval:
         phase("evaluating on held-out text (the fidelity to MODEL)")
@@ -723,6 +737,7 @@ def _compress(args, cfg, source: _Source, out: Path, say, phase,
     # a finished DIR is healed on from model.safetensors, not from them: the healing
     # checkpoints (the base's weights and AdamW's moments, three times model.safetensors)
     # serve nothing; config and metrics stay
+    args._interrupted = f" after {out} was written (it is complete)"
     remove_checkpoints(out / "heal")
     report["out"] = str(out)
     report["hf"] = str(out / "hf") if record["hf"] else None
@@ -771,6 +786,12 @@ def _heal(args, cfg, teacher, windows, out: Path, say, phase, healed):
         else:
             args._interrupted = " before the healing's first checkpoint (nothing to resume)"
         raise
+    except FloatingPointError as e:  # a loss or state not finite: the step was too long
+        kept = (f"; the checkpoint in {out / 'heal'} before it is kept"
+                if cfg.budget and (out / "heal" / "latest").is_file() else "")
+        text = " ".join(str(e).split()).removeprefix("heal: ").removesuffix("; lower lr")
+        raise UsageError(f"argument --lr: the healing diverged at lr {cfg.lr:g} ({text}): "
+                         f"lower --lr{kept}") from None
     except (CheckpointError, ValueError) as e:
         text = " ".join(str(e).split())
         raise UsageError(f"argument --out: {text.removeprefix('out: ')}") from None

@@ -94,6 +94,9 @@ def apply_defaults(args: argparse.Namespace) -> None:
                          "keep)")
     if args.fit == "step" and args.fit_budget is None and args.fit_steps is None:
         args.fit_budget = 240.0
+    if args.fit == "step" and not args.fit_budget and not args.fit_steps:  # --fit-budget 0
+        raise UsageError("argument --fit-budget: --fit step fits the absorbing steps by AdamW, "
+                         "which needs time: give a --fit-budget above 0 or --fit-steps")
     if args.fit != "step":
         for flag, key in (("--fit-init", "fit_init"), ("--fit-budget", "fit_budget"),
                           ("--fit-steps", "fit_steps")):
