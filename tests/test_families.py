@@ -159,11 +159,11 @@ def test_a_registered_family_appears_in_every_reader(toy, tmp_path):
     assert record["kind"] == "hf-bert"  # its source is a HFBertConfig: BERT's record first
     assert type(_rebuild({**record, "kind": "hf-toybert"})) is type(ours)
     # compress accepts its model_type; subjects read it as text
-    from splitformer.commands.compress import _model_folder
+    from splitformer.commands.compress_checks import model_folder
     from splitformer.subjects.hf import _family
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "toybert"}))
-    assert _model_folder(str(tmp_path)) == tmp_path
+    assert model_folder(str(tmp_path)) == tmp_path
     assert _family("ToyBertModel").modality == "text"
 
 
@@ -175,13 +175,13 @@ def test_an_unregistered_family_leaves_every_reader(tmp_path):
     assert _views() == before == _registry()
     assert "ToyBertModel" not in hf.HF_CLASSES and "toybert" not in resolve.HF_TYPES
     from splitformer.commands import UsageError
-    from splitformer.commands.compress import _model_folder
+    from splitformer.commands.compress_checks import model_folder
     from splitformer.compression.store import _rebuild
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "toybert"}))
     with pytest.raises(UsageError, match=r"compress heals BERT text encoders \(model_type "
                                          r"'bert'\), got model_type 'toybert'"):
-        _model_folder(str(tmp_path))
+        model_folder(str(tmp_path))
     with pytest.raises(ValueError, match=r"unknown base kind 'hf-toybert' \(expected 'hf-bert' or "
                                          r"'hf-vit' or 'hf-cvt' or 'hf-gpt2' or 'hf-llama' or "
                                          r"'hf-mistral' or 'hf-qwen2' or 'hf-qwen3' or "

@@ -63,7 +63,14 @@ from ..usage import (
     stripped,
 )
 from . import UsageError
-from .compress_checks import DATA_DRIVEN, check_grid, check_lm_grid, check_windows
+from .compress_checks import (
+    DATA_DRIVEN,
+    check_grid,
+    check_lm_grid,
+    check_model,
+    check_windows,
+    model_folder,
+)
 
 MAX_WINDOWS = 100_000  # (count, length) int64 ids: 410 MB at 512 tokens
 HELP = "coarsen a pretrained encoder in depth (and tokens) and heal it within a budget"
@@ -263,69 +270,6 @@ def _apply_recipe(args: argparse.Namespace) -> None:
             setattr(args, key, value)
 
 
-def _check_model(spec: str | None) -> None:
-    """MODEL's checks that read no weights: the packaged name spelled as it is, a ``.gguf``
-    file that exists, or a folder of a causal LM or of an encoder compress heals; UsageError
-    naming MODEL otherwise. None (the packaged MiniLM) is checked when it is read."""
-    from ..interop.gguf import PACKAGED, gguf_location
-    from .compress_lm import is_decoder
-
-    if spec is None or spec in PACKAGED:
-        return
-    if spec.strip().lower() in PACKAGED:
-        raise UsageError(f"argument MODEL: {spec!r} is not a model name; the packaged model "
-                         f"is {spec.strip().lower()!r}")
-    if spec.lower().endswith(".gguf"):
-        try:
-            gguf_location(spec)
-        except (OSError, ValueError) as e:  # the words generate uses for the same MODEL
-            detail = str(e).replace(f"path_or_name={spec!r}", "").lstrip(": ")
-            raise UsageError(f"argument MODEL: {spec!r}: {detail}") from None
-    elif not is_decoder(spec):
-        _model_folder(spec)
-
-
-def _model_folder(arg: str | None) -> Path:
-    from ..experiments.text_benchmarks import minilm_folder
-    from ..interop.families import compressible
-    from ..training.data import DatasetError
-
-    if arg is None:
-        try:
-            return minilm_folder()
-        except DatasetError as e:
-            raise UsageError(f"argument MODEL: {e}") from None
-    folder = Path(arg)
-    if not folder.exists():
-        raise UsageError(f"argument MODEL: {arg!r} does not exist (expected smollm2, a .gguf "
-                         "file or a Hugging Face model folder)")
-    if not folder.is_dir():
-        raise UsageError(f"argument MODEL: {arg!r} is a file, not a Hugging Face model folder "
-                         "(nor a .gguf file)")
-    if (folder / "compress.json").is_file() and not (folder / "config.json").is_file():
-        hint = (f"; its network as a transformers folder is {str(folder / 'hf')!r}"
-                if (folder / "hf" / "config.json").is_file() else "")
-        raise UsageError(f"argument MODEL: {arg!r} is a compress result folder, not a Hugging "
-                         f"Face model folder{hint}")
-    if not (folder / "config.json").is_file():
-        raise UsageError(f"argument MODEL: {arg!r} is not a Hugging Face model folder (no "
-                         "config.json)")
-    try:
-        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
-    except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"argument MODEL: {folder / 'config.json'}: {e}") from None
-    if model_type is None:
-        raise UsageError(f"argument MODEL: {folder / 'config.json'} has no model_type: not a "
-                         "transformers model folder")
-    healed = compressible("encoder")  # the family records (interop.families) say which
-    if not any(model_type in f.model_types for f in healed):
-        labels = " or ".join(f.label for f in healed)
-        types = ", ".join(repr(t) for f in healed for t in f.model_types)
-        raise UsageError(f"argument MODEL: compress heals {labels} text encoders (model_type "
-                         f"{types}), got model_type {model_type!r}")
-    return folder
-
-
 _OURS = ("heal", "model.safetensors", "hf", "tokenizer", ".lock", "compress.json")
 
 
@@ -440,8 +384,8 @@ def _heal_config(args: argparse.Namespace):
     from ..compression.heal import HealConfig
     from .compress_lm import HEALING_DEFAULTS, apply_defaults, is_decoder, refuse_lm_flags
 
-    _check_model(args.model)  # before --out is compared with its config (which MODEL sets)
     decoder = is_decoder(args.model)
+    check_model(args.model, decoder)  # before --out is compared with its config (MODEL sets)
     if decoder:
         apply_defaults(args)
     else:
@@ -595,7 +539,7 @@ def _source(args: argparse.Namespace, cfg, say, scratch: Path) -> _Source:
     from ..interop import from_hf
     from ..training.data import DatasetError
 
-    folder = _model_folder(args.model)
+    folder = model_folder(args.model)
     say(f"compress: reading MODEL {folder}")
     try:
         minilm = load_minilm(folder)
