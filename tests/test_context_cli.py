@@ -7,6 +7,14 @@ from __future__ import annotations
 import pytest
 
 
+def _stderr_of_exit(main, argv, capsys, code: int = 2) -> list[str]:
+    """The stderr lines of ``main(argv)``, which must exit with ``code``."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == code
+    return capsys.readouterr().err.strip().splitlines()
+
+
 @pytest.mark.parametrize("argv, word", [
     (["table", "--out", "{folder}", "--rules", "yarn"], "unrecognized arguments: --rules"),
     (["table", "--out", "{folder}", "--threads", "1"], "unrecognized arguments: --threads"),
@@ -24,10 +32,7 @@ def test_the_context_command_refuses_on_one_line(tmp_path, capsys, argv, word):
     folder.mkdir()
     (folder / "rows.jsonl").write_text("")
     argv = [a.format(folder=folder, missing=tmp_path / "none") for a in argv]
-    with pytest.raises(SystemExit) as e:
-        context.main(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _stderr_of_exit(context.main, argv, capsys)
     assert len(err) == 1 and word in err[0], err
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["rows", "rows.jsonl"]
 
@@ -46,10 +51,7 @@ def test_ctrl_c_in_a_run_is_one_line_naming_the_kept_rows(name, rows, tmp_path, 
         raise KeyboardInterrupt
 
     monkeypatch.setattr(module, "run", interrupted)
-    with pytest.raises(SystemExit) as e:
-        module.main(["run", "--out", str(tmp_path / "rows")])
-    assert e.value.code == 130
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _stderr_of_exit(module.main, ["run", "--out", str(tmp_path / "rows")], capsys, code=130)
     assert err == [f"python -m splitformer.experiments.{name}: interrupted (finished rows, "
                    f"if any, are kept in {tmp_path / 'rows' / rows})"]
 
@@ -66,10 +68,7 @@ def test_a_corrupt_row_file_is_one_line(name, argv, rows, tmp_path, capsys):
 
     module = importlib.import_module(f"splitformer.experiments.{name}")
     (tmp_path / rows).write_text('{"a": 1}\nnot json\n{"a": 2}\n')
-    with pytest.raises(SystemExit) as e:
-        module.main([*argv, "--out", str(tmp_path)])
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _stderr_of_exit(module.main, [*argv, "--out", str(tmp_path)], capsys)
     assert len(err) == 1 and "line 2" in err[0] and rows in err[0], err
     assert (tmp_path / rows).read_text() == '{"a": 1}\nnot json\n{"a": 2}\n'
 
@@ -83,10 +82,7 @@ def test_context_run_reads_its_row_file_before_the_model_loads(tmp_path, capsys,
 
     monkeypatch.setattr(splitformer.interop, "from_hf", loaded)
     (tmp_path / "rows.jsonl").write_text('{"a": 1}\nnot json\n{"a": 2}\n')
-    with pytest.raises(SystemExit) as e:
-        context.main(["run", "--out", str(tmp_path)])
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _stderr_of_exit(context.main, ["run", "--out", str(tmp_path)], capsys)
     assert len(err) == 1 and "line 2" in err[0], err
 
 
@@ -102,8 +98,5 @@ def test_depth_llm_refuses_on_one_line_before_the_model_loads(argv, word, tmp_pa
     from splitformer.experiments import depth_llm
 
     (tmp_path / "f").write_text("")
-    with pytest.raises(SystemExit) as e:
-        depth_llm.main([a.format(file=tmp_path / "f") for a in argv])
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _stderr_of_exit(depth_llm.main, [a.format(file=tmp_path / "f") for a in argv], capsys)
     assert len(err) == 1 and word in err[0], err

@@ -169,6 +169,32 @@ def _add_fit(p: argparse.ArgumentParser) -> None:
                         "absorbing steps together (split evenly between them)")
 
 
+def _add_healing(p: argparse.ArgumentParser) -> None:
+    """The global phase: its objective, the objective's weights, and its budget and rate."""
+    p.add_argument("--heal", type=stripped, choices=("distill", "shoot", "kl", "none"),
+                   default=None,
+                   help="distill: match u(T); shoot: also the states at the coarse grid's "
+                        "times; kl (causal LMs, their default): the next-token "
+                        "distributions, KL to MODEL's; none: training-free (default distill "
+                        "for an encoder)")
+    p.add_argument("--shooting", type=nonnegative_float, default=1.0,
+                   help="weight of the shooting terms with --heal shoot (default 1)")
+    p.add_argument("--embedding", type=nonnegative_float, default=None,
+                   help="weight of 1 - cos of the sentence embeddings (default 0)")
+    p.add_argument("--relation", type=nonnegative_float, default=None,
+                   help="weight of the squared differences of the pair cosines of a batch's "
+                        "sentence embeddings (default 0)")
+    p.add_argument("--budget", type=duration, default=None,
+                   help="healing wall-clock budget: seconds (600, 1e3) or 90s, 10m, 1h "
+                        "(default 10m); a longer one on the same --out heals a run on")
+    p.add_argument("--max-steps", type=nonnegative_int, default=_DEFAULTS["max_steps"],
+                   help="at most this many optimiser steps (default: the budget alone)")
+    p.add_argument("--lr", type=positive_float, default=None,
+                   help="AdamW rate (1e-4; 3e-4 for a causal LM)")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="windows a step (16; 4 for a causal LM)")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..compression import method_names
 
@@ -192,28 +218,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="healing windows the fine model is run on to choose the grid of drop "
                         "and angular (default 32, or all the windows if fewer; at most "
                         "--windows)")
-    p.add_argument("--heal", type=stripped, choices=("distill", "shoot", "kl", "none"),
-                   default=None,
-                   help="distill: match u(T); shoot: also the states at the coarse grid's "
-                        "times; kl (causal LMs, their default): the next-token "
-                        "distributions, KL to MODEL's; none: training-free (default distill "
-                        "for an encoder)")
-    p.add_argument("--shooting", type=nonnegative_float, default=1.0,
-                   help="weight of the shooting terms with --heal shoot (default 1)")
-    p.add_argument("--embedding", type=nonnegative_float, default=None,
-                   help="weight of 1 - cos of the sentence embeddings (default 0)")
-    p.add_argument("--relation", type=nonnegative_float, default=None,
-                   help="weight of the squared differences of the pair cosines of a batch's "
-                        "sentence embeddings (default 0)")
-    p.add_argument("--budget", type=duration, default=None,
-                   help="healing wall-clock budget: seconds (600, 1e3) or 90s, 10m, 1h "
-                        "(default 10m); a longer one on the same --out heals a run on")
-    p.add_argument("--max-steps", type=nonnegative_int, default=_DEFAULTS["max_steps"],
-                   help="at most this many optimiser steps (default: the budget alone)")
-    p.add_argument("--lr", type=positive_float, default=None,
-                   help="AdamW rate (1e-4; 3e-4 for a causal LM)")
-    p.add_argument("--batch-size", type=positive_int, default=None,
-                   help="windows a step (16; 4 for a causal LM)")
+    _add_healing(p)
     _add_healing_text(p)
     p.add_argument("--precision", type=stripped, choices=("float32", "bfloat16"),
                    default=None, help="the healing's arithmetic: float32 (default) or bfloat16 "
@@ -532,8 +537,9 @@ def _source(args: argparse.Namespace, cfg, say, scratch: Path) -> _Source:
         return _Source(
             teacher, scratch, lambda: compress_lm.windows(tokenizer, args, cfg),
             lambda students, tell: compress_lm.evaluate(teacher, tokenizer, students, tell),
-            {"model": str(args.model), "measures": "lm_eval.LMEvaluation on the last pages "
-             "of gensim's Wikipedia extract (32 windows of 512 tokens)"})
+            {"model": str(args.model)} | ({} if args.no_eval else {
+                "measures": "lm_eval.LMEvaluation on the last pages of gensim's Wikipedia "
+                            "extract (32 windows of 512 tokens)"}))
     from ..experiments import depth_eval
     from ..experiments.text_benchmarks import load_minilm
     from ..interop import from_hf
@@ -663,7 +669,7 @@ def _compress(args, cfg, source: _Source, out: Path, say, phase,
     result = _healed(args, cfg, source, out, say, phase, finished)
     # Ctrl-C from here on: DIR is written last of all (compress.json last), so a stop before
     # it is complete leaves the healing's checkpoint, if any, for the same command
-    if cfg.budget and (out / "heal" / "latest").is_file():
+    if _checkpointed(cfg, out):
         args._interrupted = (f" after healing, before {out} was complete (the healing's "
                              f"checkpoint in {out / 'heal'} is kept: the same command "
                              "evaluates and writes it)")
@@ -704,14 +710,18 @@ def _report(args, cfg, source: _Source, result) -> dict:
             "metrics": result.metrics,
             "grids": {str(n): str(c) for n, c in result.coarsenings.items()},
             "notes": {str(n): dict(c.note or {}) for n, c in result.coarsenings.items()},
-            # a causal LM's description of its measures only where they are measured
-            **{k: v for k, v in source.report.items()
-               if k != "model" and not (args.no_eval and k == "measures")}}
+            **{k: v for k, v in source.report.items() if k != "model"}}
+
+
+def _checkpointed(cfg, out: Path) -> bool:
+    """Whether the healing left a checkpoint in DIR/heal (what the same command resumes)."""
+    return bool(cfg.budget) and (out / "heal" / "latest").is_file()
 
 
 def _heal(args, cfg, teacher, windows, out: Path, say, phase, healed):
     """``compression.heal`` into DIR/heal/ (nothing written with --heal none), its phases and
     steps on stderr."""
+    from ..compression import Diverged
     from ..compression.heal import heal
     from ..training.checkpoints import CheckpointError
 
@@ -724,18 +734,17 @@ def _heal(args, cfg, teacher, windows, out: Path, say, phase, healed):
                     out=out / "heal" if cfg.budget else None, progress=progress,
                     notice=phase, healed=healed)
     except KeyboardInterrupt:  # say what is kept: a checkpoint only once one was written
-        if cfg.budget and (out / "heal" / "latest").is_file():
+        if _checkpointed(cfg, out):
             args._interrupted = (f" (the healing's last checkpoint in {out / 'heal'} is kept: "
                                  "the same command resumes)")
         else:
             args._interrupted = " before the healing's first checkpoint (nothing to resume)"
         raise
-    except FloatingPointError as e:  # a loss or state not finite: the step was too long
-        kept = (f"; the checkpoint in {out / 'heal'} before it is kept"
-                if cfg.budget and (out / "heal" / "latest").is_file() else "")
-        text = " ".join(str(e).split()).removeprefix("heal: ").removesuffix("; lower lr")
-        raise UsageError(f"argument --lr: the healing diverged at lr {cfg.lr:g} ({text}): "
-                         f"lower --lr{kept}") from None
+    except Diverged as e:
+        kept = f"; the checkpoint in {out / 'heal'} before it is kept" \
+            if _checkpointed(cfg, out) else ""
+        raise UsageError(f"argument --lr: the healing diverged at lr {cfg.lr:g} (the loss is "
+                         f"{e.loss} at step {e.step}): lower --lr{kept}") from None
     except (CheckpointError, ValueError) as e:
         text = " ".join(str(e).split())
         raise UsageError(f"argument --out: {text.removeprefix('out: ')}") from None

@@ -104,7 +104,9 @@ def check_model(spec: str | None, decoder: bool) -> None:
     file that exists, or a folder of a causal LM or of an encoder compress heals; UsageError
     naming MODEL otherwise (``decoder``: whether ``compress_lm.is_decoder`` reads it as a
     causal LM). None (the packaged MiniLM) is checked when it is read."""
-    from ..interop.gguf import PACKAGED, gguf_location
+    from ..interop.gguf import PACKAGED
+    from ..subjects.resolve import locate_gguf
+    from ..subjects.subject import InputError
 
     if spec is None or spec in PACKAGED:
         return
@@ -113,15 +115,17 @@ def check_model(spec: str | None, decoder: bool) -> None:
                          f"is {spec.strip().lower()!r}")
     if spec.lower().endswith(".gguf"):
         try:
-            gguf_location(spec)
-        except (OSError, ValueError) as e:  # the words generate uses for the same MODEL
-            detail = str(e).replace(f"path_or_name={spec!r}", "").lstrip(": ")
-            raise UsageError(f"argument MODEL: {spec!r}: {detail}") from None
+            locate_gguf(spec)  # in the words generate uses for the same MODEL
+        except InputError as e:
+            raise UsageError(str(e)) from None
     elif not decoder:
         model_folder(spec)
 
 
 def model_folder(arg: str | None) -> Path:
+    """The encoder folder MODEL names (None: the packaged MiniLM), checked from its
+    config.json alone: a compress result, a missing folder, another model_type refused by
+    name."""
     from ..experiments.text_benchmarks import minilm_folder
     from ..interop.families import compressible
     from ..training.data import DatasetError

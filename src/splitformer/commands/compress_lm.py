@@ -57,10 +57,11 @@ def is_decoder(spec: str | None) -> bool:
     """Whether MODEL names a causal LM of the Llama family (the short name, a .gguf file, or a
     folder whose config.json has such a model_type); False for the default MiniLM and BERT."""
     from ..interop.families import compressible
+    from ..interop.gguf import PACKAGED
 
     if spec is None:
         return False
-    if spec == "smollm2" or spec.lower().endswith(".gguf"):
+    if spec in PACKAGED or spec.lower().endswith(".gguf"):
         return True
     config = Path(spec) / "config.json"
     if not config.is_file():

@@ -6,6 +6,17 @@ as optimal control (docs/math.md 3.13, docs/depth.md).
     result = heal(HealConfig(...), teacher=model, student=..., out=DIR)
 """
 
-from .coarsenings import METHODS, Coarsening, method_names, plan
 
-__all__ = ["METHODS", "Coarsening", "method_names", "plan"]
+
+class Diverged(FloatingPointError):
+    """The healing's loss is not finite at ``step`` (``loss``): the step was too long for it,
+    so the parameters were left as they were before it (``heal.heal``)."""
+
+    def __init__(self, loss: float, step: int) -> None:
+        super().__init__(f"heal: the loss is {loss} at step {step}; lower lr")
+        self.loss, self.step = loss, step
+
+
+from .coarsenings import METHODS, Coarsening, method_names, plan  # noqa: E402
+
+__all__ = ["METHODS", "Coarsening", "Diverged", "method_names", "plan"]

@@ -83,6 +83,7 @@ from ..training.checkpoints import (
     save_checkpoint,
 )
 from ..training.loop import parameter_groups
+from . import Diverged
 from .coarsenings import DATA_DRIVEN, METHODS, Coarsening, plan
 from .fitting import ABSORB, INIT, FitConfig, fit
 
@@ -541,7 +542,7 @@ def _optimiser_step(problem: Distillation, optimizer: torch.optim.Optimizer,
         obj = problem({"input_ids": batch})
     loss = float(obj.total.detach())
     if not math.isfinite(loss):
-        raise FloatingPointError(f"heal: the loss is {loss} at step {step}; lower lr")
+        raise Diverged(loss, step)
     optimizer.zero_grad(set_to_none=True)
     obj.total.backward()
     optimizer.step()
@@ -580,7 +581,7 @@ def _shard_step(problem: Distillation, optimizer: torch.optim.Optimizer, batch: 
                            f"rank {len(grads)}, all {int(values[-1])})")
     loss = float(values[0])
     if not math.isfinite(loss):
-        raise FloatingPointError(f"heal: the loss is {loss} at step {step}; lower lr")
+        raise Diverged(loss, step)
     distributed.all_reduce_sum_(grads)
     for g in grads:
         g.div_(ranks.world)

@@ -201,18 +201,25 @@ def _compressed_subject(spec: str, folder: Path) -> Subject:
     return sub
 
 
-def _gguf_subject(spec: str) -> Subject:
-    """A GGUF network (a packaged name or a ``.gguf`` path) through ``from_hf``: transformers
-    reads it, the family registry maps it; the file's tokenizer encodes and decodes."""
+def locate_gguf(spec: str) -> Path:
+    """The file of MODEL ``spec``, a packaged name or a ``.gguf`` path (``gguf_location``),
+    without reading it; InputError naming MODEL otherwise."""
     from ..interop.gguf import gguf_location
-    from ..interop.hf import from_hf
 
     try:
         folder, file = gguf_location(spec)
     except (ValueError, FileNotFoundError) as e:
         detail = str(e).replace(f"path_or_name={spec!r}", "").lstrip(": ")
         raise InputError(f"argument MODEL: {spec!r}: {detail}") from None
-    path = folder / file
+    return folder / file
+
+
+def _gguf_subject(spec: str) -> Subject:
+    """A GGUF network (a packaged name or a ``.gguf`` path) through ``from_hf``: transformers
+    reads it, the family registry maps it; the file's tokenizer encodes and decodes."""
+    from ..interop.hf import from_hf
+
+    path = locate_gguf(spec)
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -226,8 +233,8 @@ def _gguf_subject(spec: str) -> Subject:
                          f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
     facts = source_facts(model)
     packaged = f"; packaged model {spec!r} of {PACKAGED[spec][0]}" if spec in PACKAGED else ""
-    what = f"GGUF {file} ({facts.hf_class}{packaged})"
-    sub = hf_text_subject(model, path, spec if spec in PACKAGED else Path(file).stem, what,
+    what = f"GGUF {path.name} ({facts.hf_class}{packaged})"
+    sub = hf_text_subject(model, path, spec if spec in PACKAGED else path.stem, what,
                           f"GGUF {spec!r}", facts.config, tokenizer=model.tokenizer)
     sub.source = {"kind": "gguf", "path": str(path), "name": spec if packaged else None,
                   "class": facts.hf_class, "description": what}
