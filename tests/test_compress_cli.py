@@ -25,6 +25,7 @@ from splitformer.cli import main
     (["--lr", "0"], "--lr"),
     (["--lr", "inf"], "--lr"),
     (["--shooting", "-1"], "--shooting"),
+    (["--shooting", "1"], "--shooting"),  # --heal distill (an encoder's default): u(T) alone
     (["--merge", "-2"], "--merge"),
     (["--batch-size", "0"], "--batch-size"),
     (["--max-steps", "1.5"], "--max-steps"),

@@ -47,6 +47,8 @@ def tiny_folder(path, layers: int = 4):
     (["--heal", "none", "--steps", "3,2"], "--steps"),  # --fit linear fits one grid
     (["--heal", "none", "--lr", "1e-4"], "--lr"),
     (["--fit", "step", "--fit-budget", "0"], "argument --fit-budget"),  # named, not fit_budget
+    (["--heal", "none", "--shooting", "0.3"], "--shooting"),  # nothing healed
+    (["--heal", "distill", "--shooting", "1"], "--shooting"),  # u(T) alone
 ])
 def test_encoder_flags_and_misplaced_fit_flags_are_refused_for_a_causal_lm(
         argv, flag, capsys, tmp_path):
@@ -81,6 +83,21 @@ def test_fit_init_reaches_the_heal_config_of_a_causal_lm(tmp_path):
     assert cfg.fit_config().init == "linear"
     plain = _heal_config(build_parser().parse_args(["compress", str(model), "--fit", "step"]))
     assert plain.fit_init == "keep" and plain.fit_budget == 240.0
+
+
+@pytest.mark.parametrize("argv, weights", [
+    ([], (0.0, 1.0, 0.0)),  # (w_s, w_k, w_T): the KL alone
+    (["--shooting", "0.3"], (0.3, 1.0, 0.0)),  # the states at the coarse grid's times too
+    (["--heal", "shoot"], (1.0, 0.0, 1.0)),
+    (["--heal", "shoot", "--shooting", "2"], (2.0, 0.0, 1.0)),
+])
+def test_shooting_weighs_kl_or_shoot_for_a_causal_lm(argv, weights, tmp_path):
+    from splitformer.cli import build_parser
+    from splitformer.commands.compress import _heal_config
+
+    model = tiny_folder(tmp_path / "m")
+    cfg = _heal_config(build_parser().parse_args(["compress", str(model), *argv]))
+    assert (cfg.shooting, cfg.next_token, cfg.terminal) == weights
 
 
 @pytest.mark.parametrize("argv, fit", [

@@ -27,7 +27,7 @@ from splitformer.compression.rankings import (  # noqa: E402
     removal_losses,
     sleb_order,
 )
-from splitformer.control.healing import next_token_kl  # noqa: E402
+from splitformer.control.healing import Distillation, next_token_kl  # noqa: E402
 from splitformer.time import SaveAt  # noqa: E402
 
 torch.set_default_dtype(torch.float32)
@@ -243,6 +243,31 @@ def test_next_token_kl_is_torch_kl_div_per_node():
     assert float(next_token_kl(s, t, None)) == pytest.approx(float(per.mean()), rel=1e-6)
     assert float(next_token_kl(s, t, mask)) == pytest.approx(
         float(per[mask.bool()].mean()), rel=1e-6)
+
+
+def test_a_causal_lms_shooting_weighs_each_token_by_its_own_norm():
+    """With the next-token term on, the shooting terms are sum_i mean_x |u_c(x, t_i) -
+    u_f(x, s_i)|^2 / |u_f(x, s_i)|^2 (each token relative to its own norm, not a ratio of
+    sums over the tokens, which SmolLM2's sink would dominate), read here from transformers'
+    hidden states of the teacher and of the teacher with layer 1 deleted (``hf_without``):
+    coarse point j is the input of the j-th kept step, fine point keep[j]."""
+    hf, m = tiny(layers=6)
+    x = ids(m=3, n=12)
+    d = Distillation(sf.from_hf(hf_without(hf, [1])).eval(), m, [0, 2, 3, 4, 5, 6],
+                     shooting=1.0, next_token=1.0, terminal=0.0)
+    with torch.no_grad():
+        obj = d({"input_ids": x})
+        fine = hf(input_ids=x, output_hidden_states=True).hidden_states
+        coarse = hf_without(hf, [1])(input_ids=x, output_hidden_states=True).hidden_states
+    pairs = ((1, 2), (2, 3), (3, 4), (4, 5))  # the interior points; 0 and T are not shot at
+    per_token = sum(((coarse[i] - fine[p]).pow(2).sum(-1) / fine[p].pow(2).sum(-1)).mean()
+                    for i, p in pairs)
+    of_sums = sum((coarse[i] - fine[p]).pow(2).sum(-1).mean() / fine[p].pow(2).sum(-1).mean()
+                  for i, p in pairs)
+    assert float(obj.parts["shooting"]) == pytest.approx(float(per_token), rel=1e-4)
+    assert abs(float(of_sums) - float(per_token)) > 1e-3 * float(per_token)
+    assert float(obj.total) == pytest.approx(float(obj.parts["next_token"] + per_token),
+                                             rel=1e-4)
 
 
 def _kl_to_teacher(student, teacher, x) -> float:

@@ -177,8 +177,10 @@ def _add_healing(p: argparse.ArgumentParser) -> None:
                         "times; kl (causal LMs, their default): the next-token "
                         "distributions, KL to MODEL's; none: training-free (default distill "
                         "for an encoder)")
-    p.add_argument("--shooting", type=nonnegative_float, default=1.0,
-                   help="weight of the shooting terms with --heal shoot (default 1)")
+    p.add_argument("--shooting", type=nonnegative_float, default=None,
+                   help="weight of the shooting terms (the states at the coarse grid's "
+                        "times): with --heal shoot (default 1), or added to --heal kl's KL "
+                        "(default 0; each token relative to its own norm)")
     p.add_argument("--embedding", type=nonnegative_float, default=None,
                    help="weight of 1 - cos of the sentence embeddings (default 0)")
     p.add_argument("--relation", type=nonnegative_float, default=None,
@@ -377,9 +379,16 @@ def _check_flag_pairs(args: argparse.Namespace) -> None:
     if args.relation and args.batch_size < 2:
         raise UsageError(f"argument --relation: compares the pairs of a batch, which needs "
                          f"--batch-size >= 2, got {args.batch_size}")
-    if args.heal != "shoot" and args.shooting != 1.0:
-        raise UsageError(f"argument --shooting: weights the shooting terms of --heal shoot, "
-                         f"but --heal is {args.heal}")
+    if args.heal not in ("shoot", "kl") and args.shooting is not None:
+        raise UsageError(f"argument --shooting: weights the shooting terms of --heal shoot "
+                         f"or kl, but --heal is {args.heal}")
+
+
+def _shooting(args: argparse.Namespace) -> float:
+    """w_s: --shooting, else 1 with --heal shoot and 0 otherwise (kl's KL alone)."""
+    if args.shooting is not None:
+        return args.shooting
+    return 1.0 if args.heal == "shoot" else 0.0
 
 
 def _heal_config(args: argparse.Namespace):
@@ -411,7 +420,7 @@ def _heal_config(args: argparse.Namespace):
         return HealConfig(method=args.method, steps=tuple(args.steps), budget=budget,
                          max_steps=max_steps, lr=args.lr, batch_size=args.batch_size,
                          length=args.length, seed=args.seed, merge=args.merge,
-                         shooting=args.shooting if args.heal == "shoot" else 0.0,
+                         shooting=_shooting(args),
                          embedding=args.embedding, relation=args.relation,
                          precision=args.precision, min_length=args.min_length,
                          healed=args.healed, probe=probe,
