@@ -62,7 +62,7 @@ from ..usage import (
     positive_int,
     stripped,
 )
-from . import UsageError
+from . import UsageError, check_writable
 from .compress_checks import (
     DATA_DRIVEN,
     check_grid,
@@ -291,8 +291,7 @@ def _check_out(args: argparse.Namespace, cfg) -> tuple[Path, dict | None]:
                          "is out/compress-<method>-<steps>)")
     out = Path(args.out if args.out is not None else
                f"out/compress-{args.method}-{'-'.join(map(str, args.steps))}")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"argument --out: {str(out)!r} is a file, expected a folder")
+    check_writable(out)  # a file, or a folder that cannot be made: before MODEL is read
     if out.is_dir():  # ours, or a temporary file of ours a kill left (files' .name.tmp-*)
         extra = sorted(p.name for p in out.iterdir() if p.name not in _OURS
                        and not (p.name.startswith(".") and ".tmp" in p.name))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 from ..time.schemes import scheme_names
 from ..training import FAMILIES
 from ..training.config import Setting, settings, tau_list
-from . import UsageError, bounded_int
+from . import UsageError, bounded_int, check_writable
 from .train import flag_of
 
 HELP = "run a resumable sweep of training runs (scheme x kernel x tau x ...) into a table"
@@ -171,22 +170,6 @@ def _flag_of(message: str, given: set[str]) -> str:
     return f"argument {flag}: {message}" if flag else message
 
 
-def _check_out(out: Path) -> None:
-    """The results folder exists or can be made, and can be written (before any training);
-    nothing is made here (a refused command leaves no folder behind)."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"argument --out: {str(out)!r} is a file, expected a folder")
-    there = out
-    while not there.exists():  # the nearest folder that exists: the new ones go in it
-        there = there.parent
-    if not there.is_dir():
-        raise UsageError(f"argument --out: {str(there)!r} is a file, so {str(out)!r} cannot "
-                         "be made")
-    if not os.access(there, os.W_OK | os.X_OK):
-        raise UsageError(f"argument --out: cannot write into {str(there)!r} (permission "
-                         "denied)")
-
-
 def _make_out(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -209,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     _need_matplotlib()
     sweep = sweep_of(args)
     out = Path(args.sweep_out) if args.sweep_out else Path("results") / sweep.name
-    _check_out(out)
+    check_writable(out)
     runs = [r for r in sweep.runs() if not args.only or r.label in args.only]
     _check_runs(runs, build=not args.table_only)
     t_start = time.perf_counter()
