@@ -162,6 +162,34 @@ def test_layout_pointer_and_pruning(digits, tmp_path):
                                                           "metrics.jsonl"]
 
 
+def test_an_interrupt_while_an_older_checkpoint_is_deleted_leaves_no_half_folder(
+        digits, tmp_path, monkeypatch):
+    """Ctrl-C in the middle of deleting the older checkpoint (a real shutil.rmtree that
+    stops after its first file): what is left is a leftover, not a folder under a
+    checkpoint's name with files missing, and the next save removes it."""
+    import shutil
+
+    from splitformer import files
+
+    model = _model(digits)
+    save_checkpoint(tmp_path, model=model, state={"step": 1})
+    real = shutil.rmtree
+
+    def interrupted(path, ignore_errors=False):
+        os.unlink(sorted(p.path for p in os.scandir(path) if p.is_file())[0])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(files.shutil, "rmtree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, model=model, state={"step": 2})
+    monkeypatch.setattr(files.shutil, "rmtree", real)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [".ckpt-000000001.tmp-retired", "ckpt-000000002", "latest"], left
+    assert latest_checkpoint(tmp_path).name == "ckpt-000000002"
+    save_checkpoint(tmp_path, model=model, state={"step": 3})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-000000003", "latest"]
+
+
 def test_crash_windows_leave_the_last_committed_checkpoint(digits, tmp_path):
     model = _model(digits)
     save_checkpoint(tmp_path, model=model, state={"step": 1})

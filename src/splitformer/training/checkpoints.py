@@ -257,8 +257,18 @@ def save_checkpoint(directory: str | os.PathLike, *, model: nn.Module,
     older = sorted((p for p in _checkpoints(folder) if p.name != name),
                    key=lambda p: (p.stat().st_mtime_ns, p.name))
     for p in older[:max(0, len(older) - (keep - 1))]:
-        remove_path(p)
+        _retire(p)
     return folder / name
+
+
+def _retire(checkpoint: Path) -> None:
+    """Delete an older checkpoint folder: renamed first to a leftover's name (one atomic
+    step), so that a kill during the deletion leaves a leftover the next save removes
+    (``_is_leftover``), never a half-deleted folder under a checkpoint's name."""
+    gone = checkpoint.with_name(f".{checkpoint.name}.tmp-retired")
+    remove_path(gone)
+    checkpoint.rename(gone)
+    remove_path(gone)
 
 
 def _checkpoint_files(model: nn.Module, optimizer: Any, scheduler: Any,
