@@ -60,16 +60,21 @@ def test_encoder_flags_and_misplaced_fit_flags_are_refused_for_a_causal_lm(
     assert "Traceback" not in err and not (tmp_path / "o").exists()
 
 
-def test_an_out_that_cannot_be_made_is_refused_before_model_is_read(capsys, tmp_path):
+@pytest.mark.parametrize("where, words", [
+    ("f/o", "cannot be created"),  # under a file
+    ("x" * 300 + "/o", "not a usable folder name"),  # was an OSError traceback
+])
+def test_an_out_that_cannot_be_made_is_refused_before_model_is_read(where, words, capsys,
+                                                                     tmp_path):
     """MODEL here has a config and no weights: reading it would fail on the weights, so a
     refusal naming --out shows that --out was checked first (it was found after loading)."""
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (tmp_path / "f").write_text("a file")
-    rc, out, err = cli(["compress", str(model), "--out", str(tmp_path / "f" / "o")], capsys)
+    rc, out, err = cli(["compress", str(model), "--out", str(tmp_path / where)], capsys)
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
-    assert "--out" in err and "is a file" in err and "cannot be made" in err
+    assert "--out" in err and words in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("argv, flag", [

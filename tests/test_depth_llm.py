@@ -248,7 +248,8 @@ def test_next_token_kl_is_torch_kl_div_per_node():
 def test_a_causal_lms_shooting_weighs_each_token_by_its_own_norm():
     """With the next-token term on, the shooting terms are sum_i mean_x |u_c(x, t_i) -
     u_f(x, s_i)|^2 / |u_f(x, s_i)|^2 (each token relative to its own norm, not a ratio of
-    sums over the tokens, which SmolLM2's sink would dominate), read here from transformers'
+    sums over the tokens, which SmolLM2's sink would dominate; without the KL they stay
+    ratios of sums), read here from transformers'
     hidden states of the teacher and of the teacher with layer 1 deleted (``hf_without``):
     coarse point j is the input of the j-th kept step, fine point keep[j]."""
     hf, m = tiny(layers=6)
@@ -268,6 +269,11 @@ def test_a_causal_lms_shooting_weighs_each_token_by_its_own_norm():
     assert abs(float(of_sums) - float(per_token)) > 1e-3 * float(per_token)
     assert float(obj.total) == pytest.approx(float(obj.parts["next_token"] + per_token),
                                              rel=1e-4)
+    # without the KL (--heal shoot, and every encoder) they stay ratios of sums
+    d.next_token, d.terminal = 0.0, 1.0
+    with torch.no_grad():
+        assert float(d({"input_ids": x}).parts["shooting"]) == pytest.approx(float(of_sums),
+                                                                            rel=1e-4)
 
 
 def _kl_to_teacher(student, teacher, x) -> float:

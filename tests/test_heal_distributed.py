@@ -25,7 +25,7 @@ from splitformer.compression.heal import HealConfig, heal  # noqa: E402
 
 CONFIG = {"method": "keep-first", "steps": (2,), "budget": 600.0, "max_steps": 6,
           "length": 16, "next_token": 1.0, "terminal": 0.0, "fit": "linear", "lr": 3e-3,
-          "warmup": 0, "log_every": 1}
+          "warmup": 0, "log_every": 1, "shooting": 0.3}  # w_s: token-relative beside the KL
 BATCHES = {"even": 4, "odd": 3}  # shards 2 + 2 and 2 + 1
 
 _LAUNCHED = """
@@ -65,7 +65,7 @@ def _tiny() -> transformers.LlamaForCausalLM:
 
 
 def _losses(history: list[dict]) -> list[tuple[int, float, float]]:
-    return [(r["step"], r["loss"], r["next_token"]) for r in history]
+    return [(r["step"], r["loss"], r["next_token"], r["shooting"]) for r in history]
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +116,7 @@ def test_two_ranks_heal_as_one_process(launched, name, tmp_path):
         torch.testing.assert_close(p0[k], ref[k], rtol=1e-5, atol=1e-6, msg=k)
     a, b = _losses(single.history), _losses(info0["history"])
     assert [s for s, *_ in a] == [s for s, *_ in b] == list(range(1, 7))
+    assert min(row[3] for row in a[1:]) > 1e-6  # the shooting term is on (step 0 has moved)
     loss = max(abs(x - y) for (_, *u), (_, *v) in zip(a, b, strict=True)
                for x, y in zip(u, v, strict=True))
     print(f"\n{name} batch, 2 ranks vs 1 process: parameters "

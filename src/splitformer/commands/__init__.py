@@ -10,6 +10,7 @@ whitespace (``stripped``), as a scheme name is."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from ..usage import (
@@ -26,7 +27,7 @@ from ..usage import (
 )
 
 __all__ = ["UsageError", "argument_type", "bounded_int", "cache_budgets", "cache_policies",
-           "check_writable",
+           "check_out",
            "duration", "fraction", "int_list", "nonnegative_float", "nonnegative_int",
            "positive_float", "positive_int", "stripped"]
 
@@ -35,20 +36,37 @@ class UsageError(Exception):
     """A bad command-line input: the message names the flag and what was expected."""
 
 
-def check_writable(out: Path, flag: str = "--out") -> None:
-    """The results folder ``out`` exists or can be made, and can be written (before any
-    training or loading); nothing is made here (a refused command leaves no folder behind)."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"argument {flag}: {str(out)!r} is a file, expected a folder")
-    there = out
-    while not there.exists():  # the nearest folder that exists: the new ones go in it
-        there = there.parent
-    if not there.is_dir():
-        raise UsageError(f"argument {flag}: {str(there)!r} is a file, so {str(out)!r} cannot "
-                         "be made")
-    if not os.access(there, os.W_OK | os.X_OK):
-        raise UsageError(f"argument {flag}: cannot write into {str(there)!r} (permission "
-                         "denied)")
+def check_out(value: str | None, flag: str = "--out") -> Path:
+    """The folder of ``flag``, checked before any work (one-line UsageError otherwise): a name
+    that is not empty, of a folder that exists or can be created (the nearest existing folder
+    above it is a folder, not a file), where a folder can be made (a probe folder is made there
+    and removed again; named ``.*.tmp-*``, as a temporary file, so that a command listing the
+    folder at that moment, as ``compress`` does, passes over it)."""
+    if value is None or not str(value).strip():
+        raise UsageError(f"argument {flag}: expected a folder, got an empty name {value!r}")
+    out = Path(value)
+    try:
+        if out.exists():
+            if not out.is_dir():
+                raise UsageError(f"argument {flag}: {value!r} is a file, expected a folder")
+            probe = out
+        else:
+            probe = out.absolute().parent
+            while not probe.exists() and probe != probe.parent:
+                probe = probe.parent
+            if not probe.is_dir():
+                raise UsageError(f"argument {flag}: {value!r} cannot be created: "
+                                 f"{str(probe)!r} is a file, not a folder")
+    except OSError as e:
+        raise UsageError(f"argument {flag}: {value!r} is not a usable folder name "
+                         f"({e.strerror or e})") from None
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".splitformer-probe.tmp-", dir=probe))
+    except OSError as e:
+        where = "in it" if probe == out else f"in {str(probe)!r} to create it"
+        raise UsageError(f"argument {flag}: {value!r} is not writable: cannot make a folder "
+                         f"{where} ({e.strerror or e})") from None
+    return out
 
 
 def cache_policies(text: str) -> tuple[str, ...]:

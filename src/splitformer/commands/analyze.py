@@ -81,9 +81,9 @@ from ..subjects.inputs import check_utf8, model_inputs
 from ..subjects.resolve import BUILTINS, HF_TYPES
 from ..subjects.resolve import load_subject as _resolve
 from ..subjects.subject import Encoded, ImageSpec, InputError, Notes, Subject, image_grid
-from . import UsageError, bounded_int, stripped
+from . import UsageError, bounded_int, check_out, stripped
 from .progress import Progress
-from .report import check_out, finish, staging
+from .report import finish, staging
 
 __all__ = ["BUILTINS", "Encoded", "ImageSpec", "Subject", "add_arguments", "load_subject",
            "model_inputs", "run", "summary"]

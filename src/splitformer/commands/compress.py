@@ -6,7 +6,8 @@ packaged all-MiniLM-L6-v2 of ``make data``). ``--method`` chooses the coarse gri
 (``compression.coarsenings``), ``--steps`` its N_t (several, comma-separated: one set of
 parameters healed to serve each, drawn per step: random-tau healing), ``--heal`` the objective
 (``control.healing.Distillation``): "distill" matches u(T) only, "shoot" also the states at the
-coarse grid's times (multiple shooting, weight ``--shooting``), "none" writes the
+coarse grid's times (multiple shooting, weight ``--shooting``, which with "kl" adds them to
+the next-token KL), "none" writes the
 training-free coarse model. The healing text is King James windows outside the held-out books
 plus gensim's lee_background.cor (``--news``) and its shortened English Wikipedia (``--wiki``;
 ``experiments.depth_eval.healing_windows``); the evaluation documents never reach it.
@@ -62,7 +63,7 @@ from ..usage import (
     positive_int,
     stripped,
 )
-from . import UsageError, check_writable
+from . import UsageError, check_out
 from .compress_checks import (
     DATA_DRIVEN,
     check_grid,
@@ -175,8 +176,8 @@ def _add_healing(p: argparse.ArgumentParser) -> None:
                    default=None,
                    help="distill: match u(T); shoot: also the states at the coarse grid's "
                         "times; kl (causal LMs, their default): the next-token "
-                        "distributions, KL to MODEL's; none: training-free (default distill "
-                        "for an encoder)")
+                        "distributions, KL to MODEL's (with --shooting: the states too); "
+                        "none: training-free (default distill for an encoder)")
     p.add_argument("--shooting", type=nonnegative_float, default=None,
                    help="weight of the shooting terms (the states at the coarse grid's "
                         "times): with --heal shoot (default 1), or added to --heal kl's KL "
@@ -291,7 +292,7 @@ def _check_out(args: argparse.Namespace, cfg) -> tuple[Path, dict | None]:
                          "is out/compress-<method>-<steps>)")
     out = Path(args.out if args.out is not None else
                f"out/compress-{args.method}-{'-'.join(map(str, args.steps))}")
-    check_writable(out)  # a file, or a folder that cannot be made: before MODEL is read
+    check_out(str(out))  # a file, or a folder that cannot be made: before MODEL is read
     if out.is_dir():  # ours, or a temporary file of ours a kill left (files' .name.tmp-*)
         extra = sorted(p.name for p in out.iterdir() if p.name not in _OURS
                        and not (p.name.startswith(".") and ".tmp" in p.name))

@@ -26,7 +26,7 @@ from typing import Any
 from ..time.schemes import scheme_names
 from ..training import FAMILIES
 from ..training.config import Setting, settings, tau_list
-from . import UsageError, bounded_int, check_writable
+from . import UsageError, bounded_int, check_out
 from .train import flag_of
 
 HELP = "run a resumable sweep of training runs (scheme x kernel x tau x ...) into a table"
@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     _need_matplotlib()
     sweep = sweep_of(args)
     out = Path(args.sweep_out) if args.sweep_out else Path("results") / sweep.name
-    check_writable(out)
+    check_out(str(out))
     runs = [r for r in sweep.runs() if not args.only or r.label in args.only]
     _check_runs(runs, build=not args.table_only)
     t_start = time.perf_counter()

@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from typing import Any
 
 from ..analysis.diagnostics import plural
 from ..files import atomic_folder, remove_path, write_atomic
-from . import UsageError
+from . import UsageError, check_out
 
 HELP = ("gather the JSON outputs of verify, convergence, experiment and analyze into one "
         "self-contained HTML page")
@@ -51,38 +50,6 @@ KINDS = {
 
 
 # -- the output folder --------------------------------------------------------------------------
-def check_out(value: str | None, flag: str = "--out") -> Path:
-    """The folder of ``flag``, checked before any work (one-line UsageError otherwise): a name
-    that is not empty, of a folder that exists or can be created (the nearest existing folder
-    above it is a folder, not a file), where a folder can be made (a probe folder is made there
-    and removed again)."""
-    if value is None or not str(value).strip():
-        raise UsageError(f"argument {flag}: expected a folder, got an empty name {value!r}")
-    out = Path(value)
-    try:
-        if out.exists():
-            if not out.is_dir():
-                raise UsageError(f"argument {flag}: {value!r} is a file, expected a folder")
-            probe = out
-        else:
-            probe = out.absolute().parent
-            while not probe.exists() and probe != probe.parent:
-                probe = probe.parent
-            if not probe.is_dir():
-                raise UsageError(f"argument {flag}: {value!r} cannot be created: "
-                                 f"{str(probe)!r} is a file, not a folder")
-    except OSError as e:
-        raise UsageError(f"argument {flag}: {value!r} is not a usable folder name "
-                         f"({e.strerror or e})") from None
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".splitformer-probe-", dir=probe))
-    except OSError as e:
-        where = "in it" if probe == out else f"in {str(probe)!r} to create it"
-        raise UsageError(f"argument {flag}: {value!r} is not writable: cannot make a folder "
-                         f"{where} ({e.strerror or e})") from None
-    return out
-
-
 class Stage:
     """The temporary folder being written (``folder``) and, once ``commit(order)`` is called,
     the names of the files to keep, in the order they are moved into ``out`` (the page

@@ -39,9 +39,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from . import UsageError, bounded_int, int_list, stripped
+from . import UsageError, bounded_int, check_out, int_list, stripped
 from .progress import Progress
-from .report import check_out, finish, staging
+from .report import finish, staging
 
 __all__ = ["add_arguments", "run", "summary"]
 

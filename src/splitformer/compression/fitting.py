@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..control.healing import token_relative_error as relative_error
 from ..operators.base import Operator
 from ..time import SaveAt
 from .coarsenings import Coarsening
@@ -262,13 +263,6 @@ def _linear_(base: nn.Module, a: Absorber, states: TeacherStates, batch: int,
     last.compose_(m.T)  # rows: g M; columns: M^T g, so W_d <- M^T W_d
     n = states.ids.numel()
     return {"relative_error_kept": kept / n, "relative_error_fitted": fitted / n}
-
-
-def relative_error(u: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """mean_x |u(x) - u_f(x)|^2 / |u_f(x)|^2: the squared error relative to each token's own
-    norm (a trained LM's sink token grows a norm far above the others': a ratio of means
-    would fit that one token)."""
-    return ((u - target).pow(2).sum(-1) / target.pow(2).sum(-1).clamp_min(1e-30)).mean()
 
 
 @torch.no_grad()

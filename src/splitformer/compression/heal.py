@@ -48,12 +48,12 @@ at the budget, a budget's cosine), so that no rank waits at a collective. The lo
 on rank 0 alone (``fit_budget`` is its clock's) and its parameters are broadcast. Only rank 0
 prints (``progress``, ``notice``), takes the folder's lock and writes it; the others load the
 same checkpoint and learn its errors. Exact where the objective is a mean over windows (the
-next-token KL on windows of one length, the embedding term): then N ranks take one process's
-steps to round-off (tests/test_heal_distributed.py). The relative squared errors (terminal,
-shooting) are ratios of sums over the batch's tokens, which each shard normalises by its own
-reference, so there the ranks descend the shards' weighted mean of relative errors, not
-the batch's ratio (equal when the shards' references are); ``relation`` (pairs across a
-batch) is refused under torchrun.
+next-token KL on windows of one length, the shooting terms beside it, the embedding term):
+then N ranks take one process's steps to round-off (tests/test_heal_distributed.py). The
+other relative squared errors (terminal; shooting without the KL) are ratios of sums over the
+batch's tokens, which each shard normalises by its own reference: there the ranks descend the
+shards' weighted mean of relative errors, not the batch's ratio (equal when the shards'
+references are); ``relation`` (pairs across a batch) is refused under torchrun.
 """
 
 from __future__ import annotations

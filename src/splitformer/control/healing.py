@@ -6,7 +6,7 @@ sharing or copying the teacher's controls) is steered towards it:
     min_theta  J = w_T |u_c(T) - u_f(T)|^2 / |u_f(T)|^2                  (terminal cost)
                  + w_k mean_x KL(p_f(x) || p_c(x))                        (next-token laws)
                  + w_s sum_i |u_c(t_i) - u_f(s_i)|^2 / |u_f(s_i)|^2       (multiple shooting)
-                 or, with w_k > 0 (a causal LM),
+                 or, with w_k > 0 (the next-token term: ``--heal kl``),
                    w_s sum_i mean_x |u_c(x, t_i) - u_f(x, s_i)|^2 / |u_f(x, s_i)|^2
                  + w_e mean_b (1 - cos(e_c,b, e_f,b))                     (the sentence embedding)
                  + w_r mean_{b != b'} (cos(e_c,b, e_c,b') - cos(e_f,b, e_f,b'))^2   (relations)
@@ -15,10 +15,12 @@ where |.|^2 is the mean over the tokens counted by the attention mask (and the i
 squared Euclidean norm, t_i the interior points of the coarse grid that approximate a fine grid
 point s_i (``Coarsening.fine_points``; points between fine ones are skipped), and
 e = sum_x m(x) u(x, T) / sum_x m(x) the masked mean of u(T) (sentence-transformers' pooling).
-A causal LM's shooting terms weigh each token relative to its own norm, as the local fit
-does (``compression.fitting``): SmolLM2's first token (the attention sink) reaches a norm
-170 times the median token's (docs/decoders-analysis.md, "Token norms"), so a ratio of sums
-would fit that one token's state and no other.
+Beside the next-token term (w_k > 0) the shooting terms weigh each token relative to its own
+norm (``token_relative_error``, as the local fit does: ``compression.fitting``): SmolLM2's
+first token (the attention sink) reaches a norm 170 times the median token's
+(docs/decoders-analysis.md, "Token norms"), so a ratio of sums would fit that one token's
+state and no other. Without it (w_k = 0: an encoder, or ``--heal shoot`` on an LM) they stay
+ratios of sums, as every run before that change computed them.
 The relation term asks the pair cosines between the embeddings of a batch to be the fine
 model's (what a similarity benchmark reads: the ranking of pair cosines, not each embedding).
 For a causal LM the read-out that matters is the next-token distribution p(x) = softmax of the
@@ -42,7 +44,7 @@ from torch import nn
 from ..time import SaveAt
 from .problem import Objective
 
-__all__ = ["Distillation", "FineSolution", "next_token_kl"]
+__all__ = ["Distillation", "FineSolution", "next_token_kl", "token_relative_error"]
 
 
 def _relative_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -54,10 +56,12 @@ def _relative_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -
     return (err * m).sum() / (ref * m).sum()
 
 
-def _token_relative_mse(a: torch.Tensor, b: torch.Tensor,
-                        mask: torch.Tensor | None) -> torch.Tensor:
-    """mean over the tokens (counted by ``mask``) of |a(x) - b(x)|^2 / |b(x)|^2."""
-    rel = (a - b).pow(2).sum(-1) / b.pow(2).sum(-1).clamp_min(1e-12)
+def token_relative_error(a: torch.Tensor, b: torch.Tensor,
+                         mask: torch.Tensor | None = None) -> torch.Tensor:
+    """mean over the tokens x (counted by ``mask``) of |a(x) - b(x)|^2 / |b(x)|^2: the squared
+    error relative to each token's own norm (a trained LM's sink token grows a norm far above
+    the others': a ratio of means would fit that one token)."""
+    rel = (a - b).pow(2).sum(-1) / b.pow(2).sum(-1).clamp_min(1e-30)
     if mask is None:
         return rel.mean()
     m = mask.to(rel.dtype)
@@ -135,7 +139,8 @@ class Distillation(nn.Module):
     approximates, or None (``Coarsening.fine_points``); the last is the teacher's T.
     shooting, embedding, relation, next_token, terminal: the weights w_s, w_e, w_r, w_k, w_T
     (floats >= 0; the relation term needs batches of at least two inputs; the next-token term
-    a causal LM, whose read-out has logits).
+    a causal LM, whose read-out has logits; with it the shooting terms are token-relative,
+    ``token_relative_error``, else ratios of sums).
 
     forward(inputs) -> Objective with parts "terminal" and, where weighted, "shooting",
     "embedding", "relation" and "next_token"; ``inputs`` a mapping of keyword inputs, its
@@ -199,7 +204,7 @@ class Distillation(nn.Module):
             parts["next_token"] = next_token_kl(out.logits, fine_out.logits, mask)
             total = total + self.next_token * parts["next_token"]
         if pairs:
-            relative = _token_relative_mse if self.next_token else _relative_mse
+            relative = token_relative_error if self.next_token else _relative_mse
             shoot = sum(relative(coarse[i], fine[p], mask) for i, p in pairs)
             parts["shooting"] = shoot
             total = total + self.shooting * shoot

@@ -18,14 +18,16 @@ the run's own folder)::
                                  metrics, ...), the rest of the optimizer and scheduler
                                  state_dicts (tensors stand as {"__tensor__": name}), the rest
                                  of the RNG states, and the size and sha256 of every file above
-    DIR/.ckpt-000000120.tmp-*/   a checkpoint being written (removed by the next save)
+    DIR/.ckpt-000000120.tmp-*/   a checkpoint being written, or an older one being deleted
+                                 (``.tmp-retired``; removed by the next save)
     DIR/.lock                    while ``fit`` trains into DIR (``files.FolderLock``; not read)
 
 Writing is atomic (``splitformer.files``): every file goes into a temporary sibling folder and
 is fsynced, the folder is fsynced and renamed to ``ckpt-...`` (``files.atomic_folder``), then
 ``latest`` is replaced by an fsynced temporary file (``files.write_atomic``: the commit point),
-and only then are older checkpoints deleted. A process killed at any moment (SIGKILL included)
-leaves ``latest`` naming a complete checkpoint.
+and only then are older checkpoints deleted (each renamed to a leftover's name first). A
+process killed at any moment (SIGKILL included) leaves ``latest`` naming a complete
+checkpoint.
 
 The format and its checks are ``training.checkpoint_format`` (sealed JSON, file hashes, JSON
 with tensors, the model's files) and ``training.checkpoint_state`` (optimizer, scheduler, RNG).
@@ -191,7 +193,8 @@ def _step_of(state: dict[str, Any]) -> int | None:
 
 def _is_leftover(p: Path) -> bool:
     """What a killed save leaves: a temporary checkpoint folder (``files.atomic_folder``'s
-    ``.ckpt-*.tmp-*``, or an older version's ``.tmp-ckpt-*``) or pointer file
+    ``.ckpt-*.tmp-*``, an older checkpoint being deleted, ``.ckpt-*.tmp-retired``, or an
+    older version's ``.tmp-ckpt-*``) or pointer file
     (``files.write_atomic``'s ``.latest.*.tmp``, or an older version's ``latest.tmp-*``)."""
     name = p.name
     if p.is_dir() and not p.is_symlink():
@@ -267,7 +270,10 @@ def _retire(checkpoint: Path) -> None:
     (``_is_leftover``), never a half-deleted folder under a checkpoint's name."""
     gone = checkpoint.with_name(f".{checkpoint.name}.tmp-retired")
     remove_path(gone)
-    checkpoint.rename(gone)
+    try:
+        checkpoint.rename(gone)
+    except OSError:  # the new checkpoint is committed: delete in place, as before
+        gone = checkpoint
     remove_path(gone)
 
 
