@@ -234,6 +234,28 @@ def test_seed_groups_at_one_n_are_compared_by_welchs_t_test(capsys):
                      f"{t.pvalue:.2g}, 3 and 3 seeds)"]
 
 
+def test_the_table_names_the_shooting_weight_beside_the_kl(tmp_path, capsys):
+    """A healed row's line says "+ kl + shooting w" when its compress.json healed with both,
+    and "+ kl" alone when w_s is 0 or absent (runs before --shooting)."""
+    import json
+
+    from splitformer.experiments.depth_llm import table
+
+    (tmp_path / "healed").mkdir()
+    (tmp_path / "training-free.jsonl").write_text("")
+    measures = {"perplexity": 30.0, "perplexity_ratio": 1.5, "bits_per_byte": 1.2, "kl": 0.7,
+                "top1": 0.6}
+    for name, config in (("a-s0", {"fit": "keep", "shooting": 0.3}), ("b-s0", {"fit": "keep"}),
+                         ("c-s0", {"fit": "keep", "shooting": 0.0})):
+        (tmp_path / "healed" / f"{name}.json").write_text(json.dumps(
+            {"heal": config, "method": "drop", "objective": "kl", "fidelity": {"22": measures},
+             "metrics": {"steps_taken": 260, "seconds": 1800.0}}))
+    table(tmp_path)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("healed")]
+    assert [line.split(": N=22 drop fit keep (nothing fitted) ")[1].split(" (260")[0]
+            for line in lines] == ["+ kl + shooting 0.3", "+ kl", "+ kl"]
+
+
 def test_next_token_kl_is_torch_kl_div_per_node():
     g = torch.Generator().manual_seed(0)
     s, t = torch.randn(2, 5, 11, generator=g), torch.randn(2, 5, 11, generator=g)

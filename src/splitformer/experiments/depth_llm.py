@@ -214,6 +214,7 @@ def healed_rows(out: Path) -> list[dict]:
             rows.append({"run": path.stem, "steps": int(n), "method": record["method"],
                          "fit": heal.get("fit", "keep"),
                          "fit_init": heal.get("fit_init", "keep"), "heal": record["objective"],
+                         "shooting": heal.get("shooting", 0.0),
                          "fit_seconds": (record["metrics"].get("fit") or {}).get("seconds"),
                          "heal_steps": record["metrics"]["steps_taken"],
                          "heal_seconds": record["metrics"]["seconds"],
@@ -256,7 +257,9 @@ def table(out: Path) -> None:
         print(f"healed {r['run']}: N={r['steps']} {r['method']} fit {r['fit']}"
               + (f" from {r['fit_init']}" if r["fit"] == "step" else "")
               + (" (nothing fitted)" if r["fit_seconds"] is None else f" ({r['fit_seconds']} s)")
-              + f" + {r['heal']} ({r['heal_steps']} steps, "
+              + f" + {r['heal']}"
+              + (f" + shooting {r['shooting']:g}" if r["shooting"] and r["heal"] == "kl" else "")
+              + f" ({r['heal_steps']} steps, "
               f"{r['heal_seconds']:.0f} s): perplexity {r['perplexity']:.2f} "
               f"({r['perplexity_ratio']:.2f}x), bpb {r['bits_per_byte']:.3f}, KL "
               f"{r['kl']:.3f}, top1 {r['top1']:.3f}, match {r.get('match_tokens', 0):.1f} "
